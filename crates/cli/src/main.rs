@@ -1,0 +1,2 @@
+//! The cuinterpose command-line tool
+fn main() {}

@@ -1,0 +1,1 @@
+//! What the cuinterpose tool does: discovery, preflight, phase driving, native checkpoint, CRIU

@@ -1,0 +1,628 @@
+//! `repr(C)` mirrors of the CUDA driver types and entry points this project touches.
+//!
+//! Everything that crosses the C boundary is an integer, a pointer or a plain struct: results and enums
+//! are integers with named constants, never Rust enums, because a value added by a newer driver must
+//! not be undefined behaviour. Layouts follow `cuda.h` of CUDA 13.0 (driver API 13000, the r580
+//! branch); [`layout::LAYOUT`] lists sizes, alignments and field offsets, which the GPU lane compares
+//! with a C program compiled against the machine's `cuda.h` (`scripts/abi-layout.c`).
+//!
+//! This crate has no dependencies and no unsafe code: it only declares.
+
+#![allow(non_camel_case_types, non_snake_case)]
+
+use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+use core::fmt;
+
+pub mod layout;
+
+/// A driver result code. `repr(transparent)` over `u32`, so it is ABI-identical to `CUresult`.
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CUresult(pub u32);
+
+macro_rules! results {
+    ($( $name:ident = $value:literal, $text:literal; )*) => {
+        impl CUresult {
+            $( pub const $name: CUresult = CUresult($value); )*
+
+            /// The driver's name for this code (`CUDA_ERROR_INVALID_VALUE`), if it is one this crate knows.
+            pub fn name(self) -> Option<&'static str> {
+                match self.0 {
+                    $( $value => Some(concat!("CUDA_", stringify!($name))), )*
+                    _ => None,
+                }
+            }
+
+            /// The driver's description of this code, if it is one this crate knows.
+            pub fn description(self) -> Option<&'static str> {
+                match self.0 {
+                    $( $value => Some($text), )*
+                    _ => None,
+                }
+            }
+
+            /// NUL-terminated name, for `cuGetErrorName`.
+            pub fn name_cstr(self) -> Option<&'static core::ffi::CStr> {
+                match self.0 {
+                    $( $value => Some(
+                        match core::ffi::CStr::from_bytes_with_nul(
+                            concat!("CUDA_", stringify!($name), "\0").as_bytes()) {
+                            Ok(s) => s,
+                            Err(_) => unreachable!(),
+                        }), )*
+                    _ => None,
+                }
+            }
+
+            /// NUL-terminated description, for `cuGetErrorString`.
+            pub fn description_cstr(self) -> Option<&'static core::ffi::CStr> {
+                match self.0 {
+                    $( $value => Some(
+                        match core::ffi::CStr::from_bytes_with_nul(concat!($text, "\0").as_bytes()) {
+                            Ok(s) => s,
+                            Err(_) => unreachable!(),
+                        }), )*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+results! {
+    SUCCESS = 0, "no error";
+    ERROR_INVALID_VALUE = 1, "invalid argument";
+    ERROR_OUT_OF_MEMORY = 2, "out of memory";
+    ERROR_NOT_INITIALIZED = 3, "initialization error";
+    ERROR_DEINITIALIZED = 4, "driver shutting down";
+    ERROR_NO_DEVICE = 100, "no CUDA-capable device is detected";
+    ERROR_INVALID_DEVICE = 101, "invalid device ordinal";
+    ERROR_INVALID_CONTEXT = 201, "invalid device context";
+    ERROR_CONTEXT_ALREADY_CURRENT = 202, "context already current";
+    ERROR_ALREADY_MAPPED = 208, "resource already mapped";
+    ERROR_NOT_MAPPED = 211, "resource not mapped";
+    ERROR_INVALID_HANDLE = 400, "invalid resource handle";
+    ERROR_ILLEGAL_STATE = 401, "the operation cannot be performed in the present state";
+    ERROR_NOT_FOUND = 500, "named symbol not found";
+    ERROR_NOT_READY = 600, "device not ready";
+    ERROR_ILLEGAL_ADDRESS = 700, "an illegal memory access was encountered";
+    ERROR_PEER_ACCESS_UNSUPPORTED = 217, "peer access is not supported between these two devices";
+    ERROR_CONTEXT_IS_DESTROYED = 709, "context is destroyed";
+    ERROR_NOT_PERMITTED = 800, "operation not permitted";
+    ERROR_NOT_SUPPORTED = 801, "operation not supported";
+    ERROR_TIMEOUT = 909, "timeout";
+    ERROR_UNKNOWN = 999, "unknown error";
+}
+
+impl CUresult {
+    pub fn is_success(self) -> bool {
+        self == CUresult::SUCCESS
+    }
+}
+
+impl fmt::Debug for CUresult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "{name}({})", self.0),
+            None => write!(f, "CUresult({})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for CUresult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+pub type CUdevice = c_int;
+pub type CUdeviceptr = c_ulonglong;
+pub type CUmemGenericAllocationHandle = c_ulonglong;
+pub type cuuint64_t = u64;
+pub type cuuint32_t = u32;
+
+/// Opaque driver objects: only ever pointers to them cross the boundary.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUctx_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUstream_st {
+    _private: [u8; 0],
+}
+pub type CUcontext = *mut CUctx_st;
+pub type CUstream = *mut CUstream_st;
+
+/// `CUdevice_attribute` values this project reads.
+pub mod device_attribute {
+    pub const MULTIPROCESSOR_COUNT: i32 = 16;
+    pub const PCI_BUS_ID: i32 = 33;
+    pub const PCI_DEVICE_ID: i32 = 34;
+    pub const COMPUTE_CAPABILITY_MAJOR: i32 = 75;
+    pub const COMPUTE_CAPABILITY_MINOR: i32 = 76;
+    pub const VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: i32 = 102;
+    pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: i32 = 103;
+    pub const GENERIC_COMPRESSION_SUPPORTED: i32 = 106;
+    pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
+    pub const HANDLE_TYPE_FABRIC_SUPPORTED: i32 = 128;
+    pub const MULTICAST_SUPPORTED: i32 = 132;
+}
+
+/// `CUmemAllocationType`.
+pub mod allocation_type {
+    pub const INVALID: u32 = 0;
+    pub const PINNED: u32 = 1;
+}
+
+/// `CUmemAllocationHandleType`, a bit set.
+pub mod handle_type {
+    pub const NONE: u32 = 0;
+    pub const POSIX_FILE_DESCRIPTOR: u32 = 1;
+    pub const WIN32: u32 = 2;
+    pub const WIN32_KMT: u32 = 4;
+    pub const FABRIC: u32 = 8;
+}
+
+/// `CUmemLocationType`.
+pub mod location_type {
+    pub const INVALID: u32 = 0;
+    pub const DEVICE: u32 = 1;
+    pub const HOST: u32 = 2;
+    pub const HOST_NUMA: u32 = 3;
+    pub const HOST_NUMA_CURRENT: u32 = 4;
+}
+
+/// `CUmemAccess_flags`.
+pub mod access_flags {
+    pub const PROT_NONE: u32 = 0;
+    pub const PROT_READ: u32 = 1;
+    pub const PROT_READWRITE: u32 = 3;
+}
+
+/// `CUmemAllocationGranularity_flags`.
+pub mod granularity_flags {
+    pub const MINIMUM: u32 = 0;
+    pub const RECOMMENDED: u32 = 1;
+}
+
+/// `CUprocessState`, as `cuCheckpointProcessGetState` reports it.
+pub mod process_state {
+    pub const RUNNING: u32 = 0;
+    pub const LOCKED: u32 = 1;
+    pub const CHECKPOINTED: u32 = 2;
+    pub const FAILED: u32 = 3;
+}
+
+/// `cuGetProcAddress` flags.
+pub mod proc_address_flags {
+    pub const DEFAULT: u64 = 0;
+    pub const LEGACY_STREAM: u64 = 1;
+    pub const PER_THREAD_DEFAULT_STREAM: u64 = 2;
+}
+
+/// `CUdriverProcAddressQueryResult`.
+pub mod proc_address_status {
+    pub const SUCCESS: i32 = 0;
+    pub const SYMBOL_NOT_FOUND: i32 = 1;
+    pub const VERSION_NOT_SUFFICIENT: i32 = 2;
+}
+
+/// `cuIpcOpenMemHandle` flags.
+pub mod ipc_flags {
+    pub const LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+}
+
+/// `cuMemHostAlloc` flags.
+pub mod host_alloc_flags {
+    pub const PORTABLE: u32 = 1;
+    pub const DEVICEMAP: u32 = 2;
+    pub const WRITECOMBINED: u32 = 4;
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [c_char; 16],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUmemLocation {
+    /// A [`location_type`] value.
+    pub type_: u32,
+    pub id: c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUmemAllocFlags {
+    pub compressionType: u8,
+    pub gpuDirectRDMACapable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUmemAllocationProp {
+    /// An [`allocation_type`] value.
+    pub type_: u32,
+    /// A bit set of [`handle_type`] values.
+    pub requestedHandleTypes: u32,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: CUmemAllocFlags,
+}
+
+impl Default for CUmemAllocationProp {
+    fn default() -> Self {
+        CUmemAllocationProp {
+            type_: 0,
+            requestedHandleTypes: 0,
+            location: CUmemLocation::default(),
+            win32HandleMetaData: core::ptr::null_mut(),
+            allocFlags: CUmemAllocFlags::default(),
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    /// An [`access_flags`] value.
+    pub flags: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUmulticastObjectProp {
+    pub numDevices: c_uint,
+    pub size: usize,
+    pub handleTypes: c_ulonglong,
+    pub flags: c_ulonglong,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    pub reserved: [c_char; 64],
+}
+
+impl Default for CUipcMemHandle {
+    fn default() -> Self {
+        CUipcMemHandle { reserved: [0; 64] }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUmemFabricHandle {
+    pub data: [u8; 64],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUcheckpointLockArgs {
+    pub timeoutMs: c_uint,
+    pub reserved0: c_uint,
+    pub reserved1: [cuuint64_t; 7],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUcheckpointCheckpointArgs {
+    pub reserved: [cuuint64_t; 8],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUcheckpointGpuPair {
+    pub oldUuid: CUuuid,
+    pub newUuid: CUuuid,
+}
+
+/// CUDA 13.0 layout: `gpuPairs`, `gpuPairsCount`, `char reserved[52 - sizeof(void *)]`, `reserved1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CUcheckpointRestoreArgs {
+    pub gpuPairs: *mut CUcheckpointGpuPair,
+    pub gpuPairsCount: c_uint,
+    pub reserved: [c_char; 52 - core::mem::size_of::<*mut CUcheckpointGpuPair>()],
+    pub reserved1: cuuint64_t,
+}
+
+impl Default for CUcheckpointRestoreArgs {
+    fn default() -> Self {
+        CUcheckpointRestoreArgs {
+            gpuPairs: core::ptr::null_mut(),
+            gpuPairsCount: 0,
+            reserved: [0; 52 - core::mem::size_of::<*mut CUcheckpointGpuPair>()],
+            reserved1: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUcheckpointUnlockArgs {
+    pub reserved: [cuuint64_t; 8],
+}
+
+const _: () = {
+    use core::mem::size_of;
+    assert!(size_of::<CUmemLocation>() == 8);
+    assert!(size_of::<CUmemAllocationProp>() == 32);
+    assert!(size_of::<CUmemAccessDesc>() == 12);
+    assert!(size_of::<CUmulticastObjectProp>() == 32);
+    assert!(size_of::<CUipcMemHandle>() == 64);
+    assert!(size_of::<CUmemFabricHandle>() == 64);
+    assert!(size_of::<CUcheckpointLockArgs>() == 64);
+    assert!(size_of::<CUcheckpointCheckpointArgs>() == 64);
+    assert!(size_of::<CUcheckpointRestoreArgs>() == 64);
+    assert!(size_of::<CUcheckpointUnlockArgs>() == 64);
+    assert!(size_of::<CUcheckpointGpuPair>() == 32);
+    assert!(size_of::<CUresult>() == 4);
+};
+
+/// Function-pointer types of the driver entry points this project calls, wraps or implements.
+/// Named `PFN_<symbol>` after the ABI variant (`cuMemAlloc_v2`), as `cudaTypedefs.h` does.
+pub mod pfn {
+    use super::*;
+
+    pub type PFN_cuInit = unsafe extern "C" fn(flags: c_uint) -> CUresult;
+    pub type PFN_cuDriverGetVersion = unsafe extern "C" fn(version: *mut c_int) -> CUresult;
+    pub type PFN_cuGetErrorName =
+        unsafe extern "C" fn(error: CUresult, out: *mut *const c_char) -> CUresult;
+    pub type PFN_cuGetErrorString =
+        unsafe extern "C" fn(error: CUresult, out: *mut *const c_char) -> CUresult;
+    pub type PFN_cuGetProcAddress = unsafe extern "C" fn(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: cuuint64_t,
+    ) -> CUresult;
+    pub type PFN_cuGetProcAddress_v2 = unsafe extern "C" fn(
+        symbol: *const c_char,
+        pfn: *mut *mut c_void,
+        cuda_version: c_int,
+        flags: cuuint64_t,
+        status: *mut c_int,
+    ) -> CUresult;
+
+    pub type PFN_cuDeviceGet = unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    pub type PFN_cuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
+    pub type PFN_cuDeviceGetName =
+        unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
+    pub type PFN_cuDeviceGetUuid = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+    pub type PFN_cuDeviceGetAttribute =
+        unsafe extern "C" fn(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
+    pub type PFN_cuDeviceTotalMem_v2 =
+        unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
+
+    pub type PFN_cuDevicePrimaryCtxRetain =
+        unsafe extern "C" fn(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
+    pub type PFN_cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
+    pub type PFN_cuCtxCreate_v2 =
+        unsafe extern "C" fn(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
+    pub type PFN_cuCtxDestroy_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+    pub type PFN_cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
+    pub type PFN_cuCtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
+    pub type PFN_cuCtxGetDevice = unsafe extern "C" fn(dev: *mut CUdevice) -> CUresult;
+    pub type PFN_cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+
+    pub type PFN_cuStreamCreate =
+        unsafe extern "C" fn(stream: *mut CUstream, flags: c_uint) -> CUresult;
+    pub type PFN_cuStreamDestroy_v2 = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+    pub type PFN_cuStreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
+
+    pub type PFN_cuMemGetInfo_v2 =
+        unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
+    pub type PFN_cuMemAlloc_v2 =
+        unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
+    pub type PFN_cuMemFree_v2 = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
+    pub type PFN_cuMemGetAddressRange_v2 = unsafe extern "C" fn(
+        base: *mut CUdeviceptr,
+        size: *mut usize,
+        dptr: CUdeviceptr,
+    ) -> CUresult;
+    pub type PFN_cuMemHostAlloc =
+        unsafe extern "C" fn(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+    pub type PFN_cuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
+    pub type PFN_cuMemHostRegister_v2 =
+        unsafe extern "C" fn(p: *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
+    pub type PFN_cuMemHostUnregister = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
+
+    pub type PFN_cuMemcpyHtoD_v2 =
+        unsafe extern "C" fn(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
+    pub type PFN_cuMemcpyDtoH_v2 =
+        unsafe extern "C" fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub type PFN_cuMemcpyDtoD_v2 =
+        unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
+    pub type PFN_cuMemcpyHtoDAsync_v2 = unsafe extern "C" fn(
+        dst: CUdeviceptr,
+        src: *const c_void,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub type PFN_cuMemcpyDtoHAsync_v2 = unsafe extern "C" fn(
+        dst: *mut c_void,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub type PFN_cuMemcpyDtoDAsync_v2 = unsafe extern "C" fn(
+        dst: CUdeviceptr,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> CUresult;
+    pub type PFN_cuMemsetD8_v2 =
+        unsafe extern "C" fn(dst: CUdeviceptr, value: u8, count: usize) -> CUresult;
+    pub type PFN_cuMemsetD32_v2 =
+        unsafe extern "C" fn(dst: CUdeviceptr, value: c_uint, count: usize) -> CUresult;
+    pub type PFN_cuMemsetD8Async =
+        unsafe extern "C" fn(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CUresult;
+    pub type PFN_cuMemsetD32Async = unsafe extern "C" fn(
+        dst: CUdeviceptr,
+        value: c_uint,
+        count: usize,
+        stream: CUstream,
+    ) -> CUresult;
+
+    pub type PFN_cuMemCreate = unsafe extern "C" fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+    pub type PFN_cuMemAddressReserve = unsafe extern "C" fn(
+        ptr: *mut CUdeviceptr,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+    pub type PFN_cuMemMap = unsafe extern "C" fn(
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: CUmemGenericAllocationHandle,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
+    pub type PFN_cuMemSetAccess = unsafe extern "C" fn(
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: *const CUmemAccessDesc,
+        count: usize,
+    ) -> CUresult;
+    pub type PFN_cuMemGetAccess = unsafe extern "C" fn(
+        flags: *mut c_ulonglong,
+        location: *const CUmemLocation,
+        ptr: CUdeviceptr,
+    ) -> CUresult;
+    pub type PFN_cuMemExportToShareableHandle = unsafe extern "C" fn(
+        shareable: *mut c_void,
+        handle: CUmemGenericAllocationHandle,
+        handle_type: u32,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMemImportFromShareableHandle = unsafe extern "C" fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        os_handle: *mut c_void,
+        handle_type: u32,
+    ) -> CUresult;
+    pub type PFN_cuMemRetainAllocationHandle =
+        unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
+    pub type PFN_cuMemGetAllocationPropertiesFromHandle = unsafe extern "C" fn(
+        prop: *mut CUmemAllocationProp,
+        handle: CUmemGenericAllocationHandle,
+    ) -> CUresult;
+    pub type PFN_cuMemGetAllocationGranularity = unsafe extern "C" fn(
+        granularity: *mut usize,
+        prop: *const CUmemAllocationProp,
+        option: u32,
+    ) -> CUresult;
+
+    pub type PFN_cuIpcGetMemHandle =
+        unsafe extern "C" fn(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
+    pub type PFN_cuIpcOpenMemHandle_v2 = unsafe extern "C" fn(
+        dptr: *mut CUdeviceptr,
+        handle: CUipcMemHandle,
+        flags: c_uint,
+    ) -> CUresult;
+    pub type PFN_cuIpcCloseMemHandle = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
+
+    pub type PFN_cuMulticastCreate = unsafe extern "C" fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        prop: *const CUmulticastObjectProp,
+    ) -> CUresult;
+    pub type PFN_cuMulticastAddDevice =
+        unsafe extern "C" fn(handle: CUmemGenericAllocationHandle, dev: CUdevice) -> CUresult;
+    pub type PFN_cuMulticastBindMem = unsafe extern "C" fn(
+        mc: CUmemGenericAllocationHandle,
+        mc_offset: usize,
+        mem: CUmemGenericAllocationHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMulticastBindMem_v2 = unsafe extern "C" fn(
+        mc: CUmemGenericAllocationHandle,
+        dev: CUdevice,
+        mc_offset: usize,
+        mem: CUmemGenericAllocationHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMulticastBindAddr = unsafe extern "C" fn(
+        mc: CUmemGenericAllocationHandle,
+        mc_offset: usize,
+        ptr: CUdeviceptr,
+        size: usize,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMulticastBindAddr_v2 = unsafe extern "C" fn(
+        mc: CUmemGenericAllocationHandle,
+        dev: CUdevice,
+        mc_offset: usize,
+        ptr: CUdeviceptr,
+        size: usize,
+        flags: c_ulonglong,
+    ) -> CUresult;
+    pub type PFN_cuMulticastUnbind = unsafe extern "C" fn(
+        mc: CUmemGenericAllocationHandle,
+        dev: CUdevice,
+        mc_offset: usize,
+        size: usize,
+    ) -> CUresult;
+    pub type PFN_cuMulticastGetGranularity = unsafe extern "C" fn(
+        granularity: *mut usize,
+        prop: *const CUmulticastObjectProp,
+        option: u32,
+    ) -> CUresult;
+
+    pub type PFN_cuCheckpointProcessLock =
+        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointLockArgs) -> CUresult;
+    pub type PFN_cuCheckpointProcessCheckpoint =
+        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointCheckpointArgs) -> CUresult;
+    pub type PFN_cuCheckpointProcessRestore =
+        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointRestoreArgs) -> CUresult;
+    pub type PFN_cuCheckpointProcessUnlock =
+        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointUnlockArgs) -> CUresult;
+    pub type PFN_cuCheckpointProcessGetState =
+        unsafe extern "C" fn(pid: c_int, state: *mut u32) -> CUresult;
+    pub type PFN_cuCheckpointProcessGetRestoreThreadId =
+        unsafe extern "C" fn(pid: c_int, tid: *mut c_int) -> CUresult;
+}
+
+/// The driver API version this crate's layouts follow (`CUDA_VERSION` of the header).
+pub const CUDA_VERSION: i32 = 13000;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_names_match_the_driver_spelling() {
+        assert_eq!(CUresult::ERROR_INVALID_VALUE.name(), Some("CUDA_ERROR_INVALID_VALUE"));
+        assert_eq!(
+            CUresult::ERROR_NOT_SUPPORTED.name_cstr().map(|c| c.to_bytes()),
+            Some(&b"CUDA_ERROR_NOT_SUPPORTED"[..])
+        );
+        assert_eq!(CUresult(123_456).name(), None);
+        assert_eq!(format!("{:?}", CUresult(123_456)), "CUresult(123456)");
+    }
+
+    #[test]
+    fn restore_args_reserve_what_the_header_reserves() {
+        assert_eq!(core::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount), 8);
+        assert_eq!(core::mem::offset_of!(CUcheckpointRestoreArgs, reserved1), 56);
+    }
+}

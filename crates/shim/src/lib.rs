@@ -1,0 +1,1 @@
+//! libcuinterpose.so: the interposer loaded into every CUDA process

@@ -1,0 +1,1 @@
+//! Scriptable CUDA test workloads and test helpers

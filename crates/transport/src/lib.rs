@@ -1,0 +1,1 @@
+//! Framed Unix-socket transport of cuinterpose: bounded frames carrying at most one descriptor
