@@ -51,9 +51,17 @@ layouts! {
 pub fn report() -> String {
     let mut out = String::new();
     for s in LAYOUT {
-        out.push_str(&format!("struct {} size {} align {}\n", s.name, s.size, s.align));
+        out.push_str(&format!(
+            "struct {} size {} align {}\n",
+            s.name, s.size, s.align
+        ));
         for (field, offset) in s.fields {
-            out.push_str(&format!("field {}.{} offset {}\n", s.name, c_field_name(field), offset));
+            out.push_str(&format!(
+                "field {}.{} offset {}\n",
+                s.name,
+                c_field_name(field),
+                offset
+            ));
         }
     }
     out

@@ -8,6 +8,7 @@
 //!
 //! This crate has no dependencies and no unsafe code: it only declares.
 
+#![forbid(unsafe_code)]
 #![allow(non_camel_case_types, non_snake_case)]
 
 use core::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
@@ -392,11 +393,13 @@ pub mod pfn {
         status: *mut c_int,
     ) -> CUresult;
 
-    pub type PFN_cuDeviceGet = unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
+    pub type PFN_cuDeviceGet =
+        unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
     pub type PFN_cuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
     pub type PFN_cuDeviceGetName =
         unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
-    pub type PFN_cuDeviceGetUuid = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
+    pub type PFN_cuDeviceGetUuid =
+        unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
     pub type PFN_cuDeviceGetAttribute =
         unsafe extern "C" fn(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
     pub type PFN_cuDeviceTotalMem_v2 =
@@ -463,8 +466,12 @@ pub mod pfn {
         unsafe extern "C" fn(dst: CUdeviceptr, value: u8, count: usize) -> CUresult;
     pub type PFN_cuMemsetD32_v2 =
         unsafe extern "C" fn(dst: CUdeviceptr, value: c_uint, count: usize) -> CUresult;
-    pub type PFN_cuMemsetD8Async =
-        unsafe extern "C" fn(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream) -> CUresult;
+    pub type PFN_cuMemsetD8Async = unsafe extern "C" fn(
+        dst: CUdeviceptr,
+        value: u8,
+        count: usize,
+        stream: CUstream,
+    ) -> CUresult;
     pub type PFN_cuMemsetD32Async = unsafe extern "C" fn(
         dst: CUdeviceptr,
         value: c_uint,
@@ -478,7 +485,8 @@ pub mod pfn {
         prop: *const CUmemAllocationProp,
         flags: c_ulonglong,
     ) -> CUresult;
-    pub type PFN_cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
+    pub type PFN_cuMemRelease =
+        unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
     pub type PFN_cuMemAddressReserve = unsafe extern "C" fn(
         ptr: *mut CUdeviceptr,
         size: usize,
@@ -517,8 +525,10 @@ pub mod pfn {
         os_handle: *mut c_void,
         handle_type: u32,
     ) -> CUresult;
-    pub type PFN_cuMemRetainAllocationHandle =
-        unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
+    pub type PFN_cuMemRetainAllocationHandle = unsafe extern "C" fn(
+        handle: *mut CUmemGenericAllocationHandle,
+        addr: *mut c_void,
+    ) -> CUresult;
     pub type PFN_cuMemGetAllocationPropertiesFromHandle = unsafe extern "C" fn(
         prop: *mut CUmemAllocationProp,
         handle: CUmemGenericAllocationHandle,
@@ -611,9 +621,14 @@ mod tests {
 
     #[test]
     fn result_names_match_the_driver_spelling() {
-        assert_eq!(CUresult::ERROR_INVALID_VALUE.name(), Some("CUDA_ERROR_INVALID_VALUE"));
         assert_eq!(
-            CUresult::ERROR_NOT_SUPPORTED.name_cstr().map(|c| c.to_bytes()),
+            CUresult::ERROR_INVALID_VALUE.name(),
+            Some("CUDA_ERROR_INVALID_VALUE")
+        );
+        assert_eq!(
+            CUresult::ERROR_NOT_SUPPORTED
+                .name_cstr()
+                .map(|c| c.to_bytes()),
             Some(&b"CUDA_ERROR_NOT_SUPPORTED"[..])
         );
         assert_eq!(CUresult(123_456).name(), None);
@@ -622,7 +637,13 @@ mod tests {
 
     #[test]
     fn restore_args_reserve_what_the_header_reserves() {
-        assert_eq!(core::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount), 8);
-        assert_eq!(core::mem::offset_of!(CUcheckpointRestoreArgs, reserved1), 56);
+        assert_eq!(
+            core::mem::offset_of!(CUcheckpointRestoreArgs, gpuPairsCount),
+            8
+        );
+        assert_eq!(
+            core::mem::offset_of!(CUcheckpointRestoreArgs, reserved1),
+            56
+        );
     }
 }

@@ -1,0 +1,235 @@
+//! Control-socket messages and their framing.
+//!
+//! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
+//! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
+//! byte), and only a [`Response::Fd`] carries one. The kind in the header repeats the message's
+//! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
+//! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
+
+use crate::ProtocolError;
+use crate::record::{AllocationId, Phase, ProcessRecord};
+use serde::{Deserialize, Serialize};
+
+pub const MAGIC: [u8; 4] = *b"CUIP";
+/// Bumped on any incompatible change of a message or record; both ends must agree exactly.
+pub const PROTOCOL_VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 12;
+/// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
+pub const MAX_BODY_LEN: u32 = 16 << 20;
+
+/// The fixed frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub version: u16,
+    pub kind: u16,
+    pub length: u32,
+}
+
+impl FrameHeader {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[..4].copy_from_slice(&MAGIC);
+        out[4..6].copy_from_slice(&self.version.to_le_bytes());
+        out[6..8].copy_from_slice(&self.kind.to_le_bytes());
+        out[8..12].copy_from_slice(&self.length.to_le_bytes());
+        out
+    }
+
+    /// Checks magic, version and length bound; the kind is checked by the body decoder.
+    pub fn decode(bytes: &[u8; HEADER_LEN]) -> Result<FrameHeader, ProtocolError> {
+        let [m0, m1, m2, m3, v0, v1, k0, k1, l0, l1, l2, l3] = *bytes;
+        if [m0, m1, m2, m3] != MAGIC {
+            return Err(ProtocolError::BadMagic);
+        }
+        let header = FrameHeader {
+            version: u16::from_le_bytes([v0, v1]),
+            kind: u16::from_le_bytes([k0, k1]),
+            length: u32::from_le_bytes([l0, l1, l2, l3]),
+        };
+        if header.version != PROTOCOL_VERSION {
+            return Err(ProtocolError::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: header.version,
+            });
+        }
+        if header.length > MAX_BODY_LEN {
+            return Err(ProtocolError::TooLarge {
+                length: header.length as u64,
+                limit: MAX_BODY_LEN as u64,
+            });
+        }
+        Ok(header)
+    }
+}
+
+/// What the tool (or a peer shim) asks a shim.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// First message of every coordinator connection.
+    Hello { tool_version: String },
+    /// Read-only: the process's records.
+    Inspect,
+    /// Peer fd service: the real descriptor of an allocation this process created and exported.
+    GetFd { id: AllocationId },
+    /// Hold tracked memory calls, wait for those in flight, synchronise contexts.
+    Freeze { timeout_ms: u32 },
+    /// Creators copy the bytes of shared allocations into host carriers.
+    Save,
+    /// Importers release imports; creators drain their export cache and release shared allocations.
+    Release,
+    /// Creators recreate shared allocations at their addresses, refill them and export them again.
+    Load,
+    /// Importers import again through their tickets and map at the original addresses.
+    Import,
+    /// Let held calls go; back to running.
+    Thaw,
+}
+
+/// What a shim answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Hello(HelloReply),
+    Records(ProcessRecord),
+    /// The descriptor rides on this frame.
+    Fd {
+        id: AllocationId,
+    },
+    /// A phase finished: how many bytes it moved and how long it took inside the shim.
+    PhaseDone {
+        phase: Phase,
+        bytes: u64,
+        micros: u64,
+    },
+    /// The request failed; nothing the request would have changed was left half done unless the
+    /// message says so.
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+/// A shim's identity, returned by HELLO.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloReply {
+    pub shim_version: String,
+    pub ns_pid: u32,
+    /// SHA-256 of the shim library file as mapped in the process (hex).
+    pub shim_sha256: String,
+    /// `cuDriverGetVersion` of the driver the shim runs on.
+    pub driver_version: i32,
+}
+
+/// Why a request failed. Only ever added to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// The request is not valid in the shim's current phase.
+    WrongPhase = 1,
+    /// Unknown allocation (GetFd) or stale ticket.
+    NotFound = 2,
+    /// The peer is not allowed (uid check).
+    Denied = 3,
+    /// A driver call failed; the message names it and its CUresult.
+    Driver = 4,
+    /// Freeze could not quiesce in time.
+    Timeout = 5,
+    /// A peer needed for this step did not answer.
+    Peer = 6,
+    /// Anything else inside the shim.
+    Internal = 7,
+}
+
+impl Request {
+    pub fn kind(&self) -> u16 {
+        match self {
+            Request::Hello { .. } => 1,
+            Request::Inspect => 2,
+            Request::GetFd { .. } => 3,
+            Request::Freeze { .. } => 4,
+            Request::Save => 5,
+            Request::Release => 6,
+            Request::Load => 7,
+            Request::Import => 8,
+            Request::Thaw => 9,
+        }
+    }
+}
+
+impl Response {
+    pub fn kind(&self) -> u16 {
+        match self {
+            Response::Hello(_) => 0x101,
+            Response::Records(_) => 0x102,
+            Response::Fd { .. } => 0x103,
+            Response::PhaseDone { .. } => 0x104,
+            Response::Error { .. } => 0x105,
+        }
+    }
+}
+
+/// Kind code of [`Request::GetFd`], for readers that refuse every other request before decoding.
+pub const KIND_GET_FD: u16 = 3;
+
+/// Header plus body of a message, ready to send.
+pub fn encode_request(request: &Request) -> Vec<u8> {
+    encode(request.kind(), request)
+}
+
+pub fn encode_response(response: &Response) -> Vec<u8> {
+    encode(response.kind(), response)
+}
+
+fn encode<T: Serialize>(kind: u16, message: &T) -> Vec<u8> {
+    // postcard's serializer into a Vec only fails on types serde cannot describe; ours are plain data.
+    let body = postcard::to_stdvec(message).unwrap_or_default();
+    let header = FrameHeader {
+        version: PROTOCOL_VERSION,
+        kind,
+        length: body.len() as u32,
+    };
+    let mut frame = Vec::with_capacity(HEADER_LEN + body.len());
+    frame.extend_from_slice(&header.encode());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Decodes a request body after its header was checked; refuses a body whose variant disagrees with
+/// the header's kind or that has trailing bytes.
+pub fn decode_request(header: &FrameHeader, body: &[u8]) -> Result<Request, ProtocolError> {
+    let request: Request = decode_body(header, body)?;
+    if request.kind() != header.kind {
+        return Err(ProtocolError::KindMismatch {
+            header: header.kind,
+            body: request.kind(),
+        });
+    }
+    Ok(request)
+}
+
+pub fn decode_response(header: &FrameHeader, body: &[u8]) -> Result<Response, ProtocolError> {
+    let response: Response = decode_body(header, body)?;
+    if response.kind() != header.kind {
+        return Err(ProtocolError::KindMismatch {
+            header: header.kind,
+            body: response.kind(),
+        });
+    }
+    Ok(response)
+}
+
+fn decode_body<'a, T: Deserialize<'a>>(
+    header: &FrameHeader,
+    body: &'a [u8],
+) -> Result<T, ProtocolError> {
+    if body.len() != header.length as usize {
+        return Err(ProtocolError::Truncated {
+            expected: header.length as usize,
+            got: body.len(),
+        });
+    }
+    let (message, rest) =
+        postcard::take_from_bytes(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(ProtocolError::TrailingBytes(rest.len()));
+    }
+    Ok(message)
+}

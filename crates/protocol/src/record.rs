@@ -1,0 +1,189 @@
+//! What a shim reports about its process: the records an INSPECT returns, which the tool checks and
+//! which `cuinterpose.state` stores so that a resume or a restore rebuilds exactly what was captured.
+//!
+//! Addresses and sizes are `u64` whatever the host's pointer width; device ordinals are the
+//! process-local ordinals the application used (`CUdevice`), so a device is identified across
+//! processes by (namespace PID, ordinal), never by ordinal alone.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A random 128-bit identity given to an allocation by the shim of the process that created it. It
+/// names the allocation in tickets, in peer fd requests and in the state file, and stays the same
+/// across suspend, resume, checkpoint and restore, while the driver's handles change.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct AllocationId(pub [u8; 16]);
+
+impl fmt::Display for AllocationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for AllocationId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The phase a shim is in. Only ever added to: the discriminants are part of the wire format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Normal operation: tracked calls go to the driver.
+    Running = 0,
+    /// Tracked memory calls are held; contexts synchronised.
+    Frozen = 1,
+    /// Shared bytes are in host carriers.
+    Saved = 2,
+    /// Imports and shared allocations are released; only private memory is left for native checkpoint.
+    Released = 3,
+    /// Shared allocations are recreated and refilled (creators).
+    Loaded = 4,
+    /// Imports are mapped again (importers); ready to thaw.
+    Imported = 5,
+}
+
+/// `CUmemAllocationProp` as recorded, enum fields as integers (unknown values are kept, not rejected).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationProps {
+    pub allocation_type: u32,
+    pub requested_handle_types: u32,
+    pub location_type: u32,
+    pub location_id: i32,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+}
+
+/// Where an application mapping's backing comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Backing {
+    /// An allocation this process created (`cuMemCreate`).
+    Created(AllocationId),
+    /// An allocation another process created, imported through a ticket.
+    Imported(AllocationId),
+    /// An allocation imported natively from a descriptor that was not a ticket (a process without
+    /// the shim exported it); `serial` is the shim's local number for it.
+    Foreign { serial: u64 },
+}
+
+/// An allocation created in this process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocationRecord {
+    pub id: AllocationId,
+    pub size: u64,
+    pub props: AllocationProps,
+    /// Exported at least once (sticky): its bytes are saved to a host carrier on capture.
+    pub shared: bool,
+    /// Virtual handles the application holds for it (created or retained, not yet released).
+    pub live_handles: u32,
+}
+
+/// An allocation imported into this process through a ticket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportRecord {
+    pub id: AllocationId,
+    /// Namespace PID of the creator, as the ticket names it.
+    pub creator_ns_pid: u32,
+    pub size: u64,
+    pub props: AllocationProps,
+    pub live_handles: u32,
+}
+
+/// One access descriptor in effect on a mapping (merged per location, last writer wins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessRecord {
+    pub location_type: u32,
+    pub location_id: i32,
+    pub flags: u32,
+}
+
+/// A live `cuMemMap` of (part of) an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappingRecord {
+    pub address: u64,
+    pub size: u64,
+    /// Offset into the allocation.
+    pub offset: u64,
+    pub backing: Backing,
+    pub access: Vec<AccessRecord>,
+}
+
+/// A live `cuMemAddressReserve`. Kept across capture: the addresses must stay the application's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationRecord {
+    pub address: u64,
+    pub size: u64,
+    pub alignment: u64,
+    pub flags: u64,
+}
+
+/// Something live in the process that native checkpoint cannot survive and cuinterpose does not
+/// (yet) rebuild. Any blocker in any participant refuses capture, naming the process and this.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Blocker {
+    /// A descriptor that was not a ticket was imported and is still held or mapped.
+    ForeignImport { serial: u64, size: u64 },
+    /// An allocation was exported with a handle type other than a POSIX descriptor (FABRIC, ...).
+    UnsupportedExport { id: AllocationId, handle_type: u32 },
+    /// A shareable handle of a type other than a POSIX descriptor was imported.
+    UnsupportedImport { handle_type: u32, size: u64 },
+    /// `cuIpcGetMemHandle` was called on memory of this process that is still allocated.
+    LegacyIpcExport { address: u64 },
+    /// A `cuIpcOpenMemHandle` mapping is open.
+    LegacyIpcImport { address: u64 },
+    /// A multicast object exists.
+    MulticastObject { size: u64, devices: u32 },
+}
+
+impl fmt::Display for Blocker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Blocker::ForeignImport { serial, size } => write!(
+                f,
+                "holds a foreign import #{serial} ({size} bytes) from a process without the shim"
+            ),
+            Blocker::UnsupportedExport { id, handle_type } => write!(
+                f,
+                "exported allocation {id} with unsupported handle type {handle_type:#x}"
+            ),
+            Blocker::UnsupportedImport { handle_type, size } => write!(
+                f,
+                "imported a {size}-byte allocation with unsupported handle type {handle_type:#x}"
+            ),
+            Blocker::LegacyIpcExport { address } => {
+                write!(f, "exported legacy CUDA IPC memory at {address:#x}")
+            }
+            Blocker::LegacyIpcImport { address } => {
+                write!(f, "has legacy CUDA IPC memory open at {address:#x}")
+            }
+            Blocker::MulticastObject { size, devices } => {
+                write!(
+                    f,
+                    "holds a multicast object ({size} bytes, {devices} devices)"
+                )
+            }
+        }
+    }
+}
+
+/// Everything a shim reports about its process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRecord {
+    /// `getpid()` inside the process: its PID in its own PID namespace.
+    pub ns_pid: u32,
+    pub phase: Phase,
+    pub allocations: Vec<AllocationRecord>,
+    pub imports: Vec<ImportRecord>,
+    pub mappings: Vec<MappingRecord>,
+    pub reservations: Vec<ReservationRecord>,
+    pub blockers: Vec<Blocker>,
+    /// Tracked driver calls executing right now (a capture must see zero once frozen).
+    pub calls_in_flight: u32,
+}
