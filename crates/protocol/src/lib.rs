@@ -7,6 +7,7 @@
 
 pub mod message;
 pub mod record;
+pub mod ticket;
 
 pub use message::{ErrorCode, FrameHeader, HelloReply, Request, Response};
 pub use record::*;
@@ -14,20 +15,55 @@ pub use record::*;
 /// Why bytes could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProtocolError {
+    /// The bytes do not start with the magic of the format that was expected.
     #[error("bad magic: not a cuinterpose frame or file")]
     BadMagic,
+    /// The format's version is not the one this build speaks; old artifacts are refused, not
+    /// migrated.
     #[error("protocol version mismatch: ours {ours}, theirs {theirs}")]
-    VersionMismatch { ours: u16, theirs: u16 },
+    VersionMismatch {
+        /// The version this build speaks.
+        ours: u16,
+        /// The version the bytes carry.
+        theirs: u16,
+    },
+    /// A length field or the input exceeds the format's named limit.
     #[error("length {length} exceeds the limit of {limit} bytes")]
-    TooLarge { length: u64, limit: u64 },
+    TooLarge {
+        /// The length that was announced or found.
+        length: u64,
+        /// The limit of the format.
+        limit: u64,
+    },
+    /// The input ends before the format says it does.
     #[error("truncated: expected {expected} bytes, got {got}")]
-    Truncated { expected: usize, got: usize },
+    Truncated {
+        /// Bytes the format needs.
+        expected: usize,
+        /// Bytes that were there.
+        got: usize,
+    },
+    /// The input goes on after the end of the message.
     #[error("{0} trailing bytes after the message")]
     TrailingBytes(usize),
+    /// A frame's header names another message kind than its body holds.
     #[error("header says kind {header:#x}, body is kind {body:#x}")]
-    KindMismatch { header: u16, body: u16 },
+    KindMismatch {
+        /// Kind in the header.
+        header: u16,
+        /// Kind of the decoded body.
+        body: u16,
+    },
+    /// The checksum does not match the bytes it covers.
     #[error("checksum mismatch")]
     Checksum,
+    /// A field that is reserved (must be zero) is not zero.
+    #[error("reserved byte at offset {offset} is nonzero")]
+    Reserved {
+        /// Offset of the first nonzero reserved byte from the start of the input.
+        offset: usize,
+    },
+    /// The body does not decode as the format's type.
     #[error("malformed: {0}")]
     Malformed(String),
 }
