@@ -1,0 +1,237 @@
+//! The file operations of the project's on-disk formats (`cuinterpose.state`, `manifest.json`):
+//! publishing a file so that a crash leaves either the old or the new content, and reading a file
+//! with a size bound before the decoder sees it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::TransportError;
+
+/// Writes `bytes` to `path` so that `path` holds either its previous content or all of `bytes`,
+/// whatever happens: the bytes go to a new temporary file in the same directory (mode 0600,
+/// created exclusively), which is fsynced, renamed over `path`, and then the directory is fsynced
+/// so that the rename itself is durable.
+///
+/// On an error before the rename the temporary file is removed and `path` is unchanged. An error
+/// from the final directory fsync is returned although `path` already shows the new content: its
+/// existence alone does not prove that it will survive a power loss. A process killed mid-write
+/// leaves a `.<name>.tmp-*` file beside `path`, never a partial `path`.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), TransportError> {
+    let name = path.file_name().ok_or_else(|| {
+        TransportError::io(
+            format!("write {}", path.display()),
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "no file name"),
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let mut random = [0u8; 8];
+    fill_random(&mut random);
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(
+        ".tmp-{}-{:016x}",
+        std::process::id(),
+        u64::from_le_bytes(random)
+    ));
+    let temp = dir.join(temp_name);
+
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)
+            .map_err(|e| TransportError::io(format!("create {}", temp.display()), e))?;
+        file.write_all(bytes)
+            .map_err(|e| TransportError::io(format!("write {}", temp.display()), e))?;
+        file.sync_all()
+            .map_err(|e| TransportError::io(format!("fsync {}", temp.display()), e))?;
+        fs::rename(&temp, path).map_err(|e| {
+            TransportError::io(
+                format!("rename {} to {}", temp.display(), path.display()),
+                e,
+            )
+        })
+    })();
+    if let Err(e) = written {
+        let _ = fs::remove_file(&temp);
+        return Err(e);
+    }
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| TransportError::io(format!("fsync directory {}", dir.display()), e))
+}
+
+/// Reads the regular file at `path`, refusing one larger than `limit` bytes before reading it (and
+/// again if it grows while being read). A FIFO, device or directory is refused without blocking.
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, TransportError> {
+    let context = |what: &str| format!("{what} {}", path.display());
+    // O_NONBLOCK so that opening a FIFO does not wait for a writer; it changes nothing for a
+    // regular file.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| TransportError::io(context("open"), e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| TransportError::io(context("stat"), e))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a fifo"
+        } else {
+            "not a regular file"
+        };
+        return Err(TransportError::io(
+            context("read"),
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, what),
+        ));
+    }
+    let too_large = |size| TransportError::FileTooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit,
+    };
+    if meta.len() > limit {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| TransportError::io(context("read"), e))?;
+    if bytes.len() as u64 > limit {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// Random bits for a temporary name. `O_EXCL` makes a collision an error, not a corruption, so a
+/// failing entropy source only makes names predictable.
+fn fill_random(buf: &mut [u8]) {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match rustix::rand::getrandom(&mut buf[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(_) => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
+                for (b, n) in buf.iter_mut().zip(nanos.to_le_bytes()) {
+                    *b ^= n;
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.contains(".tmp-"))
+            .collect()
+    }
+
+    #[test]
+    fn writes_then_replaces_leaving_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cuinterpose.state");
+        write_atomically(&path, b"old").unwrap();
+        assert_eq!(read_bounded(&path, 1 << 20).unwrap(), b"old");
+        write_atomically(&path, b"new content").unwrap();
+        assert_eq!(read_bounded(&path, 1 << 20).unwrap(), b"new content");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_target_and_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("target");
+        write_atomically(&path, b"old").unwrap();
+        // Renaming a file over a non-empty directory fails after the temporary file was written.
+        let blocked = dir.path().join("blocked");
+        fs::create_dir(&blocked).unwrap();
+        fs::write(blocked.join("inside"), b"x").unwrap();
+        let e = write_atomically(&blocked, b"new").unwrap_err();
+        assert!(matches!(e, TransportError::Io { .. }), "{e}");
+        assert!(leftovers(dir.path()).is_empty());
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+        let missing = dir.path().join("no-such-dir").join("file");
+        assert!(matches!(
+            write_atomically(&missing, b"x"),
+            Err(TransportError::Io { .. })
+        ));
+        assert!(matches!(
+            write_atomically(Path::new("/"), b"x"),
+            Err(TransportError::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn a_relative_path_without_a_directory_is_written_in_the_current_one() {
+        // The test process's current directory is the crate root; use a unique name there and
+        // remove it again.
+        let name = format!("files-test-{}.tmpout", std::process::id());
+        write_atomically(Path::new(&name), b"here").unwrap();
+        assert_eq!(fs::read(&name).unwrap(), b"here");
+        fs::remove_file(&name).unwrap();
+    }
+
+    #[test]
+    fn read_bounded_refuses_large_and_non_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        fs::write(&path, vec![7u8; 100]).unwrap();
+        assert_eq!(read_bounded(&path, 100).unwrap().len(), 100);
+        assert!(matches!(
+            read_bounded(&path, 99),
+            Err(TransportError::FileTooLarge {
+                size: 100,
+                limit: 99,
+                ..
+            })
+        ));
+        assert!(matches!(
+            read_bounded(dir.path(), 1 << 20),
+            Err(TransportError::Io { .. })
+        ));
+        let fifo = dir.path().join("fifo");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        // Returns at once (nobody writes to the fifo) with a refusal.
+        assert!(matches!(
+            read_bounded(&fifo, 1 << 20),
+            Err(TransportError::Io { .. })
+        ));
+        assert!(matches!(
+            read_bounded(&dir.path().join("missing"), 1),
+            Err(TransportError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound
+        ));
+    }
+}
