@@ -5,8 +5,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod manifest;
 pub mod message;
 pub mod record;
+pub mod state;
 pub mod ticket;
 
 pub use message::{ErrorCode, FrameHeader, HelloReply, Request, Response};
@@ -66,4 +68,38 @@ pub enum ProtocolError {
     /// The body does not decode as the format's type.
     #[error("malformed: {0}")]
     Malformed(String),
+    /// A JSON document names another format than the one expected (or none).
+    #[error("not a {expected} document (format {found:?})")]
+    WrongFormat {
+        /// The format that was expected.
+        expected: &'static str,
+        /// What the document's `format` field says, empty when it has none.
+        found: String,
+    },
+    /// A manifest of another version; old checkpoints are refused, not migrated.
+    #[error("manifest version {theirs} is not {ours}: recreate the checkpoint with this version")]
+    ManifestVersion {
+        /// The version this build writes and reads.
+        ours: u32,
+        /// The version in the document.
+        theirs: u32,
+    },
+    /// The content decodes but contradicts itself (or a file it describes).
+    #[error("inconsistent: {0}")]
+    Inconsistent(String),
+    /// A file's SHA-256 is not the one recorded for it.
+    #[error("sha-256 of {what} is {found}, expected {expected}")]
+    DigestMismatch {
+        /// Which file.
+        what: String,
+        /// The digest that was recorded (hex).
+        expected: String,
+        /// The digest of the bytes at hand (hex).
+        found: String,
+    },
+}
+
+/// Whether `s` is a SHA-256 digest as this project writes them: 64 lower-case hex digits.
+pub fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }

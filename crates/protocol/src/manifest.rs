@@ -1,0 +1,715 @@
+//! `manifest.json`: what a checkpoint directory holds, for people and for the restore that reads
+//! it back. JSON with every field required and no unknown field allowed; `format` and `version`
+//! are read first, so that a file of another format or version is refused by name, not by
+//! whatever field it happens to lack.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ProtocolError;
+use crate::record::ProcessRecord;
+use crate::state::{self, GroupState};
+
+/// File name of the manifest in a checkpoint directory.
+pub const MANIFEST_FILE_NAME: &str = "manifest.json";
+/// Value of the `format` field.
+pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
+/// The manifest version this build writes and reads; bumped on any change of its fields.
+pub const MANIFEST_VERSION: u32 = 1;
+/// Largest manifest accepted.
+pub const MAX_MANIFEST_LEN: usize = 16 << 20;
+
+/// The manifest of a checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    /// Always [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// When the checkpoint was taken, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Version of the tool that took it.
+    pub tool_version: String,
+    /// The processes of the group.
+    pub participants: Vec<ManifestParticipant>,
+    /// The shim library every participant had mapped.
+    pub shim: ShimIdentity,
+    /// `cuDriverGetVersion` at checkpoint (e.g. 12080).
+    pub driver_version: i32,
+    /// Byte counts of the capture.
+    pub bytes: ByteCounts,
+    /// The CRIU dump, when the checkpoint was dumped to disk.
+    pub criu: Option<CriuInfo>,
+    /// Wall-clock time of each phase, in the order the phases ran.
+    pub timings: Vec<PhaseTiming>,
+    /// The state file beside the manifest.
+    pub state: StateFileRef,
+}
+
+/// One process of the group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestParticipant {
+    /// PID in the tool's (host) PID namespace.
+    pub host_pid: u32,
+    /// PID in the process's own PID namespace.
+    pub ns_pid: u32,
+    /// `/proc/<pid>/cmdline`, one element per argument (lossy UTF-8).
+    pub command_line: Vec<String>,
+    /// What the process does with shared memory.
+    pub role: Role,
+    /// The GPUs the process saw, by its own device ordinal: ordinals are per process
+    /// (`CUDA_VISIBLE_DEVICES` may differ between processes), so they are recorded per process.
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// What a process does with shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Creates shared allocations and imports none.
+    Creator,
+    /// Imports allocations and shares none of its own.
+    Importer,
+    /// Both creates shared allocations and imports.
+    CreatorAndImporter,
+    /// Neither: its device memory is private.
+    Private,
+}
+
+impl Role {
+    /// The role a record shows.
+    pub fn of(record: &ProcessRecord) -> Role {
+        let creates = record.allocations.iter().any(|a| a.shared);
+        let imports = !record.imports.is_empty();
+        match (creates, imports) {
+            (true, true) => Role::CreatorAndImporter,
+            (true, false) => Role::Creator,
+            (false, true) => Role::Importer,
+            (false, false) => Role::Private,
+        }
+    }
+}
+
+/// A GPU as one process saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuInfo {
+    /// The process's `CUdevice` ordinal.
+    pub ordinal: u32,
+    /// `cuDeviceGetUuid`, as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+}
+
+/// The shim library.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShimIdentity {
+    /// Absolute path of the library as the processes mapped it.
+    pub path: String,
+    /// Its SHA-256, 64 lower-case hex digits; a restore requires the identical library.
+    pub sha256: String,
+}
+
+/// Byte counts of the capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByteCounts {
+    /// Bytes of shared allocations copied into host carriers.
+    pub shared_saved: u64,
+    /// Bytes the host carriers hold in total (at least `shared_saved`).
+    pub carriers: u64,
+}
+
+/// The CRIU dump.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CriuInfo {
+    /// `criu --version`.
+    pub version: String,
+    /// Total size of the image files.
+    pub image_bytes: u64,
+}
+
+/// How long one phase took.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseTiming {
+    /// The phase's name (`freeze`, `save`, `native`, ...), unique in the manifest.
+    pub phase: String,
+    /// Milliseconds.
+    pub ms: u64,
+}
+
+/// The state file the manifest describes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFileRef {
+    /// File name in the checkpoint directory (no directory part), normally
+    /// [`state::STATE_FILE_NAME`].
+    pub file: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its SHA-256, 64 lower-case hex digits: a replaced or edited state file is refused.
+    pub sha256: String,
+}
+
+/// Just the fields read before anything else.
+#[derive(Deserialize)]
+struct Preamble {
+    format: Option<serde_json::Value>,
+    version: Option<serde_json::Value>,
+}
+
+/// Lower-case hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+impl Manifest {
+    /// Checks the manifest's internal consistency:
+    ///
+    /// - `format` and `version` are this build's;
+    /// - at least one participant; PIDs nonzero; host and namespace PIDs unique; per participant,
+    ///   GPU ordinals unique and UUIDs non-empty;
+    /// - the shim path is absolute and its digest well formed; the driver version is positive;
+    /// - carriers hold at least the shared bytes saved;
+    /// - the CRIU version, when present, is non-empty; phase names are non-empty and unique;
+    /// - the state file is a plain file name (no directory, so a manifest cannot point a restore
+    ///   at another file) with a well-formed digest.
+    pub fn validate(&self) -> Result<(), ProtocolError> {
+        let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
+        if self.format != MANIFEST_FORMAT {
+            return Err(ProtocolError::WrongFormat {
+                expected: MANIFEST_FORMAT,
+                found: self.format.clone(),
+            });
+        }
+        if self.version != MANIFEST_VERSION {
+            return Err(ProtocolError::ManifestVersion {
+                ours: MANIFEST_VERSION,
+                theirs: self.version,
+            });
+        }
+        if self.tool_version.is_empty() {
+            return bad("empty tool version".into());
+        }
+        if self.participants.is_empty() {
+            return bad("no participants".into());
+        }
+        let mut host_pids = BTreeSet::new();
+        let mut ns_pids = BTreeSet::new();
+        for p in &self.participants {
+            if p.host_pid == 0 || p.ns_pid == 0 {
+                return bad(format!(
+                    "participant with pid 0 (host {}, namespace {})",
+                    p.host_pid, p.ns_pid
+                ));
+            }
+            if !host_pids.insert(p.host_pid) {
+                return bad(format!("host pid {} appears twice", p.host_pid));
+            }
+            if !ns_pids.insert(p.ns_pid) {
+                return bad(format!("namespace pid {} appears twice", p.ns_pid));
+            }
+            let mut ordinals = BTreeSet::new();
+            for gpu in &p.gpus {
+                if !ordinals.insert(gpu.ordinal) {
+                    return bad(format!(
+                        "participant {}: gpu ordinal {} appears twice",
+                        p.host_pid, gpu.ordinal
+                    ));
+                }
+                if gpu.uuid.is_empty() {
+                    return bad(format!(
+                        "participant {}: gpu {} has no uuid",
+                        p.host_pid, gpu.ordinal
+                    ));
+                }
+            }
+        }
+        if !self.shim.path.starts_with('/') {
+            return bad(format!("shim path {:?} is not absolute", self.shim.path));
+        }
+        if !crate::is_sha256_hex(&self.shim.sha256) {
+            return bad(format!(
+                "shim sha-256 {:?} is not 64 lower-case hex digits",
+                self.shim.sha256
+            ));
+        }
+        if self.driver_version <= 0 {
+            return bad(format!("driver version {}", self.driver_version));
+        }
+        if self.bytes.shared_saved > self.bytes.carriers {
+            return bad(format!(
+                "{} shared bytes saved into carriers of {} bytes",
+                self.bytes.shared_saved, self.bytes.carriers
+            ));
+        }
+        if let Some(criu) = &self.criu
+            && criu.version.is_empty()
+        {
+            return bad("empty criu version".into());
+        }
+        let mut phases = BTreeSet::new();
+        for t in &self.timings {
+            if t.phase.is_empty() {
+                return bad("a timing without a phase name".into());
+            }
+            if !phases.insert(t.phase.as_str()) {
+                return bad(format!("phase {:?} timed twice", t.phase));
+            }
+        }
+        let file = self.state.file.as_str();
+        if file.is_empty() || file == "." || file == ".." || file.contains(['/', '\0']) {
+            return bad(format!("state file {file:?} is not a plain file name"));
+        }
+        if !crate::is_sha256_hex(&self.state.sha256) {
+            return bad(format!(
+                "state sha-256 {:?} is not 64 lower-case hex digits",
+                self.state.sha256
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the bytes of the state file against the manifest and decodes them: size and SHA-256
+    /// as recorded, a valid state ([`state::decode`]), the same participants (host and namespace
+    /// PIDs) with the roles their records show and the manifest's shim digest, and carriers adding
+    /// up to the manifest's carrier bytes.
+    pub fn verify_state(&self, state_file: &[u8]) -> Result<GroupState, ProtocolError> {
+        if state_file.len() as u64 != self.state.bytes {
+            return Err(ProtocolError::Inconsistent(format!(
+                "state file is {} bytes, the manifest says {}",
+                state_file.len(),
+                self.state.bytes
+            )));
+        }
+        let found = sha256_hex(state_file);
+        if found != self.state.sha256 {
+            return Err(ProtocolError::DigestMismatch {
+                what: self.state.file.clone(),
+                expected: self.state.sha256.clone(),
+                found,
+            });
+        }
+        let group = state::decode(state_file)?;
+        let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
+        if group.participants.len() != self.participants.len() {
+            return bad(format!(
+                "the state has {} participants, the manifest {}",
+                group.participants.len(),
+                self.participants.len()
+            ));
+        }
+        for p in &self.participants {
+            let Some(s) = group.participants.iter().find(|s| s.host_pid == p.host_pid) else {
+                return bad(format!("host pid {} is not in the state", p.host_pid));
+            };
+            if s.ns_pid != p.ns_pid {
+                return bad(format!(
+                    "host pid {}: namespace pid {} in the manifest, {} in the state",
+                    p.host_pid, p.ns_pid, s.ns_pid
+                ));
+            }
+            let role = Role::of(&s.record);
+            if role != p.role {
+                return bad(format!(
+                    "host pid {}: role {:?} in the manifest, {role:?} in the state",
+                    p.host_pid, p.role
+                ));
+            }
+            if s.shim_sha256 != self.shim.sha256 {
+                return bad(format!(
+                    "host pid {} ran shim {}, the manifest names {}",
+                    p.host_pid, s.shim_sha256, self.shim.sha256
+                ));
+            }
+        }
+        let carriers: u64 = group
+            .participants
+            .iter()
+            .flat_map(|p| &p.carriers)
+            .map(|c| c.bytes)
+            .fold(0u64, u64::saturating_add);
+        if carriers != self.bytes.carriers {
+            return bad(format!(
+                "the state's carriers hold {carriers} bytes, the manifest says {}",
+                self.bytes.carriers
+            ));
+        }
+        Ok(group)
+    }
+}
+
+/// The manifest as pretty-printed JSON with a final newline.
+pub fn encode(manifest: &Manifest) -> Vec<u8> {
+    // serde_json fails only on maps with non-string keys or failing Serialize impls; the manifest
+    // has neither.
+    let mut out = serde_json::to_vec_pretty(manifest).expect("serde_json encodes plain data");
+    out.push(b'\n');
+    out
+}
+
+/// Decodes and validates a manifest. Refuses, in this order: more than [`MAX_MANIFEST_LEN`] bytes,
+/// input that is not a JSON object, a missing or other `format`, a missing or other `version`, any
+/// missing, unknown or mistyped field, and a manifest that fails [`Manifest::validate`].
+pub fn decode(bytes: &[u8]) -> Result<Manifest, ProtocolError> {
+    if bytes.len() > MAX_MANIFEST_LEN {
+        return Err(ProtocolError::TooLarge {
+            length: bytes.len() as u64,
+            limit: MAX_MANIFEST_LEN as u64,
+        });
+    }
+    let malformed = |e: serde_json::Error| ProtocolError::Malformed(e.to_string());
+    let preamble: Preamble = serde_json::from_slice(bytes).map_err(malformed)?;
+    match preamble.format {
+        Some(serde_json::Value::String(f)) if f == MANIFEST_FORMAT => {}
+        other => {
+            return Err(ProtocolError::WrongFormat {
+                expected: MANIFEST_FORMAT,
+                found: match other {
+                    Some(serde_json::Value::String(f)) => f,
+                    Some(v) => v.to_string(),
+                    None => String::new(),
+                },
+            });
+        }
+    }
+    match preamble
+        .version
+        .as_ref()
+        .and_then(serde_json::Value::as_u64)
+    {
+        Some(v) if v == u64::from(MANIFEST_VERSION) => {}
+        Some(v) => {
+            return Err(ProtocolError::ManifestVersion {
+                ours: MANIFEST_VERSION,
+                theirs: u32::try_from(v).unwrap_or(u32::MAX),
+            });
+        }
+        None => {
+            return Err(ProtocolError::Malformed(
+                "manifest version missing or not an unsigned integer".into(),
+            ));
+        }
+    }
+    let manifest: Manifest = serde_json::from_slice(bytes).map_err(malformed)?;
+    manifest.validate()?;
+    Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tests::two_workers;
+
+    fn sample() -> (Manifest, Vec<u8>) {
+        let state_file = state::encode(&two_workers());
+        let manifest = Manifest {
+            format: MANIFEST_FORMAT.into(),
+            version: MANIFEST_VERSION,
+            created_unix_ms: 1_767_225_600_000,
+            tool_version: "0.1.0".into(),
+            participants: vec![
+                ManifestParticipant {
+                    host_pid: 1041,
+                    ns_pid: 41,
+                    command_line: vec!["python".into(), "worker.py".into(), "--rank=0".into()],
+                    role: Role::Creator,
+                    gpus: vec![GpuInfo {
+                        ordinal: 0,
+                        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                    }],
+                },
+                ManifestParticipant {
+                    host_pid: 1042,
+                    ns_pid: 42,
+                    command_line: vec!["python".into(), "worker.py".into(), "--rank=1".into()],
+                    role: Role::Importer,
+                    gpus: vec![
+                        GpuInfo {
+                            ordinal: 0,
+                            uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+                        },
+                        GpuInfo {
+                            ordinal: 1,
+                            uuid: "GPU-11111111-1111-1111-1111-111111111111".into(),
+                        },
+                    ],
+                },
+            ],
+            shim: ShimIdentity {
+                path: "/usr/lib/cuinterpose/libcuinterpose.so".into(),
+                sha256: "0f".repeat(32),
+            },
+            driver_version: 12080,
+            bytes: ByteCounts {
+                shared_saved: 2 << 20,
+                carriers: 2 << 20,
+            },
+            criu: Some(CriuInfo {
+                version: "4.1".into(),
+                image_bytes: 123_456_789,
+            }),
+            timings: vec![
+                PhaseTiming {
+                    phase: "freeze".into(),
+                    ms: 3,
+                },
+                PhaseTiming {
+                    phase: "save".into(),
+                    ms: 40,
+                },
+            ],
+            state: StateFileRef {
+                file: state::STATE_FILE_NAME.into(),
+                bytes: state_file.len() as u64,
+                sha256: sha256_hex(&state_file),
+            },
+        };
+        (manifest, state_file)
+    }
+
+    fn json(manifest: &Manifest) -> serde_json::Value {
+        serde_json::from_slice(&encode(manifest)).unwrap()
+    }
+
+    fn decode_value(v: &serde_json::Value) -> Result<Manifest, ProtocolError> {
+        decode(&serde_json::to_vec(v).unwrap())
+    }
+
+    #[test]
+    fn round_trip_and_state_verification() {
+        let (manifest, state_file) = sample();
+        manifest.validate().unwrap();
+        let bytes = encode(&manifest);
+        assert!(bytes.ends_with(b"}\n"));
+        let text = std::str::from_utf8(&bytes).unwrap();
+        assert!(
+            text.contains("\"format\": \"cuinterpose-manifest\""),
+            "{text}"
+        );
+        assert!(text.contains("\"role\": \"creator\""), "{text}");
+        let decoded = decode(&bytes).unwrap();
+        assert_eq!(decoded, manifest);
+        assert_eq!(encode(&decoded), bytes);
+        assert_eq!(decoded.verify_state(&state_file).unwrap(), two_workers());
+    }
+
+    #[test]
+    fn criu_may_be_absent_but_not_omitted_silently_as_another_key() {
+        let (mut manifest, _) = sample();
+        manifest.criu = None;
+        let bytes = encode(&manifest);
+        assert!(
+            std::str::from_utf8(&bytes)
+                .unwrap()
+                .contains("\"criu\": null")
+        );
+        assert_eq!(decode(&bytes).unwrap(), manifest);
+    }
+
+    #[test]
+    fn sha256_hex_is_the_standard_digest() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert!(crate::is_sha256_hex(&sha256_hex(b"")));
+    }
+
+    #[test]
+    fn wrong_format_and_version_are_named_before_any_other_field() {
+        let (manifest, _) = sample();
+        let mut v = json(&manifest);
+        v["format"] = "cuinterpose-state".into();
+        // Also an unknown field: the format must be what is reported.
+        v["extra"] = 1.into();
+        assert_eq!(
+            decode_value(&v),
+            Err(ProtocolError::WrongFormat {
+                expected: MANIFEST_FORMAT,
+                found: "cuinterpose-state".into()
+            })
+        );
+        v["format"] = 7.into();
+        assert!(
+            matches!(decode_value(&v), Err(ProtocolError::WrongFormat { found, .. }) if found == "7")
+        );
+        v.as_object_mut().unwrap().remove("format");
+        assert!(
+            matches!(decode_value(&v), Err(ProtocolError::WrongFormat { found, .. }) if found.is_empty())
+        );
+
+        let mut v = json(&manifest);
+        v["version"] = 2.into();
+        v["new_field_of_version_2"] = true.into();
+        assert_eq!(
+            decode_value(&v),
+            Err(ProtocolError::ManifestVersion {
+                ours: MANIFEST_VERSION,
+                theirs: 2
+            })
+        );
+        let e = decode_value(&v).unwrap_err().to_string();
+        assert!(e.contains("recreate the checkpoint"), "{e}");
+        v["version"] = "1".into();
+        assert!(matches!(decode_value(&v), Err(ProtocolError::Malformed(_))));
+        v.as_object_mut().unwrap().remove("version");
+        assert!(matches!(decode_value(&v), Err(ProtocolError::Malformed(_))));
+    }
+
+    #[test]
+    fn refuses_non_json_oversized_unknown_missing_and_mistyped() {
+        for input in [
+            &b""[..],
+            b"[]",
+            b"null",
+            b"{",
+            b"\xff\xfe",
+            b"{\"format\": \"cuinterpose-manifest\", \"version\": 1}",
+        ] {
+            assert!(decode(input).is_err(), "{input:?}");
+        }
+        let mut big = vec![b' '; MAX_MANIFEST_LEN + 1];
+        big[0] = b'{';
+        assert!(matches!(decode(&big), Err(ProtocolError::TooLarge { .. })));
+
+        let (manifest, _) = sample();
+        let mut v = json(&manifest);
+        v["participants"][0]["uid"] = 0.into();
+        assert!(
+            matches!(decode_value(&v), Err(ProtocolError::Malformed(m)) if m.contains("unknown field"))
+        );
+        let mut v = json(&manifest);
+        v["shim"].as_object_mut().unwrap().remove("sha256");
+        assert!(
+            matches!(decode_value(&v), Err(ProtocolError::Malformed(m)) if m.contains("missing field"))
+        );
+        let mut v = json(&manifest);
+        v["participants"][1]["role"] = "observer".into();
+        assert!(matches!(decode_value(&v), Err(ProtocolError::Malformed(_))));
+        let mut v = json(&manifest);
+        v["bytes"]["carriers"] = (-1).into();
+        assert!(matches!(decode_value(&v), Err(ProtocolError::Malformed(_))));
+        let mut text = String::from_utf8(encode(&manifest)).unwrap();
+        text.push_str("{}");
+        assert!(matches!(
+            decode(text.as_bytes()),
+            Err(ProtocolError::Malformed(_))
+        ));
+    }
+
+    fn invalid(change: impl FnOnce(&mut Manifest)) -> String {
+        let (mut manifest, _) = sample();
+        change(&mut manifest);
+        let Err(ProtocolError::Inconsistent(why)) = manifest.validate() else {
+            panic!("accepted");
+        };
+        assert_eq!(
+            decode(&encode(&manifest)),
+            Err(ProtocolError::Inconsistent(why.clone()))
+        );
+        why
+    }
+
+    #[test]
+    fn validate_refuses_each_inconsistency() {
+        assert!(invalid(|m| m.tool_version.clear()).contains("tool version"));
+        assert!(invalid(|m| m.participants.clear()).contains("no participants"));
+        assert!(invalid(|m| m.participants[0].host_pid = 0).contains("pid 0"));
+        assert!(invalid(|m| m.participants[0].ns_pid = 0).contains("pid 0"));
+        assert!(invalid(|m| m.participants[1].host_pid = 1041).contains("host pid 1041"));
+        assert!(invalid(|m| m.participants[1].ns_pid = 41).contains("namespace pid 41"));
+        assert!(invalid(|m| m.participants[1].gpus[1].ordinal = 0).contains("ordinal 0"));
+        assert!(invalid(|m| m.participants[0].gpus[0].uuid.clear()).contains("no uuid"));
+        assert!(invalid(|m| m.shim.path = "libcuinterpose.so".into()).contains("absolute"));
+        assert!(invalid(|m| m.shim.sha256 = "0F".repeat(32)).contains("shim sha-256"));
+        assert!(invalid(|m| m.shim.sha256 = "0f".repeat(31)).contains("shim sha-256"));
+        assert!(invalid(|m| m.driver_version = 0).contains("driver version"));
+        assert!(invalid(|m| m.bytes.shared_saved = m.bytes.carriers + 1).contains("shared bytes"));
+        assert!(invalid(|m| m.criu.as_mut().unwrap().version.clear()).contains("criu"));
+        assert!(invalid(|m| m.timings[1].phase = "freeze".into()).contains("timed twice"));
+        assert!(invalid(|m| m.timings[0].phase.clear()).contains("phase name"));
+        for file in ["", ".", "..", "../cuinterpose.state", "/etc/passwd", "a\0b"] {
+            assert!(
+                invalid(|m| m.state.file = file.into()).contains("plain file name"),
+                "{file:?}"
+            );
+        }
+        assert!(invalid(|m| m.state.sha256 = "x".repeat(64)).contains("state sha-256"));
+    }
+
+    #[test]
+    fn verify_state_refuses_a_tampered_or_mismatched_state() {
+        let (manifest, state_file) = sample();
+        // Same length, one byte changed: the digest catches it before the checksum does.
+        let mut tampered = state_file.clone();
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        assert!(matches!(
+            manifest.verify_state(&tampered),
+            Err(ProtocolError::DigestMismatch { .. })
+        ));
+        assert!(matches!(
+            manifest.verify_state(&state_file[..state_file.len() - 1]),
+            Err(ProtocolError::Inconsistent(m)) if m.contains("bytes")
+        ));
+
+        // A state that is valid on its own but disagrees with the manifest, re-recorded with its
+        // own digest so that the cross-check is what refuses.
+        let check = |change: &dyn Fn(&mut Manifest, &mut GroupState)| {
+            let (mut manifest, _) = sample();
+            let mut group = two_workers();
+            change(&mut manifest, &mut group);
+            let bytes = state::encode(&group);
+            manifest.state.bytes = bytes.len() as u64;
+            manifest.state.sha256 = sha256_hex(&bytes);
+            match manifest.verify_state(&bytes) {
+                Err(ProtocolError::Inconsistent(m)) => m,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(check(&|m, _| m.participants[0].role = Role::Private).contains("role"));
+        assert!(check(&|m, _| m.participants[1].host_pid = 7).contains("not in the state"));
+        assert!(check(&|m, _| m.participants[1].ns_pid = 43).contains("namespace pid"));
+        assert!(check(&|m, _| m.shim.sha256 = "1f".repeat(32)).contains("shim"));
+        assert!(check(&|m, _| m.bytes.carriers += 1).contains("carriers"));
+        assert!(
+            check(&|m, _| {
+                m.participants.pop();
+            })
+            .contains("participants")
+        );
+        let (mut manifest, _) = sample();
+        let bad = b"CUISTATE garbage".to_vec();
+        manifest.state.bytes = bad.len() as u64;
+        manifest.state.sha256 = sha256_hex(&bad);
+        assert!(manifest.verify_state(&bad).is_err());
+    }
+
+    #[test]
+    fn roles_follow_the_record() {
+        let group = two_workers();
+        assert_eq!(Role::of(&group.participants[0].record), Role::Creator);
+        assert_eq!(Role::of(&group.participants[1].record), Role::Importer);
+        let mut both = group.participants[0].record.clone();
+        both.imports = group.participants[1].record.imports.clone();
+        assert_eq!(Role::of(&both), Role::CreatorAndImporter);
+        let mut private = group.participants[0].record.clone();
+        private.allocations.retain(|a| !a.shared);
+        assert_eq!(Role::of(&private), Role::Private);
+    }
+}
