@@ -1,2 +1,159 @@
-//! The cuinterpose command-line tool
-fn main() {}
+//! `cuinterpose`: checkpoint and restore GPU processes that share CUDA memory.
+//!
+//! Thin by design: arguments, progress, logging and exit codes. What the commands do lives in
+//! `cuinterpose-control`.
+
+#![forbid(unsafe_code)]
+
+mod demo;
+mod output;
+mod progress;
+mod run;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::ControlError;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Exit codes, documented in `--help` and the README.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Success = 0,
+    /// Anything unexpected.
+    Error = 1,
+    /// Bad arguments (clap's own code).
+    Usage = 2,
+    /// Refused before anything changed: the workload runs as before.
+    Refused = 3,
+    /// Failed, then rolled back: the workload runs as before.
+    RolledBack = 4,
+    /// Failed after the native lock or while rebuilding: the workload needs attention.
+    NeedsAttention = 5,
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  unexpected error
+  2  bad arguments
+  3  refused before anything changed (the workload runs as before)
+  4  failed and rolled back (the workload runs as before)
+  5  failed after the native lock or while rebuilding (the workload needs attention)";
+
+#[derive(Debug, Parser)]
+#[command(name = "cuinterpose", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start a program with the interposer preloaded (prepends libcuinterpose.so to LD_PRELOAD, then execs)
+    Run(run::RunArgs),
+    /// Show the CUDA processes under a root, which lack the shim, and who shares what with whom
+    Inspect {
+        /// Root of the process tree
+        #[arg(long)]
+        pid: u32,
+        /// Print JSON instead of tables
+        #[arg(long)]
+        json: bool,
+    },
+    /// Free all GPU memory of a running group in place (its processes stay alive)
+    Suspend {
+        #[arg(long)]
+        pid: u32,
+        /// Where the captured topology goes (default: $TMPDIR/cuinterpose-suspended-<pid>)
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Seconds the shims get to finish tracked calls in flight
+        #[arg(long, default_value_t = 30)]
+        freeze_timeout: u64,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring a suspended group back with every address, handle, content and sharing intact
+    Resume {
+        #[arg(long)]
+        pid: u32,
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match execute(cli.command) {
+        Ok(()) => ExitCode::from(Exit::Success as u8),
+        Err(error) => {
+            let exit = exit_for(&error);
+            eprintln!("cuinterpose: {error:#}");
+            ExitCode::from(exit as u8)
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CUINTERPOSE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// Maps an error to its documented exit code by what it says about the workload.
+fn exit_for(error: &anyhow::Error) -> Exit {
+    match error.downcast_ref::<ControlError>() {
+        Some(ControlError::Refused(_)) | Some(ControlError::NoCudaProcesses(_)) => Exit::Refused,
+        Some(ControlError::RolledBack { .. }) => Exit::RolledBack,
+        Some(ControlError::RollbackFailed { .. }) | Some(ControlError::Step { .. }) => Exit::NeedsAttention,
+        _ => Exit::Error,
+    }
+}
+
+fn execute(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run(args) => run::run(args),
+        Command::Inspect { pid, json } => {
+            let report = control::group::inspect(pid, control::group::ANSWER_TIMEOUT)?;
+            if json {
+                output::print_json(&report)
+            } else {
+                output::print_inspect(&report);
+                Ok(())
+            }
+        }
+        Command::Suspend { pid, state_dir, freeze_timeout, driver, json } => {
+            let mut options = SuspendOptions::new(pid);
+            options.state_dir = state_dir.unwrap_or(options.state_dir);
+            options.freeze_timeout = Duration::from_secs(freeze_timeout);
+            options.driver = driver;
+            let progress = progress::Bars::new(!json);
+            let report = capture::suspend(&options, &progress)
+                .with_context(|| format!("suspending the group under pid {pid}"))?;
+            output::print_report("suspended", &report, json)
+        }
+        Command::Resume { pid, state_dir, driver, json } => {
+            let mut options = ResumeOptions::new(pid);
+            options.state_dir = state_dir.unwrap_or(options.state_dir);
+            options.driver = driver;
+            let progress = progress::Bars::new(!json);
+            let report = capture::resume(&options, &progress)
+                .with_context(|| format!("resuming the group under pid {pid}"))?;
+            output::print_report("resumed", &report, json)
+        }
+        Command::Demo(args) => demo::demo(args),
+    }
+}

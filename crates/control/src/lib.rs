@@ -1,1 +1,111 @@
-//! What the cuinterpose tool does: discovery, preflight, phase driving, native checkpoint, CRIU
+//! What the `cuinterpose` tool does, as a library: find a workload's CUDA processes, prove the whole
+//! group safe to capture, drive the shims through the capture and rebuild phases around the driver's
+//! native checkpoint, and (for checkpoints on disk) CRIU.
+//!
+//! Fail closed: everything up to the first destructive step is read-only, and a refusal names the
+//! process and the reason. A failure after shims released memory but before the native lock is rolled
+//! back with the same Load/Import code a resume uses, so the workload keeps running.
+
+pub mod capture;
+pub mod discovery;
+pub mod group;
+pub mod launch;
+pub mod native;
+
+pub use group::{Group, Refusal};
+
+use cuda_abi::CUresult;
+use std::path::PathBuf;
+
+/// The tool's version, sent in HELLO.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Everything that can go wrong in the tool's library layer.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no process {0}")]
+    NoSuchProcess(u32),
+    #[error("reading {path} of pid {pid}: {source}")]
+    Proc {
+        pid: u32,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no CUDA process under pid {0}")]
+    NoCudaProcesses(u32),
+    #[error("refused, nothing was changed:\n{}", refusal_lines(.0))]
+    Refused(Vec<Refusal>),
+    #[error("{process}: {source}")]
+    Participant {
+        process: String,
+        source: transport::TransportError,
+    },
+    #[error("{process}: protocol error: {message}")]
+    Protocol { process: String, message: String },
+    #[error("{process}: shim reported {code:?}: {message}")]
+    Shim {
+        process: String,
+        code: protocol::ErrorCode,
+        message: String,
+    },
+    #[error("loading the CUDA driver {name}: {source}")]
+    DriverLoad {
+        name: String,
+        source: libloading::Error,
+    },
+    #[error("the CUDA driver has no {name}: {source}")]
+    DriverSymbol {
+        name: &'static str,
+        source: libloading::Error,
+    },
+    #[error("{call} failed: {result}")]
+    Driver {
+        call: &'static str,
+        result: CUresult,
+    },
+    #[error("{step} failed for {process}: {source}")]
+    Step {
+        step: &'static str,
+        process: String,
+        source: Box<ControlError>,
+    },
+    #[error("state file {path}: {message}")]
+    State { path: PathBuf, message: String },
+    #[error(
+        "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
+    )]
+    RolledBack { failure: Box<ControlError> },
+    #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
+    RollbackFailed {
+        failure: Box<ControlError>,
+        rollback: Vec<ControlError>,
+    },
+}
+
+fn refusal_lines(refusals: &[Refusal]) -> String {
+    refusals
+        .iter()
+        .map(|r| format!("  {r}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn rollback_lines(errors: &[ControlError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ControlError {
+    /// Whether the workload was left as it was (a refusal, or a completed rollback).
+    pub fn workload_untouched(&self) -> bool {
+        matches!(
+            self,
+            ControlError::Refused(_)
+                | ControlError::RolledBack { .. }
+                | ControlError::NoCudaProcesses(_)
+        )
+    }
+}

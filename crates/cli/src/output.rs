@@ -1,0 +1,117 @@
+//! Tables and JSON for the terminal.
+
+use control::capture::Report;
+use control::group::InspectReport;
+
+pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// `1.50 GiB`, `12.0 MiB`, `512 B`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
+pub fn print_inspect(report: &InspectReport) {
+    println!("{:<8} {:<8} {:<22} COMMAND", "PID", "NS PID", "STATUS");
+    for p in &report.processes {
+        let mut command = p.info.command.clone();
+        command.truncate(70);
+        println!(
+            "{:<8} {:<8} {:<22} {command}",
+            p.info.host_pid, p.info.ns_pid, p.status
+        );
+    }
+    println!();
+    if report.shared.is_empty() {
+        println!("no shared allocations");
+    } else {
+        println!(
+            "{:<14} {:>12} {:>6}  {:<34} IMPORTERS / MAPPINGS",
+            "ALLOCATION", "SIZE", "DEVICE", "CREATOR"
+        );
+        for a in &report.shared {
+            let importers = if a.importers.is_empty() {
+                "-".to_string()
+            } else {
+                a.importers.join(", ")
+            };
+            println!(
+                "{:<14} {:>12} {:>6}  {:<34} {importers}",
+                a.id,
+                bytes(a.size),
+                a.device,
+                a.creator
+            );
+            for m in &a.mappings {
+                println!("{:<14} {:>12} {:>6}  {:<34}   mapped {m}", "", "", "", "");
+            }
+        }
+    }
+    println!();
+    if report.refusals.is_empty() {
+        println!("capture: possible (every CUDA process has the shim and nothing blocks)");
+    } else {
+        println!("capture: would be refused:");
+        for r in &report.refusals {
+            println!("  {r}");
+        }
+    }
+}
+
+pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    print_phases(&report.phases);
+    println!(
+        "{what} {} process(es), {} of shared memory, in {:.1} ms (state: {})",
+        report.participants.len(),
+        bytes(report.shared_bytes),
+        report.total_millis,
+        report.state_file.display()
+    );
+    Ok(())
+}
+
+pub fn print_phases(phases: &[control::capture::PhaseTiming]) {
+    println!(
+        "{:<20} {:>12} {:>12} {:>10}",
+        "PHASE", "MS", "BYTES", "GB/S"
+    );
+    for p in phases {
+        let rate = p
+            .gigabytes_per_second()
+            .map(|r| format!("{r:.2}"))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<20} {:>12.2} {:>12} {:>10}",
+            p.name,
+            p.millis,
+            bytes(p.bytes),
+            rate
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn byte_counts_read_naturally() {
+        assert_eq!(super::bytes(512), "512 B");
+        assert_eq!(super::bytes(3 << 20), "3.00 MiB");
+        assert_eq!(super::bytes(8 << 30), "8.00 GiB");
+    }
+}

@@ -1,0 +1,699 @@
+//! Suspend and resume in place: the capture phases of DESIGN.md driven over every participant, the
+//! native lock and checkpoint around them, and the rebuild after native restore.
+//!
+//! Order of a suspend: discover → inspect (read-only, whole-group checks) → freeze → inspect again
+//! (frozen, nothing in flight) → save → release → state file → native lock of every process →
+//! native checkpoint of each. Resume: native restore of each → unlock → load (creators) → import
+//! (importers) → verify (records equal the captured ones) → thaw.
+//!
+//! Up to the native lock every failure is rolled back with the resume code (load, import, thaw), so
+//! the workload keeps running; after it, the step and the process are named and the tool still tries
+//! to bring every process back.
+
+use crate::group::{ANSWER_TIMEOUT, Group, Participant, PhaseResult, Snapshot, check_group};
+use crate::native::Driver;
+use crate::{ControlError, Refusal};
+use protocol::state::{CarrierInfo, GroupState, ParticipantState};
+use protocol::{Phase, ProcessRecord, Request};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Name of the topology file in a state directory.
+pub const STATE_FILE: &str = "cuinterpose.state";
+/// Largest state file the tool reads back.
+pub const STATE_FILE_LIMIT: u64 = 256 << 20;
+
+/// Where a suspended group's state lives unless `--state-dir` says otherwise.
+pub fn default_state_dir(root: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("cuinterpose-suspended-{root}"))
+}
+
+/// Receives progress of long phases (the CLI draws bars on a terminal).
+pub trait Progress: Sync {
+    /// A phase starts; `total_bytes` is known for the phases that move bytes.
+    fn phase_started(&self, _name: &'static str, _total_bytes: Option<u64>) {}
+    /// Bytes moved by one participant.
+    fn advance(&self, _bytes: u64) {}
+    fn phase_finished(&self, _timing: &PhaseTiming) {}
+}
+
+/// Progress that goes nowhere.
+#[derive(Debug, Default)]
+pub struct Quiet;
+impl Progress for Quiet {}
+
+/// How long a phase took over the whole group, and what it moved.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PhaseTiming {
+    pub name: &'static str,
+    pub millis: f64,
+    pub bytes: u64,
+    /// Longest time a single shim spent in it (the group's phases run in parallel).
+    pub slowest_shim_millis: f64,
+}
+
+impl PhaseTiming {
+    /// Bytes per second over the phase's wall time, when it moved bytes.
+    pub fn gigabytes_per_second(&self) -> Option<f64> {
+        (self.bytes > 0 && self.millis > 0.0).then(|| self.bytes as f64 / self.millis / 1e6)
+    }
+}
+
+/// Options of a suspend.
+#[derive(Debug, Clone)]
+pub struct SuspendOptions {
+    pub root: u32,
+    pub state_dir: PathBuf,
+    /// Time the shims get to drain tracked calls in flight.
+    pub freeze_timeout: Duration,
+    /// `cuCheckpointProcessLock` timeout.
+    pub lock_timeout_ms: u32,
+    /// The driver library the tool loads (`None`: `libcuda.so.1` from the search path).
+    pub driver: Option<PathBuf>,
+}
+
+impl SuspendOptions {
+    pub fn new(root: u32) -> SuspendOptions {
+        SuspendOptions {
+            root,
+            state_dir: default_state_dir(root),
+            freeze_timeout: Duration::from_secs(30),
+            lock_timeout_ms: 10_000,
+            driver: None,
+        }
+    }
+}
+
+/// One participant in a report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ParticipantSummary {
+    pub host_pid: u32,
+    pub ns_pid: u32,
+    pub command: String,
+    pub created_shared: usize,
+    pub imported: usize,
+    pub shared_bytes: u64,
+}
+
+/// What a suspend or resume did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub participants: Vec<ParticipantSummary>,
+    pub phases: Vec<PhaseTiming>,
+    /// Bytes of shared allocations saved to (or loaded from) host carriers.
+    pub shared_bytes: u64,
+    pub state_file: PathBuf,
+    pub total_millis: f64,
+}
+
+fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
+    snapshots
+        .iter()
+        .map(|s| {
+            let shared: Vec<_> = s.record.allocations.iter().filter(|a| a.shared).collect();
+            ParticipantSummary {
+                host_pid: s.info.host_pid,
+                ns_pid: s.info.ns_pid,
+                command: s.info.command.clone(),
+                created_shared: shared.len(),
+                imported: s.record.imports.len(),
+                shared_bytes: shared.iter().map(|a| a.size).sum(),
+            }
+        })
+        .collect()
+}
+
+/// Records the phases of one run.
+pub(crate) struct Clock<'a> {
+    progress: &'a dyn Progress,
+    phases: Vec<PhaseTiming>,
+}
+
+impl<'a> Clock<'a> {
+    pub(crate) fn new(progress: &'a dyn Progress) -> Clock<'a> {
+        Clock {
+            progress,
+            phases: Vec::new(),
+        }
+    }
+
+    /// Times `step`, which returns the bytes it moved and the slowest shim's time.
+    pub(crate) fn time<T>(
+        &mut self,
+        name: &'static str,
+        total_bytes: Option<u64>,
+        step: impl FnOnce() -> Result<(T, u64, f64), ControlError>,
+    ) -> Result<T, ControlError> {
+        self.progress.phase_started(name, total_bytes);
+        let start = Instant::now();
+        let (value, bytes, slowest_shim_millis) = step()?;
+        let timing = PhaseTiming {
+            name,
+            millis: millis_since(start),
+            bytes,
+            slowest_shim_millis,
+        };
+        self.progress.phase_finished(&timing);
+        self.phases.push(timing);
+        Ok(value)
+    }
+}
+
+fn millis_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// Sends `request` to every participant at once (one thread each) and waits for all.
+fn phase_all(
+    participants: &mut [Participant],
+    step: &'static str,
+    request: &Request,
+    progress: &dyn Progress,
+) -> Result<(Vec<PhaseResult>, u64, f64), ControlError> {
+    let results: Vec<Result<PhaseResult, ControlError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = participants
+            .iter_mut()
+            .map(|p| {
+                scope.spawn(move || {
+                    let result = p
+                        .phase(request)
+                        .map_err(|e| step_error(step, &p.info.label(), e));
+                    if let Ok(r) = &result {
+                        progress.advance(r.bytes);
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ControlError::Protocol {
+                        process: "tool".into(),
+                        message: format!("a {step} thread panicked"),
+                    })
+                })
+            })
+            .collect()
+    });
+    let mut done = Vec::new();
+    let mut first_error = None;
+    for result in results {
+        match result {
+            Ok(r) => done.push(r),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let bytes = done.iter().map(|r| r.bytes).sum();
+    let slowest = done.iter().map(|r| r.micros).max().unwrap_or(0) as f64 / 1e3;
+    Ok((done, bytes, slowest))
+}
+
+fn step_error(step: &'static str, process: &str, source: ControlError) -> ControlError {
+    ControlError::Step {
+        step,
+        process: process.to_string(),
+        source: Box::new(source),
+    }
+}
+
+/// Sends the rebuild (load, import, thaw) to every participant: the second half of a resume, and the
+/// rollback of a capture that failed before the native lock. Returns every error it met.
+fn rebuild(group: &mut Group, clock: &mut Clock<'_>) -> Vec<ControlError> {
+    let mut errors = Vec::new();
+    for (name, request) in [("load", Request::Load), ("import", Request::Import)] {
+        if let Err(e) = clock.time(name, None, || {
+            phase_all(&mut group.participants, name, &request, clock.progress)
+                .map(|(_, bytes, slowest)| ((), bytes, slowest))
+        }) {
+            errors.push(e);
+        }
+    }
+    errors.extend(thaw_all(group));
+    errors
+}
+
+fn thaw_all(group: &mut Group) -> Vec<ControlError> {
+    group
+        .participants
+        .iter_mut()
+        .filter_map(|p| {
+            p.phase(&Request::Thaw)
+                .err()
+                .map(|e| step_error("thaw", &p.info.label(), e))
+        })
+        .collect()
+}
+
+fn rolled_back(failure: ControlError, rollback_errors: Vec<ControlError>) -> ControlError {
+    if rollback_errors.is_empty() {
+        ControlError::RolledBack {
+            failure: Box::new(failure),
+        }
+    } else {
+        ControlError::RollbackFailed {
+            failure: Box::new(failure),
+            rollback: rollback_errors,
+        }
+    }
+}
+
+/// Suspends the group under `options.root` in place: afterwards its processes hold no GPU memory
+/// and stay alive, and `cuinterpose.state` in the state directory describes what to rebuild.
+pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
+    let start = Instant::now();
+    let mut clock = Clock::new(progress);
+    let state_path = prepare_state_dir(&options.state_dir)?;
+    let (_group, captured) = capture(options, &state_path, &mut clock)?;
+    Ok(Report {
+        participants: summarize(&captured),
+        phases: clock.phases,
+        shared_bytes: shared_bytes(&captured),
+        state_file: state_path,
+        total_millis: millis_since(start),
+    })
+}
+
+/// Everything of a suspend up to and including the native checkpoint of every process: on success
+/// the group is connected, every process is checkpointed natively, and `state_path` holds the
+/// topology; on failure the workload was rolled back (or the error says it could not be).
+pub(crate) fn capture(
+    options: &SuspendOptions,
+    state_path: &Path,
+    clock: &mut Clock<'_>,
+) -> Result<(Group, Vec<Snapshot>), ControlError> {
+    let progress = clock.progress;
+    let mut group = clock.time("inspect", None, || {
+        let mut group = Group::discover(options.root, ANSWER_TIMEOUT)?;
+        let snapshots = group.snapshot()?;
+        let refusals = check_group(&snapshots, Phase::Running);
+        if !refusals.is_empty() {
+            return Err(ControlError::Refused(refusals));
+        }
+        Ok((group, 0, 0.0))
+    })?;
+    // Load the driver before anything changes: without a checkpoint API nothing may start.
+    let driver = Driver::load(options.driver.as_deref())?;
+
+    // Freeze: a failure here thaws whoever froze and changes nothing else.
+    let freeze = Request::Freeze {
+        timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
+    };
+    let frozen = clock.time("freeze", None, || {
+        let timeout = options.freeze_timeout + ANSWER_TIMEOUT;
+        for p in &group.participants {
+            p.set_timeout(Some(timeout))?;
+        }
+        phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
+            let snapshots = group.snapshot()?;
+            let refusals = check_group(&snapshots, Phase::Frozen);
+            if refusals.is_empty() {
+                Ok((snapshots, 0, 0.0))
+            } else {
+                Err(ControlError::Refused(refusals))
+            }
+        })
+    });
+    let captured = match frozen {
+        Ok(frozen) => frozen,
+        Err(e) => return Err(rolled_back(e, thaw_all(&mut group))),
+    };
+    let shared_bytes = shared_bytes(&captured);
+    for p in &group.participants {
+        // Copies of many GiB take as long as they take; a dead shim still fails the socket at once.
+        p.set_timeout(None)?;
+    }
+
+    // Save and release: from here until the native lock, failures are rolled back.
+    let destructive = (|| {
+        clock.time("save", Some(shared_bytes), || {
+            phase_all(&mut group.participants, "save", &Request::Save, progress)
+                .map(|(_, b, s)| ((), b, s))
+        })?;
+        clock.time("release", None, || {
+            phase_all(
+                &mut group.participants,
+                "release",
+                &Request::Release,
+                progress,
+            )
+            .map(|(_, b, s)| ((), b, s))
+        })?;
+        let released = group.snapshot()?;
+        clock.time("state", None, || {
+            write_state(state_path, &released).map(|()| ((), 0, 0.0))
+        })
+    })();
+    if let Err(e) = destructive {
+        let _ = std::fs::remove_file(state_path);
+        return Err(rolled_back(e, rebuild(&mut group, clock)));
+    }
+
+    if let Err(e) = clock.time("native-checkpoint", None, || {
+        native_checkpoint(&driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
+    }) {
+        let _ = std::fs::remove_file(state_path);
+        return Err(rolled_back(e, rebuild(&mut group, clock)));
+    }
+    Ok((group, captured))
+}
+
+fn shared_bytes(snapshots: &[Snapshot]) -> u64 {
+    snapshots
+        .iter()
+        .flat_map(|s| &s.record.allocations)
+        .filter(|a| a.shared)
+        .map(|a| a.size)
+        .sum()
+}
+
+/// Locks every process, then checkpoints each. On a failure it brings back what it changed (restore
+/// and unlock) before returning the error, so the caller can roll the shims back.
+fn native_checkpoint(
+    driver: &Driver,
+    group: &Group,
+    lock_timeout_ms: u32,
+) -> Result<(), ControlError> {
+    let pids: Vec<(u32, String)> = group
+        .participants
+        .iter()
+        .map(|p| (p.info.host_pid, p.info.label()))
+        .collect();
+    let mut locked = Vec::new();
+    for (pid, label) in &pids {
+        if let Err(e) = driver.lock(*pid, lock_timeout_ms) {
+            undo_native(driver, &[], &locked);
+            return Err(step_error("native lock", label, e));
+        }
+        locked.push(*pid);
+    }
+    let mut checkpointed = Vec::new();
+    for (pid, label) in &pids {
+        if let Err(e) = driver.checkpoint(*pid) {
+            undo_native(driver, &checkpointed, &locked);
+            return Err(step_error("native checkpoint", label, e));
+        }
+        checkpointed.push(*pid);
+    }
+    Ok(())
+}
+
+/// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
+fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
+    for &pid in checkpointed {
+        if let Err(e) = driver.restore(pid, &[]) {
+            tracing::error!(pid, error = %e, "native restore while undoing a failed checkpoint");
+        }
+    }
+    for &pid in locked {
+        if let Err(e) = driver.unlock(pid) {
+            tracing::error!(pid, error = %e, "native unlock while undoing a failed checkpoint");
+        }
+    }
+}
+
+fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
+    let path = dir.join(STATE_FILE);
+    if path.exists() {
+        return Err(ControlError::State {
+            path,
+            message:
+                "already holds a suspended group; resume it first or choose another --state-dir"
+                    .into(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(|e| ControlError::State {
+        path: dir.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(path)
+}
+
+/// The captured topology, published atomically.
+fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> {
+    let state = GroupState {
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        tool_version: crate::VERSION.to_string(),
+        participants: snapshots
+            .iter()
+            .map(|s| ParticipantState {
+                host_pid: s.info.host_pid,
+                ns_pid: s.info.ns_pid,
+                shim_sha256: s.hello.shim_sha256.clone(),
+                carriers: s
+                    .record
+                    .allocations
+                    .iter()
+                    .filter(|a| a.shared)
+                    .map(|a| CarrierInfo {
+                        id: a.id,
+                        bytes: a.size,
+                    })
+                    .collect(),
+                record: s.record.clone(),
+            })
+            .collect(),
+    };
+    transport::files::write_atomically(path, &protocol::state::encode(&state)).map_err(|e| {
+        ControlError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// Reads and decodes a state file.
+pub fn read_state(path: &Path) -> Result<GroupState, ControlError> {
+    let bytes = transport::files::read_bounded(path, STATE_FILE_LIMIT).map_err(|e| {
+        ControlError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        }
+    })?;
+    protocol::state::decode(&bytes).map_err(|e| ControlError::State {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Options of a resume.
+#[derive(Debug, Clone)]
+pub struct ResumeOptions {
+    pub root: u32,
+    pub state_dir: PathBuf,
+    pub driver: Option<PathBuf>,
+    /// GPU remapping for the native restore (old UUID, new UUID).
+    pub gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
+}
+
+impl ResumeOptions {
+    pub fn new(root: u32) -> ResumeOptions {
+        ResumeOptions {
+            root,
+            state_dir: default_state_dir(root),
+            driver: None,
+            gpu_pairs: Vec::new(),
+        }
+    }
+}
+
+/// Resumes a group suspended in place: native restore and unlock of every process, then load,
+/// import, verify and thaw. On success the state file is removed.
+pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
+    let start = Instant::now();
+    let mut clock = Clock::new(progress);
+    let state_path = options.state_dir.join(STATE_FILE);
+    let (state, mut group) = clock.time("inspect", None, || {
+        let state = read_state(&state_path)?;
+        let group = Group::discover(options.root, ANSWER_TIMEOUT)?;
+        Ok(((state, group), 0, 0.0))
+    })?;
+    let mut group = match_participants(&mut group, &state).map(|()| group)?;
+    let driver = Driver::load(options.driver.as_deref())?;
+    clock.time("native-restore", None, || {
+        native_restore(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
+    })?;
+    let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
+    std::fs::remove_file(&state_path).map_err(|e| ControlError::State {
+        path: state_path.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(Report {
+        participants,
+        phases: clock.phases,
+        shared_bytes,
+        state_file: state_path,
+        total_millis: millis_since(start),
+    })
+}
+
+/// Checks that the live group is the captured one, participant for participant, all released.
+pub fn match_participants(group: &mut Group, state: &GroupState) -> Result<(), ControlError> {
+    let mut refusals = Vec::new();
+    for captured in &state.participants {
+        if !group
+            .participants
+            .iter()
+            .any(|p| p.info.host_pid == captured.host_pid)
+        {
+            refusals.push(Refusal {
+                process: format!("pid {} [ns pid {}]", captured.host_pid, captured.ns_pid),
+                reason: "was captured but is not part of the group now (exited?)".into(),
+            });
+        }
+    }
+    for p in &mut group.participants {
+        match state
+            .participants
+            .iter()
+            .find(|c| c.host_pid == p.info.host_pid)
+        {
+            None => refusals.push(Refusal {
+                process: p.info.label(),
+                reason: "uses CUDA but was not part of the captured group".into(),
+            }),
+            Some(captured) => {
+                let record = p.inspect()?;
+                if record.phase != Phase::Released {
+                    refusals.push(Refusal {
+                        process: p.info.label(),
+                        reason: format!("is in phase {:?}, not suspended", record.phase),
+                    });
+                }
+                if p.hello.shim_sha256 != captured.shim_sha256 {
+                    refusals.push(Refusal {
+                        process: p.info.label(),
+                        reason: "runs a different libcuinterpose.so than the one captured".into(),
+                    });
+                }
+            }
+        }
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(ControlError::Refused(refusals))
+    }
+}
+
+/// Native restore of every process (remapping GPUs as asked), then unlock of every process.
+pub fn native_restore(
+    driver: &Driver,
+    group: &Group,
+    gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
+) -> Result<(), ControlError> {
+    for p in &group.participants {
+        driver
+            .restore(p.info.host_pid, gpu_pairs)
+            .map_err(|e| step_error("native restore", &p.info.label(), e))?;
+    }
+    for p in &group.participants {
+        driver
+            .unlock(p.info.host_pid)
+            .map_err(|e| step_error("native unlock", &p.info.label(), e))?;
+    }
+    Ok(())
+}
+
+/// Load, import, verify and thaw: the rebuild half of resume and restore. Returns the participants'
+/// summary and the shared bytes loaded.
+pub(crate) fn finish_rebuild(
+    group: &mut Group,
+    state: &GroupState,
+    clock: &mut Clock<'_>,
+) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
+    let total: u64 = state
+        .participants
+        .iter()
+        .flat_map(|p| &p.carriers)
+        .map(|c| c.bytes)
+        .sum();
+    let progress = clock.progress;
+    // Creators first, everywhere, so that every importer finds its allocation exported again.
+    clock.time("load", Some(total), || {
+        phase_all(&mut group.participants, "load", &Request::Load, progress)
+            .map(|(_, b, s)| ((), b, s))
+    })?;
+    clock.time("import", None, || {
+        phase_all(
+            &mut group.participants,
+            "import",
+            &Request::Import,
+            progress,
+        )
+        .map(|(_, b, s)| ((), b, s))
+    })?;
+    let snapshots = clock.time("verify", None, || {
+        let snapshots = group.snapshot()?;
+        let refusals = verify(&snapshots, state);
+        if refusals.is_empty() {
+            Ok((snapshots, 0, 0.0))
+        } else {
+            Err(ControlError::Step {
+                step: "verify",
+                process: "group".into(),
+                source: Box::new(ControlError::Refused(refusals)),
+            })
+        }
+    })?;
+    clock.time("thaw", None, || {
+        let errors = thaw_all(group);
+        match errors.into_iter().next() {
+            None => Ok(((), 0, 0.0)),
+            Some(e) => Err(e),
+        }
+    })?;
+    Ok((summarize(&snapshots), total))
+}
+
+/// Differences between the rebuilt records and the captured ones, per process.
+fn verify(snapshots: &[Snapshot], state: &GroupState) -> Vec<Refusal> {
+    let mut differences = Vec::new();
+    for s in snapshots {
+        let Some(captured) = state
+            .participants
+            .iter()
+            .find(|c| c.host_pid == s.info.host_pid)
+        else {
+            continue;
+        };
+        if let Some(what) = record_difference(&captured.record, &s.record) {
+            differences.push(Refusal {
+                process: s.info.label(),
+                reason: format!(
+                    "rebuilt {what} differ from the captured ones (the process is left frozen)"
+                ),
+            });
+        }
+    }
+    differences
+}
+
+/// Which part of a rebuilt record differs from the captured one (phase and calls in flight aside).
+pub fn record_difference(
+    captured: &ProcessRecord,
+    rebuilt: &ProcessRecord,
+) -> Option<&'static str> {
+    if captured.allocations != rebuilt.allocations {
+        Some("allocations")
+    } else if captured.imports != rebuilt.imports {
+        Some("imports")
+    } else if captured.mappings != rebuilt.mappings {
+        Some("mappings")
+    } else if captured.reservations != rebuilt.reservations {
+        Some("reservations")
+    } else if captured.blockers != rebuilt.blockers {
+        Some("blockers")
+    } else {
+        None
+    }
+}

@@ -1,0 +1,287 @@
+//! Finding the processes of a workload through `/proc`, never through their environment (setproctitle
+//! overwrites `/proc/<pid>/environ`, prior-art §8.1 item 7): the process tree under a root, which of
+//! them map the CUDA driver and the shim, their namespace PIDs, and the shim's control socket, found
+//! among the process's own descriptors and reached through `/proc/<pid>/root`.
+
+use crate::ControlError;
+use std::collections::{BTreeMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// File name of the interposer library as mapped in a process.
+pub const SHIM_LIBRARY: &str = "libcuinterpose.so";
+
+/// One process as `/proc` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessInfo {
+    pub host_pid: u32,
+    /// The PID the process sees for itself (last `NSpid:` field).
+    pub ns_pid: u32,
+    /// Inode of its PID namespace; namespace PIDs are only comparable within one.
+    pub pid_namespace: u64,
+    pub command: String,
+    /// Path of the mapped CUDA driver library, if any.
+    pub driver: Option<PathBuf>,
+    /// Path of the mapped shim library, if any.
+    pub shim: Option<PathBuf>,
+    /// The shim's listening control socket, as a path this process (the tool) can connect to.
+    pub control_socket: Option<PathBuf>,
+}
+
+impl ProcessInfo {
+    pub fn is_cuda(&self) -> bool {
+        self.driver.is_some()
+    }
+
+    /// `pid 1234 (ns 5) python3 train.py`, for messages.
+    pub fn label(&self) -> String {
+        let mut command = self.command.clone();
+        if command.len() > 60 {
+            command.truncate(57);
+            command.push_str("...");
+        }
+        if self.ns_pid == self.host_pid {
+            format!("pid {} ({command})", self.host_pid)
+        } else {
+            format!("pid {} [ns pid {}] ({command})", self.host_pid, self.ns_pid)
+        }
+    }
+}
+
+fn proc_path(pid: u32, rest: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/{rest}"))
+}
+
+fn read_proc(pid: u32, rest: &str) -> Result<String, ControlError> {
+    let path = proc_path(pid, rest);
+    fs::read_to_string(&path).map_err(|source| ControlError::Proc { pid, path, source })
+}
+
+/// `root` and all its descendants, root first, then in PID order.
+pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
+    // Parent links of every process; /proc/<pid>/task/*/children needs CONFIG_PROC_CHILDREN.
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    let entries = fs::read_dir("/proc").map_err(|source| ControlError::Proc {
+        pid: 0,
+        path: PathBuf::from("/proc"),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process may exit while we look; it is simply not part of the tree any more.
+        if let Ok(stat) = fs::read_to_string(proc_path(pid, "stat")) {
+            if let Some(ppid) = parse_ppid(&stat) {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+    }
+    if !proc_path(root, "stat").exists() {
+        return Err(ControlError::NoSuchProcess(root));
+    }
+    let mut tree = vec![root];
+    let mut seen = HashSet::from([root]);
+    let mut next = 0;
+    while let Some(&pid) = tree.get(next) {
+        next += 1;
+        for &child in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
+            if seen.insert(child) {
+                tree.push(child);
+            }
+        }
+    }
+    tree[1..].sort_unstable();
+    Ok(tree)
+}
+
+/// The parent PID from `/proc/<pid>/stat`; the command name in parentheses may contain anything.
+fn parse_ppid(stat: &str) -> Option<u32> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Everything the tool needs to know about one process.
+pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
+    let status = read_proc(pid, "status")?;
+    let ns_pid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(pid);
+    let pid_namespace = fs::read_link(proc_path(pid, "ns/pid"))
+        .ok()
+        .and_then(|l| namespace_inode(&l.to_string_lossy()))
+        .unwrap_or(0);
+    let command = fs::read(proc_path(pid, "cmdline"))
+        .map(|raw| {
+            raw.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let maps = read_proc(pid, "maps")?;
+    let mut driver = None;
+    let mut shim = None;
+    for path in mapped_files(&maps) {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if driver.is_none() && name.starts_with("libcuda.so") {
+            driver = Some(path.clone());
+        }
+        if shim.is_none() && name == SHIM_LIBRARY {
+            shim = Some(path.clone());
+        }
+    }
+    let control_socket = if shim.is_some() {
+        control_socket(pid, ns_pid)?
+    } else {
+        None
+    };
+    Ok(ProcessInfo {
+        host_pid: pid,
+        ns_pid,
+        pid_namespace,
+        command,
+        driver,
+        shim,
+        control_socket,
+    })
+}
+
+/// `pid:[4026531836]` → 4026531836.
+fn namespace_inode(link: &str) -> Option<u64> {
+    link.rsplit_once('[')?.1.strip_suffix(']')?.parse().ok()
+}
+
+fn mapped_files(maps: &str) -> impl Iterator<Item = PathBuf> + '_ {
+    maps.lines().filter_map(|line| {
+        // address perms offset dev inode path
+        let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
+        path.starts_with('/')
+            .then(|| PathBuf::from(path.trim_end_matches(" (deleted)")))
+    })
+}
+
+/// The shim's listening socket among the process's descriptors: `/proc/<pid>/fd` names socket inodes,
+/// `/proc/<pid>/net/unix` gives their bound paths. Returned as a path under `/proc/<pid>/root`.
+pub fn control_socket(pid: u32, ns_pid: u32) -> Result<Option<PathBuf>, ControlError> {
+    let wanted = format!("cuinterpose-{ns_pid}.sock");
+    Ok(listening_sockets(pid)?
+        .into_iter()
+        .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(wanted.as_str()))
+        .map(|p| reach_inside(pid, &p)))
+}
+
+/// Paths of the listening Unix sockets the process holds, as the process names them.
+pub fn listening_sockets(pid: u32) -> Result<Vec<PathBuf>, ControlError> {
+    let fd_dir = proc_path(pid, "fd");
+    let entries = fs::read_dir(&fd_dir).map_err(|source| ControlError::Proc {
+        pid,
+        path: fd_dir,
+        source,
+    })?;
+    let inodes: HashSet<u64> = entries
+        .flatten()
+        .filter_map(|e| fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_str()
+                .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        })
+        .collect();
+    let table = read_proc(pid, "net/unix")?;
+    Ok(parse_unix_table(&table)
+        .filter(|s| s.listening && inodes.contains(&s.inode))
+        .map(|s| s.path)
+        .collect())
+}
+
+struct UnixSocketEntry {
+    inode: u64,
+    listening: bool,
+    path: PathBuf,
+}
+
+/// `/proc/net/unix`: `Num RefCount Protocol Flags Type St Inode Path`; Flags has `__SO_ACCEPTCON`
+/// (0x10000) for listening sockets. Abstract sockets (`@name`) are skipped.
+fn parse_unix_table(table: &str) -> impl Iterator<Item = UnixSocketEntry> + '_ {
+    table.lines().skip(1).filter_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let flags = u32::from_str_radix(fields.get(3)?, 16).ok()?;
+        let inode = fields.get(6)?.parse().ok()?;
+        let path = fields.get(7)?;
+        path.starts_with('/').then(|| UnixSocketEntry {
+            inode,
+            listening: flags & 0x10000 != 0,
+            path: PathBuf::from(path),
+        })
+    })
+}
+
+/// A path as the process sees it, reached from here: `/proc/<pid>/root/<path>`.
+pub fn reach_inside(pid: u32, path: &Path) -> PathBuf {
+    let relative = path.strip_prefix("/").unwrap_or(path);
+    proc_path(pid, "root").join(relative)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ppid_survives_odd_command_names() {
+        assert_eq!(parse_ppid("42 (a) b (c)) S 7 42 42 0"), Some(7));
+        assert_eq!(parse_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn unix_table_yields_listening_paths() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 4242 /tmp/cuinterpose-7.sock\n\
+            0000000000000000: 00000003 00000000 00000000 0001 03 4343 /tmp/cuinterpose-7.sock\n\
+            0000000000000000: 00000002 00000000 00010000 0001 01 4444 @abstract\n";
+        let entries: Vec<_> = parse_unix_table(table).collect();
+        assert_eq!(entries.len(), 2);
+        assert!(entries[0].listening && entries[0].inode == 4242);
+        assert!(!entries[1].listening);
+    }
+
+    #[test]
+    fn this_process_is_described() {
+        let me = std::process::id();
+        let info = describe(me).unwrap();
+        assert_eq!(info.host_pid, me);
+        assert!(info.pid_namespace > 0);
+        assert!(!info.is_cuda());
+        assert!(process_tree(me).unwrap().starts_with(&[me]));
+    }
+
+    #[test]
+    fn children_are_in_the_tree() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let tree = process_tree(std::process::id()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(tree.contains(&child.id()));
+    }
+
+    #[test]
+    fn inside_paths_go_through_proc_root() {
+        assert_eq!(
+            reach_inside(9, Path::new("/tmp/x.sock")),
+            PathBuf::from("/proc/9/root/tmp/x.sock")
+        );
+    }
+}

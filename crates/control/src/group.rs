@@ -1,0 +1,471 @@
+//! A workload's group of CUDA processes as the tool sees it: discovery, a connection to every shim,
+//! their records, and the whole-group checks that decide whether capture is safe. Everything here
+//! is read-only: a refusal changes nothing in the workload.
+
+use crate::ControlError;
+use crate::discovery::{self, ProcessInfo};
+use protocol::{
+    AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
+};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use transport::Connection;
+
+/// How long the tool waits for a shim to accept and answer a read-only request.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connected participant: one CUDA process with the shim.
+#[derive(Debug)]
+pub struct Participant {
+    pub info: ProcessInfo,
+    pub hello: HelloReply,
+    connection: Connection,
+}
+
+impl Participant {
+    /// Connects to the shim of `info` and says HELLO.
+    pub fn connect(info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError> {
+        let socket = info.control_socket.clone().ok_or_else(|| {
+            ControlError::Refused(vec![Refusal {
+                process: info.label(),
+                reason:
+                    "maps libcuinterpose.so but has no control socket (CUDA not initialised yet?)"
+                        .into(),
+            }])
+        })?;
+        let mut connection =
+            Connection::connect(&socket, timeout).map_err(|source| ControlError::Participant {
+                process: info.label(),
+                source,
+            })?;
+        let request = Request::Hello {
+            tool_version: crate::VERSION.to_string(),
+        };
+        let hello = match call(&mut connection, &info, &request)? {
+            Response::Hello(hello) => hello,
+            other => return Err(unexpected(&info, &request, other)),
+        };
+        Ok(Participant {
+            info,
+            hello,
+            connection,
+        })
+    }
+
+    /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
+    pub fn request(&mut self, request: &Request) -> Result<Response, ControlError> {
+        call(&mut self.connection, &self.info, request)
+    }
+
+    pub fn inspect(&mut self) -> Result<ProcessRecord, ControlError> {
+        match self.request(&Request::Inspect)? {
+            Response::Records(record) => Ok(record),
+            other => Err(unexpected(&self.info, &Request::Inspect, other)),
+        }
+    }
+
+    /// Runs a phase request; returns the bytes it moved and the shim-side time.
+    pub fn phase(&mut self, request: &Request) -> Result<PhaseResult, ControlError> {
+        match self.request(request)? {
+            Response::PhaseDone {
+                phase,
+                bytes,
+                micros,
+            } => Ok(PhaseResult {
+                phase,
+                bytes,
+                micros,
+            }),
+            other => Err(unexpected(&self.info, request, other)),
+        }
+    }
+
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ControlError> {
+        self.connection
+            .set_timeout(timeout)
+            .map_err(|source| ControlError::Participant {
+                process: self.info.label(),
+                source,
+            })
+    }
+}
+
+/// What a shim reported for a finished phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseResult {
+    pub phase: Phase,
+    pub bytes: u64,
+    pub micros: u64,
+}
+
+fn call(
+    connection: &mut Connection,
+    info: &ProcessInfo,
+    request: &Request,
+) -> Result<Response, ControlError> {
+    let (response, fd) = connection
+        .call(request)
+        .map_err(|source| ControlError::Participant {
+            process: info.label(),
+            source,
+        })?;
+    if fd.is_some() {
+        return Err(ControlError::Protocol {
+            process: info.label(),
+            message: "the shim attached a descriptor to a coordinator answer".into(),
+        });
+    }
+    match response {
+        Response::Error { code, message } => Err(ControlError::Shim {
+            process: info.label(),
+            code,
+            message,
+        }),
+        response => Ok(response),
+    }
+}
+
+fn unexpected(info: &ProcessInfo, request: &Request, response: Response) -> ControlError {
+    ControlError::Protocol {
+        process: info.label(),
+        message: format!("answered {request:?} with {response:?}"),
+    }
+}
+
+/// Why the tool will not capture a group: the process and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Refusal {
+    pub process: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.process, self.reason)
+    }
+}
+
+/// The group under a root process, connected.
+#[derive(Debug)]
+pub struct Group {
+    pub root: u32,
+    pub participants: Vec<Participant>,
+    /// Processes of the tree that do not use CUDA (listed for the report only).
+    pub others: Vec<ProcessInfo>,
+}
+
+/// A participant's records, as read at one moment.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Snapshot {
+    pub info: ProcessInfo,
+    pub hello: HelloReplyView,
+    pub record: ProcessRecord,
+}
+
+/// The parts of HELLO worth reporting.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HelloReplyView {
+    pub shim_version: String,
+    pub shim_sha256: String,
+    pub driver_version: i32,
+}
+
+impl From<&HelloReply> for HelloReplyView {
+    fn from(h: &HelloReply) -> Self {
+        HelloReplyView {
+            shim_version: h.shim_version.clone(),
+            shim_sha256: h.shim_sha256.clone(),
+            driver_version: h.driver_version,
+        }
+    }
+}
+
+impl Group {
+    /// Finds every CUDA process under `root` and connects to each shim. Fails closed, naming every
+    /// CUDA process that lacks the shim or does not answer.
+    pub fn discover(root: u32, timeout: Duration) -> Result<Group, ControlError> {
+        let mut refusals = Vec::new();
+        let mut participants = Vec::new();
+        let mut others = Vec::new();
+        for pid in discovery::process_tree(root)? {
+            let info = match discovery::describe(pid) {
+                Ok(info) => info,
+                // Gone while we looked: not part of the group any more.
+                Err(ControlError::Proc { .. })
+                    if !std::path::Path::new(&format!("/proc/{pid}")).exists() =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if !info.is_cuda() {
+                others.push(info);
+                continue;
+            }
+            if info.shim.is_none() {
+                refusals.push(Refusal {
+                    process: info.label(),
+                    reason: format!(
+                        "uses CUDA ({}) but does not have {} loaded; start it with `cuinterpose run`",
+                        info.driver.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                        discovery::SHIM_LIBRARY
+                    ),
+                });
+                continue;
+            }
+            match Participant::connect(info.clone(), timeout) {
+                Ok(p) => participants.push(p),
+                Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
+                Err(e) => refusals.push(Refusal {
+                    process: info.label(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        if !refusals.is_empty() {
+            return Err(ControlError::Refused(refusals));
+        }
+        if participants.is_empty() {
+            return Err(ControlError::NoCudaProcesses(root));
+        }
+        Ok(Group {
+            root,
+            participants,
+            others,
+        })
+    }
+
+    /// Reads every participant's records.
+    pub fn snapshot(&mut self) -> Result<Vec<Snapshot>, ControlError> {
+        self.participants
+            .iter_mut()
+            .map(|p| {
+                Ok(Snapshot {
+                    record: p.inspect()?,
+                    hello: HelloReplyView::from(&p.hello),
+                    info: p.info.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// Whole-group checks on records read at one moment. `expected_phase` is the phase every
+/// participant must be in (Running before capture, Frozen once frozen).
+pub fn check_group(snapshots: &[Snapshot], expected_phase: Phase) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    // Creators by (PID namespace, namespace PID): namespace PIDs are only unique within one.
+    let creators: HashMap<(u64, u32), &Snapshot> = snapshots
+        .iter()
+        .map(|s| ((s.info.pid_namespace, s.record.ns_pid), s))
+        .collect();
+    for s in snapshots {
+        let refuse = |refusals: &mut Vec<Refusal>, reason: String| {
+            refusals.push(Refusal {
+                process: s.info.label(),
+                reason,
+            })
+        };
+        if s.record.phase != expected_phase {
+            refuse(
+                &mut refusals,
+                format!(
+                    "is in phase {:?}, expected {expected_phase:?}",
+                    s.record.phase
+                ),
+            );
+        }
+        if s.record.calls_in_flight > 0 {
+            refuse(
+                &mut refusals,
+                format!(
+                    "has {} tracked CUDA call(s) in flight",
+                    s.record.calls_in_flight
+                ),
+            );
+        }
+        for blocker in &s.record.blockers {
+            refuse(&mut refusals, blocker_reason(blocker));
+        }
+        for import in &s.record.imports {
+            match creators.get(&(s.info.pid_namespace, import.creator_ns_pid)) {
+                None => refuse(
+                    &mut refusals,
+                    format!(
+                        "imports allocation {} from ns pid {}, which is not part of this group",
+                        import.id, import.creator_ns_pid
+                    ),
+                ),
+                Some(creator) => {
+                    if !creator
+                        .record
+                        .allocations
+                        .iter()
+                        .any(|a| a.id == import.id && a.shared)
+                    {
+                        refuse(
+                            &mut refusals,
+                            format!(
+                                "imports allocation {} that its creator {} does not report as exported",
+                                import.id,
+                                creator.info.label()
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    refusals
+}
+
+fn blocker_reason(blocker: &Blocker) -> String {
+    let hint = match blocker {
+        Blocker::ForeignImport { .. } => {
+            "; start the exporting process under `cuinterpose run` too"
+        }
+        Blocker::UnsupportedExport { .. } | Blocker::UnsupportedImport { .. } => {
+            "; only POSIX file descriptor sharing is supported"
+        }
+        Blocker::LegacyIpcExport { .. } | Blocker::LegacyIpcImport { .. } => {
+            "; legacy CUDA IPC is not supported yet (PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
+        }
+        Blocker::MulticastObject { .. } => "; multicast objects are not supported yet",
+    };
+    format!("{blocker}{hint}")
+}
+
+/// One shared allocation across the group: who created it, who imports it, where it is mapped.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SharedAllocation {
+    pub id: String,
+    pub size: u64,
+    pub device: i32,
+    pub creator: String,
+    pub importers: Vec<String>,
+    /// `process: address+size` for every mapping of it in the group.
+    pub mappings: Vec<String>,
+}
+
+/// The sharing topology of a group, for `cuinterpose inspect`.
+pub fn topology(snapshots: &[Snapshot]) -> Vec<SharedAllocation> {
+    let mut by_id: BTreeMap<AllocationId, SharedAllocation> = BTreeMap::new();
+    for s in snapshots {
+        for a in s.record.allocations.iter().filter(|a| a.shared) {
+            by_id.insert(
+                a.id,
+                SharedAllocation {
+                    id: a.id.to_string(),
+                    size: a.size,
+                    device: a.props.location_id,
+                    creator: s.info.label(),
+                    importers: Vec::new(),
+                    mappings: Vec::new(),
+                },
+            );
+        }
+    }
+    for s in snapshots {
+        for import in &s.record.imports {
+            let entry = by_id.entry(import.id).or_insert_with(|| SharedAllocation {
+                id: import.id.to_string(),
+                size: import.size,
+                device: import.props.location_id,
+                creator: format!("ns pid {} (not in group)", import.creator_ns_pid),
+                importers: Vec::new(),
+                mappings: Vec::new(),
+            });
+            entry.importers.push(s.info.label());
+        }
+        for m in &s.record.mappings {
+            if let Backing::Created(id) | Backing::Imported(id) = m.backing {
+                if let Some(entry) = by_id.get_mut(&id) {
+                    entry.mappings.push(format!(
+                        "pid {}: {:#x}+{:#x}",
+                        s.info.host_pid, m.address, m.size
+                    ));
+                }
+            }
+        }
+    }
+    by_id.into_values().collect()
+}
+
+/// What `cuinterpose inspect` shows: every process of the tree, the topology of the ones that
+/// answered, and whether capture would be refused (and why). Never changes anything.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InspectReport {
+    pub root: u32,
+    pub processes: Vec<ProcessStatus>,
+    pub snapshots: Vec<Snapshot>,
+    pub shared: Vec<SharedAllocation>,
+    /// Empty when the group can be captured now.
+    pub refusals: Vec<Refusal>,
+}
+
+/// One process of the tree and what the tool could learn from it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProcessStatus {
+    pub info: ProcessInfo,
+    /// `cuda+shim`, `cuda, no shim`, `no cuda`, or why the shim did not answer.
+    pub status: String,
+}
+
+pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlError> {
+    let mut processes = Vec::new();
+    let mut snapshots = Vec::new();
+    let mut refusals = Vec::new();
+    for pid in discovery::process_tree(root)? {
+        let Ok(info) = discovery::describe(pid) else {
+            continue;
+        };
+        let status = if !info.is_cuda() {
+            "no cuda".to_string()
+        } else if info.shim.is_none() {
+            refusals.push(Refusal {
+                process: info.label(),
+                reason: format!(
+                    "uses CUDA but does not have {} loaded",
+                    discovery::SHIM_LIBRARY
+                ),
+            });
+            "cuda, no shim".to_string()
+        } else {
+            match Participant::connect(info.clone(), timeout).and_then(|mut p| {
+                Ok(Snapshot {
+                    record: p.inspect()?,
+                    hello: HelloReplyView::from(&p.hello),
+                    info: info.clone(),
+                })
+            }) {
+                Ok(snapshot) => {
+                    snapshots.push(snapshot);
+                    "cuda+shim".to_string()
+                }
+                Err(e) => {
+                    refusals.push(Refusal {
+                        process: info.label(),
+                        reason: format!("does not answer: {e}"),
+                    });
+                    "shim does not answer".to_string()
+                }
+            }
+        };
+        processes.push(ProcessStatus { info, status });
+    }
+    if !processes.iter().any(|p| p.info.is_cuda()) {
+        refusals.push(Refusal {
+            process: format!("pid {root}"),
+            reason: "no CUDA process in this tree".into(),
+        });
+    }
+    refusals.extend(check_group(&snapshots, Phase::Running));
+    let shared = topology(&snapshots);
+    Ok(InspectReport {
+        root,
+        processes,
+        snapshots,
+        shared,
+        refusals,
+    })
+}
