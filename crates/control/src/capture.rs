@@ -106,7 +106,7 @@ pub struct Report {
     pub total_millis: f64,
 }
 
-fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
+pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
     snapshots
         .iter()
         .map(|s| {
@@ -126,7 +126,7 @@ fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
 /// Records the phases of one run.
 pub(crate) struct Clock<'a> {
     progress: &'a dyn Progress,
-    phases: Vec<PhaseTiming>,
+    pub(crate) phases: Vec<PhaseTiming>,
 }
 
 impl<'a> Clock<'a> {
@@ -437,7 +437,16 @@ fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
 
 /// The captured topology, published atomically.
 fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> {
-    let state = GroupState {
+    transport::files::write_atomically(path, &protocol::state::encode(&state_of(snapshots)))
+        .map_err(|e| ControlError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
+/// The state a set of snapshots describes.
+pub(crate) fn state_of(snapshots: &[Snapshot]) -> GroupState {
+    GroupState {
         created_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -462,13 +471,7 @@ fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> 
                 record: s.record.clone(),
             })
             .collect(),
-    };
-    transport::files::write_atomically(path, &protocol::state::encode(&state)).map_err(|e| {
-        ControlError::State {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
-    })
+    }
 }
 
 /// Reads and decodes a state file.

@@ -7,7 +7,9 @@
 //! back with the same Load/Import code a resume uses, so the workload keeps running.
 
 pub mod capture;
+pub mod criu;
 pub mod discovery;
+pub mod disk;
 pub mod group;
 pub mod launch;
 pub mod native;
@@ -63,6 +65,8 @@ pub enum ControlError {
         call: &'static str,
         result: CUresult,
     },
+    #[error(transparent)]
+    Criu(#[from] criu::CriuError),
     #[error("{step} failed for {process}: {source}")]
     Step {
         step: &'static str,

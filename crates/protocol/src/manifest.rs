@@ -64,6 +64,10 @@ pub struct ManifestParticipant {
     /// The GPUs the process saw, by its own device ordinal: ordinals are per process
     /// (`CUDA_VISIBLE_DEVICES` may differ between processes), so they are recorded per process.
     pub gpus: Vec<GpuInfo>,
+    /// Paths of the Unix sockets the process listened on, as it names them. CRIU binds them again
+    /// on restore, so a restore removes the stale files first (after checking nothing answers).
+    #[serde(default)]
+    pub sockets: Vec<String>,
 }
 
 /// What a process does with shared memory.

@@ -1,0 +1,180 @@
+//! CRIU, run as a program (`criu dump` / `criu restore`), found on `--criu PATH`, `$CUINTERPOSE_CRIU`
+//! or `PATH`. The command line is used rather than CRIU's RPC: the RPC needs protobuf bindings and
+//! gives nothing this tool uses, while the log files CRIU writes are what a user reads on failure.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Why CRIU could not be used or did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum CriuError {
+    #[error(
+        "criu not found (pass --criu PATH or set CUINTERPOSE_CRIU; scripts/install-criu.sh installs CRIU 4.1)"
+    )]
+    NotFound,
+    #[error("running {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("criu {action} failed ({status}); its log {log}:\n{tail}")]
+    Failed {
+        action: &'static str,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("criu {0} wrote no usable pid file")]
+    NoPid(&'static str),
+}
+
+/// A CRIU binary that answered `--version`.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    program: PathBuf,
+    version: String,
+}
+
+impl Criu {
+    /// Finds CRIU and asks its version; fails closed before anything is changed.
+    pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
+        let candidates: Vec<PathBuf> = match explicit {
+            Some(path) => vec![path.to_path_buf()],
+            None => std::env::var_os("CUINTERPOSE_CRIU")
+                .map(PathBuf::from)
+                .into_iter()
+                .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+                    std::env::split_paths(&p)
+                        .map(|d| d.join("criu"))
+                        .collect::<Vec<_>>()
+                }))
+                .collect(),
+        };
+        for program in candidates.into_iter().filter(|c| c.is_file()) {
+            let output = Command::new(&program)
+                .arg("--version")
+                .output()
+                .map_err(|source| CriuError::Spawn {
+                    program: program.clone(),
+                    source,
+                })?;
+            let text = String::from_utf8_lossy(&output.stdout);
+            if let Some(version) = text.lines().find_map(|l| l.strip_prefix("Version:")) {
+                return Ok(Criu {
+                    program,
+                    version: version.trim().to_string(),
+                });
+            }
+        }
+        Err(CriuError::NotFound)
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    /// Dumps the tree rooted at `pid` (the init of its PID namespace) into `images`.
+    pub fn dump(
+        &self,
+        pid: u32,
+        images: &Path,
+        leave_running: bool,
+        shell_job: bool,
+    ) -> Result<(), CriuError> {
+        let mut command = self.command("dump", images);
+        command.arg("-t").arg(pid.to_string());
+        if leave_running {
+            command.arg("--leave-running");
+        }
+        if shell_job {
+            command.arg("--shell-job");
+        }
+        self.execute("dump", command, images)
+    }
+
+    /// Restores the tree in `images` detached from this process; returns the restored root's PID.
+    pub fn restore(&self, images: &Path, shell_job: bool) -> Result<u32, CriuError> {
+        let pid_file = images.join("restore.pid");
+        let _ = std::fs::remove_file(&pid_file);
+        let mut command = self.command("restore", images);
+        command
+            .arg("--restore-detached")
+            .arg("--pidfile")
+            .arg(&pid_file);
+        if shell_job {
+            command.arg("--shell-job");
+        }
+        self.execute("restore", command, images)?;
+        let pid = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or(CriuError::NoPid("restore"))?;
+        let _ = std::fs::remove_file(&pid_file);
+        Ok(pid)
+    }
+
+    fn command(&self, action: &str, images: &Path) -> Command {
+        let mut command = Command::new(&self.program);
+        command
+            .arg(action)
+            .arg("--images-dir")
+            .arg(images)
+            .arg("--log-file")
+            .arg(format!("{action}.log"))
+            .arg("-v4");
+        command
+    }
+
+    fn execute(
+        &self,
+        action: &'static str,
+        mut command: Command,
+        images: &Path,
+    ) -> Result<(), CriuError> {
+        let output = command.output().map_err(|source| CriuError::Spawn {
+            program: self.program.clone(),
+            source,
+        })?;
+        if output.status.success() {
+            return Ok(());
+        }
+        let log = images.join(format!("{action}.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let mut tail: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("Error") || l.contains("rror ("))
+            .collect();
+        if tail.is_empty() {
+            tail = text.lines().collect();
+        }
+        let start = tail.len().saturating_sub(12);
+        Err(CriuError::Failed {
+            action,
+            status: output.status.to_string(),
+            log,
+            tail: format!(
+                "{}{}",
+                tail[start..].join("\n"),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        })
+    }
+}
+
+/// Total size of the files in a directory (CRIU's images), not following links.
+pub fn directory_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
