@@ -20,6 +20,8 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 pub const MANIFEST_VERSION: u32 = 1;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
+/// Longest socket path a participant can have listened on (`sun_path` less its NUL).
+const MAX_SOCKET_PATH_LEN: usize = 107;
 
 /// The manifest of a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,7 +188,8 @@ impl Manifest {
     ///
     /// - `format` and `version` are this build's;
     /// - at least one participant; PIDs nonzero; host and namespace PIDs unique; per participant,
-    ///   GPU ordinals unique and UUIDs non-empty;
+    ///   GPU ordinals unique and UUIDs non-empty, socket paths absolute, without `..` and short
+    ///   enough to be socket paths (a restore removes stale files at those paths);
     /// - the shim path is absolute and its digest well formed; the driver version is positive;
     /// - carriers hold at least the shared bytes saved;
     /// - the CRIU version, when present, is non-empty; phase names are non-empty and unique;
@@ -226,6 +229,18 @@ impl Manifest {
             }
             if !ns_pids.insert(p.ns_pid) {
                 return bad(format!("namespace pid {} appears twice", p.ns_pid));
+            }
+            for socket in &p.sockets {
+                let plain = socket.starts_with('/')
+                    && socket.len() <= MAX_SOCKET_PATH_LEN
+                    && !socket.contains('\0')
+                    && !socket.split('/').any(|c| c == "..");
+                if !plain {
+                    return bad(format!(
+                        "participant {}: socket {socket:?} is not an absolute path of at most {MAX_SOCKET_PATH_LEN} bytes without `..`",
+                        p.host_pid
+                    ));
+                }
             }
             let mut ordinals = BTreeSet::new();
             for gpu in &p.gpus {
@@ -436,6 +451,7 @@ mod tests {
                         ordinal: 0,
                         uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
                     }],
+                    sockets: vec!["/tmp/cuinterpose-41.sock".into()],
                 },
                 ManifestParticipant {
                     host_pid: 1042,
@@ -452,6 +468,7 @@ mod tests {
                             uuid: "GPU-11111111-1111-1111-1111-111111111111".into(),
                         },
                     ],
+                    sockets: vec![],
                 },
             ],
             shim: ShimIdentity {
@@ -510,6 +527,18 @@ mod tests {
         assert_eq!(decoded, manifest);
         assert_eq!(encode(&decoded), bytes);
         assert_eq!(decoded.verify_state(&state_file).unwrap(), two_workers());
+    }
+
+    #[test]
+    fn sockets_default_to_none_when_absent() {
+        let (manifest, _) = sample();
+        let mut v = json(&manifest);
+        v["participants"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("sockets");
+        let decoded = decode_value(&v).unwrap();
+        assert!(decoded.participants[0].sockets.is_empty());
     }
 
     #[test]
@@ -639,6 +668,17 @@ mod tests {
         assert!(invalid(|m| m.participants[1].ns_pid = 41).contains("namespace pid 41"));
         assert!(invalid(|m| m.participants[1].gpus[1].ordinal = 0).contains("ordinal 0"));
         assert!(invalid(|m| m.participants[0].gpus[0].uuid.clear()).contains("no uuid"));
+        for socket in [
+            "cuinterpose-41.sock".to_string(),
+            "/tmp/../etc/passwd".into(),
+            "/tmp/a\0b".into(),
+            format!("/{}", "s".repeat(107)),
+        ] {
+            assert!(
+                invalid(|m| m.participants[0].sockets = vec![socket.clone()]).contains("socket"),
+                "{socket:?}"
+            );
+        }
         assert!(invalid(|m| m.shim.path = "libcuinterpose.so".into()).contains("absolute"));
         assert!(invalid(|m| m.shim.sha256 = "0F".repeat(32)).contains("shim sha-256"));
         assert!(invalid(|m| m.shim.sha256 = "0f".repeat(31)).contains("shim sha-256"));

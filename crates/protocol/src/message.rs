@@ -220,11 +220,15 @@ fn decode_body<'a, T: Deserialize<'a>>(
     header: &FrameHeader,
     body: &'a [u8],
 ) -> Result<T, ProtocolError> {
-    if body.len() != header.length as usize {
+    let expected = header.length as usize;
+    if body.len() < expected {
         return Err(ProtocolError::Truncated {
-            expected: header.length as usize,
+            expected,
             got: body.len(),
         });
+    }
+    if body.len() > expected {
+        return Err(ProtocolError::TrailingBytes(body.len() - expected));
     }
     let (message, rest) =
         postcard::take_from_bytes(body).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
