@@ -23,7 +23,7 @@ mod peer;
 
 pub use connection::Connection;
 pub use error::TransportError;
-pub use listener::Listener;
+pub use listener::{Listener, remove_stale_socket};
 pub use peer::{PeerCred, peer_allowed};
 
 /// Longest socket path [`Listener::bind`] and [`Connection::connect`] accept, in bytes: `sun_path` is

@@ -39,9 +39,9 @@ enum Probe {
 impl Listener {
     /// Binds and listens at `path` with mode 0600.
     ///
-    /// An existing file at `path` is removed only when it is a socket owned by this user on which a
-    /// connect probe is refused (`ECONNREFUSED`: nobody listens), and it is still the same file when
-    /// removed; then the bind is retried once. A live listener, a full queue, a file that is not a
+    /// An existing file at `path` is removed only when [`remove_stale_socket`] finds it stale: a
+    /// socket owned by this user on which a connect probe is refused (`ECONNREFUSED`: nobody
+    /// listens), still the same file when removed; then the bind is retried once. A live listener, a full queue, a file that is not a
     /// socket, a symlink, another user's socket or any other probe result leaves the file alone and
     /// gives [`TransportError::AddrInUse`]. A path over [`crate::MAX_SOCKET_PATH_LEN`] bytes gives
     /// [`TransportError::PathTooLong`].
@@ -67,7 +67,7 @@ impl Listener {
         match rustix::net::bind(&socket, &addr) {
             Ok(()) => {}
             Err(Errno::ADDRINUSE) => {
-                reclaim_stale(path, &addr)?;
+                remove_stale(path, &addr)?;
                 rustix::net::bind(&socket, &addr).map_err(|e| match e {
                     Errno::ADDRINUSE => TransportError::AddrInUse {
                         path: path.to_path_buf(),
@@ -78,17 +78,29 @@ impl Listener {
             }
             Err(e) => return Err(TransportError::io(context("bind"), e)),
         }
-        // Nothing can connect before `listen`, so setting the mode by path here cannot let anyone
-        // in; it covers a filesystem that ignored the inode mode at bind.
-        rustix::fs::chmod(path, Mode::RUSR | Mode::WUSR)
-            .map_err(|e| TransportError::io(context("chmod"), e))?;
-        let stat = rustix::fs::lstat(path).map_err(|e| TransportError::io(context("stat"), e))?;
-        rustix::net::listen(&socket, BACKLOG)
-            .map_err(|e| TransportError::io(context("listen on"), e))?;
+        // From here on the file at `path` is ours: remove it again if the listener cannot be made.
+        let finish = || -> Result<(u64, u64), TransportError> {
+            // Nothing can connect before `listen`, so setting the mode by path here cannot let
+            // anyone in; it covers a filesystem that ignored the inode mode at bind.
+            rustix::fs::chmod(path, Mode::RUSR | Mode::WUSR)
+                .map_err(|e| TransportError::io(context("chmod"), e))?;
+            let stat =
+                rustix::fs::lstat(path).map_err(|e| TransportError::io(context("stat"), e))?;
+            rustix::net::listen(&socket, BACKLOG)
+                .map_err(|e| TransportError::io(context("listen on"), e))?;
+            Ok((stat.st_dev, stat.st_ino))
+        };
+        let identity = match finish() {
+            Ok(identity) => identity,
+            Err(e) => {
+                let _ = rustix::fs::unlink(path);
+                return Err(e);
+            }
+        };
         Ok(Listener {
             listener: UnixListener::from(socket),
             path: path.to_path_buf(),
-            identity: (stat.st_dev, stat.st_ino),
+            identity,
         })
     }
 
@@ -133,37 +145,48 @@ impl Drop for Listener {
     }
 }
 
-/// Removes the file at `path` if it is a stale socket of ours (see [`Listener::bind`]).
-fn reclaim_stale(path: &Path, addr: &SocketAddrUnix) -> Result<(), TransportError> {
+/// Removes the socket file at `path` if it is stale, by the rules [`Listener::bind`] reclaims with:
+/// the file is a socket (not a symlink or anything else), owned by this process's effective UID
+/// (any owner when that is root), a non-blocking connect probe is refused (`ECONNREFUSED`), and it
+/// is still the same file when removed. `Ok(true)`: removed; `Ok(false)`: no file there;
+/// [`TransportError::AddrInUse`] names why a file was left alone. A restore uses it to clear the
+/// socket paths CRIU is about to bind again.
+pub fn remove_stale_socket(path: &Path) -> Result<bool, TransportError> {
+    let addr = socket_addr(path)?;
+    remove_stale(path, &addr)
+}
+
+fn remove_stale(path: &Path, addr: &SocketAddrUnix) -> Result<bool, TransportError> {
     let in_use = |reason| TransportError::AddrInUse {
         path: path.to_path_buf(),
         reason,
     };
     let before = match rustix::fs::lstat(path) {
         Ok(stat) => stat,
-        // Gone since the bind failed: the retry will tell.
-        Err(Errno::NOENT) => return Ok(()),
+        Err(Errno::NOENT) => return Ok(false),
         Err(e) => return Err(TransportError::io(format!("stat {}", path.display()), e)),
     };
     if FileType::from_raw_mode(before.st_mode) != FileType::Socket {
         return Err(in_use("it is not a socket"));
     }
-    if before.st_uid != rustix::process::geteuid().as_raw() {
+    let euid = rustix::process::geteuid();
+    if before.st_uid != euid.as_raw() && !euid.is_root() {
         return Err(in_use("the socket belongs to another user"));
     }
     match probe(addr).map_err(|e| TransportError::io(format!("probe {}", path.display()), e))? {
         Probe::Alive => return Err(in_use("a live listener answers on it")),
-        Probe::Gone => return Ok(()),
+        Probe::Gone => return Ok(false),
         Probe::Refused => {}
     }
     match rustix::fs::lstat(path) {
         Ok(now) if (now.st_dev, now.st_ino) == (before.st_dev, before.st_ino) => {}
         Ok(_) => return Err(in_use("it was replaced while being probed")),
-        Err(Errno::NOENT) => return Ok(()),
+        Err(Errno::NOENT) => return Ok(false),
         Err(e) => return Err(TransportError::io(format!("stat {}", path.display()), e)),
     }
     match rustix::fs::unlink(path) {
-        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Ok(()) => Ok(true),
+        Err(Errno::NOENT) => Ok(false),
         Err(e) => Err(TransportError::io(
             format!("remove stale socket {}", path.display()),
             e,

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use cuinterpose_transport::{Connection, Listener, MAX_SOCKET_PATH_LEN, TransportError};
+use cuinterpose_transport::{
+    Connection, Listener, MAX_SOCKET_PATH_LEN, TransportError, remove_stale_socket,
+};
 use protocol::message::{FrameHeader, HEADER_LEN, MAX_BODY_LEN, PROTOCOL_VERSION};
 use protocol::{
     AllocationId, Backing, ErrorCode, HelloReply, MappingRecord, Phase, ProcessRecord,
@@ -789,4 +791,34 @@ fn received_descriptor_content_survives_the_sender_closing() {
     rustix::io::pread(&fd, &mut content, 0).unwrap();
     assert_eq!(&content, b"x");
     assert_eq!(marker.open_count(), 1);
+}
+
+#[test]
+fn remove_stale_socket_follows_the_reclaim_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = socket_path(&dir, "stale.sock");
+    drop(UnixListener::bind(&stale).unwrap());
+    assert!(remove_stale_socket(&stale).unwrap());
+    assert!(!stale.exists());
+    assert!(!remove_stale_socket(&stale).unwrap());
+
+    let live = Listener::bind(&socket_path(&dir, "live.sock")).unwrap();
+    assert!(matches!(
+        remove_stale_socket(live.path()),
+        Err(TransportError::AddrInUse { .. })
+    ));
+    assert!(live.path().exists());
+
+    let regular = socket_path(&dir, "regular");
+    fs::write(&regular, b"keep").unwrap();
+    assert!(matches!(
+        remove_stale_socket(&regular),
+        Err(TransportError::AddrInUse { .. })
+    ));
+    assert_eq!(fs::read(&regular).unwrap(), b"keep");
+    let too_long = path_of_len(dir.path(), MAX_SOCKET_PATH_LEN + 1);
+    assert!(matches!(
+        remove_stale_socket(&too_long),
+        Err(TransportError::PathTooLong { .. })
+    ));
 }
