@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+scripts/bootstrap.sh
+
 step "CRIU (private prefix, for the checkpoint-to-disk tests)"
 CUINTERPOSE_CRIU=$(scripts/install-criu.sh)
 export CUINTERPOSE_CRIU
