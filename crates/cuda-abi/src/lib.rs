@@ -79,6 +79,7 @@ results! {
     ERROR_NO_DEVICE = 100, "no CUDA-capable device is detected";
     ERROR_INVALID_DEVICE = 101, "invalid device ordinal";
     ERROR_INVALID_CONTEXT = 201, "invalid device context";
+    ERROR_OPERATING_SYSTEM = 304, "OS call failed or operation not supported on this OS";
     ERROR_CONTEXT_ALREADY_CURRENT = 202, "context already current";
     ERROR_ALREADY_MAPPED = 208, "resource already mapped";
     ERROR_NOT_MAPPED = 211, "resource not mapped";
@@ -89,6 +90,8 @@ results! {
     ERROR_ILLEGAL_ADDRESS = 700, "an illegal memory access was encountered";
     ERROR_PEER_ACCESS_UNSUPPORTED = 217, "peer access is not supported between these two devices";
     ERROR_CONTEXT_IS_DESTROYED = 709, "context is destroyed";
+    ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, "part or all of the requested memory range is already mapped";
+    ERROR_HOST_MEMORY_NOT_REGISTERED = 713, "pointer does not correspond to a registered memory region";
     ERROR_NOT_PERMITTED = 800, "operation not permitted";
     ERROR_NOT_SUPPORTED = 801, "operation not supported";
     ERROR_TIMEOUT = 909, "timeout";

@@ -1,1 +1,56 @@
-//! A CUDA driver (libcuda.so.1) without a GPU, faithful to r580, for tests
+//! A CUDA driver (libcuda.so.1) without a GPU, faithful to r580, for tests.
+//!
+//! See `README.md` of this crate for the environment variables, descriptor formats, the
+//! error-code table and the differences from the real driver.
+
+#![allow(unsafe_code)]
+
+mod accounting;
+mod checkpoint;
+mod config;
+mod device;
+mod entry;
+mod errors;
+pub mod exports;
+mod fault;
+mod init;
+mod memory;
+mod multicast;
+mod os;
+mod procaddress;
+mod state;
+
+use cuda_abi::CUresult;
+
+pub use accounting::{UsageRecord, parse as parse_usage_file, render as render_usage_file};
+
+/// The driver API version this fake reports (`cuDriverGetVersion`): CUDA 13.0, the r580 branch.
+pub const DRIVER_VERSION: i32 = 13000;
+
+/// The result of the fake's internal operations: `Err` carries the driver's error code.
+pub(crate) type Res<T = ()> = Result<T, CUresult>;
+
+/// Writes `value` through an out-pointer from the application.
+///
+/// # Safety
+/// `p` must be null or valid for a write of `T` (alignment is not required).
+pub(crate) unsafe fn write_out<T>(p: *mut T, value: T) -> Res {
+    if p.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller vouches it is writable.
+    unsafe { p.write_unaligned(value) };
+    Ok(())
+}
+
+/// Reads a `T` the application passed by pointer.
+///
+/// # Safety
+/// `p` must be null or valid for a read of `T` (alignment is not required).
+pub(crate) unsafe fn read_in<T: Copy>(p: *const T) -> Res<T> {
+    if p.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller vouches it is readable.
+    Ok(unsafe { p.read_unaligned() })
+}

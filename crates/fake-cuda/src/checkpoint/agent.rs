@@ -1,0 +1,107 @@
+//! The checkpoint agent of a process: a thread started at the first successful `cuInit`,
+//! listening on `$FAKE_CUDA_STATE_DIR/agent-<getpid()>.sock` (mode 0600, close-on-exec), with
+//! every signal blocked. Each connection carries one request from another process's
+//! `cuCheckpointProcess*` call, served on a thread of its own (so a `GetState` query from a
+//! peer's checkpoint is answered while a lock waits); peers must have our uid or be root.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use super::wire::{Request, Response};
+use super::{dispatch, gate};
+use crate::os;
+
+/// The agent thread's id: what `cuCheckpointProcessGetRestoreThreadId` reports.
+static AGENT_TID: AtomicI32 = AtomicI32::new(0);
+
+pub(crate) fn agent_tid() -> i32 {
+    AGENT_TID.load(Ordering::Acquire)
+}
+
+/// Binds the socket (reclaiming a stale file only after a refused connect) and starts the thread.
+pub(crate) fn start(path: &Path) -> io::Result<()> {
+    if path.exists() {
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another live process answers on this agent socket",
+                ));
+            }
+            Err(_) => std::fs::remove_file(path)?,
+        }
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    spawn_blocking_signals("fake-cuda-agent", move || {
+        gate::mark_agent_thread();
+        AGENT_TID.store(os::gettid(), Ordering::Release);
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            // A failure to start a connection thread drops that connection: the caller sees EOF.
+            let _ = spawn_blocking_signals("fake-cuda-agent-conn", move || {
+                gate::mark_agent_thread();
+                serve(stream);
+            });
+        }
+    })
+}
+
+/// Spawns a named thread with every signal blocked (it inherits the mask it is created with),
+/// restoring the caller's mask afterwards.
+fn spawn_blocking_signals(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+    // SAFETY: sigset_t is plain data; sigfillset initialises it completely below.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid sigset_t to fill.
+    unsafe { libc::sigfillset(&mut all) };
+    // SAFETY: as above, zeroed plain data that pthread_sigmask overwrites.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid set pointers; changes only this thread's mask.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) };
+    let spawned = std::thread::Builder::new().name(name.to_owned()).spawn(f);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    spawned.map(|_| ())
+}
+
+fn peer_allowed(stream: &UnixStream) -> bool {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED writes a ucred of `len` bytes into `cred`.
+    let ret = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    ret == 0 && (cred.uid == os::getuid() || cred.uid == 0)
+}
+
+fn serve(mut stream: UnixStream) {
+    if !peer_allowed(&stream) {
+        return;
+    }
+    // A request arrives right after connect; a silent peer must not pin the thread forever.
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+    let Ok(request) = Request::read_from(&mut stream) else {
+        return;
+    };
+    let (result, value) = match dispatch(&request) {
+        Ok(value) => (0, value),
+        Err(code) => (code.0, 0),
+    };
+    // The caller may have given up; nothing to do about a failed reply.
+    let _ = Response { result, value }.write_to(&mut stream);
+}

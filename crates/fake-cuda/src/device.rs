@@ -1,0 +1,438 @@
+//! Devices, contexts (primary and explicit) and streams.
+//!
+//! Context and stream handles are opaque tagged integers, never dereferenced; a stale or made-up
+//! handle is looked up and refused with the driver's code instead of crashing. The current
+//! context is per thread, as in CUDA (a single slot: the fake keeps no context stack).
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_uint};
+
+use cuda_abi::{CUcontext, CUdevice, CUresult, CUstream, CUuuid, device_attribute as attr};
+
+use crate::state::{self, Driver};
+use crate::{Res, memory, write_out};
+
+/// Base of context handle values (`CUcontext` is an opaque pointer to the application).
+const CTX_BASE: u64 = 0x00c7_c000_0000;
+/// Base of stream handle values.
+const STREAM_BASE: u64 = 0x005e_a000_0000;
+/// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: special handles every context accepts.
+const STREAM_LEGACY: u64 = 0x1;
+const STREAM_PER_THREAD: u64 = 0x2;
+/// The last `CUdevice_attribute` of CUDA 13.0 is below this; larger values are invalid.
+const ATTRIBUTE_LIMIT: c_int = 160;
+
+/// One fake GPU.
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub uuid: [u8; 16],
+    pub total: u64,
+}
+
+/// The UUID of device `ordinal`: stable across processes of the same machine, so GPU pairs given
+/// to a restore name the same devices everywhere ("FAKE" + ordinal).
+pub(crate) fn uuid_of(ordinal: u32) -> [u8; 16] {
+    let mut uuid = [
+        b'F', b'A', b'K', b'E', 0xcd, 0xa0, 0x40, 0x00, 0x80, 0x00, 0, 0, 0, 0, 0, 0,
+    ];
+    uuid[12..16].copy_from_slice(&ordinal.to_be_bytes());
+    uuid
+}
+
+impl Device {
+    pub(crate) fn new(ordinal: u32, total: u64) -> Device {
+        Device {
+            uuid: uuid_of(ordinal),
+            total,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Context {
+    pub device: usize,
+    pub primary: bool,
+    /// Primary: retain count (the context is usable while it is above zero). Explicit: 1.
+    pub refs: u32,
+}
+
+#[derive(Debug)]
+struct Stream {
+    ctx: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Contexts {
+    contexts: BTreeMap<u64, Context>,
+    streams: BTreeMap<u64, Stream>,
+    next: u64,
+}
+
+thread_local! {
+    /// The id of this thread's current context (0: none).
+    static CURRENT: Cell<u64> = const { Cell::new(0) };
+}
+
+fn ctx_handle(id: u64) -> CUcontext {
+    (CTX_BASE + id * 0x10) as usize as CUcontext
+}
+
+fn ctx_id(ctx: CUcontext) -> Option<u64> {
+    let v = ctx as usize as u64;
+    (v > CTX_BASE && (v - CTX_BASE).is_multiple_of(0x10)).then(|| (v - CTX_BASE) / 0x10)
+}
+
+impl Contexts {
+    /// One primary context per device, ids 1..=n, not yet retained.
+    pub(crate) fn new(devices: usize) -> Contexts {
+        let contexts = (0..devices)
+            .map(|device| {
+                (
+                    device as u64 + 1,
+                    Context {
+                        device,
+                        primary: true,
+                        refs: 0,
+                    },
+                )
+            })
+            .collect();
+        Contexts {
+            contexts,
+            streams: BTreeMap::new(),
+            next: devices as u64 + 1,
+        }
+    }
+
+    fn live(&self, id: u64) -> Option<&Context> {
+        self.contexts.get(&id).filter(|c| c.refs > 0)
+    }
+
+    /// Moves every context of device `from` to device `to` (restore onto other GPUs).
+    pub(crate) fn remap(&mut self, map: &[usize]) {
+        for ctx in self.contexts.values_mut() {
+            if let Some(&to) = map.get(ctx.device) {
+                ctx.device = to;
+            }
+        }
+    }
+}
+
+/// The calling thread's current context: (id, device).
+pub(crate) fn current(d: &Driver) -> Res<(u64, usize)> {
+    let id = CURRENT.with(Cell::get);
+    d.contexts
+        .live(id)
+        .map(|c| (id, c.device))
+        .ok_or(CUresult::ERROR_INVALID_CONTEXT)
+}
+
+/// Checks a stream argument of an `Async` call against the current context.
+pub(crate) fn check_stream(d: &Driver, stream: CUstream) -> Res {
+    current(d)?;
+    let v = stream as usize as u64;
+    if v == 0 || v == STREAM_LEGACY || v == STREAM_PER_THREAD {
+        return Ok(());
+    }
+    match d.contexts.streams.get(&v) {
+        Some(s) if d.contexts.live(s.ctx).is_some() => Ok(()),
+        _ => Err(CUresult::ERROR_INVALID_HANDLE),
+    }
+}
+
+pub(crate) unsafe fn device_get(device: *mut CUdevice, ordinal: c_int) -> Res {
+    if device.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let dev = state::with(|d| d.device(ordinal))?;
+    // SAFETY: checked non-null; the caller passes a writable CUdevice.
+    unsafe { write_out(device, dev as CUdevice) }
+}
+
+pub(crate) unsafe fn device_get_count(count: *mut c_int) -> Res {
+    if count.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let n = state::with(|d| Ok(d.devices.len()))?;
+    // SAFETY: checked non-null; the caller passes a writable int.
+    unsafe { write_out(count, n as c_int) }
+}
+
+pub(crate) unsafe fn device_get_name(name: *mut c_char, len: c_int, dev: CUdevice) -> Res {
+    if name.is_null() || len <= 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let ordinal = state::with(|d| d.device(dev))?;
+    let text = format!("NVIDIA H200 (fake-cuda {ordinal})");
+    let n = text.len().min(len as usize - 1);
+    let bytes = text.as_bytes().get(..n).unwrap_or_default();
+    // SAFETY: the caller gives `len` writable bytes at `name`; we write n + 1 <= len of them.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), name.cast::<u8>(), n) };
+    // SAFETY: as above, index n < len.
+    let end = unsafe { name.add(n) };
+    // SAFETY: `end` is inside the caller's buffer (n < len).
+    unsafe { end.write(0) };
+    Ok(())
+}
+
+pub(crate) unsafe fn device_get_uuid(uuid: *mut CUuuid, dev: CUdevice) -> Res {
+    if uuid.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let bytes = state::with(|d| {
+        let ordinal = d.device(dev)?;
+        Ok(d.devices[ordinal].uuid)
+    })?;
+    let value = CUuuid {
+        bytes: bytes.map(|b| b as c_char),
+    };
+    // SAFETY: checked non-null; the caller passes a writable CUuuid.
+    unsafe { write_out(uuid, value) }
+}
+
+pub(crate) unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> Res {
+    if bytes.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let total = state::with(|d| {
+        let ordinal = d.device(dev)?;
+        Ok(d.devices[ordinal].total)
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable size_t.
+    unsafe { write_out(bytes, total as usize) }
+}
+
+/// The value of attribute `attrib`: an H200-like device, with the VMM, POSIX-fd, FABRIC and
+/// MULTICAST support this fake implements (stream-ordered pools are not implemented: 0).
+pub(crate) fn attribute(d: &Driver, attrib: c_int, ordinal: usize) -> Res<c_int> {
+    if attrib <= 0 || attrib >= ATTRIBUTE_LIMIT {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    Ok(match attrib {
+        1 => 1024,
+        2 | 3 => 1024,
+        4 => 64,
+        5 => i32::MAX,
+        6 | 7 => 65535,
+        8 => 49152,
+        9 => 65536,
+        10 => 32,
+        11 => i32::MAX,
+        12 => 65536,
+        13 => 1_980_000,
+        14 => 512,
+        15 => 1,
+        attr::MULTIPROCESSOR_COUNT => 132,
+        19 => 1,
+        31 | 32 => 1,
+        attr::PCI_BUS_ID => 0x18 + ordinal as c_int,
+        36 => 2_619_000,
+        37 => 6144,
+        38 => 50 << 20,
+        39 => 2048,
+        40 => 3,
+        41 => 1,
+        attr::COMPUTE_CAPABILITY_MAJOR => 9,
+        83 | 89 => 1,
+        attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
+        attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
+        attr::HANDLE_TYPE_FABRIC_SUPPORTED => c_int::from(d.config.fabric),
+        attr::MULTICAST_SUPPORTED => c_int::from(d.config.multicast),
+        _ => 0,
+    })
+}
+
+pub(crate) unsafe fn device_get_attribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> Res {
+    if value.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let v = state::with(|d| {
+        let ordinal = d.device(dev)?;
+        attribute(d, attrib, ordinal)
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable int.
+    unsafe { write_out(value, v) }
+}
+
+pub(crate) unsafe fn primary_ctx_retain(ctx: *mut CUcontext, dev: CUdevice) -> Res {
+    if ctx.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let id = state::with(|d| {
+        let ordinal = d.device(dev)?;
+        let id = ordinal as u64 + 1;
+        if let Some(c) = d.contexts.contexts.get_mut(&id) {
+            c.refs = c.refs.saturating_add(1);
+        }
+        Ok(id)
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable CUcontext.
+    unsafe { write_out(ctx, ctx_handle(id)) }
+}
+
+/// Frees what a context owned when it goes away: its streams and `cuMemAlloc` memory.
+fn teardown(d: &mut Driver, id: u64) {
+    d.contexts.streams.retain(|_, s| s.ctx != id);
+    memory::legacy::free_context(d, id);
+}
+
+pub(crate) fn primary_ctx_release(dev: CUdevice) -> Res {
+    state::with(|d| {
+        let ordinal = d.device(dev)?;
+        let id = ordinal as u64 + 1;
+        let ctx = d
+            .contexts
+            .contexts
+            .get_mut(&id)
+            .filter(|c| c.refs > 0)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        ctx.refs -= 1;
+        if ctx.refs == 0 {
+            teardown(d, id);
+        }
+        Ok(())
+    })
+}
+
+/// `cuCtxCreate_v2`: a new explicit context on `dev`, made current for the calling thread.
+pub(crate) unsafe fn ctx_create(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Res {
+    if ctx.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // CU_CTX_SCHED_* (0x07), MAP_HOST (0x08), LMEM_RESIZE_TO_MAX (0x10), COREDUMP/USER_COREDUMP
+    // (0x20, 0x40), SYNC_MEMOPS (0x80): accepted and ignored, the fake has no scheduling.
+    if flags & !0xff != 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let id = state::with(|d| {
+        let device = d.device(dev)?;
+        let id = d.contexts.next;
+        d.contexts.next += 1;
+        d.contexts.contexts.insert(
+            id,
+            Context {
+                device,
+                primary: false,
+                refs: 1,
+            },
+        );
+        Ok(id)
+    })?;
+    CURRENT.with(|c| c.set(id));
+    // SAFETY: checked non-null; the caller passes a writable CUcontext.
+    unsafe { write_out(ctx, ctx_handle(id)) }
+}
+
+/// `cuCtxCreate_v3`/`_v4` take execution-affinity (and CIG) parameters the fake does not model:
+/// only "none" is accepted.
+pub(crate) unsafe fn ctx_create_with_params(
+    ctx: *mut CUcontext,
+    params_given: bool,
+    flags: c_uint,
+    dev: CUdevice,
+) -> Res {
+    if params_given {
+        return Err(CUresult::ERROR_NOT_SUPPORTED);
+    }
+    // SAFETY: forwarded unchanged from the caller.
+    unsafe { ctx_create(ctx, flags, dev) }
+}
+
+pub(crate) fn ctx_destroy(ctx: CUcontext) -> Res {
+    let id = ctx_id(ctx).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    state::with(|d| {
+        match d.contexts.contexts.get(&id) {
+            Some(c) if !c.primary => {}
+            _ => return Err(CUresult::ERROR_INVALID_CONTEXT),
+        }
+        d.contexts.contexts.remove(&id);
+        teardown(d, id);
+        Ok(())
+    })?;
+    if CURRENT.with(Cell::get) == id {
+        CURRENT.with(|c| c.set(0));
+    }
+    Ok(())
+}
+
+pub(crate) fn ctx_set_current(ctx: CUcontext) -> Res {
+    if ctx.is_null() {
+        CURRENT.with(|c| c.set(0));
+        return Ok(());
+    }
+    let id = ctx_id(ctx).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    state::with(|d| {
+        d.contexts
+            .live(id)
+            .map(|_| ())
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)
+    })?;
+    CURRENT.with(|c| c.set(id));
+    Ok(())
+}
+
+pub(crate) unsafe fn ctx_get_current(ctx: *mut CUcontext) -> Res {
+    if ctx.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let id = CURRENT.with(Cell::get);
+    let live = state::with(|d| Ok(d.contexts.live(id).is_some()))?;
+    let value = if live {
+        ctx_handle(id)
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: checked non-null; the caller passes a writable CUcontext.
+    unsafe { write_out(ctx, value) }
+}
+
+pub(crate) unsafe fn ctx_get_device(dev: *mut CUdevice) -> Res {
+    if dev.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let (_, device) = state::with(|d| current(d))?;
+    // SAFETY: checked non-null; the caller passes a writable CUdevice.
+    unsafe { write_out(dev, device as CUdevice) }
+}
+
+pub(crate) fn ctx_synchronize() -> Res {
+    state::with(|d| current(d).map(|_| ()))
+}
+
+pub(crate) unsafe fn stream_create(stream: *mut CUstream, flags: c_uint) -> Res {
+    if stream.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // CU_STREAM_DEFAULT (0) and CU_STREAM_NON_BLOCKING (1).
+    if flags > 1 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let handle = state::with(|d| {
+        let (ctx, _) = current(d)?;
+        let handle = STREAM_BASE + d.next_id() * 0x10;
+        d.contexts.streams.insert(handle, Stream { ctx });
+        Ok(handle)
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable CUstream.
+    unsafe { write_out(stream, handle as usize as CUstream) }
+}
+
+pub(crate) fn stream_destroy(stream: CUstream) -> Res {
+    state::with(|d| {
+        d.contexts
+            .streams
+            .remove(&(stream as usize as u64))
+            .map(|_| ())
+            .ok_or(CUresult::ERROR_INVALID_HANDLE)
+    })
+}
+
+pub(crate) fn stream_synchronize(stream: CUstream) -> Res {
+    state::with(|d| check_stream(d, stream))
+}
+
+/// The device ordinal that has UUID `uuid`.
+pub(crate) fn device_by_uuid(d: &Driver, uuid: &[u8; 16]) -> Option<usize> {
+    d.devices.iter().position(|dev| &dev.uuid == uuid)
+}

@@ -1,0 +1,133 @@
+//! Copies and memsets. Every device-side range is checked against the bookkeeping first
+//! (unmapped, inaccessible or read-only-for-a-write ranges are `CUDA_ERROR_INVALID_VALUE`), and
+//! the copy itself goes through `process_vm_writev` on this process, so a bad host pointer is an
+//! error code too, never a fault. Streams are checked and then ignored: every operation is
+//! complete when the call returns.
+
+use std::ffi::{c_uint, c_void};
+
+use cuda_abi::{CUdeviceptr, CUresult, CUstream};
+
+use super::{Need, check_device, touches_driver_memory};
+use crate::device::{check_stream, current};
+use crate::state::{self, Driver};
+use crate::{Res, os};
+
+/// A host-side argument may be any memory, but where it is driver memory the driver's rules
+/// apply to it too.
+fn check_host(d: &Driver, addr: u64, len: u64, need: Need) -> Res {
+    if touches_driver_memory(d, addr, len) {
+        check_device(d, addr, len, need)
+    } else {
+        Ok(())
+    }
+}
+
+fn copy(dst: u64, src: u64, len: u64) -> Res {
+    os::copy_checked(dst, src, len).map_err(|_| CUresult::ERROR_INVALID_VALUE)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dir {
+    HtoD,
+    DtoH,
+    DtoD,
+}
+
+/// One copy; `stream` is `None` for the synchronous calls.
+pub(crate) fn memcpy(dir: Dir, dst: u64, src: u64, len: usize, stream: Option<CUstream>) -> Res {
+    let len = len as u64;
+    state::with(|d| {
+        match stream {
+            Some(s) => check_stream(d, s)?,
+            None => {
+                current(d)?;
+            }
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        match dir {
+            Dir::HtoD => {
+                check_device(d, dst, len, Need::Write)?;
+                check_host(d, src, len, Need::Read)?;
+            }
+            Dir::DtoH => {
+                check_device(d, src, len, Need::Read)?;
+                check_host(d, dst, len, Need::Write)?;
+            }
+            Dir::DtoD => {
+                check_device(d, src, len, Need::Read)?;
+                check_device(d, dst, len, Need::Write)?;
+            }
+        }
+        copy(dst, src, len)
+    })
+}
+
+pub(crate) fn htod(dst: CUdeviceptr, src: *const c_void, len: usize, s: Option<CUstream>) -> Res {
+    memcpy(Dir::HtoD, dst, src as u64, len, s)
+}
+
+pub(crate) fn dtoh(dst: *mut c_void, src: CUdeviceptr, len: usize, s: Option<CUstream>) -> Res {
+    memcpy(Dir::DtoH, dst as u64, src, len, s)
+}
+
+pub(crate) fn dtod(dst: CUdeviceptr, src: CUdeviceptr, len: usize, s: Option<CUstream>) -> Res {
+    memcpy(Dir::DtoD, dst, src, len, s)
+}
+
+pub(crate) fn memset_d8(
+    dst: CUdeviceptr,
+    value: u8,
+    count: usize,
+    stream: Option<CUstream>,
+) -> Res {
+    state::with(|d| {
+        match stream {
+            Some(s) => check_stream(d, s)?,
+            None => {
+                current(d)?;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        check_device(d, dst, count as u64, Need::Write)?;
+        // SAFETY: the whole range is writable device memory this driver mapped (checked above,
+        // under the state lock, so nothing unmaps it meanwhile).
+        unsafe { std::ptr::write_bytes(dst as usize as *mut u8, value, count) };
+        Ok(())
+    })
+}
+
+pub(crate) fn memset_d32(
+    dst: CUdeviceptr,
+    value: c_uint,
+    count: usize,
+    stream: Option<CUstream>,
+) -> Res {
+    state::with(|d| {
+        match stream {
+            Some(s) => check_stream(d, s)?,
+            None => {
+                current(d)?;
+            }
+        }
+        if !dst.is_multiple_of(4) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        let bytes = (count as u64)
+            .checked_mul(4)
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        check_device(d, dst, bytes, Need::Write)?;
+        // SAFETY: the whole range is aligned, writable device memory this driver mapped
+        // (checked above, under the state lock).
+        let words = unsafe { std::slice::from_raw_parts_mut(dst as usize as *mut u32, count) };
+        words.fill(value);
+        Ok(())
+    })
+}
