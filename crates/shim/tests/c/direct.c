@@ -1,0 +1,40 @@
+/* Route 1: a program linked against libcuda (-lcuda) calls the driver through its PLT. */
+#include "probe.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDriverGetVersion(int *);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                     unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, unsigned);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+int main(void) {
+    report("addr.cuMemCreate", 0, 0, (void *)cuMemCreate);
+    report("addr.cuMemMap", 0, 0, (void *)cuMemMap);
+    report("addr.cuInit", 0, 0, (void *)cuInit);
+    report("addr.cuGetProcAddress_v2", 0, 0, (void *)cuGetProcAddress_v2);
+    report("addr.cuMemGetAllocationGranularity", 0, 0, (void *)cuMemGetAllocationGranularity);
+    report("addr.cuDriverGetVersion", 0, 0, (void *)cuDriverGetVersion);
+
+    report("call.cuMemCreate.before_init", cuMemCreate(NULL, 0, NULL, 0), 0, NULL);
+    report("call.cuInit", cuInit(0), 0, NULL);
+    int version = 0;
+    CUresult r = cuDriverGetVersion(&version);
+    report("call.cuDriverGetVersion", r, version, NULL);
+
+    CUmemAllocationProp prop = posix_prop();
+    size_t granularity = 0;
+    report("call.granularity", cuMemGetAllocationGranularity(&granularity, &prop, 0),
+           (int)(granularity >> 10), NULL);
+    CUmemGenericAllocationHandle handle = 0;
+    report("call.cuMemCreate.null_handle", cuMemCreate(NULL, granularity, &prop, 0), 0, NULL);
+    report("call.cuMemCreate.null_prop", cuMemCreate(&handle, granularity, NULL, 0), 0, NULL);
+    report("call.cuMemCreate.unaligned", cuMemCreate(&handle, 1, &prop, 0), 0, NULL);
+    r = cuMemCreate(&handle, granularity, &prop, 0);
+    report("call.cuMemCreate.ok", r, handle != 0, NULL);
+    report("call.cuMemRelease.ok", cuMemRelease(handle), 0, NULL);
+    report("call.cuMemRelease.bogus", cuMemRelease(0xdead), 0, NULL);
+    return 0;
+}

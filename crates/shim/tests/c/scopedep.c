@@ -1,0 +1,1 @@
+void scopedep_marker(void) {}
