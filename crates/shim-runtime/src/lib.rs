@@ -4,10 +4,37 @@
 //! real driver entry points, which it hands over as a [`Real`] table. Every wrapped entry point lands
 //! in the function of the same name in [`hooks`], with the driver's C signature plus the table.
 //!
-//! INTERIM: the hooks below pass straight through; the tracking runtime replaces their bodies.
+//! Before the runtime starts (the first successful `cuInit`), and if it cannot start, every hook
+//! passes straight through. Once it runs, the hooks go to [`runtime::Runtime`]'s tracked calls
+//! (`track.rs`); in a child forked after it started, tracked calls return
+//! `CUDA_ERROR_NOT_INITIALIZED` (see [`runtime`]).
+//!
+//! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
+//! `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
+//! and rebuild), `copy` (carriers and the copy engine), `log`.
 
 #![allow(non_snake_case)] // fields and hooks carry the driver's symbol names
 #![allow(unsafe_code)] // calls through driver function pointers; each block says why it is sound
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
+
+pub mod copy;
+pub mod exports;
+pub mod fdutil;
+pub mod gate;
+pub mod log;
+pub mod phases;
+pub mod registry;
+pub mod runtime;
+pub mod server;
+pub mod track;
+
+#[cfg(test)]
+mod testdriver;
+#[cfg(test)]
+mod tests;
 
 use core::ffi::{c_uint, c_ulonglong, c_void};
 use cuda_abi::pfn::*;
@@ -71,13 +98,31 @@ pub struct Real {
 /// # Safety
 /// Each has the contract of the driver function of the same name: the caller's pointers must be
 /// valid as the CUDA documentation requires (null out-pointers are reported, not dereferenced).
-#[allow(non_snake_case, clippy::missing_safety_doc)]
+#[allow(non_snake_case, clippy::missing_safety_doc, clippy::too_many_arguments)]
 pub mod hooks {
     use super::*;
+    use crate::runtime::{Active, active};
+
+    /// Dispatch: the runtime's tracked call, the driver (no runtime), or a refusal (forked child).
+    macro_rules! dispatch {
+        ($real:ident . $pfn:ident ( $($arg:expr),* ) => $rt:ident . $method:ident) => {
+            match active() {
+                // SAFETY: same arguments, same contract as the caller's.
+                Active::Running($rt) => unsafe { $rt.$method($($arg),*) },
+                // SAFETY: same arguments, same contract as the caller's.
+                Active::Off => unsafe { ($real.$pfn)($($arg),*) },
+                Active::Forked => CUresult::ERROR_NOT_INITIALIZED,
+            }
+        };
+    }
 
     pub unsafe fn cuInit(real: &Real, flags: c_uint) -> CUresult {
         // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuInit)(flags) }
+        let r = unsafe { (real.cuInit)(flags) };
+        if r.is_success() {
+            runtime::start_after_init(real);
+        }
+        r
     }
 
     pub unsafe fn cuMemCreate(
@@ -87,13 +132,11 @@ pub mod hooks {
         prop: *const CUmemAllocationProp,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemCreate)(handle, size, prop, flags) }
+        dispatch!(real.cuMemCreate(handle, size, prop, flags) => rt.mem_create)
     }
 
     pub unsafe fn cuMemRelease(real: &Real, handle: CUmemGenericAllocationHandle) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemRelease)(handle) }
+        dispatch!(real.cuMemRelease(handle) => rt.mem_release)
     }
 
     pub unsafe fn cuMemAddressReserve(
@@ -104,13 +147,11 @@ pub mod hooks {
         addr: CUdeviceptr,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemAddressReserve)(ptr, size, alignment, addr, flags) }
+        dispatch!(real.cuMemAddressReserve(ptr, size, alignment, addr, flags) => rt.mem_address_reserve)
     }
 
     pub unsafe fn cuMemAddressFree(real: &Real, ptr: CUdeviceptr, size: usize) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemAddressFree)(ptr, size) }
+        dispatch!(real.cuMemAddressFree(ptr, size) => rt.mem_address_free)
     }
 
     pub unsafe fn cuMemMap(
@@ -121,13 +162,11 @@ pub mod hooks {
         handle: CUmemGenericAllocationHandle,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemMap)(ptr, size, offset, handle, flags) }
+        dispatch!(real.cuMemMap(ptr, size, offset, handle, flags) => rt.mem_map)
     }
 
     pub unsafe fn cuMemUnmap(real: &Real, ptr: CUdeviceptr, size: usize) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemUnmap)(ptr, size) }
+        dispatch!(real.cuMemUnmap(ptr, size) => rt.mem_unmap)
     }
 
     pub unsafe fn cuMemSetAccess(
@@ -137,8 +176,7 @@ pub mod hooks {
         desc: *const CUmemAccessDesc,
         count: usize,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemSetAccess)(ptr, size, desc, count) }
+        dispatch!(real.cuMemSetAccess(ptr, size, desc, count) => rt.mem_set_access)
     }
 
     pub unsafe fn cuMemRetainAllocationHandle(
@@ -146,8 +184,7 @@ pub mod hooks {
         handle: *mut CUmemGenericAllocationHandle,
         addr: *mut c_void,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemRetainAllocationHandle)(handle, addr) }
+        dispatch!(real.cuMemRetainAllocationHandle(handle, addr) => rt.mem_retain)
     }
 
     pub unsafe fn cuMemGetAllocationPropertiesFromHandle(
@@ -155,8 +192,7 @@ pub mod hooks {
         prop: *mut CUmemAllocationProp,
         handle: CUmemGenericAllocationHandle,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemGetAllocationPropertiesFromHandle)(prop, handle) }
+        dispatch!(real.cuMemGetAllocationPropertiesFromHandle(prop, handle) => rt.mem_get_props)
     }
 
     pub unsafe fn cuMemExportToShareableHandle(
@@ -166,8 +202,7 @@ pub mod hooks {
         handle_type: u32,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemExportToShareableHandle)(shareable, handle, handle_type, flags) }
+        dispatch!(real.cuMemExportToShareableHandle(shareable, handle, handle_type, flags) => rt.mem_export)
     }
 
     pub unsafe fn cuMemImportFromShareableHandle(
@@ -176,13 +211,11 @@ pub mod hooks {
         os_handle: *mut c_void,
         handle_type: u32,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemImportFromShareableHandle)(handle, os_handle, handle_type) }
+        dispatch!(real.cuMemImportFromShareableHandle(handle, os_handle, handle_type) => rt.mem_import)
     }
 
     pub unsafe fn cuMemFree_v2(real: &Real, dptr: CUdeviceptr) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMemFree_v2)(dptr) }
+        dispatch!(real.cuMemFree_v2(dptr) => rt.mem_free)
     }
 
     pub unsafe fn cuIpcGetMemHandle(
@@ -190,8 +223,7 @@ pub mod hooks {
         handle: *mut CUipcMemHandle,
         dptr: CUdeviceptr,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuIpcGetMemHandle)(handle, dptr) }
+        dispatch!(real.cuIpcGetMemHandle(handle, dptr) => rt.ipc_get_mem_handle)
     }
 
     pub unsafe fn cuIpcOpenMemHandle_v2(
@@ -200,13 +232,11 @@ pub mod hooks {
         handle: CUipcMemHandle,
         flags: c_uint,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuIpcOpenMemHandle_v2)(dptr, handle, flags) }
+        dispatch!(real.cuIpcOpenMemHandle_v2(dptr, handle, flags) => rt.ipc_open_mem_handle)
     }
 
     pub unsafe fn cuIpcCloseMemHandle(real: &Real, dptr: CUdeviceptr) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuIpcCloseMemHandle)(dptr) }
+        dispatch!(real.cuIpcCloseMemHandle(dptr) => rt.ipc_close_mem_handle)
     }
 
     pub unsafe fn cuMulticastCreate(
@@ -214,8 +244,7 @@ pub mod hooks {
         handle: *mut CUmemGenericAllocationHandle,
         prop: *const CUmulticastObjectProp,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastCreate)(handle, prop) }
+        dispatch!(real.cuMulticastCreate(handle, prop) => rt.multicast_create)
     }
 
     pub unsafe fn cuMulticastAddDevice(
@@ -223,8 +252,7 @@ pub mod hooks {
         handle: CUmemGenericAllocationHandle,
         dev: CUdevice,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastAddDevice)(handle, dev) }
+        dispatch!(real.cuMulticastAddDevice(handle, dev) => rt.multicast_add_device)
     }
 
     pub unsafe fn cuMulticastBindMem(
@@ -236,8 +264,7 @@ pub mod hooks {
         size: usize,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastBindMem)(mc, mc_offset, mem, mem_offset, size, flags) }
+        dispatch!(real.cuMulticastBindMem(mc, mc_offset, mem, mem_offset, size, flags) => rt.multicast_bind_mem)
     }
 
     pub unsafe fn cuMulticastBindMem_v2(
@@ -250,8 +277,7 @@ pub mod hooks {
         size: usize,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastBindMem_v2)(mc, dev, mc_offset, mem, mem_offset, size, flags) }
+        dispatch!(real.cuMulticastBindMem_v2(mc, dev, mc_offset, mem, mem_offset, size, flags) => rt.multicast_bind_mem_v2)
     }
 
     pub unsafe fn cuMulticastBindAddr(
@@ -262,8 +288,7 @@ pub mod hooks {
         size: usize,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastBindAddr)(mc, mc_offset, ptr, size, flags) }
+        dispatch!(real.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags) => rt.multicast_bind_addr)
     }
 
     pub unsafe fn cuMulticastBindAddr_v2(
@@ -275,8 +300,7 @@ pub mod hooks {
         size: usize,
         flags: c_ulonglong,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastBindAddr_v2)(mc, dev, mc_offset, ptr, size, flags) }
+        dispatch!(real.cuMulticastBindAddr_v2(mc, dev, mc_offset, ptr, size, flags) => rt.multicast_bind_addr_v2)
     }
 
     pub unsafe fn cuMulticastUnbind(
@@ -286,7 +310,6 @@ pub mod hooks {
         mc_offset: usize,
         size: usize,
     ) -> CUresult {
-        // SAFETY: same arguments, same contract as the caller's.
-        unsafe { (real.cuMulticastUnbind)(mc, dev, mc_offset, size) }
+        dispatch!(real.cuMulticastUnbind(mc, dev, mc_offset, size) => rt.multicast_unbind)
     }
 }

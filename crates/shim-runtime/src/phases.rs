@@ -1,0 +1,819 @@
+//! The capture and rebuild phases, run one at a time on the control worker thread.
+//!
+//! ```text
+//! Running --Freeze--> Frozen --Save--> Saved --Release--> Released --Load--> Loaded --Import--> Imported --Thaw--> Running
+//! ```
+//!
+//! - Freeze: tracked memory calls wait at the gate; those in flight drain (timeout: the gate opens
+//!   again, nothing changed); the primary context of every device the process used is
+//!   synchronised.
+//! - Save: every shared allocation this process created is copied whole into the host carrier,
+//!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
+//!   or absent do not matter).
+//! - Release: imports are unmapped and released; shared creations leave the export cache, are
+//!   unmapped and released. VA reservations stay the application's, records stay as they were
+//!   (INSPECT reports the same topology in every phase). Private memory stays for native
+//!   checkpoint.
+//! - Load: each released shared creation is created again with its recorded properties, filled
+//!   from the carrier, mapped at its recorded addresses and offsets with its recorded access, and
+//!   exported again into the export cache; the application's virtual handle now names the new
+//!   driver handle. Tickets held by peers stay valid: they name the allocation ID.
+//! - Import: each released import is fetched again from its creator (by the creator PID and ID
+//!   its ticket named) and mapped at its recorded addresses with its recorded access. Creators
+//!   must have loaded first (the tool sends Load to everyone, then Import to everyone).
+//! - Thaw: the gate opens.
+//!
+//! Rollback: Load and Import work from per-object state, not from the phase alone, so they are
+//! idempotent and also repair a Release that failed half way: Load is accepted in Saved, Released
+//! and Loaded, Import in Loaded and Imported, and each rebuilds exactly what is not live. Thaw is
+//! accepted in Frozen, Saved and Imported and refuses while anything released is not rebuilt. A
+//! request in any other phase is refused with WrongPhase and changes nothing.
+//!
+//! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
+//! creator, so imports of imports are rebuilt from the creator, never through the middle process.
+
+use crate::copy::{self, CopyError, DeviceContext, Direction, Unit};
+use crate::log::{log_debug, log_info, log_warn};
+use crate::registry::{Kind, Mapping, VHandle, driver_props};
+use crate::runtime::Runtime;
+use crate::track::FetchError;
+use cuda_abi::*;
+use protocol::record::{AllocationId, Phase};
+use protocol::{ErrorCode, Request, Response};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+/// Phase machinery the control worker owns.
+#[derive(Debug, Default)]
+pub struct Control {
+    pub(crate) carrier: copy::Carrier,
+    /// Figures of the last phase that copied, for the log and for benchmarks.
+    pub(crate) last: PhaseStats,
+}
+
+impl Control {
+    pub(crate) fn carrier_poisoned(&self) -> bool {
+        self.carrier.is_poisoned()
+    }
+}
+
+/// What a copying phase measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseStats {
+    pub bytes: u64,
+    /// Carrier allocation and first touch.
+    pub carrier_micros: u64,
+    /// Pinned staging allocation (longest worker).
+    pub staging_micros: u64,
+    /// The copies (wall time, staging allocation included).
+    pub copy_micros: u64,
+    pub threads: u32,
+}
+
+/// Why a phase failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PhaseError {
+    #[error("{request} is not valid in phase {phase:?}")]
+    WrongPhase { request: &'static str, phase: Phase },
+    #[error("{0}")]
+    NotRebuilt(String),
+    #[error("{inside} tracked calls still in flight after {timeout_ms} ms; not frozen")]
+    Timeout { inside: u32, timeout_ms: u32 },
+    #[error("{call} failed for {what}: {result}")]
+    Driver {
+        call: &'static str,
+        what: String,
+        result: CUresult,
+    },
+    #[error(transparent)]
+    Copy(#[from] CopyError),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl PhaseError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            PhaseError::WrongPhase { .. } | PhaseError::NotRebuilt(_) => ErrorCode::WrongPhase,
+            PhaseError::Timeout { .. } => ErrorCode::Timeout,
+            PhaseError::Driver { .. } | PhaseError::Copy(_) => ErrorCode::Driver,
+            PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
+            PhaseError::Fetch(_) => ErrorCode::Peer,
+            PhaseError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+fn check(call: &'static str, what: impl FnOnce() -> String, r: CUresult) -> Result<(), PhaseError> {
+    if r.is_success() {
+        Ok(())
+    } else {
+        Err(PhaseError::Driver {
+            call,
+            what: what(),
+            result: r,
+        })
+    }
+}
+
+/// A shim-owned mapping of a whole allocation, for copying.
+struct TempMap {
+    va: u64,
+    size: usize,
+}
+
+/// One import to rebuild: handle, ID, creator, size, surviving driver handle, unmapped mappings.
+type ImportItem = (
+    VHandle,
+    AllocationId,
+    u32,
+    u64,
+    Option<u64>,
+    Vec<(u64, Mapping)>,
+);
+
+/// One shared creation to rebuild.
+struct LoadItem {
+    handle: VHandle,
+    id: AllocationId,
+    size: usize,
+    device: i32,
+    props: protocol::record::AllocationProps,
+    /// The driver handle, if it survived (a Release that failed half way).
+    real: Option<u64>,
+    carrier: Option<u64>,
+    unmapped: Vec<(u64, Mapping)>,
+    cached: bool,
+}
+
+impl Runtime {
+    /// Runs one phase request (on the control worker).
+    pub fn run_phase(&self, request: Request) -> Response {
+        let start = Instant::now();
+        let name = request_name(&request);
+        let result = match request {
+            Request::Freeze { timeout_ms } => self.freeze(timeout_ms),
+            Request::Save => self.save(),
+            Request::Release => self.release(),
+            Request::Load => self.load(),
+            Request::Import => self.import(),
+            Request::Thaw => self.thaw(),
+            other => Err(PhaseError::Internal(format!(
+                "{other:?} is not a phase request"
+            ))),
+        };
+        let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        match result {
+            Ok(bytes) => {
+                let phase = self.lock().phase();
+                log_info!("{name} done: {bytes} bytes in {micros} us, now {phase:?}");
+                Response::PhaseDone {
+                    phase,
+                    bytes,
+                    micros,
+                }
+            }
+            Err(e) => {
+                log_warn!("{name} failed: {e}");
+                Response::Error {
+                    code: e.code(),
+                    message: e.to_string(),
+                }
+            }
+        }
+    }
+
+    /// Figures of the last copying phase.
+    pub fn last_stats(&self) -> PhaseStats {
+        self.control().last
+    }
+
+    fn expect_phase(&self, request: &'static str, allowed: &[Phase]) -> Result<Phase, PhaseError> {
+        let phase = self.lock().phase();
+        if allowed.contains(&phase) {
+            Ok(phase)
+        } else {
+            Err(PhaseError::WrongPhase { request, phase })
+        }
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        self.lock().phase = Some(phase);
+    }
+
+    /// The device whose context copies an allocation and which gets access to its temporary
+    /// mapping: its location for device memory, else the first device the process used.
+    fn copy_device(&self, props: &protocol::record::AllocationProps) -> i32 {
+        if props.location_type == location_type::DEVICE {
+            props.location_id
+        } else {
+            self.lock().devices().first().copied().unwrap_or(0)
+        }
+    }
+
+    fn freeze(&self, timeout_ms: u32) -> Result<u64, PhaseError> {
+        self.expect_phase("Freeze", &[Phase::Running])?;
+        if let Err(inside) = self
+            .gate
+            .freeze(Duration::from_millis(u64::from(timeout_ms)))
+        {
+            return Err(PhaseError::Timeout { inside, timeout_ms });
+        }
+        let devices = self.lock().devices();
+        for device in devices {
+            let synced = DeviceContext::enter(&self.real, device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| {
+                    // SAFETY: a context is current on this thread.
+                    let r = unsafe { (self.real.cuCtxSynchronize)() };
+                    check("cuCtxSynchronize", || format!("device {device}"), r)
+                });
+            if let Err(e) = synced {
+                self.gate.thaw();
+                return Err(e);
+            }
+        }
+        self.set_phase(Phase::Frozen);
+        Ok(0)
+    }
+
+    fn temp_map(&self, real: u64, size: usize, device: i32) -> Result<TempMap, PhaseError> {
+        let what = || format!("a temporary mapping of {size} bytes");
+        let mut va: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        let r = unsafe { (self.real.cuMemAddressReserve)(&mut va, size, 0, 0, 0) };
+        check("cuMemAddressReserve", what, r)?;
+        // SAFETY: our reservation, a live driver handle of at least `size` bytes.
+        let r = unsafe { (self.real.cuMemMap)(va, size, 0, real, 0) };
+        if let Err(e) = check("cuMemMap", what, r) {
+            // SAFETY: our reservation.
+            unsafe { (self.real.cuMemAddressFree)(va, size) };
+            return Err(e);
+        }
+        let desc = CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: location_type::DEVICE,
+                id: device,
+            },
+            flags: access_flags::PROT_READWRITE,
+        };
+        // SAFETY: our mapping, one descriptor.
+        let r = unsafe { (self.real.cuMemSetAccess)(va, size, &desc, 1) };
+        let map = TempMap { va, size };
+        if let Err(e) = check("cuMemSetAccess", what, r) {
+            self.temp_unmap(map);
+            return Err(e);
+        }
+        Ok(map)
+    }
+
+    fn temp_unmap(&self, map: TempMap) {
+        // SAFETY: our mapping; no copy is pending on it.
+        let u = unsafe { (self.real.cuMemUnmap)(map.va, map.size) };
+        // SAFETY: our reservation, unmapped now.
+        let f = unsafe { (self.real.cuMemAddressFree)(map.va, map.size) };
+        if !u.is_success() || !f.is_success() {
+            log_warn!("temporary mapping not removed: unmap {u}, free {f}");
+        }
+    }
+
+    /// Copies between the carrier and allocations mapped temporarily; unmaps them unless a copy
+    /// may still be running.
+    fn copy_through(
+        &self,
+        work: Vec<(TempMap, i32, u64)>,
+        dir: Direction,
+    ) -> Result<copy::CopyStats, PhaseError> {
+        let base = self.control().carrier.base();
+        let mut units: Vec<Unit> = Vec::new();
+        for (map, device, offset) in &work {
+            units.extend(copy::segments(
+                *device,
+                map.va,
+                base + *offset as usize,
+                map.size,
+            ));
+        }
+        let (stats, error) = copy::copy_all(&self.real, units, dir);
+        if stats.dma_uncertain {
+            // Fail-stop on this data: the mappings and the carrier may still be read or written.
+            self.control().carrier.poison();
+        } else {
+            for (map, device, _) in work {
+                match DeviceContext::enter(&self.real, device) {
+                    Ok(_ctx) => self.temp_unmap(map),
+                    Err(e) => log_warn!("temporary mapping kept: {e}"),
+                }
+            }
+        }
+        match error {
+            Some(e) => Err(e.into()),
+            None => Ok(stats),
+        }
+    }
+
+    fn save(&self) -> Result<u64, PhaseError> {
+        self.expect_phase("Save", &[Phase::Frozen])?;
+        let items: Vec<(VHandle, u64, usize, i32)> = {
+            let reg = self.lock();
+            let mut v: Vec<_> = reg
+                .objects()
+                .filter(|(_, o)| o.is_shared_creation())
+                .filter_map(|(h, o)| Some((h, o.real?, o.size as usize, o.props)))
+                .collect();
+            v.sort_by_key(|(h, ..)| *h);
+            drop(reg);
+            v.into_iter()
+                .map(|(h, real, size, props)| (h, real, size, self.copy_device(&props)))
+                .collect()
+        };
+        let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
+        let threads = copy::workers_per_device(1);
+        let carrier_time = self.control().carrier.ensure(total, threads)?;
+        let mut work = Vec::with_capacity(items.len());
+        let mut offsets = Vec::with_capacity(items.len());
+        let mut offset = 0u64;
+        for (handle, real, size, device) in &items {
+            let mapped = DeviceContext::enter(&self.real, *device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| self.temp_map(*real, *size, *device));
+            match mapped {
+                Ok(map) => work.push((map, *device, offset)),
+                Err(e) => {
+                    for (map, device, _) in work {
+                        if let Ok(_ctx) = DeviceContext::enter(&self.real, device) {
+                            self.temp_unmap(map);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+            offsets.push((*handle, offset));
+            offset += *size as u64;
+        }
+        let stats = self.copy_through(work, Direction::ToHost)?;
+        {
+            let mut reg = self.lock();
+            for (handle, offset) in offsets {
+                if let Some(o) = reg.get_mut(handle) {
+                    o.carrier = Some(offset);
+                }
+            }
+            reg.phase = Some(Phase::Saved);
+        }
+        self.record_stats(stats, carrier_time);
+        Ok(stats.bytes)
+    }
+
+    fn record_stats(&self, stats: copy::CopyStats, carrier: Duration) {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let last = PhaseStats {
+            bytes: stats.bytes,
+            carrier_micros: micros(carrier),
+            staging_micros: micros(stats.staging),
+            copy_micros: micros(stats.wall),
+            threads: u32::try_from(stats.threads).unwrap_or(u32::MAX),
+        };
+        log_debug!(
+            "copied {} bytes with {} threads: carrier {} us, staging {} us, copies {} us",
+            last.bytes,
+            last.threads,
+            last.carrier_micros,
+            last.staging_micros,
+            last.copy_micros
+        );
+        self.control().last = last;
+    }
+
+    /// Unmaps the live mappings of an object and releases its driver handle, recording each step.
+    fn release_object(&self, handle: VHandle) -> Result<u64, PhaseError> {
+        let (real, size, mappings, id) = {
+            let reg = self.lock();
+            let Some(o) = reg.get(handle) else {
+                return Ok(0);
+            };
+            (o.real, o.size, reg.mappings_of(handle), o.id())
+        };
+        if let (Some(id), true) = (id, reg_is_created(self, handle)) {
+            self.exports.remove(&id);
+        }
+        for (address, m) in mappings.iter().filter(|(_, m)| m.mapped) {
+            // SAFETY: a mapping the shim recorded; the application is frozen.
+            let r = unsafe { (self.real.cuMemUnmap)(*address, m.size as usize) };
+            check("cuMemUnmap", || format!("mapping at {address:#x}"), r)?;
+            self.lock().set_mapped(*address, false);
+        }
+        if let Some(real) = real {
+            // SAFETY: the shim's driver reference of this object.
+            let r = unsafe { (self.real.cuMemRelease)(real) };
+            check("cuMemRelease", || format!("allocation {id:?}"), r)?;
+            self.lock().set_real(handle, None);
+            return Ok(size);
+        }
+        Ok(0)
+    }
+
+    fn release(&self) -> Result<u64, PhaseError> {
+        self.expect_phase("Release", &[Phase::Saved])?;
+        let (imports, creations) = {
+            let reg = self.lock();
+            let mut imports = Vec::new();
+            let mut creations = Vec::new();
+            for (h, o) in reg.objects() {
+                match o.kind {
+                    Kind::Imported { .. } => imports.push(h),
+                    Kind::Created { shared: true, .. } => {
+                        if o.carrier.is_none() && o.real.is_some() {
+                            return Err(PhaseError::Internal(format!(
+                                "allocation {:?} was not saved; nothing released",
+                                o.id()
+                            )));
+                        }
+                        creations.push(h);
+                    }
+                    _ => {}
+                }
+            }
+            imports.sort_unstable();
+            creations.sort_unstable();
+            (imports, creations)
+        };
+        let mut bytes = 0;
+        for h in imports.into_iter().chain(creations) {
+            bytes += self.release_object(h)?;
+        }
+        self.set_phase(Phase::Released);
+        Ok(bytes)
+    }
+
+    /// Maps the unmapped recorded mappings of an object at their addresses with their access.
+    /// Returns the addresses mapped (for undo).
+    fn map_recorded(&self, real: u64, unmapped: &[(u64, Mapping)]) -> Result<Vec<u64>, PhaseError> {
+        let mut done = Vec::new();
+        for (address, m) in unmapped {
+            // SAFETY: the recorded address range lies in a reservation the application kept.
+            let r = unsafe {
+                (self.real.cuMemMap)(*address, m.size as usize, m.offset as usize, real, 0)
+            };
+            if let Err(e) = check(
+                "cuMemMap",
+                || format!("recorded mapping at {address:#x}"),
+                r,
+            ) {
+                self.unmap_addresses(&done, unmapped);
+                return Err(e);
+            }
+            done.push(*address);
+            if !m.access.is_empty() {
+                let descs: Vec<CUmemAccessDesc> = m
+                    .access
+                    .iter()
+                    .map(|a| CUmemAccessDesc {
+                        location: CUmemLocation {
+                            type_: a.location_type,
+                            id: a.location_id,
+                        },
+                        flags: a.flags,
+                    })
+                    .collect();
+                // SAFETY: the mapping just made, `descs.len()` descriptors.
+                let r = unsafe {
+                    (self.real.cuMemSetAccess)(
+                        *address,
+                        m.size as usize,
+                        descs.as_ptr(),
+                        descs.len(),
+                    )
+                };
+                if let Err(e) = check("cuMemSetAccess", || format!("mapping at {address:#x}"), r) {
+                    self.unmap_addresses(&done, unmapped);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    fn unmap_addresses(&self, addresses: &[u64], all: &[(u64, Mapping)]) {
+        for (address, m) in all.iter().filter(|(a, _)| addresses.contains(a)) {
+            // SAFETY: a mapping this phase made.
+            unsafe { (self.real.cuMemUnmap)(*address, m.size as usize) };
+        }
+    }
+
+    fn load(&self) -> Result<u64, PhaseError> {
+        self.expect_phase("Load", &[Phase::Saved, Phase::Released, Phase::Loaded])?;
+        let items: Vec<LoadItem> = {
+            let reg = self.lock();
+            let mut v = Vec::new();
+            for (h, o) in reg.objects() {
+                let Kind::Created {
+                    id, shared: true, ..
+                } = o.kind
+                else {
+                    continue;
+                };
+                let unmapped: Vec<(u64, Mapping)> = reg
+                    .mappings_of(h)
+                    .into_iter()
+                    .filter(|(_, m)| !m.mapped)
+                    .collect();
+                let cached = self.exports.contains(&id);
+                if o.real.is_some() && unmapped.is_empty() && cached {
+                    continue;
+                }
+                v.push(LoadItem {
+                    handle: h,
+                    id,
+                    size: o.size as usize,
+                    device: 0,
+                    props: o.props,
+                    real: o.real,
+                    carrier: o.carrier,
+                    unmapped,
+                    cached,
+                });
+            }
+            v.sort_by_key(|i| i.handle);
+            v
+        };
+        let mut items: Vec<LoadItem> = items
+            .into_iter()
+            .map(|mut i| {
+                i.device = self.copy_device(&i.props);
+                i
+            })
+            .collect();
+        // Fresh allocations for those released, filled from the carrier.
+        let mut fresh: Vec<(usize, u64)> = Vec::new();
+        let mut work = Vec::new();
+        let undo_fresh = |fresh: &[(usize, u64)]| {
+            for (_, real) in fresh {
+                // SAFETY: a handle this phase created and never published.
+                unsafe { (self.real.cuMemRelease)(*real) };
+            }
+        };
+        for (index, item) in items.iter().enumerate() {
+            if item.real.is_some() {
+                continue;
+            }
+            let Some(offset) = item.carrier else {
+                undo_fresh(&fresh);
+                return Err(PhaseError::Internal(format!(
+                    "allocation {} was released without its bytes saved",
+                    item.id
+                )));
+            };
+            let made = DeviceContext::enter(&self.real, item.device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| {
+                    let prop = driver_props(&item.props);
+                    let mut real: CUmemGenericAllocationHandle = 0;
+                    // SAFETY: valid out-pointer and props.
+                    let r = unsafe { (self.real.cuMemCreate)(&mut real, item.size, &prop, 0) };
+                    check("cuMemCreate", || format!("allocation {}", item.id), r)?;
+                    match self.temp_map(real, item.size, item.device) {
+                        Ok(map) => Ok((real, map)),
+                        Err(e) => {
+                            // SAFETY: just created, unpublished.
+                            unsafe { (self.real.cuMemRelease)(real) };
+                            Err(e)
+                        }
+                    }
+                });
+            match made {
+                Ok((real, map)) => {
+                    fresh.push((index, real));
+                    work.push((map, item.device, offset));
+                }
+                Err(e) => {
+                    for (map, device, _) in work {
+                        if let Ok(_ctx) = DeviceContext::enter(&self.real, device) {
+                            self.temp_unmap(map);
+                        }
+                    }
+                    undo_fresh(&fresh);
+                    return Err(e);
+                }
+            }
+        }
+        let stats = match self.copy_through(work, Direction::ToDevice) {
+            Ok(stats) => stats,
+            Err(e) => {
+                if !self.control().carrier_poisoned() {
+                    undo_fresh(&fresh);
+                }
+                return Err(e);
+            }
+        };
+        for (index, real) in &fresh {
+            if let Some(item) = items.get_mut(*index) {
+                item.real = Some(*real);
+            }
+        }
+        // Map, export, publish, one allocation at a time; what is published stays published.
+        let mut loaded = 0;
+        for (index, item) in items.iter().enumerate() {
+            let is_fresh = fresh.iter().any(|(i, _)| *i == index);
+            let Some(real) = item.real else { continue };
+            let published = DeviceContext::enter(&self.real, item.device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| self.publish_creation(item, real));
+            if let Err(e) = published {
+                let unpublished: Vec<(usize, u64)> =
+                    fresh.iter().filter(|(i, _)| *i >= index).copied().collect();
+                undo_fresh(&unpublished);
+                return Err(e);
+            }
+            if is_fresh {
+                loaded += item.size as u64;
+            }
+        }
+        self.record_stats(stats, Duration::ZERO);
+        self.set_phase(Phase::Loaded);
+        Ok(loaded)
+    }
+
+    /// Maps a rebuilt creation at its recorded addresses, exports it into the cache and points the
+    /// application's virtual handle at it.
+    fn publish_creation(&self, item: &LoadItem, real: u64) -> Result<(), PhaseError> {
+        let mapped = self.map_recorded(real, &item.unmapped)?;
+        if !item.cached {
+            let mut fd: core::ffi::c_int = -1;
+            // SAFETY: valid out-pointer for a POSIX descriptor, a live handle.
+            let r = unsafe {
+                (self.real.cuMemExportToShareableHandle)(
+                    (&raw mut fd).cast(),
+                    real,
+                    handle_type::POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            };
+            if let Err(e) = check(
+                "cuMemExportToShareableHandle",
+                || format!("allocation {}", item.id),
+                r,
+            )
+            .and_then(|()| {
+                if fd < 0 {
+                    Err(PhaseError::Internal(
+                        "the driver exported no descriptor".into(),
+                    ))
+                } else {
+                    Ok(())
+                }
+            }) {
+                self.unmap_addresses(&mapped, &item.unmapped);
+                return Err(e);
+            }
+            // SAFETY: a new descriptor the driver handed us.
+            self.exports
+                .insert(item.id, unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let mut reg = self.lock();
+        reg.set_real(item.handle, Some(real));
+        for address in mapped {
+            reg.set_mapped(address, true);
+        }
+        Ok(())
+    }
+
+    fn import(&self) -> Result<u64, PhaseError> {
+        self.expect_phase("Import", &[Phase::Loaded, Phase::Imported])?;
+        let items: Vec<ImportItem> = {
+            let reg = self.lock();
+            let mut v: Vec<_> = reg
+                .objects()
+                .filter_map(|(h, o)| {
+                    let Kind::Imported { id, creator_ns_pid } = o.kind else {
+                        return None;
+                    };
+                    let unmapped: Vec<(u64, Mapping)> = reg
+                        .mappings_of(h)
+                        .into_iter()
+                        .filter(|(_, m)| !m.mapped)
+                        .collect();
+                    if o.real.is_some() && unmapped.is_empty() {
+                        return None;
+                    }
+                    Some((h, id, creator_ns_pid, o.size, o.real, unmapped))
+                })
+                .collect();
+            v.sort_by_key(|i| i.0);
+            v
+        };
+        let mut bytes = 0;
+        for (handle, id, creator, size, real, unmapped) in items {
+            let (real, fresh) = match real {
+                Some(real) => (real, false),
+                None => {
+                    let fd = self.fetch_fd(creator, id)?;
+                    let mut got: CUmemGenericAllocationHandle = 0;
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: valid out-pointer; the OS handle of a POSIX import is the fd value.
+                    let r = unsafe {
+                        (self.real.cuMemImportFromShareableHandle)(
+                            &mut got,
+                            fd.as_fd().as_raw_fd() as usize as *mut core::ffi::c_void,
+                            handle_type::POSIX_FILE_DESCRIPTOR,
+                        )
+                    };
+                    drop(fd);
+                    check(
+                        "cuMemImportFromShareableHandle",
+                        || format!("allocation {id} of {creator}"),
+                        r,
+                    )?;
+                    (got, true)
+                }
+            };
+            let mapped = match self.map_recorded(real, &unmapped) {
+                Ok(m) => m,
+                Err(e) => {
+                    if fresh {
+                        // SAFETY: imported by this phase, unpublished.
+                        unsafe { (self.real.cuMemRelease)(real) };
+                    }
+                    return Err(e);
+                }
+            };
+            let mut reg = self.lock();
+            reg.set_real(handle, Some(real));
+            for address in mapped {
+                reg.set_mapped(address, true);
+            }
+            if fresh {
+                bytes += size;
+            }
+        }
+        self.set_phase(Phase::Imported);
+        Ok(bytes)
+    }
+
+    /// What capture released that is not rebuilt yet.
+    fn not_rebuilt(&self) -> Vec<String> {
+        let reg = self.lock();
+        let mut out = Vec::new();
+        for (h, o) in reg.objects() {
+            if !o.is_captured() {
+                continue;
+            }
+            let unmapped = reg.mappings_of(h).iter().filter(|(_, m)| !m.mapped).count();
+            let uncached = match o.kind {
+                Kind::Created { id, .. } => !self.exports.contains(&id),
+                _ => false,
+            };
+            if o.real.is_none() || unmapped > 0 || uncached {
+                out.push(format!("{:?}", o.id()));
+            }
+        }
+        out
+    }
+
+    fn thaw(&self) -> Result<u64, PhaseError> {
+        self.expect_phase("Thaw", &[Phase::Frozen, Phase::Saved, Phase::Imported])?;
+        let missing = self.not_rebuilt();
+        if !missing.is_empty() {
+            return Err(PhaseError::NotRebuilt(format!(
+                "cannot thaw: {} allocations released and not rebuilt ({}); send Load and Import first",
+                missing.len(),
+                missing.join(", ")
+            )));
+        }
+        {
+            let mut reg = self.lock();
+            let handles: Vec<VHandle> = reg.objects().map(|(h, _)| h).collect();
+            for h in handles {
+                if let Some(o) = reg.get_mut(h) {
+                    o.carrier = None;
+                }
+            }
+            reg.phase = Some(Phase::Running);
+        }
+        self.control().carrier.discard();
+        self.gate.thaw();
+        Ok(0)
+    }
+}
+
+fn reg_is_created(rt: &Runtime, handle: VHandle) -> bool {
+    rt.lock()
+        .get(handle)
+        .is_some_and(|o| matches!(o.kind, Kind::Created { .. }))
+}
+
+fn request_name(request: &Request) -> &'static str {
+    match request {
+        Request::Hello { .. } => "Hello",
+        Request::Inspect => "Inspect",
+        Request::GetFd { .. } => "GetFd",
+        Request::Freeze { .. } => "Freeze",
+        Request::Save => "Save",
+        Request::Release => "Release",
+        Request::Load => "Load",
+        Request::Import => "Import",
+        Request::Thaw => "Thaw",
+    }
+}

@@ -1,0 +1,204 @@
+//! The runtime object, the process-global instance, and its start after the first successful
+//! `cuInit`.
+//!
+//! Start: the first `cuInit` that succeeds reads the configuration once (`CUINTERPOSE_CONTROL_DIR`,
+//! `CUINTERPOSE_LOG`), binds `<dir>/cuinterpose-<getpid()>.sock` and starts the listener and the
+//! control worker (with every signal blocked). Never in a library constructor. If the socket cannot
+//! be bound the runtime stays off: every call passes straight through, the application works as
+//! without the shim, and the tool (finding no socket) refuses to capture it.
+//!
+//! Fork: a `pthread_atfork` child handler (registered at start, touching only atomics) turns the
+//! runtime off in the child. A child forked before the runtime started starts its own at its own
+//! `cuInit`. A child forked after it must exec or exit, as CUDA itself requires: its tracked calls
+//! return `CUDA_ERROR_NOT_INITIALIZED` without reaching the driver (the handles it inherited are
+//! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
+
+use crate::Real;
+use crate::exports::ExportCache;
+use crate::gate::Gate;
+use crate::log::{log_error, log_info};
+use crate::phases::Control;
+use crate::registry::Registry;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// Where the runtime's sockets live and who it is.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Directory of control sockets (`CUINTERPOSE_CONTROL_DIR`, default `/tmp`).
+    pub control_dir: PathBuf,
+    /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
+    pub ns_pid: u32,
+}
+
+impl Config {
+    /// The control socket of the process with namespace PID `ns_pid`, in our control directory.
+    pub fn socket_of(&self, ns_pid: u32) -> PathBuf {
+        self.control_dir.join(format!("cuinterpose-{ns_pid}.sock"))
+    }
+}
+
+/// Identity reported by HELLO.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub shim_sha256: String,
+}
+
+/// Everything the runtime of one process holds.
+#[derive(Debug)]
+pub struct Runtime {
+    pub(crate) real: Real,
+    pub(crate) config: Config,
+    /// The state lock. Never held across a driver call that can wait for another process, nor
+    /// while serving a peer.
+    state: Mutex<Registry>,
+    pub(crate) gate: Gate,
+    pub(crate) exports: ExportCache,
+    /// Phase machinery (carrier); only the control worker uses it.
+    pub(crate) control: Mutex<Control>,
+    pub(crate) identity: OnceLock<Identity>,
+    pub(crate) driver_version: i32,
+    pub(crate) connections: AtomicUsize,
+}
+
+impl Runtime {
+    /// A runtime over `real`; nothing is bound or started until [`Runtime::serve`].
+    pub fn new(real: Real, config: Config) -> Arc<Runtime> {
+        let mut version = 0;
+        // SAFETY: a valid out-pointer to a local.
+        let r = unsafe { (real.cuDriverGetVersion)(&mut version) };
+        if !r.is_success() {
+            version = 0;
+        }
+        Arc::new(Runtime {
+            real,
+            config,
+            state: Mutex::new(Registry::new()),
+            gate: Gate::default(),
+            exports: ExportCache::default(),
+            control: Mutex::new(Control::default()),
+            identity: OnceLock::new(),
+            driver_version: version,
+            connections: AtomicUsize::new(0),
+        })
+    }
+
+    /// The state lock. A panic cannot poison it in the shipped library (`panic = "abort"`); in
+    /// tests a poisoned lock still holds consistent data, because every mutation is committed
+    /// after the fallible driver call.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The records INSPECT returns.
+    pub fn inspect(&self) -> protocol::ProcessRecord {
+        let in_flight = self.gate.in_flight();
+        self.lock().report(self.config.ns_pid, in_flight)
+    }
+}
+
+const OFF: u8 = 0;
+const STARTING: u8 = 1;
+const RUNNING: u8 = 2;
+const FORKED: u8 = 3;
+const DISABLED: u8 = 4;
+
+static STATE: AtomicU8 = AtomicU8::new(OFF);
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
+static ATFORK: AtomicU8 = AtomicU8::new(0);
+
+/// What a hook finds.
+#[derive(Debug)]
+pub enum Active {
+    /// No runtime (before `cuInit`, or it could not start): pass through.
+    Off,
+    Running(&'static Runtime),
+    /// A child forked after the runtime started: tracked calls are refused.
+    Forked,
+}
+
+pub fn active() -> Active {
+    match STATE.load(Ordering::Acquire) {
+        RUNNING => {
+            let ptr = RUNTIME.load(Ordering::Acquire);
+            // SAFETY: RUNTIME is set once, before RUNNING is published, from `Arc::into_raw` of a
+            // runtime that is never released (it lives as long as the process).
+            match unsafe { ptr.as_ref() } {
+                Some(rt) => Active::Running(rt),
+                None => Active::Off,
+            }
+        }
+        FORKED => Active::Forked,
+        _ => Active::Off,
+    }
+}
+
+extern "C" fn atfork_child() {
+    // Only atomics here: the child has one thread and the parent's locks may be held.
+    let state = STATE.load(Ordering::Relaxed);
+    if state == RUNNING || state == STARTING {
+        STATE.store(FORKED, Ordering::Relaxed);
+    }
+}
+
+/// Starts the process's runtime once, after a successful `cuInit`. Concurrent first callers wait
+/// for the one that starts it (an atomic, not a lock, so that a child forked in the middle cannot
+/// inherit a held lock).
+pub fn start_after_init(real: &Real) {
+    match STATE.compare_exchange(OFF, STARTING, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => {}
+        Err(STARTING) => {
+            while STATE.load(Ordering::Acquire) == STARTING {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            return;
+        }
+        Err(_) => return,
+    }
+    crate::log::configure(std::env::var("CUINTERPOSE_LOG").ok().as_deref());
+    if ATFORK.swap(1, Ordering::AcqRel) == 0 {
+        // SAFETY: registers a handler that only touches atomics; no prepare/parent handlers.
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+        if rc != 0 {
+            log_error!("pthread_atfork failed ({rc}); a forked child would inherit the runtime");
+        }
+    }
+    let control_dir = std::env::var_os("CUINTERPOSE_CONTROL_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let ns_pid = rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .unsigned_abs();
+    let runtime = Runtime::new(
+        *real,
+        Config {
+            control_dir,
+            ns_pid,
+        },
+    );
+    match runtime.serve() {
+        Ok(()) => {
+            log_info!(
+                "runtime started, control socket {}",
+                runtime.config.socket_of(ns_pid).display()
+            );
+            RUNTIME.store(Arc::into_raw(runtime).cast_mut(), Ordering::Release);
+            let _ = STATE.compare_exchange(STARTING, RUNNING, Ordering::AcqRel, Ordering::Acquire);
+        }
+        Err(e) => {
+            log_error!("runtime not started, calls pass through untracked: {e}");
+            let _ = STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+}

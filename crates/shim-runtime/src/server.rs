@@ -1,0 +1,279 @@
+//! The control socket: a listener thread, one short-lived thread per connection, and one control
+//! worker thread for the capture phases.
+//!
+//! - Every connection's peer is checked with `SO_PEERCRED` (same uid or root) before anything is
+//!   read; a refused peer gets `Error Denied` and the connection is closed.
+//! - `GetFd` is served on the connection's thread from the export cache, never taking the state
+//!   lock and never waiting for the control worker: a peer's import cannot wait behind a
+//!   coordinator command, so two processes importing from each other cannot deadlock.
+//! - `Hello` and `Inspect` are answered on the connection's thread too (Inspect takes the state
+//!   lock briefly).
+//! - Phase requests go to the control worker through a bounded queue; a full queue is refused
+//!   before anything changes.
+//! - A malformed or oversized frame closes that connection (after one log line); the process goes on.
+//! - All threads run with every signal blocked, so they never take a signal meant for the
+//!   application's own handlers or `sigwait` threads.
+
+use crate::log::{log_debug, log_warn};
+use crate::runtime::{Identity, Runtime};
+use protocol::{ErrorCode, HelloReply, Request, Response};
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::time::Duration;
+use transport::{Connection, Listener, TransportError};
+
+/// Connections served at once; more are closed at accept.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send its first request (and between peer requests).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Phase requests waiting for the control worker.
+const QUEUE: usize = 4;
+
+/// Why the runtime could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot bind the control socket: {0}")]
+    Bind(#[from] TransportError),
+    #[error("cannot start the {0} thread: {1}")]
+    Spawn(&'static str, io::Error),
+}
+
+/// A phase request and where its answer goes.
+struct Job {
+    request: Request,
+    reply: mpsc::Sender<Response>,
+}
+
+/// Spawns a thread with every signal blocked (the mask is inherited, so no signal can reach the
+/// thread before it runs).
+pub(crate) fn spawn_quiet<F>(name: &str, f: F) -> io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    // SAFETY: sigset_t is plain data, valid all-zero.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: writes only the set given.
+    unsafe { libc::sigfillset(&mut all) };
+    // SAFETY: reads `all`, writes `old`; affects only this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
+    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
+    // SAFETY: restores the caller's mask saved above.
+    unsafe {
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+    spawned
+}
+
+/// SHA-256 (hex) of the file holding this code: the shim library in a CUDA process.
+fn own_file_sha256() -> String {
+    use sha2::Digest;
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let anchor = own_file_sha256 as *const () as *const libc::c_void;
+    // SAFETY: dladdr only reads the address and writes the struct.
+    let found = unsafe { libc::dladdr(anchor, &mut info) } != 0;
+    let path = if !found || info.dli_fname.is_null() {
+        None
+    } else {
+        // SAFETY: a NUL-terminated name that lives as long as the object is loaded (ours: for
+        // the life of the process).
+        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+        Some(name.to_string_lossy().into_owned())
+    };
+    let Some(path) = path else {
+        log_warn!("dladdr found no file for the shim; HELLO reports no hash");
+        return String::new();
+    };
+    let mut hasher = sha2::Sha256::new();
+    let result = std::fs::File::open(&path).and_then(|mut f| io::copy(&mut f, &mut hasher));
+    match result {
+        Ok(_) => hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect(),
+        Err(e) => {
+            log_warn!("cannot hash {path}: {e}; HELLO reports no hash");
+            String::new()
+        }
+    }
+}
+
+impl Runtime {
+    /// Binds the control socket and starts the listener and the control worker.
+    pub fn serve(self: &Arc<Self>) -> Result<(), ServeError> {
+        let listener = Listener::bind(&self.config.socket_of(self.config.ns_pid))?;
+        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+        let worker = self.clone();
+        spawn_quiet("cuinterpose-ctl", move || {
+            for job in rx {
+                let response = worker.run_phase(job.request);
+                let _ = job.reply.send(response);
+            }
+        })
+        .map_err(|e| ServeError::Spawn("control worker", e))?;
+        let server = self.clone();
+        spawn_quiet("cuinterpose-srv", move || server.listen(listener, tx))
+            .map_err(|e| ServeError::Spawn("listener", e))?;
+        Ok(())
+    }
+
+    pub fn hello(&self) -> HelloReply {
+        HelloReply {
+            shim_version: env!("CARGO_PKG_VERSION").to_string(),
+            ns_pid: self.config.ns_pid,
+            shim_sha256: self
+                .identity
+                .get()
+                .map(|i| i.shim_sha256.clone())
+                .unwrap_or_default(),
+            driver_version: self.driver_version,
+        }
+    }
+
+    fn listen(self: Arc<Self>, mut listener: Listener, jobs: SyncSender<Job>) {
+        // Hashed here, once, off the application's thread and outside any lock.
+        self.identity.get_or_init(|| Identity {
+            shim_sha256: own_file_sha256(),
+        });
+        let mut failures = 0u32;
+        loop {
+            let conn = match listener.accept() {
+                Ok(conn) => {
+                    failures = 0;
+                    conn
+                }
+                Err(e) => {
+                    failures += 1;
+                    log_warn!("accept failed: {e}");
+                    std::thread::sleep(Duration::from_millis(
+                        10u64.saturating_mul(u64::from(failures.min(100))),
+                    ));
+                    // After a CRIU restore a broken listening socket is bound again.
+                    if failures.is_multiple_of(5) {
+                        let path = listener.path().to_path_buf();
+                        drop(listener);
+                        listener = loop {
+                            match Listener::bind(&path) {
+                                Ok(l) => break l,
+                                Err(e) => {
+                                    log_warn!("rebinding {} failed: {e}", path.display());
+                                    std::thread::sleep(Duration::from_secs(1));
+                                }
+                            }
+                        };
+                    }
+                    continue;
+                }
+            };
+            if self.connections.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+                log_warn!("too many control connections; one refused");
+                continue;
+            }
+            let rt = self.clone();
+            let jobs = jobs.clone();
+            let spawned = spawn_quiet("cuinterpose-conn", move || {
+                rt.converse(conn, jobs);
+                rt.connections.fetch_sub(1, Ordering::AcqRel);
+            });
+            if let Err(e) = spawned {
+                self.connections.fetch_sub(1, Ordering::AcqRel);
+                log_warn!("cannot start a connection thread: {e}");
+            }
+        }
+    }
+
+    fn converse(&self, mut conn: Connection, jobs: SyncSender<Job>) {
+        if let Err(e) = conn.check_peer() {
+            log_warn!("control socket: {e}");
+            let _ = conn.set_timeout(Some(Duration::from_secs(1)));
+            let _ = conn.send_response(
+                &Response::Error {
+                    code: ErrorCode::Denied,
+                    message: e.to_string(),
+                },
+                None,
+            );
+            return;
+        }
+        if conn.set_timeout(Some(IDLE_TIMEOUT)).is_err() {
+            return;
+        }
+        let mut coordinator = false;
+        loop {
+            let request = match conn.recv_request() {
+                Ok(r) => r,
+                Err(TransportError::Closed) => return,
+                Err(TransportError::Timeout) if coordinator => continue,
+                Err(e) => {
+                    log_warn!("control socket: dropping a connection: {e}");
+                    return;
+                }
+            };
+            if !coordinator && !matches!(request, Request::GetFd { .. }) {
+                coordinator = true;
+                // A coordinator waits between phases for as long as native checkpoint takes; its
+                // connection has no idle limit.
+                if conn.set_timeout(None).is_err() {
+                    return;
+                }
+            }
+            let (response, fd) = match request {
+                Request::GetFd { id } => match self.exports.lease(&id) {
+                    Some(Ok(fd)) => (Response::Fd { id }, Some(fd)),
+                    Some(Err(e)) => (
+                        Response::Error {
+                            code: ErrorCode::Internal,
+                            message: format!("cannot duplicate the descriptor of {id}: {e}"),
+                        },
+                        None,
+                    ),
+                    None => {
+                        log_debug!("GetFd for unknown allocation {id}");
+                        (
+                            Response::Error {
+                                code: ErrorCode::NotFound,
+                                message: format!("allocation {id} is not exported here"),
+                            },
+                            None,
+                        )
+                    }
+                },
+                Request::Hello { .. } => (Response::Hello(self.hello()), None),
+                Request::Inspect => (Response::Records(self.inspect()), None),
+                request => {
+                    let (tx, rx) = mpsc::channel();
+                    let response = match jobs.try_send(Job { request, reply: tx }) {
+                        Ok(()) => rx.recv().unwrap_or_else(|_| Response::Error {
+                            code: ErrorCode::Internal,
+                            message: "the control worker is gone".into(),
+                        }),
+                        Err(TrySendError::Full(_)) => Response::Error {
+                            code: ErrorCode::Internal,
+                            message: "busy: phase requests are queued already".into(),
+                        },
+                        Err(TrySendError::Disconnected(_)) => Response::Error {
+                            code: ErrorCode::Internal,
+                            message: "the control worker is gone".into(),
+                        },
+                    };
+                    (response, None)
+                }
+            };
+            if let Err(e) = conn.send_response(&response, fd.as_ref().map(|f| f.as_fd())) {
+                log_warn!("control socket: reply not sent: {e}");
+                return;
+            }
+        }
+    }
+}
