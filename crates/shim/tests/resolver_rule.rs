@@ -71,6 +71,29 @@ fn untracked_unknown_abi_and_unsuccessful_answers_pass_untouched() {
 }
 
 #[test]
+fn ptsz_resolver_asks_for_per_thread_variants_unless_a_stream_flag_is_given() {
+    let (with, without) = odd_runs(None);
+    assert_eq!(
+        without.line("resolver.ptsz").provider,
+        "null",
+        "this driver has no _ptsz resolver"
+    );
+    assert_eq!(with.line("resolver.ptsz").sname, "cuGetProcAddress_v2_ptsz");
+    let default = with.line("ptsz.cuMemcpyHtoDAsync");
+    assert!(default.is_driver(), "untracked: the driver's own pointer");
+    assert_eq!(default.sname, "cuMemcpyHtoDAsync_v2_ptsz");
+    assert_eq!(
+        with.line("ptsz.legacy.cuMemcpyHtoDAsync").sname,
+        "cuMemcpyHtoDAsync_v2"
+    );
+    assert_untouched(&with, &without, "v2.cuMemcpyHtoDAsync");
+    assert_eq!(
+        with.line("v2.cuMemcpyHtoDAsync").sname,
+        "cuMemcpyHtoDAsync_v2"
+    );
+}
+
+#[test]
 fn versioned_real_functions_come_from_the_drivers_resolver() {
     let (with, without) = odd_runs(None);
     assert_eq!(

@@ -1,7 +1,8 @@
 /* A minimal libcuda.so.1 (not the fake driver) whose resolver returns what the resolver rule must
  * cope with: a future ABI of a tracked function (cuMemCreate_v9 at 13010), a future ABI of an
  * untracked one, a pointer into the middle of a function, a pointer with a non-success status, a
- * pointer with an error result, and the 13.1 device-explicit multicast bind. Each function returns
+ * pointer with an error result, the 13.1 device-explicit multicast bind, and per-thread-stream
+ * variants (flag 2). Each function returns
  * a code of its own so that a test can see which one a call reached. ODD_DRIVER_VERSION: the
  * driver's CUDA version (default 13010). */
 #include <stdlib.h>
@@ -26,6 +27,8 @@ CUresult cuMemcpyHtoD_v9(void) { return 7209; }
 CUresult cuMemMap(void) { return 7300; }
 CUresult cuMemRelease(unsigned long long h) { (void)h; return 7400; }
 CUresult cuMemUnmap(void) { return 7500; }
+CUresult cuMemcpyHtoDAsync_v2(void) { return 7600; }
+CUresult cuMemcpyHtoDAsync_v2_ptsz(void) { return 7602; }
 CUresult cuMulticastBindMem(void) { return 7001; }
 CUresult cuMulticastBindMem_v2(void) { return 7002; }
 
@@ -41,7 +44,6 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cuda_version,
 
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
                              unsigned long long flags, int *status) {
-    (void)flags;
     int st = 0;
     CUresult r = 0;
     void *p = NULL;
@@ -51,6 +53,8 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda_version,
     else if (!strcmp(symbol, "cuMemCreate"))
         p = cuda_version >= 13010 ? (void *)cuMemCreate_v9 : (void *)cuMemCreate;
     else if (!strcmp(symbol, "cuMemcpyHtoD")) p = (void *)cuMemcpyHtoD_v9;
+    else if (!strcmp(symbol, "cuMemcpyHtoDAsync"))
+        p = flags & 2 ? (void *)cuMemcpyHtoDAsync_v2_ptsz : (void *)cuMemcpyHtoDAsync_v2;
     else if (!strcmp(symbol, "cuMemMap")) p = (char *)(void *)cuMemMap + 1;
     else if (!strcmp(symbol, "cuMemRelease")) { p = (void *)cuMemRelease; st = 2; }
     else if (!strcmp(symbol, "cuMemUnmap")) { p = (void *)cuMemUnmap; r = 999; }

@@ -6,7 +6,9 @@
 #ifndef VIA_DLSYM
 CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-CUresult cuGetProcAddress_v2_ptsz(const char *, void **, int, unsigned long long, int *);
+/* Weak: a driver need not export it (the fake does not); the shim always does. */
+CUresult cuGetProcAddress_v2_ptsz(const char *, void **, int, unsigned long long, int *)
+    __attribute__((weak));
 #endif
 
 static gpa_v1_t v1;
@@ -43,6 +45,7 @@ int main(void) {
 #endif
     if (!v1 || !v2) { fprintf(stderr, "no resolver\n"); return 2; }
     report("resolver.v2", 0, 0, (void *)v2);
+    report("resolver.ptsz", 0, 0, (void *)ptsz);
 
     init_t init = (init_t)q2(v2, "v2.cuInit", "cuInit", 12000, 0);
     create_t create = (create_t)q2(v2, "v2.cuMemCreate", "cuMemCreate", 12000, 0);
@@ -71,6 +74,9 @@ int main(void) {
     q1("v1.cuNoSuchFunction", "cuNoSuchFunction", 12000);
     q1("v1.cuIpcOpenMemHandle.old_abi", "cuIpcOpenMemHandle", 10020);
     q1("v1.cuGetProcAddress", "cuGetProcAddress", 12000);
+    q2(v2, "v2.ptds.cuMemCreate", "cuMemCreate", 12000, 2);
+    q2(v2, "v2.ptds.cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync", 12000, 2);
+    q2(v2, "v2.legacy.cuMemCreate", "cuMemCreate", 12000, 1);
     if (ptsz) {
         q2(ptsz, "ptsz.cuMemCreate", "cuMemCreate", 12000, 0);
         q2(ptsz, "ptsz.cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync", 12000, 0);
