@@ -144,8 +144,10 @@ fn dlsym_hook_does_not_allocate() {
 fn processes_without_cuda_are_left_alone() {
     let work = Work::new();
     let probe = work.program("nocuda", &["nocuda.c"], &[]);
-    let with = Launch::new().with_shim().run(&probe);
-    let without = Launch::new().run(&probe);
+    let control = work.control_dir();
+    let launch = Launch::new().env("CUINTERPOSE_CONTROL_DIR", &control);
+    let with = launch.with_shim().run(&probe);
+    let without = launch.run(&probe);
     assert!(
         with.status.success() && without.status.success(),
         "{with:#?}"
@@ -159,6 +161,11 @@ fn processes_without_cuda_are_left_alone() {
         "{with:#?}"
     );
     assert_eq!(with.stderr, "");
+    assert_eq!(
+        std::fs::read_dir(&control).expect("read_dir").count(),
+        0,
+        "no control socket"
+    );
 
     let truth = Launch::new()
         .with_shim()

@@ -13,11 +13,13 @@ fn path_str(path: &std::path::Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-/// Runs `program` on the fake driver with and without the shim.
+/// Runs `program` on the fake driver with and without the shim, with the driver's state and the
+/// shim's control sockets in the test's own directories.
 fn both(work: &Work, program: &std::path::Path, launch: Launch) -> (Report, Report) {
     let launch = launch
         .library_path(work.fake_driver_dir())
-        .env("FAKE_CUDA_STATE_DIR", work.state_dir());
+        .env("FAKE_CUDA_STATE_DIR", work.state_dir())
+        .env("CUINTERPOSE_CONTROL_DIR", work.control_dir());
     let with = launch.with_shim().run(program).report();
     let without = launch.run(program).report();
     (with, without)
@@ -33,6 +35,10 @@ fn direct_link_binds_to_the_wrappers() {
         &["-L", path_str(&driver), "-lcuda"],
     );
     let (with, without) = both(&work, &program, Launch::new());
+    // The runtime starts at the first successful cuInit routed to it, not before.
+    assert_eq!(with.line("runtime.before_init").status, 0, "{}", with.run());
+    assert_eq!(with.line("runtime.after_init").status, 1, "{}", with.run());
+    assert_eq!(without.line("runtime.after_init").status, 0);
     for (label, wrapper) in [
         ("addr.cuMemCreate", "cuMemCreate"),
         ("addr.cuMemMap", "cuMemMap"),

@@ -1,5 +1,8 @@
 /* Route 1: a program linked against libcuda (-lcuda) calls the driver through its PLT. */
 #include "probe.h"
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 CUresult cuInit(unsigned);
 CUresult cuDriverGetVersion(int *);
@@ -10,6 +13,16 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, unsigned);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 
+/* Whether this process's control socket exists (the shim's runtime binds it at its start). */
+static int control_socket(void) {
+    const char *dir = getenv("CUINTERPOSE_CONTROL_DIR");
+    char path[512];
+    struct stat st;
+    if (!dir) return -1;
+    snprintf(path, sizeof path, "%s/cuinterpose-%d.sock", dir, (int)getpid());
+    return stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 int main(void) {
     report("addr.cuMemCreate", 0, 0, (void *)cuMemCreate);
     report("addr.cuMemMap", 0, 0, (void *)cuMemMap);
@@ -19,7 +32,9 @@ int main(void) {
     report("addr.cuDriverGetVersion", 0, 0, (void *)cuDriverGetVersion);
 
     report("call.cuMemCreate.before_init", cuMemCreate(NULL, 0, NULL, 0), 0, NULL);
+    report("runtime.before_init", 0, control_socket(), NULL);
     report("call.cuInit", cuInit(0), 0, NULL);
+    report("runtime.after_init", 0, control_socket(), NULL);
     int version = 0;
     CUresult r = cuDriverGetVersion(&version);
     report("call.cuDriverGetVersion", r, version, NULL);

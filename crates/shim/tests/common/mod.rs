@@ -120,6 +120,13 @@ impl Work {
         out
     }
 
+    /// The directory for the shim's control sockets (`CUINTERPOSE_CONTROL_DIR`).
+    pub fn control_dir(&self) -> PathBuf {
+        let dir = self.path("control");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir
+    }
+
     /// A fresh state directory for the fake driver.
     pub fn state_dir(&self) -> PathBuf {
         let dir = self.path("state");
