@@ -41,6 +41,8 @@ pub const STATE_HEADER_LEN: usize = 24;
 /// Largest body accepted: bounds what a reader allocates before the checksum is known. A group of
 /// processes with a million mappings between them stays far below it.
 pub const MAX_STATE_BODY_LEN: u64 = 256 << 20;
+/// Largest state file accepted (header and largest body): the limit to read it with.
+pub const MAX_STATE_FILE_LEN: u64 = STATE_HEADER_LEN as u64 + MAX_STATE_BODY_LEN;
 
 /// The captured topology of a group.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

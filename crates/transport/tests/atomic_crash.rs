@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use cuinterpose_transport::files::{read_bounded, write_atomically};
-use protocol::state::{self, CarrierInfo, GroupState, MAX_STATE_BODY_LEN, ParticipantState};
+use protocol::state::{self, CarrierInfo, GroupState, MAX_STATE_FILE_LEN, ParticipantState};
 use protocol::{AllocationId, AllocationProps, AllocationRecord, Backing, MappingRecord};
 use protocol::{Phase, ProcessRecord};
 
 const CHILD_ENV: &str = "CUINTERPOSE_TEST_ATOMIC_WRITER";
-const LIMIT: u64 = state::STATE_HEADER_LEN as u64 + MAX_STATE_BODY_LEN;
+const LIMIT: u64 = MAX_STATE_FILE_LEN;
 
 /// A valid single-process state of a few megabytes, so that a write takes long enough for kills to
 /// land in the middle of one; `tag` makes the two states differ everywhere.
