@@ -21,6 +21,26 @@ use std::sync::{Mutex, MutexGuard};
 /// `cuMemCreate` of exactly this size fails with OUT_OF_MEMORY (fault injection).
 pub const FAIL_SIZE: usize = 0x1234_0000;
 pub const HOST_MAGIC: &[u8; 8] = b"FAKEALOC";
+/// `cuMemCreate` of exactly this size blocks inside the driver until [`unblock`] (an in-flight
+/// tracked call for Freeze to wait for).
+pub const BLOCK_SIZE: usize = 0x4321_0000;
+
+/// 0 idle, 1 a call is blocked inside, 2 let it go.
+static BLOCKED: (Mutex<u8>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// Waits until a `BLOCK_SIZE` create is inside the driver.
+pub fn wait_blocked() {
+    let mut s = BLOCKED.0.lock().unwrap();
+    while *s != 1 {
+        s = BLOCKED.1.wait(s).unwrap();
+    }
+}
+
+/// Lets the blocked create return.
+pub fn unblock() {
+    *BLOCKED.0.lock().unwrap() = 2;
+    BLOCKED.1.notify_all();
+}
 
 #[derive(Debug)]
 pub struct Alloc {
@@ -128,6 +148,15 @@ unsafe extern "C" fn mem_create(
     }
     if size == FAIL_SIZE {
         return CUresult::ERROR_OUT_OF_MEMORY;
+    }
+    if size == BLOCK_SIZE {
+        let mut s = BLOCKED.0.lock().unwrap();
+        *s = 1;
+        BLOCKED.1.notify_all();
+        while *s != 2 {
+            s = BLOCKED.1.wait(s).unwrap();
+        }
+        *s = 0;
     }
     let p = unsafe { *prop };
     if p.requestedHandleTypes & handle_type::FABRIC != 0 {

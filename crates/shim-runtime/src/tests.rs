@@ -735,6 +735,33 @@ fn frozen_tracked_calls_wait_for_thaw_and_untracked_state_is_untouched() {
 }
 
 #[test]
+fn freeze_times_out_on_a_call_in_flight_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(Proc::new(dir.path()));
+    let slow = {
+        let a = a.clone();
+        std::thread::spawn(move || a.create(testdriver::BLOCK_SIZE, 0))
+    };
+    testdriver::wait_blocked();
+    assert_eq!(a.rt.inspect().calls_in_flight, 1);
+    match a.call(Request::Freeze { timeout_ms: 100 }) {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::Timeout),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.rt.inspect().phase, Phase::Running);
+    // Not frozen: other tracked calls go on.
+    a.create(MB2, 0);
+    testdriver::unblock();
+    slow.join().unwrap();
+    assert_eq!(a.rt.inspect().calls_in_flight, 0);
+    assert_eq!(
+        a.phase(Request::Freeze { timeout_ms: 10_000 }),
+        Phase::Frozen
+    );
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+}
+
+#[test]
 fn a_peer_with_another_uid_is_refused() {
     if !rustix::process::geteuid().is_root() {
         eprintln!("not root: the uid refusal needs setuid and is tested by root runs");
