@@ -77,6 +77,8 @@ pub enum PhaseError {
     WrongPhase { request: &'static str, phase: Phase },
     #[error("{0}")]
     NotRebuilt(String),
+    #[error("checkpoint is blocked: this process {}", .0.join("; "))]
+    Blocked(Vec<String>),
     #[error("{inside} tracked calls still in flight after {timeout_ms} ms; not frozen")]
     Timeout { inside: u32, timeout_ms: u32 },
     #[error("{call} failed for {what}: {result}")]
@@ -96,7 +98,9 @@ pub enum PhaseError {
 impl PhaseError {
     pub fn code(&self) -> ErrorCode {
         match self {
-            PhaseError::WrongPhase { .. } | PhaseError::NotRebuilt(_) => ErrorCode::WrongPhase,
+            PhaseError::WrongPhase { .. } | PhaseError::NotRebuilt(_) | PhaseError::Blocked(_) => {
+                ErrorCode::WrongPhase
+            }
             PhaseError::Timeout { .. } => ErrorCode::Timeout,
             PhaseError::Driver { .. } | PhaseError::Copy(_) => ErrorCode::Driver,
             PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
@@ -220,6 +224,15 @@ impl Runtime {
             .freeze(Duration::from_millis(u64::from(timeout_ms)))
         {
             return Err(PhaseError::Timeout { inside, timeout_ms });
+        }
+        // Frozen, nothing new can appear: a blocker that came after the tool's inspection is
+        // caught here, before anything is released.
+        let blockers = self.lock().blockers();
+        if !blockers.is_empty() {
+            self.gate.thaw();
+            return Err(PhaseError::Blocked(
+                blockers.iter().map(ToString::to_string).collect(),
+            ));
         }
         let devices = self.lock().devices();
         for device in devices {

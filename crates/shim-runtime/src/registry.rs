@@ -217,7 +217,10 @@ impl Registry {
         if let Some(id) = object.id() {
             self.by_id.insert(id, handle);
         }
-        if props.location_type == cuda_abi::location_type::DEVICE {
+        // Only creations name a device of this process; an import's location is the creator's.
+        if matches!(object.kind, Kind::Created { .. })
+            && props.location_type == cuda_abi::location_type::DEVICE
+        {
             self.devices.insert(props.location_id);
         }
         self.by_real.insert(real, handle);

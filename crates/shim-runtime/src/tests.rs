@@ -442,6 +442,16 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
             Blocker::LegacyIpcImport { address: opened },
         ]
     );
+    // Freeze refuses while they live, and changes nothing.
+    match a.call(Request::Freeze { timeout_ms: 1000 }) {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::WrongPhase);
+            assert!(message.contains("multicast"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.rt.inspect().phase, Phase::Running);
+    assert!(!a.rt.gate.is_frozen());
     assert!(unsafe { a.rt.mem_free(0xabc000) }.is_success());
     assert!(unsafe { a.rt.ipc_close_mem_handle(opened) }.is_success());
     assert_eq!(a.release(mc), CUresult::SUCCESS);
