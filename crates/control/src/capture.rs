@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// Name of the topology file in a state directory.
 pub const STATE_FILE: &str = "cuinterpose.state";
 /// Largest state file the tool reads back.
-pub const STATE_FILE_LIMIT: u64 = 256 << 20;
+pub const STATE_FILE_LIMIT: u64 = protocol::state::MAX_STATE_FILE_LEN;
 
 /// Where a suspended group's state lives unless `--state-dir` says otherwise.
 pub fn default_state_dir(root: u32) -> PathBuf {

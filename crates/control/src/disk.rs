@@ -458,19 +458,14 @@ fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
     for p in &manifest.participants {
         for path in &p.sockets {
             let path = Path::new(path);
-            if !path.exists() {
-                continue;
-            }
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(refuse(
+            // Only a socket nothing answers on is removed; a live one, or anything that is not a
+            // socket, is refused, so a tampered manifest cannot make the tool delete other files.
+            transport::remove_stale_socket(path).map_err(|e| {
+                refuse(
                     &format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid),
-                    format!(
-                        "its socket {} is still served by a live process",
-                        path.display()
-                    ),
-                ));
-            }
-            std::fs::remove_file(path).map_err(|e| state_error(path, e))?;
+                    format!("socket {}: {e}", path.display()),
+                )
+            })?;
         }
     }
     Ok(())
