@@ -100,8 +100,8 @@ fn dlsym_hook_does_not_allocate() {
     let with = launch.with_shim().run(&main).report();
     let without = launch.run(&main).report();
 
-    // The spy's own bootstrap: its malloc calls dlsym(RTLD_NEXT) four times, the first of them the
-    // process's first dlsym, so the shim finds glibc's dlsym right there.
+    // The spy's own bootstrap: its first malloc calls dlsym(RTLD_NEXT) four times, normally the
+    // process's first dlsym calls, so the shim finds glibc's dlsym (dlvsym) right there.
     assert_eq!(
         with.line("spy.init").status,
         1,
