@@ -12,8 +12,8 @@ mod run;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use control::capture::{self, ResumeOptions, SuspendOptions};
 use control::ControlError;
+use control::capture::{self, ResumeOptions, SuspendOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -92,6 +92,9 @@ enum Command {
     },
     /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
     Demo(demo::DemoArgs),
+    /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
+    #[command(hide = true)]
+    AbiLayout,
 }
 
 fn main() -> ExitCode {
@@ -110,7 +113,10 @@ fn main() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CUINTERPOSE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Maps an error to its documented exit code by what it says about the workload.
@@ -118,7 +124,9 @@ fn exit_for(error: &anyhow::Error) -> Exit {
     match error.downcast_ref::<ControlError>() {
         Some(ControlError::Refused(_)) | Some(ControlError::NoCudaProcesses(_)) => Exit::Refused,
         Some(ControlError::RolledBack { .. }) => Exit::RolledBack,
-        Some(ControlError::RollbackFailed { .. }) | Some(ControlError::Step { .. }) => Exit::NeedsAttention,
+        Some(ControlError::RollbackFailed { .. }) | Some(ControlError::Step { .. }) => {
+            Exit::NeedsAttention
+        }
         _ => Exit::Error,
     }
 }
@@ -135,7 +143,13 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 Ok(())
             }
         }
-        Command::Suspend { pid, state_dir, freeze_timeout, driver, json } => {
+        Command::Suspend {
+            pid,
+            state_dir,
+            freeze_timeout,
+            driver,
+            json,
+        } => {
             let mut options = SuspendOptions::new(pid);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             options.freeze_timeout = Duration::from_secs(freeze_timeout);
@@ -145,7 +159,12 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 .with_context(|| format!("suspending the group under pid {pid}"))?;
             output::print_report("suspended", &report, json)
         }
-        Command::Resume { pid, state_dir, driver, json } => {
+        Command::Resume {
+            pid,
+            state_dir,
+            driver,
+            json,
+        } => {
             let mut options = ResumeOptions::new(pid);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             options.driver = driver;
@@ -155,5 +174,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             output::print_report("resumed", &report, json)
         }
         Command::Demo(args) => demo::demo(args),
+        Command::AbiLayout => {
+            print!("{}", cuda_abi::layout::report());
+            Ok(())
+        }
     }
 }
