@@ -115,6 +115,29 @@ const DISABLED: u8 = 4;
 static STATE: AtomicU8 = AtomicU8::new(OFF);
 static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
 static ATFORK: AtomicU8 = AtomicU8::new(0);
+/// The process's socket file, for removal at exit: path, owner PID, device and inode.
+static SOCKET_FILE: OnceLock<(PathBuf, u32, u64, u64)> = OnceLock::new();
+
+/// Removes our socket file at exit, only in the process that bound it and only if the file is
+/// still the one it bound (a forked child that exits, or a file replaced since, is left alone).
+extern "C" fn remove_socket_at_exit() {
+    let Some((path, owner, dev, ino)) = SOCKET_FILE.get() else {
+        return;
+    };
+    if rustix::process::getpid()
+        .as_raw_nonzero()
+        .get()
+        .unsigned_abs()
+        != *owner
+    {
+        return;
+    }
+    if let Ok(st) = rustix::fs::lstat(path)
+        && (st.st_dev, st.st_ino) == (*dev, *ino)
+    {
+        let _ = rustix::fs::unlink(path);
+    }
+}
 
 /// What a hook finds.
 #[derive(Debug)]
@@ -193,6 +216,15 @@ pub fn start_after_init(real: &Real) {
                 "runtime started, control socket {}",
                 runtime.config.socket_of(ns_pid).display()
             );
+            let path = runtime.config.socket_of(ns_pid);
+            if let Ok(st) = rustix::fs::lstat(&path)
+                && SOCKET_FILE
+                    .set((path, ns_pid, st.st_dev, st.st_ino))
+                    .is_ok()
+            {
+                // SAFETY: registers a handler that only reads a set-once static and unlinks a file.
+                unsafe { libc::atexit(remove_socket_at_exit) };
+            }
             RUNTIME.store(Arc::into_raw(runtime).cast_mut(), Ordering::Release);
             let _ = STATE.compare_exchange(STARTING, RUNNING, Ordering::AcqRel, Ordering::Acquire);
         }

@@ -273,3 +273,19 @@ fn malformed_frames_on_the_control_socket_leave_the_process_working() {
     g[1].ok("verify a0 3").unwrap();
     assert_eq!(inspect(&env, &g[0]).allocations.len(), 1);
 }
+
+#[test]
+fn the_control_socket_goes_away_with_its_process() {
+    let env = env();
+    let w = env.spawn(testkit::WorkloadOptions::new("w")).unwrap();
+    let path = control(&env, &w);
+    assert!(
+        path.exists(),
+        "{} missing\n{}",
+        path.display(),
+        w.log_tail()
+    );
+    let status = w.exit().unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+    assert!(!path.exists(), "{} left behind", path.display());
+}
