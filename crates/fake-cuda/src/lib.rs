@@ -20,6 +20,9 @@ mod os;
 mod procaddress;
 mod state;
 
+#[cfg(test)]
+mod tests;
+
 use cuda_abi::CUresult;
 
 pub use accounting::{UsageRecord, parse as parse_usage_file, render as render_usage_file};

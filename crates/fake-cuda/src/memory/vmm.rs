@@ -502,6 +502,11 @@ unsafe fn open_shareable(d: &Driver, os_handle: *mut c_void, kind: u32) -> Res<F
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
                 return Err(CUresult::ERROR_INVALID_VALUE);
             }
+            // Reopen read-write where possible: a descriptor opened read-only (through
+            // /proc/<pid>/fd) could not back a read-write mapping.
+            if let Ok(file) = os::open_peer_fd(std::process::id(), fd as u32) {
+                return Ok(file);
+            }
             // SAFETY: `fd` is open (checked just above) and borrowed only for the duplication.
             let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
             let owned = borrowed
