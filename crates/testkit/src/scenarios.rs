@@ -6,8 +6,8 @@
 //! - `ok`: every step did what it should;
 //! - otherwise the steps that did not, in order, as `step=result`, where `result` is a driver
 //!   result name (`restore=CUDA_ERROR_NOT_SUPPORTED unlock=CUDA_ERROR_ILLEGAL_STATE`), a workload
-//!   error kind (`b:verify-a0=mismatch`), or `hang>20s` for a native call still running at the
-//!   limit (nothing after a hang is attempted);
+//!   error kind (`b:verify-a0-32=mismatch`: process `b`, region `a0`, pattern seed 32), or
+//!   `hang>20s` for a native call still running at the limit (nothing after a hang is attempted);
 //! - `error: ...` when the scenario could not be set up at all.
 //!
 //! Native steps are `lock`, `checkpoint`, `restore`, `unlock` on the process named by the prefix
@@ -453,11 +453,11 @@ fn fill_and_check(
     seed: u64,
 ) -> bool {
     let w = steps.check(
-        &format!("{}:fill-{region}", writer.name()),
+        &format!("{}:fill-{region}-{seed}", writer.name()),
         writer.cmd(&format!("fill {region} {seed}")),
     );
     w && steps.check(
-        &format!("{}:verify-{region}", reader.name()),
+        &format!("{}:verify-{region}-{seed}", reader.name()),
         reader.cmd(&format!("verify {region} {seed}")),
     )
 }

@@ -59,7 +59,6 @@ const VMM_ERRORS: &[(&str, &str)] = &[
     ("reserve.nonzero-flags", "CUDA_ERROR_INVALID_VALUE"),
     ("address-free.twice", "CUDA_ERROR_INVALID_VALUE"),
     ("address-free.partial", "CUDA_ERROR_INVALID_VALUE"),
-    ("address-free.while-mapped", "CUDA_ERROR_INVALID_VALUE"),
     ("map.unreserved-address", "CUDA_ERROR_INVALID_VALUE"),
     ("map.offset-unaligned", "CUDA_ERROR_INVALID_VALUE"),
     ("map.size-unaligned", "CUDA_ERROR_INVALID_VALUE"),
@@ -107,6 +106,7 @@ const VMM_ERRORS: &[(&str, &str)] = &[
     ("ipc.open-zero-handle", "CUDA_ERROR_INVALID_VALUE"),
     ("ipc.open-own-handle", "CUDA_ERROR_INVALID_CONTEXT"),
     ("ipc.close-not-opened", "CUDA_ERROR_INVALID_VALUE"),
+    ("address-free.while-mapped", "CUDA_ERROR_INVALID_VALUE"),
 ];
 
 #[test]

@@ -297,21 +297,6 @@ pub static PROBES: &[Probe] = &[
         },
     },
     Probe {
-        name: "address-free.while-mapped",
-        call: "cuMemAddressFree",
-        run: |p| {
-            let m = p.mapped(p.g)?;
-            // SAFETY: values only.
-            let r = unsafe { (p.api.cuMemAddressFree)(m.base, m.size as usize) };
-            if r.is_success() {
-                let _ = p.d.mem_release(m.handle);
-            } else {
-                p.drop_mapped(m);
-            }
-            Ok(r)
-        },
-    },
-    Probe {
         name: "map.unreserved-address",
         call: "cuMemMap",
         run: |p| {
@@ -902,6 +887,22 @@ pub static PROBES: &[Probe] = &[
                     .err()
                     .map_or(CUresult::SUCCESS, |e| e.result);
             let _ = p.d.free(ptr);
+            Ok(r)
+        },
+    },
+    // Last: if the driver frees a mapped range, what it leaves behind cannot disturb other probes.
+    Probe {
+        name: "address-free.while-mapped",
+        call: "cuMemAddressFree",
+        run: |p| {
+            let m = p.mapped(p.g)?;
+            // SAFETY: values only.
+            let r = unsafe { (p.api.cuMemAddressFree)(m.base, m.size as usize) };
+            if r.is_success() {
+                let _ = p.d.mem_release(m.handle);
+            } else {
+                p.drop_mapped(m);
+            }
             Ok(r)
         },
     },
