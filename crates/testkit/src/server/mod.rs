@@ -21,6 +21,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -221,8 +222,18 @@ struct Lifecycle {
     children: Mutex<Vec<Child>>,
 }
 
+/// Set by the first thread that starts leaving the process; `exit` is not safe to call from two
+/// threads at once.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
 impl Lifecycle {
     fn exit(&self, code: i32) -> ! {
+        if EXITING.swap(true, Ordering::AcqRel) {
+            // Another thread is already cleaning up and will end the process.
+            loop {
+                std::thread::park();
+            }
+        }
         if let Some(path) = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = std::fs::remove_file(path);
         }
@@ -387,6 +398,8 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
 fn accept_loop(listener: UnixListener, jobs: Sender<Job>, shared: Arc<Shared>) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else {
+            // Out of descriptors or interrupted: back off instead of spinning.
+            std::thread::sleep(Duration::from_millis(10));
             continue;
         };
         let jobs = jobs.clone();
