@@ -24,10 +24,13 @@
 //! - Thaw: the gate opens.
 //!
 //! Rollback: Load and Import work from per-object state, not from the phase alone, so they are
-//! idempotent and also repair a Release that failed half way: Load is accepted in Saved, Released
-//! and Loaded, Import in Loaded and Imported, and each rebuilds exactly what is not live. Thaw is
-//! accepted in Frozen, Saved and Imported and refuses while anything released is not rebuilt. A
-//! request in any other phase is refused with WrongPhase and changes nothing.
+//! idempotent and also repair a Save or Release that failed half way, and the tool can send the
+//! same Load, Import, Thaw to every survivor whatever phase each reached: Load is accepted in
+//! Frozen, Saved, Released and Loaded, Import in Frozen, Saved, Loaded and Imported (not in
+//! Released: this process's own Load comes first), and each rebuilds exactly what is not live
+//! (nothing, when nothing was released). Thaw is accepted in every phase (in Running it does
+//! nothing) and refuses while anything released is not rebuilt. Freeze, Save and Release in any
+//! other phase than their one are refused with WrongPhase and change nothing.
 //!
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
@@ -517,7 +520,10 @@ impl Runtime {
     }
 
     fn load(&self) -> Result<u64, PhaseError> {
-        self.expect_phase("Load", &[Phase::Saved, Phase::Released, Phase::Loaded])?;
+        self.expect_phase(
+            "Load",
+            &[Phase::Frozen, Phase::Saved, Phase::Released, Phase::Loaded],
+        )?;
         let items: Vec<LoadItem> = {
             let reg = self.lock();
             let mut v = Vec::new();
@@ -694,7 +700,10 @@ impl Runtime {
     }
 
     fn import(&self) -> Result<u64, PhaseError> {
-        self.expect_phase("Import", &[Phase::Loaded, Phase::Imported])?;
+        self.expect_phase(
+            "Import",
+            &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
+        )?;
         let items: Vec<ImportItem> = {
             let reg = self.lock();
             let mut v: Vec<_> = reg
@@ -786,7 +795,9 @@ impl Runtime {
     }
 
     fn thaw(&self) -> Result<u64, PhaseError> {
-        self.expect_phase("Thaw", &[Phase::Frozen, Phase::Saved, Phase::Imported])?;
+        if self.lock().phase() == Phase::Running {
+            return Ok(0);
+        }
         let missing = self.not_rebuilt();
         if !missing.is_empty() {
             return Err(PhaseError::NotRebuilt(format!(

@@ -471,15 +471,20 @@ fn a_phase_in_the_wrong_phase_changes_nothing() {
         Request::Release,
         Request::Load,
         Request::Import,
-        Request::Thaw,
     ] {
         match a.call(request) {
             Response::Error { code, .. } => assert_eq!(code, ErrorCode::WrongPhase),
             other => panic!("{other:?}"),
         }
     }
+    // Thaw in Running has nothing to do (a rollback sends it to every survivor).
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
     assert_eq!(a.rt.inspect(), before);
     assert_eq!(a.phase(Request::Freeze { timeout_ms: 1000 }), Phase::Frozen);
+    match a.call(Request::Freeze { timeout_ms: 1000 }) {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::WrongPhase),
+        other => panic!("{other:?}"),
+    }
     // Thaw straight after Release would leave memory missing: refused.
     assert_eq!(a.phase(Request::Save), Phase::Saved);
     assert_eq!(a.phase(Request::Release), Phase::Released);
@@ -719,6 +724,13 @@ fn rollback_after_a_partial_release_rebuilds_and_thaws() {
     a.phase(Request::Save);
     assert_eq!(a.phase(Request::Thaw), Phase::Running);
     assert_eq!(a.rt.inspect(), before.0);
+    // The same rebuild sequence from Frozen (a Save that failed elsewhere) does nothing harmful.
+    a.phase(Request::Freeze { timeout_ms: 10_000 });
+    assert_eq!(a.phase(Request::Load), Phase::Loaded);
+    assert_eq!(a.phase(Request::Import), Phase::Imported);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before.0);
+    assert_eq!(read(va_a, 7), b"keep me");
 }
 
 #[test]

@@ -230,7 +230,7 @@ fn an_import_of_an_import_names_the_creator_and_survives_suspend() {
     let r2 = inspect(&env, &g[2]);
     assert_eq!(r2.imports[0].creator_ns_pid, g[0].pid());
     // A phase out of order changes nothing.
-    for request in [Request::Save, Request::Load, Request::Thaw] {
+    for request in [Request::Save, Request::Release] {
         match call(&env, &g[2], request) {
             Response::Error { code, .. } => assert_eq!(code, protocol::ErrorCode::WrongPhase),
             other => panic!("{other:?}"),
