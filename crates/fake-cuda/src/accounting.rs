@@ -3,8 +3,8 @@
 //! Each initialised process publishes its usage in `$FAKE_CUDA_STATE_DIR/usage-<pid>-<start>`
 //! (`start`: the process start time from `/proc/<pid>/stat`, so a recycled pid is never
 //! confused with a dead process). The owner holds an exclusive `flock` on its file for as long as
-//! the numbers are live; a reader counts a file only while that lock is held, and removes files
-//! whose owner is gone. A checkpointed process removes its file and closes it (it holds no
+//! the numbers are live; a reader counts a file only while that lock is held and the owner (pid
+//! and start token) is alive, and removes files whose owner is gone. A checkpointed process removes its file and closes it (it holds no
 //! descriptor of the fake then); its usage is 0 until restore publishes it again.
 //!
 //! File format (text, ASCII, rewritten in place with one `pwrite`; byte counts are zero-padded
@@ -124,12 +124,15 @@ pub fn read_live(dir: &Path) -> Vec<UsageRecord> {
         let Ok(file) = File::open(&path) else {
             continue;
         };
+        let owner_alive = os::start_token(pid) == Some(start);
+        if !owner_alive {
+            // The owner is gone (a child it forked may still hold the lock): not live.
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
         if flock(&file, libc::LOCK_SH | libc::LOCK_NB).is_ok() {
-            // Nobody holds the owner's lock: not live. Remove it only if the owner is gone (a
-            // live owner may be between checkpoint and restore, about to publish again).
-            if os::start_token(pid) != Some(start) {
-                let _ = std::fs::remove_file(&path);
-            }
+            // The owner lives but holds no lock: it is between checkpoint and restore, or still
+            // creating the file. Not live, and not ours to remove.
             continue;
         }
         let mut buf = vec![0u8; 4096];

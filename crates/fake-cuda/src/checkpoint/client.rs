@@ -1,5 +1,5 @@
 //! The caller's side of `cuCheckpointProcess*`: finds the target's agent socket through
-//! `/proc/<pid>/fd` and `/proc/<pid>/net/unix` (a listening socket named `agent-<n>.sock`),
+//! `/proc/<pid>/fd` and `/proc/<pid>/net/unix` (a listening socket named `agent-<ns pid>.sock`),
 //! connects through `/proc/<pid>/root<path>` (so it works across mount namespaces), sends one
 //! request and reads the response.
 //!
@@ -43,8 +43,18 @@ fn socket_inodes(pid: i32) -> Option<HashSet<u64>> {
     Some(out)
 }
 
-/// The path of `pid`'s listening agent socket, as its own mount namespace names it.
+/// `pid`'s pid in its own namespace (the last field of `NSpid:` in `/proc/<pid>/status`).
+fn ns_pid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// The path of `pid`'s listening agent socket, as its own mount namespace names it. The name
+/// must carry the target's own namespace pid: a child forked after `cuInit` inherits its
+/// parent's listening socket, and must not be taken for its parent.
 pub(crate) fn find_agent(pid: i32) -> Option<PathBuf> {
+    let own_name = format!("agent-{}.sock", ns_pid(pid)?);
     let inodes = socket_inodes(pid)?;
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).ok()?;
     for line in table.lines().skip(1) {
@@ -56,11 +66,7 @@ pub(crate) fn find_agent(pid: i32) -> Option<PathBuf> {
             continue;
         };
         let name = path.rsplit('/').next().unwrap_or_default();
-        if flags & ACCEPTCON != 0
-            && inodes.contains(&inode)
-            && name.starts_with("agent-")
-            && name.ends_with(".sock")
-        {
+        if flags & ACCEPTCON != 0 && inodes.contains(&inode) && name == own_name {
             return Some(PathBuf::from(path));
         }
     }

@@ -16,6 +16,8 @@ macro_rules! cu {
 mod api;
 mod basic;
 mod checkpoint;
+mod multicast;
+mod r580;
 mod share;
 mod vmm;
 
