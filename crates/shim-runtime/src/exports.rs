@@ -19,8 +19,13 @@ impl ExportCache {
         self.fds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Caches the descriptor of `id` (closing one cached before).
+    /// Caches the descriptor of `id` (closing one cached before). The driver's descriptor is made
+    /// close-on-exec first: cached for the life of the allocation, it would otherwise leak into
+    /// every program the application execs and keep GPU memory alive there.
     pub fn insert(&self, id: AllocationId, fd: OwnedFd) {
+        if let Err(e) = rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC) {
+            crate::log::log_warn!("cannot make the exported descriptor of {id} close-on-exec: {e}");
+        }
         self.map().insert(id, fd);
     }
 
@@ -32,6 +37,14 @@ impl ExportCache {
     /// the send). `None` if not cached.
     pub fn lease(&self, id: &AllocationId) -> Option<Result<OwnedFd, Errno>> {
         self.map().get(id).map(|fd| crate::fdutil::dup(fd.as_fd()))
+    }
+
+    /// Whether every cached descriptor is close-on-exec.
+    #[cfg(test)]
+    pub fn cloexec_all(&self) -> bool {
+        self.map().values().all(|fd| {
+            rustix::io::fcntl_getfd(fd).is_ok_and(|f| f.contains(rustix::io::FdFlags::CLOEXEC))
+        })
     }
 
     /// Closes the cached descriptor of `id`.

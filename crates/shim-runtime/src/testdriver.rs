@@ -301,7 +301,7 @@ unsafe extern "C" fn export(s: *mut c_void, h: u64, ty: u32, _: c_ulonglong) -> 
         return INVAL;
     }
     drop(f);
-    let fd = rustix::fs::memfd_create("fake-export", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    let fd = rustix::fs::memfd_create("fake-export", rustix::fs::MemfdFlags::empty()).unwrap();
     let mut bytes = HOST_MAGIC.to_vec();
     bytes.extend_from_slice(&aid.to_le_bytes());
     rustix::io::pwrite(&fd, &bytes, 0).unwrap();

@@ -184,6 +184,11 @@ fn two_processes_share_through_tickets_both_ways() {
     assert_eq!(read(va_b, 12), b"written by a");
     write(va_b + 4096, b"written by b");
     assert_eq!(read(va_a + 4096, 12), b"written by b");
+    // The cached driver descriptor is close-on-exec (the test driver's memfd is not).
+    assert!(
+        a.rt.exports.cloexec_all(),
+        "a cached descriptor is inheritable"
+    );
     // The ticket is what the application got, not the driver's descriptor.
     let mut bytes = [0u8; 48];
     rustix::io::pread(&ticket, &mut bytes, 0).unwrap();
