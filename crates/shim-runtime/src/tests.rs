@@ -835,3 +835,43 @@ fn uid_probe_client() {
         Ok(other) => panic!("another uid got an answer: {other:?}"),
     }
 }
+
+#[test]
+fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket() {
+    let real = testdriver::real();
+    unsafe { crate::hooks::cuInit(&real, 0) };
+    let crate::runtime::Active::Running(rt) = crate::runtime::active() else {
+        panic!("the global runtime did not start");
+    };
+    let path = rt.config().socket_of(rt.config().ns_pid);
+    assert!(path.exists());
+    let prop = CUmemAllocationProp::default();
+    // SAFETY of the child: it only reads atomics, calls a hook that refuses without locking or
+    // allocating, and leaves with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0);
+    if child == 0 {
+        let mut h = 0u64;
+        let r = unsafe { crate::hooks::cuMemCreate(&real, &mut h, MB2, &prop, 0) };
+        let forked = matches!(crate::runtime::active(), crate::runtime::Active::Forked);
+        let code = if r == CUresult::ERROR_NOT_INITIALIZED && forked && h == 0 {
+            0
+        } else {
+            1
+        };
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}"
+    );
+    // The parent's socket is still there and answers.
+    assert!(path.exists());
+    let mut conn = Connection::connect(&path, Duration::from_secs(30)).unwrap();
+    match conn.call(&Request::Inspect).unwrap().0 {
+        Response::Records(r) => assert_eq!(r.ns_pid, rt.config().ns_pid),
+        other => panic!("{other:?}"),
+    }
+}
