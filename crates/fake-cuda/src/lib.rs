@@ -1,7 +1,10 @@
-//! A CUDA driver (libcuda.so.1) without a GPU, faithful to r580, for tests.
+#![doc = include_str!("../README.md")]
 //!
-//! See `README.md` of this crate for the environment variables, descriptor formats, the
-//! error-code table and the differences from the real driver.
+//! Modules: [`exports`] (every exported symbol), `entry` (the common prologue: fault injection,
+//! initialisation check, checkpoint gate), `init`, `config`, `device` (devices, contexts,
+//! streams), `memory` (VMM, `cuMemAlloc` and legacy IPC, copies, pinned host memory),
+//! `multicast`, `checkpoint` (gate, agent, client, wire format), `accounting`, `procaddress`,
+//! `errors`, `fault`, `os` (the Linux calls underneath).
 
 #![allow(unsafe_code)]
 
