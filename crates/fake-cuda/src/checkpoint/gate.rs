@@ -156,3 +156,47 @@ pub(crate) fn require(phase: Phase) -> Res {
         Err(CUresult::ERROR_ILLEGAL_STATE)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test process never initialises the driver, so the gate is free for this test.
+    #[test]
+    fn lock_waits_for_calls_in_flight_and_blocks_new_ones() {
+        let in_flight = enter().unwrap();
+        let timed_out = std::thread::spawn(|| lock(Some(Duration::from_millis(50))))
+            .join()
+            .unwrap();
+        assert_eq!(timed_out, Err(CUresult::ERROR_TIMEOUT));
+        assert_eq!(phase(), Phase::Running, "a timed-out lock changes nothing");
+        drop(in_flight);
+        assert_eq!(lock(None), Ok(()));
+        assert_eq!(phase(), Phase::Locked);
+        assert_eq!(lock(None), Err(CUresult::ERROR_ILLEGAL_STATE));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let caller = std::thread::spawn(move || {
+            let entered = enter().map(|_| ());
+            tx.send(entered).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(200)).is_err(),
+            "a call waits while locked"
+        );
+        assert_eq!(transition(Phase::Locked, Phase::Running), Ok(()));
+        assert_eq!(rx.recv().unwrap(), Ok(()));
+        caller.join().unwrap();
+        assert_eq!(
+            transition(Phase::Locked, Phase::Running),
+            Err(CUresult::ERROR_ILLEGAL_STATE)
+        );
+        // Agent threads pass a locked gate.
+        assert_eq!(lock(None), Ok(()));
+        let agent = std::thread::spawn(|| {
+            mark_agent_thread();
+            enter().map(|_| ())
+        });
+        assert_eq!(agent.join().unwrap(), Ok(()));
+        assert_eq!(transition(Phase::Locked, Phase::Running), Ok(()));
+    }
+}

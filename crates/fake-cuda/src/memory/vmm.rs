@@ -504,7 +504,11 @@ unsafe fn open_shareable(d: &Driver, os_handle: *mut c_void, kind: u32) -> Res<F
             }
             // Reopen read-write where possible: a descriptor opened read-only (through
             // /proc/<pid>/fd) could not back a read-write mapping.
-            if let Ok(file) = os::open_peer_fd(std::process::id(), fd as u32) {
+            if let Ok(file) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(format!("/proc/self/fd/{fd}"))
+            {
                 return Ok(file);
             }
             // SAFETY: `fd` is open (checked just above) and borrowed only for the duplication.

@@ -19,6 +19,7 @@ mod checkpoint;
 mod multicast;
 mod r580;
 mod share;
+mod symbols;
 mod vmm;
 
 use std::io::{BufRead, BufReader, Write};
@@ -46,11 +47,15 @@ pub(crate) struct StateDir(pub PathBuf);
 
 impl StateDir {
     pub(crate) fn new(test: &str) -> StateDir {
-        let dir = std::env::temp_dir().join(format!(
-            "fake-cuda-test-{}-{}",
-            std::process::id(),
-            test.replace("::", "-")
-        ));
+        // Short, so socket paths under it stay far below the 108-byte limit.
+        let name: String = test
+            .rsplit("::")
+            .next()
+            .unwrap_or(test)
+            .chars()
+            .take(24)
+            .collect();
+        let dir = std::env::temp_dir().join(format!("fcuda-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         StateDir(dir)
