@@ -121,6 +121,10 @@ entry_points! {
         symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
         status: *mut c_int)
         => procaddress::get_proc_address_v2(symbol, pfn, cuda_version, flags, status);
+    Free cuGetProcAddress_v2_ptsz / fake_cuGetProcAddress_v2_ptsz(
+        symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
+        status: *mut c_int)
+        => procaddress::get_proc_address_v2_ptsz(symbol, pfn, cuda_version, flags, status);
 
     Gated cuDeviceGet / fake_cuDeviceGet(dev: *mut CUdevice, ordinal: c_int)
         => device::device_get(dev, ordinal);

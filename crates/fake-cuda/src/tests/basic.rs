@@ -52,6 +52,16 @@ fn proc_address_hands_out_the_fake_aliases() {
     ));
     assert_eq!((r, p), (SUCCESS, x::fake_cuMulticastBindMem as *mut c_void));
 
+    // The per-thread spelling resolves the same functions.
+    let r = cu!(x::cuGetProcAddress_v2_ptsz(
+        c"cuMemAlloc".as_ptr(),
+        &mut p,
+        13000,
+        0,
+        &mut status
+    ));
+    assert_eq!((r, p), (SUCCESS, x::fake_cuMemAlloc_v2 as *mut c_void));
+
     // Unknown symbol: v2 succeeds with NULL and a status, v1 fails.
     p = std::ptr::dangling_mut::<c_void>();
     // SAFETY: as above.
