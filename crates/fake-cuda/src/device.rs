@@ -109,7 +109,7 @@ impl Contexts {
         self.contexts.get(&id).filter(|c| c.refs > 0)
     }
 
-    /// Moves every context of device `from` to device `to` (restore onto other GPUs).
+    /// Moves every context to the device `map` gives for its old device (restore onto other GPUs).
     pub(crate) fn remap(&mut self, map: &[usize]) {
         for ctx in self.contexts.values_mut() {
             if let Some(&to) = map.get(ctx.device) {

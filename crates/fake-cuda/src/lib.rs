@@ -28,8 +28,6 @@ mod tests;
 
 use cuda_abi::CUresult;
 
-pub use accounting::{UsageRecord, parse as parse_usage_file, render as render_usage_file};
-
 /// The driver API version this fake reports (`cuDriverGetVersion`): CUDA 13.0, the r580 branch.
 pub const DRIVER_VERSION: i32 = 13000;
 
