@@ -374,7 +374,10 @@ impl Runtime {
         if shareable.is_null() {
             return CUresult::ERROR_INVALID_VALUE;
         }
-        if matches!(object.kind, Kind::Created { .. }) && !self.exports.contains(&ticket.id) {
+        // Every export by the application refreshes the cached descriptor: one descriptor taken
+        // before a native checkpoint made without the shim's phases would name memory the driver
+        // has since replaced, and exports are rare (set-up time), so the extra driver call is free.
+        if matches!(object.kind, Kind::Created { .. }) {
             let mut fd: c_int = -1;
             // SAFETY: a valid out-pointer for a POSIX descriptor, the driver's handle.
             let r = unsafe {

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# The GPU lane: every GPU scenario on a real GPU in one call, a summary table last.
+#
+# Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh) carried along:
+#   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: abi procaddr scenarios shim-scenarios
+#                                          demo torch bench disk hang)
+# Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
+# both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
+#
+# Safety (DESIGN.md): multicast is never used here; the switches below are exported to every process,
+# and nothing here changes clocks, power, compute or persistence mode, MIG, or resets a GPU.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+repo=$PWD
+bin=$repo/dist/bin
+out=${OUT:-/tmp/gpu-lane-out}
+logs=$(mktemp -d /tmp/gpu-lane-logs.XXXXXX)
+mkdir -p "$out"
+summary=$logs/summary.tsv
+: >"$summary"
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk hang)
+
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
+log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
+wants() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+
+[ -x "$bin/cuinterpose" ] || { echo "dist/bin/cuinterpose missing: run scripts/build-dist.sh here first" >&2; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+driver_dir=$(dirname "$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')")
+
+if wants abi; then
+    log "abi: cuda-abi layouts against this machine's cuda.h"
+    cuda_inc=/usr/local/cuda/include
+    if gcc -I"$cuda_inc" -o "$logs/abi-layout" scripts/abi-layout.c 2>"$logs/abi-build.txt"; then
+        "$logs/abi-layout" >"$logs/abi-c.txt"
+        "$bin/cuinterpose" abi-layout >"$logs/abi-rust.txt"
+        if diff "$logs/abi-c.txt" "$logs/abi-rust.txt" >"$logs/abi-diff.txt"; then
+            row abi-layout "-" "$(wc -l <"$logs/abi-c.txt") lines" match
+        else
+            row abi-layout "-" "$(grep -c '^[<>]' "$logs/abi-diff.txt") differences" MISMATCH
+            cat "$logs/abi-diff.txt"
+        fi
+    else
+        row abi-layout "-" "cuda.h build failed" ERROR
+        cat "$logs/abi-build.txt"
+    fi
+fi
+
+if wants procaddr; then
+    log "procaddr: the driver resolver's pointers are named by dladdr (the shim's resolver rule)"
+    if gcc -I crates/shim/tests/c -o "$logs/procaddr" crates/shim/tests/c/procaddr.c "$driver_dir/libcuda.so.1" -ldl 2>"$logs/procaddr-build.txt"; then
+        "$logs/procaddr" >"$logs/procaddr-plain.txt" 2>&1
+        LD_PRELOAD=$bin/libcuinterpose.so "$logs/procaddr" >"$logs/procaddr-shim.txt" 2>&1
+        wrapped=$(grep -c libcuinterpose "$logs/procaddr-shim.txt")
+        untracked_same=$(diff <(grep -v libcuinterpose "$logs/procaddr-plain.txt" | grep -v '^v[12]\.cu\(MemCreate\|MemFree\|IpcOpenMemHandle\)') \
+                              <(grep -v libcuinterpose "$logs/procaddr-shim.txt" | grep -v '^v[12]\.cu\(MemCreate\|MemFree\|IpcOpenMemHandle\)') >/dev/null && echo yes || echo no)
+        verdict=$([ "$wrapped" -gt 0 ] && [ "$untracked_same" = yes ] && echo ok || echo FAIL)
+        row procaddr "-" "wrapped=$wrapped untracked-identical=$untracked_same" "$verdict"
+    else
+        row procaddr "-" "build failed" ERROR
+        cat "$logs/procaddr-build.txt"
+    fi
+fi
+
+# Runs the scenario list on both drivers and adds one row per outcome.
+scenario_rows() {
+    local tag=$1; shift
+    timeout 300 "$bin/cuinterpose-scenarios" --json --driver fake "$@" >"$logs/$tag-fake.jsonl" 2>"$logs/$tag-fake.err"
+    timeout 300 "$bin/cuinterpose-scenarios" --json --driver system "$@" >"$logs/$tag-real.jsonl" 2>"$logs/$tag-real.err"
+    python3 - "$logs/$tag-fake.jsonl" "$logs/$tag-real.jsonl" "$tag" >>"$summary" <<'PY'
+import json, sys
+def load(path):
+    rows = {}
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            rows[r["label"]] = r
+    return rows
+fake, real, tag = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+for label in list(dict.fromkeys(list(real) + list(fake))):
+    f = fake.get(label, {}).get("outcome", "-")
+    r = real.get(label, {}).get("outcome", "-")
+    verdict = "agree" if f == r else "DIFFER"
+    name = label if tag == "scen" else f"shim:{label}"
+    print(f"{name}\t{f}\t{r}\t{verdict}")
+PY
+}
+
+if wants scenarios; then
+    log "scenarios on fake and real drivers, no shim"
+    scenario_rows scen --skip-hangs
+fi
+if wants shim-scenarios; then
+    log "scenarios on fake and real drivers, under the shim"
+    scenario_rows shim --skip-hangs --shim
+fi
+
+if wants demo; then
+    log "cuinterpose demo on the GPU"
+    if timeout 300 "$bin/cuinterpose" demo --json >"$logs/demo.json" 2>"$logs/demo.err"; then
+        row "demo" "-" "$(python3 -c "import json;r=json.load(open('$logs/demo.json'));print('suspend %.0f ms, resume %.0f ms, used %d->%d MiB' % (r['suspend']['total_millis'], r['resume']['total_millis'], r['group_memory_before']>>20, r['group_memory_suspended']>>20))")" ok
+        timeout 300 "$bin/cuinterpose" demo --processes 4 --size $((256 << 20)) >"$logs/demo4.txt" 2>&1 \
+            && row "demo --processes 4" "-" "$(tail -1 "$logs/demo4.txt")" ok \
+            || row "demo --processes 4" "-" "$(tail -1 "$logs/demo4.txt")" FAIL
+    else
+        row "demo" "-" "$(tail -3 "$logs/demo.err" | tr '\n\t' '  ')" FAIL
+    fi
+fi
+
+if wants torch; then
+    log "PyTorch tensor shared through torch.multiprocessing, expandable segments"
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    timeout 300 python3 scripts/gpu/torch_share.py --mode plain >"$logs/torch-plain.jsonl" 2>"$logs/torch-plain.err" \
+        && row "torch-share plain" "-" ok ok || row "torch-share plain" "-" "$(tail -1 "$logs/torch-plain.err")" FAIL
+    timeout 300 "$bin/cuinterpose" run -- python3 scripts/gpu/torch_share.py --mode plain --require-shim \
+        >"$logs/torch-shim.jsonl" 2>"$logs/torch-shim.err" \
+        && row "torch-share under shim" "-" ok ok || row "torch-share under shim" "-" "$(tail -1 "$logs/torch-shim.err")" FAIL
+    barrier=$(mktemp -d /tmp/torch-barrier.XXXXXX)
+    "$bin/cuinterpose" run -- python3 scripts/gpu/torch_share.py --mode barrier --barrier-dir "$barrier" --require-shim \
+        --size-mb 1024 >"$logs/torch-barrier.jsonl" 2>"$logs/torch-barrier.err" &
+    torch_pid=$!
+    for _ in $(seq 120); do [ -f "$barrier/ready.json" ] && break; sleep 1; done
+    if [ -f "$barrier/ready.json" ]; then
+        producer=$(python3 -c "import json;print(json.load(open('$barrier/ready.json'))['producer_pid'])")
+        "$bin/cuinterpose" inspect --pid "$producer" >"$logs/torch-inspect.txt" 2>&1
+        "$bin/cuinterpose" inspect --pid "$producer" --json >"$logs/torch-inspect.json" 2>&1
+        shared=$(python3 -c "import json;r=json.load(open('$logs/torch-inspect.json'));print(sum(1 for a in r['shared'] if a['importers']))" 2>/dev/null || echo 0)
+        row "torch inspect" "-" "shared allocations with importers: $shared" "$([ "${shared:-0}" -gt 0 ] && echo ok || echo FAIL)"
+        used_before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)
+        if "$bin/cuinterpose" suspend --pid "$producer" >"$logs/torch-suspend.txt" 2>&1; then
+            used_suspended=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits)
+            row "torch suspend" "-" "GPU used ${used_before}->${used_suspended} MiB; $(tail -1 "$logs/torch-suspend.txt")" ok
+            "$bin/cuinterpose" resume --pid "$producer" >"$logs/torch-resume.txt" 2>&1 \
+                && row "torch resume" "-" "$(tail -1 "$logs/torch-resume.txt")" ok \
+                || row "torch resume" "-" "$(tail -2 "$logs/torch-resume.txt" | tr '\n\t' '  ')" FAIL
+        else
+            row "torch suspend" "-" "$(tail -3 "$logs/torch-suspend.txt" | tr '\n\t' '  ')" FAIL
+        fi
+        touch "$barrier/go"
+        if timeout 120 tail --pid=$torch_pid -f /dev/null; wait $torch_pid; then
+            row "torch after resume" "-" "consumer sees new writes" ok
+        else
+            row "torch after resume" "-" "$(grep '"ok": false' "$logs/torch-barrier.jsonl" | head -1)" FAIL
+        fi
+    else
+        row "torch barrier" "-" "never ready: $(tail -1 "$logs/torch-barrier.err")" FAIL
+        kill $torch_pid 2>/dev/null
+    fi
+    unset PYTORCH_CUDA_ALLOC_CONF
+fi
+
+if wants bench; then
+    log "benchmarks"
+    if timeout 400 "$bin/cuinterpose" bench --json >"$logs/bench.json" 2>"$logs/bench.err"; then
+        "$bin/cuinterpose" bench --print "$logs/bench.json" | tee "$logs/bench.txt"
+        row "bench" "-" "see table above" ok
+    else
+        row "bench" "-" "$(tail -2 "$logs/bench.err" | tr '\n\t' '  ')" FAIL
+    fi
+fi
+
+if wants disk; then
+    log "checkpoint to disk with CRIU and restore"
+    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu
+    if timeout 400 "$bin/cuinterpose" demo --to-disk --json >"$logs/demo-disk.json" 2>"$logs/demo-disk.err"; then
+        row "demo --to-disk" "-" "$(python3 -c "import json;r=json.load(open('$logs/demo-disk.json'));print(' '.join('%s=%.0fms'%(p['name'],p['millis']) for p in r['checkpoint']['phases']+r['restore']['phases'] if p['millis']>=1), 'images=%dMiB'%(r['checkpoint']['image_bytes']>>20))")" ok
+    else
+        row "demo --to-disk" "-" "$(tail -3 "$logs/demo-disk.err" | tr '\n\t' '  ')" FAIL
+    fi
+fi
+
+if wants hang; then
+    log "exporter checkpointed with a live import (hangs on r580; bounded)"
+    timeout 120 "$bin/cuinterpose-scenarios" --json --driver fake exporter-live-import >"$logs/hang-fake.jsonl" 2>&1
+    timeout 120 "$bin/cuinterpose-scenarios" --json --driver system --hang-limit-s 30 exporter-live-import >"$logs/hang-real.jsonl" 2>&1
+    f=$(python3 -c "import json,sys;print(json.loads(open('$logs/hang-fake.jsonl').readline())['outcome'])" 2>/dev/null || echo error)
+    r=$(python3 -c "import json,sys;print(json.loads(open('$logs/hang-real.jsonl').readline())['outcome'])" 2>/dev/null || echo error)
+    row exporter-live-import "$f" "$r" "documented: fake times out, r580 hangs"
+fi
+
+tar -C "$logs" -czf "$out/lane-logs.tgz" . 2>/dev/null
+cp "$summary" "$out/summary.tsv"
+echo
+echo "================ GPU lane summary ($(head -1 "$logs/gpu.txt")) ================"
+column -t -s $'\t' -N SCENARIO,FAKE,REAL,VERDICT "$summary" 2>/dev/null || cat "$summary"
