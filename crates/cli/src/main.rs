@@ -14,6 +14,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use control::ControlError;
 use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::disk;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -90,6 +91,40 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
+    Checkpoint {
+        #[arg(long)]
+        pid: u32,
+        /// Checkpoint directory (created; must not hold a checkpoint yet)
+        #[arg(long)]
+        dir: PathBuf,
+        /// Resume the group in place after the dump instead of letting CRIU end it
+        #[arg(long)]
+        leave_running: bool,
+        /// The CRIU binary (default: $CUINTERPOSE_CRIU, then criu on PATH)
+        #[arg(long)]
+        criu: Option<PathBuf>,
+        #[arg(long, default_value_t = 30)]
+        freeze_timeout: u64,
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Restore a checkpoint into new processes, optionally onto other GPUs
+    Restore {
+        #[arg(long)]
+        dir: PathBuf,
+        /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
+        #[arg(long, value_parser = parse_device_map)]
+        device_map: Option<Vec<(u32, u32)>>,
+        #[arg(long)]
+        criu: Option<PathBuf>,
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
     Demo(demo::DemoArgs),
     /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
@@ -129,6 +164,23 @@ fn exit_for(error: &anyhow::Error) -> Exit {
         }
         _ => Exit::Error,
     }
+}
+
+/// `0=1,1=0` → [(0, 1), (1, 0)].
+fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
+    text.split(',')
+        .map(|pair| {
+            let (old, new) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not OLD=NEW"))?;
+            let parse = |s: &str| {
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{s:?} is not a device ordinal"))
+            };
+            Ok((parse(old)?, parse(new)?))
+        })
+        .collect()
 }
 
 fn execute(command: Command) -> anyhow::Result<()> {
@@ -172,6 +224,47 @@ fn execute(command: Command) -> anyhow::Result<()> {
             let report = capture::resume(&options, &progress)
                 .with_context(|| format!("resuming the group under pid {pid}"))?;
             output::print_report("resumed", &report, json)
+        }
+        Command::Checkpoint {
+            pid,
+            dir,
+            leave_running,
+            criu,
+            freeze_timeout,
+            driver,
+            json,
+        } => {
+            let mut capture = SuspendOptions::new(pid);
+            capture.freeze_timeout = Duration::from_secs(freeze_timeout);
+            capture.driver = driver;
+            let options = disk::CheckpointOptions {
+                capture,
+                dir,
+                leave_running,
+                criu,
+            };
+            let progress = progress::Bars::new(!json);
+            let report = disk::checkpoint(&options, &progress)
+                .with_context(|| format!("checkpointing the group under pid {pid}"))?;
+            output::print_disk_report("checkpointed", &report, json)
+        }
+        Command::Restore {
+            dir,
+            device_map,
+            criu,
+            driver,
+            json,
+        } => {
+            let options = disk::RestoreOptions {
+                dir: dir.clone(),
+                device_map: device_map.unwrap_or_default(),
+                criu,
+                driver,
+            };
+            let progress = progress::Bars::new(!json);
+            let report = disk::restore(&options, &progress)
+                .with_context(|| format!("restoring {}", dir.display()))?;
+            output::print_disk_report("restored", &report, json)
         }
         Command::Demo(args) => demo::demo(args),
         Command::AbiLayout => {

@@ -86,6 +86,27 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
     Ok(())
 }
 
+pub fn print_disk_report(
+    what: &str,
+    report: &control::disk::DiskReport,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    print_phases(&report.report.phases);
+    println!(
+        "{what} {} process(es) (root pid {}), {} of shared memory, CRIU images {} in {}, {:.1} ms",
+        report.report.participants.len(),
+        report.root,
+        bytes(report.report.shared_bytes),
+        bytes(report.image_bytes),
+        report.dir.display(),
+        report.report.total_millis
+    );
+    Ok(())
+}
+
 pub fn print_phases(phases: &[control::capture::PhaseTiming]) {
     println!(
         "{:<20} {:>12} {:>12} {:>10}",

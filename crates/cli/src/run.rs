@@ -11,6 +11,10 @@ pub struct RunArgs {
     /// Directory of the control sockets (exported to the program as CUINTERPOSE_CONTROL_DIR)
     #[arg(long)]
     control_dir: Option<PathBuf>,
+    /// Start the program as PID 1 of a new PID namespace (needed by `checkpoint`); the tool then
+    /// stays as its parent, forwards SIGINT/SIGTERM/SIGHUP and exits with its status
+    #[arg(long)]
+    pid_namespace: bool,
     /// The interposer library (default: libcuinterpose.so next to this binary, or $CUINTERPOSE_SHIM)
     #[arg(long)]
     shim: Option<PathBuf>,
@@ -31,6 +35,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.control_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         command.env("CUINTERPOSE_CONTROL_DIR", dir);
+    }
+    if args.pid_namespace {
+        let status = control::launch::run_in_pid_namespace(command)?;
+        std::process::exit(control::launch::exit_code(status));
     }
     let error = command.exec();
     Err(error).with_context(|| format!("starting {}", Path::new(program).display()))
