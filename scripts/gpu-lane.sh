@@ -54,9 +54,21 @@ if wants procaddr; then
     if gcc -I crates/shim/tests/c -o "$logs/procaddr" crates/shim/tests/c/procaddr.c "$driver_dir/libcuda.so.1" -ldl 2>"$logs/procaddr-build.txt"; then
         "$logs/procaddr" >"$logs/procaddr-plain.txt" 2>&1
         LD_PRELOAD=$bin/libcuinterpose.so "$logs/procaddr" >"$logs/procaddr-shim.txt" 2>&1
-        wrapped=$(grep -c libcuinterpose "$logs/procaddr-shim.txt")
-        untracked_same=$(diff <(grep -v libcuinterpose "$logs/procaddr-plain.txt" | grep -v '^v[12]\.cu\(MemCreate\|MemFree\|IpcOpenMemHandle\)') \
-                              <(grep -v libcuinterpose "$logs/procaddr-shim.txt" | grep -v '^v[12]\.cu\(MemCreate\|MemFree\|IpcOpenMemHandle\)') >/dev/null && echo yes || echo no)
+        # Tracked names must come back as the shim's wrappers; every other answer must be the
+        # driver's own, identical to the run without the shim (resolver lines aside).
+        read -r wrapped untracked_same < <(python3 - "$logs/procaddr-plain.txt" "$logs/procaddr-shim.txt" <<'PY'
+import sys
+def load(p):
+    return {l.split()[0]: l.strip() for l in open(p) if l.strip() and not l.startswith("resolver.")}
+plain, shim = load(sys.argv[1]), load(sys.argv[2])
+wrapped = sum("provider=libcuinterpose" in l for l in shim.values())
+# Keys only the shim run has (the real libcuda may not export cuGetProcAddress_v2_ptsz) are fine;
+# the pre-11.0 ABI of a tracked function is reported not found by design (no wrapper has it).
+differ = [k for k, l in shim.items()
+          if "provider=libcuinterpose" not in l and k in plain and plain[k] != l and not k.endswith(".old_abi")]
+print(wrapped, "yes" if not differ else "no:" + ",".join(differ))
+PY
+)
         verdict=$([ "$wrapped" -gt 0 ] && [ "$untracked_same" = yes ] && echo ok || echo FAIL)
         row procaddr "-" "wrapped=$wrapped untracked-identical=$untracked_same" "$verdict"
     else
@@ -155,8 +167,8 @@ fi
 
 if wants bench; then
     log "benchmarks"
-    if timeout 400 "$bin/cuinterpose" bench --json >"$logs/bench.json" 2>"$logs/bench.err"; then
-        "$bin/cuinterpose" bench --print "$logs/bench.json" | tee "$logs/bench.txt"
+    if timeout 500 "$bin/cuinterpose" bench --json-out "$logs/bench.json" >"$logs/bench.txt" 2>"$logs/bench.err"; then
+        cat "$logs/bench.txt"
         row "bench" "-" "see table above" ok
     else
         row "bench" "-" "$(tail -2 "$logs/bench.err" | tr '\n\t' '  ')" FAIL
