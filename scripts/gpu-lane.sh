@@ -3,7 +3,7 @@
 #
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: abi procaddr scenarios shim-scenarios
-#                                          demo torch bench disk hang)
+#                                          demo torch bench disk unlock hang)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -21,7 +21,7 @@ mkdir -p "$out"
 summary=$logs/summary.tsv
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk hang)
+[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -183,6 +183,18 @@ if wants disk; then
     else
         row "demo --to-disk" "-" "$(tail -3 "$logs/demo-disk.err" | tr '\n\t' '  ')" FAIL
     fi
+fi
+
+if wants unlock; then
+    log "open question: driver calls between native restore and unlock"
+    timeout 120 python3 scripts/gpu/restore_before_unlock.py --wait 10 >"$logs/unlock.jsonl" 2>"$logs/unlock.err"
+    row "calls before unlock" "-" "$(python3 -c "
+import json
+for l in open('$logs/unlock.jsonl'):
+    r = json.loads(l)
+    if r['phase'] == 'restored':
+        print('returned=%s in %ss get_info=%s alloc=%s' % (r['returned'], r['seconds'], r.get('mem_get_info'), r.get('mem_alloc')))
+" 2>/dev/null || tail -1 "$logs/unlock.err")" measured
 fi
 
 if wants hang; then
