@@ -3,6 +3,12 @@
 //! Context and stream handles are opaque tagged integers, never dereferenced; a stale or made-up
 //! handle is looked up and refused with the driver's code instead of crashing. The current
 //! context is per thread, as in CUDA (a single slot: the fake keeps no context stack).
+//!
+//! Device ordinals the application passes and receives are the process's own: ordinal `n` names
+//! machine device `n` until a restore onto other GPUs moves it (a restore whose GPU pairs swap
+//! devices 0 and 1 leaves the process's ordinal 0 on the machine's device 1, whose UUID
+//! `cuDeviceGetUuid(0)` then returns, as on the real driver). Inside the fake, allocations,
+//! contexts, access and accounting use machine devices (the index into `Driver::devices`).
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -67,6 +73,9 @@ pub(crate) struct Contexts {
     contexts: BTreeMap<u64, Context>,
     streams: BTreeMap<u64, Stream>,
     next: u64,
+    /// The machine device of each of the process's ordinals; moved with the contexts by a
+    /// restore onto other GPUs.
+    view: Vec<usize>,
 }
 
 thread_local! {
@@ -102,18 +111,39 @@ impl Contexts {
             contexts,
             streams: BTreeMap::new(),
             next: devices as u64 + 1,
+            view: (0..devices).collect(),
         }
+    }
+
+    /// The machine device the process's ordinal `ordinal` names.
+    pub(crate) fn device_of(&self, ordinal: usize) -> Option<usize> {
+        self.view.get(ordinal).copied()
+    }
+
+    /// The process's ordinal for machine device `device` (the lowest, should a restore have put
+    /// two ordinals on one device; `device` itself if none names it).
+    pub(crate) fn ordinal_of(&self, device: usize) -> usize {
+        self.view
+            .iter()
+            .position(|&d| d == device)
+            .unwrap_or(device)
     }
 
     fn live(&self, id: u64) -> Option<&Context> {
         self.contexts.get(&id).filter(|c| c.refs > 0)
     }
 
-    /// Moves every context to the device `map` gives for its old device (restore onto other GPUs).
+    /// Moves every context, and the process's ordinals, to the machine device `map` gives for
+    /// the old one (restore onto other GPUs).
     pub(crate) fn remap(&mut self, map: &[usize]) {
         for ctx in self.contexts.values_mut() {
             if let Some(&to) = map.get(ctx.device) {
                 ctx.device = to;
+            }
+        }
+        for device in &mut self.view {
+            if let Some(&to) = map.get(*device) {
+                *device = to;
             }
         }
     }
@@ -145,7 +175,7 @@ pub(crate) unsafe fn device_get(device: *mut CUdevice, ordinal: c_int) -> Res {
     if device.is_null() {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let dev = state::with(|d| d.device(ordinal))?;
+    let dev = state::with(|d| d.ordinal(ordinal))?;
     // SAFETY: checked non-null; the caller passes a writable CUdevice.
     unsafe { write_out(device, dev as CUdevice) }
 }
@@ -260,7 +290,8 @@ pub(crate) unsafe fn primary_ctx_retain(ctx: *mut CUcontext, dev: CUdevice) -> R
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
     let id = state::with(|d| {
-        let ordinal = d.device(dev)?;
+        // Primary context n + 1 belongs to the process's ordinal n (restore moves both together).
+        let ordinal = d.ordinal(dev)?;
         let id = ordinal as u64 + 1;
         if let Some(c) = d.contexts.contexts.get_mut(&id) {
             c.refs = c.refs.saturating_add(1);
@@ -279,7 +310,7 @@ fn teardown(d: &mut Driver, id: u64) {
 
 pub(crate) fn primary_ctx_release(dev: CUdevice) -> Res {
     state::with(|d| {
-        let ordinal = d.device(dev)?;
+        let ordinal = d.ordinal(dev)?;
         let id = ordinal as u64 + 1;
         let ctx = d
             .contexts
@@ -391,9 +422,9 @@ pub(crate) unsafe fn ctx_get_device(dev: *mut CUdevice) -> Res {
     if dev.is_null() {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let (_, device) = state::with(|d| current(d))?;
+    let ordinal = state::with(|d| current(d).map(|(_, device)| d.ordinal_of(device)))?;
     // SAFETY: checked non-null; the caller passes a writable CUdevice.
-    unsafe { write_out(dev, device as CUdevice) }
+    unsafe { write_out(dev, ordinal as CUdevice) }
 }
 
 pub(crate) fn ctx_synchronize() -> Res {

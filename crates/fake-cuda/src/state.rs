@@ -1,6 +1,7 @@
 //! The driver's process-wide state, one mutex around all of it (a fake needs no finer locking).
 //! Entry points take it for the whole of their work, so a copy never races an unmap.
 
+use std::ffi::c_int;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_abi::CUresult;
@@ -49,12 +50,26 @@ impl Driver {
         id
     }
 
-    /// The device ordinal `dev` if it names a device of this machine.
-    pub(crate) fn device(&self, dev: i32) -> Res<usize> {
+    /// The process's ordinal `dev` if it names a device (`CUDA_ERROR_INVALID_DEVICE` if not).
+    pub(crate) fn ordinal(&self, dev: i32) -> Res<usize> {
         usize::try_from(dev)
             .ok()
             .filter(|&d| d < self.devices.len())
             .ok_or(CUresult::ERROR_INVALID_DEVICE)
+    }
+
+    /// The machine device (index into `devices`) that the process's ordinal `dev` names.
+    pub(crate) fn device(&self, dev: i32) -> Res<usize> {
+        let ordinal = self.ordinal(dev)?;
+        self.contexts
+            .device_of(ordinal)
+            .filter(|&d| d < self.devices.len())
+            .ok_or(CUresult::ERROR_INVALID_DEVICE)
+    }
+
+    /// The process's ordinal of machine device `device`, for values handed to the application.
+    pub(crate) fn ordinal_of(&self, device: usize) -> c_int {
+        self.contexts.ordinal_of(device) as c_int
     }
 }
 

@@ -6,6 +6,13 @@
 //! of a type the allocation was not created with are `CUDA_ERROR_INVALID_VALUE`; Win32 handle
 //! types (and FABRIC where disabled) are `CUDA_ERROR_NOT_SUPPORTED`; a location naming no device
 //! is `CUDA_ERROR_INVALID_DEVICE`; no memory left is `CUDA_ERROR_OUT_OF_MEMORY`.
+//!
+//! Measured on r580 (2026-12-02) and reproduced here: `cuMemMap` of an unaligned size or
+//! allocation offset, or of a range the allocation does not hold, is `CUDA_ERROR_NOT_SUPPORTED`;
+//! `cuMemUnmap` of a reserved range with nothing mapped in it succeeds; `cuMemSetAccess` naming no
+//! device is `CUDA_ERROR_INVALID_VALUE`; `cuMemGetAllocationGranularity` does not look at the
+//! location id; a POSIX import of a descriptor that is not the driver's (negative, not open, any
+//! other file) is `CUDA_ERROR_UNKNOWN`.
 
 use std::ffi::{c_int, c_ulonglong, c_void};
 use std::fs::File;
@@ -48,8 +55,8 @@ pub(crate) fn check_handle_types(d: &Driver, types: u32) -> Res {
     Ok(())
 }
 
-/// Validates allocation properties; returns the device ordinal.
-fn check_prop(d: &Driver, prop: &CUmemAllocationProp) -> Res<usize> {
+/// Validates allocation properties but the location id.
+fn check_prop_kinds(prop: &CUmemAllocationProp) -> Res {
     if prop.type_ != allocation_type::PINNED {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
@@ -60,6 +67,12 @@ fn check_prop(d: &Driver, prop: &CUmemAllocationProp) -> Res<usize> {
         }
         _ => return Err(CUresult::ERROR_INVALID_VALUE),
     }
+    Ok(())
+}
+
+/// Validates allocation properties; returns the machine device.
+fn check_prop(d: &Driver, prop: &CUmemAllocationProp) -> Res<usize> {
+    check_prop_kinds(prop)?;
     let device = d.device(prop.location.id)?;
     check_handle_types(d, prop.requestedHandleTypes)?;
     Ok(device)
@@ -201,17 +214,22 @@ pub(crate) fn mem_map(
     flags: c_ulonglong,
 ) -> Res {
     let (size, offset) = (size as u64, offset as u64);
-    if flags != 0 || size == 0 || !aligned(ptr) || !aligned(size) || !aligned(offset) {
+    if flags != 0 || size == 0 || !aligned(ptr) {
         return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // r580: an unaligned size or offset is "not supported" rather than invalid.
+    if !aligned(size) || !aligned(offset) {
+        return Err(CUresult::ERROR_NOT_SUPPORTED);
     }
     let end = ptr.checked_add(size).ok_or(CUresult::ERROR_INVALID_VALUE)?;
     state::with(|d| {
         let obj = object(d, handle)?;
+        // r580: so is a range the allocation does not hold.
         if offset
             .checked_add(size)
             .is_none_or(|e| e > obj.backing.size)
         {
-            return Err(CUresult::ERROR_INVALID_VALUE);
+            return Err(CUresult::ERROR_NOT_SUPPORTED);
         }
         if !reserved(d, ptr, end) || pieces_in(d, ptr, end).next().is_some() {
             return Err(CUresult::ERROR_INVALID_VALUE);
@@ -263,6 +281,10 @@ pub(crate) fn mem_unmap(ptr: CUdeviceptr, size: usize) -> Res {
     }
     let end = ptr.checked_add(size).ok_or(CUresult::ERROR_INVALID_VALUE)?;
     state::with(|d| {
+        // r580: unmapping a reserved range that holds no mapping succeeds and does nothing.
+        if reserved(d, ptr, end) && pieces_in(d, ptr, end).next().is_none() {
+            return Ok(());
+        }
         let starts = tiling(d, ptr, end, true)?;
         let ids: Vec<u64> = starts
             .iter()
@@ -335,7 +357,10 @@ pub(crate) unsafe fn set_access(
             if a.location.type_ != location_type::DEVICE {
                 return Err(CUresult::ERROR_INVALID_VALUE);
             }
-            let dev = d.device(a.location.id)?;
+            // r580: a location naming no device is an invalid value here (not INVALID_DEVICE).
+            let dev = d
+                .device(a.location.id)
+                .map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
             if !matches!(
                 a.flags,
                 access_flags::PROT_NONE | access_flags::PROT_READ | access_flags::PROT_READWRITE
@@ -488,6 +513,10 @@ pub(crate) unsafe fn export(
     })
 }
 
+/// What r580 returns for a POSIX import of a descriptor that is not one of its exports: a
+/// negative number, a descriptor not open, any other file (measured 2026-12-02).
+const NOT_OURS: CUresult = CUresult::ERROR_UNKNOWN;
+
 /// Opens what a shareable handle names, as a file of our own.
 unsafe fn open_shareable(d: &Driver, os_handle: *mut c_void, kind: u32) -> Res<File> {
     match kind {
@@ -497,10 +526,10 @@ unsafe fn open_shareable(d: &Driver, os_handle: *mut c_void, kind: u32) -> Res<F
             let fd = c_int::try_from(fd)
                 .ok()
                 .filter(|&fd| fd >= 0)
-                .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+                .ok_or(NOT_OURS)?;
             // SAFETY: F_GETFD only asks whether `fd` is open; it borrows nothing.
             if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-                return Err(CUresult::ERROR_INVALID_VALUE);
+                return Err(NOT_OURS);
             }
             // Reopen read-write where possible: a descriptor opened read-only (through
             // /proc/<pid>/fd) could not back a read-write mapping.
@@ -513,9 +542,7 @@ unsafe fn open_shareable(d: &Driver, os_handle: *mut c_void, kind: u32) -> Res<F
             }
             // SAFETY: `fd` is open (checked just above) and borrowed only for the duplication.
             let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-            let owned = borrowed
-                .try_clone_to_owned()
-                .map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+            let owned = borrowed.try_clone_to_owned().map_err(|_| NOT_OURS)?;
             Ok(File::from(owned))
         }
         handle_type::FABRIC => {
@@ -552,19 +579,22 @@ pub(crate) unsafe fn import(
     let h = state::with(|d| {
         // SAFETY: forwarded from the caller, who passes the handle of `kind`.
         let file = unsafe { open_shareable(d, os_handle, kind) }?;
-        let backing = Backing::adopt(file)?;
+        let foreign = if kind == handle_type::POSIX_FILE_DESCRIPTOR {
+            NOT_OURS
+        } else {
+            CUresult::ERROR_INVALID_VALUE
+        };
+        let backing = Backing::adopt(file).map_err(|_| foreign)?;
         let t = backing.trailer;
         if t.handle_types & kind == 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         let (device, multicast) = match t.kind {
-            BackingKind::Vmm => (
-                d.device(t.device as i32)
-                    .map_err(|_| CUresult::ERROR_INVALID_VALUE)?,
-                None,
-            ),
+            // The trailer names a machine device (the same in every process).
+            BackingKind::Vmm if (t.device as usize) < d.devices.len() => (t.device as usize, None),
+            BackingKind::Vmm => return Err(CUresult::ERROR_INVALID_VALUE),
             BackingKind::Multicast => (0, Some(crate::multicast::Multicast::new(t.device))),
-            BackingKind::Legacy => return Err(CUresult::ERROR_INVALID_VALUE),
+            BackingKind::Legacy => return Err(foreign),
         };
         let h = new_handle(d);
         d.mem.objects.insert(
@@ -632,7 +662,7 @@ pub(crate) unsafe fn get_properties(
             requestedHandleTypes: obj.handle_types,
             location: CUmemLocation {
                 type_: location_type::DEVICE,
-                id: obj.device as c_int,
+                id: d.ordinal_of(obj.device),
             },
             win32HandleMetaData: std::ptr::null_mut(),
             allocFlags: obj.alloc_flags,
@@ -652,7 +682,11 @@ pub(crate) unsafe fn granularity(
     }
     // SAFETY: the caller passes a readable CUmemAllocationProp (null is refused).
     let prop = unsafe { read_in(prop) }?;
-    state::with(|d| check_prop(d, &prop).map(|_| ()))?;
+    // r580 answers for any location id, device or not (measured with id 9999).
+    state::with(|d| {
+        check_prop_kinds(&prop)?;
+        check_handle_types(d, prop.requestedHandleTypes)
+    })?;
     // SAFETY: checked non-null; the caller passes a writable size_t.
     unsafe { write_out(granularity, GRANULARITY as usize) }
 }

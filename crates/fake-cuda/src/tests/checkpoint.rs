@@ -187,7 +187,8 @@ fn round_trip_restores_bytes_at_the_same_addresses() {
             let before = (usage(me, 0), usage(me, 1));
             say(&format!("addrs {va0:#x} {va1:#x} {legacy:#x}"));
             wait_for("verify");
-            // Same addresses, same bytes; devices swapped by the GPU pairs.
+            // Same addresses, same bytes; the machine's devices swapped by the GPU pairs, the
+            // process's ordinals unchanged (ordinal 0 is now the machine's device 1).
             assert_eq!(read(va0, 1000).unwrap(), pattern(1000, 1));
             assert_eq!(read(va0 + 1000, 1000).unwrap(), vec![0; 1000]);
             assert_eq!(
@@ -205,21 +206,23 @@ fn round_trip_restores_bytes_at_the_same_addresses() {
                 cu!(x::cuMemGetAllocationPropertiesFromHandle(&mut p, h0)),
                 SUCCESS
             );
-            assert_eq!(p.location.id, 1, "moved to device 1");
+            assert_eq!(p.location.id, 0, "still the process's device 0");
             assert_eq!(
-                get_access(va0, 1),
-                Ok(u64::from(RW)),
-                "access follows the device"
+                uuid(0),
+                crate::device::uuid_of(1),
+                "which is the machine's device 1"
             );
-            assert_eq!(get_access(va0, 0), Ok(0));
+            assert_eq!(uuid(1), crate::device::uuid_of(0));
+            assert_eq!(get_access(va0, 0), Ok(u64::from(RW)), "access as before");
+            assert_eq!(get_access(va0, 1), Ok(0));
             assert_eq!(
                 (usage(me, 1), usage(me, 0)),
                 before,
-                "accounting follows the device"
+                "the machine's accounting follows the memory"
             );
             let mut dev = -1;
             assert_eq!(cu!(x::cuCtxGetDevice(&mut dev)), SUCCESS);
-            assert_eq!(dev, 1, "the context moved too");
+            assert_eq!(dev, 0, "the context is on the process's device 0");
             // Everything keeps working: writes, exports, unmaps, frees.
             assert_eq!(write(va1, b"after"), SUCCESS);
             assert!(export_fd(h0).is_ok());
