@@ -34,6 +34,9 @@ pub trait Progress: Sync {
     fn phase_started(&self, _name: &'static str, _total_bytes: Option<u64>) {}
     /// Bytes moved by one participant.
     fn advance(&self, _bytes: u64) {}
+    /// One participant finished a phase request (`step`): what its shim reported, with the copy
+    /// statistics of Save and Load (the benchmark reads them here).
+    fn participant_done(&self, _step: &'static str, _process: &str, _result: &PhaseResult) {}
     fn phase_finished(&self, _timing: &PhaseTiming) {}
 }
 
@@ -180,6 +183,7 @@ fn phase_all(
                         .map_err(|e| step_error(step, &p.info.label(), e));
                     if let Ok(r) = &result {
                         progress.advance(r.bytes);
+                        progress.participant_done(step, &p.info.label(), r);
                     }
                     result
                 })

@@ -71,10 +71,12 @@ impl Participant {
                 phase,
                 bytes,
                 micros,
+                stats,
             } => Ok(PhaseResult {
                 phase,
                 bytes,
                 micros,
+                stats,
             }),
             other => Err(unexpected(&self.info, request, other)),
         }
@@ -96,6 +98,8 @@ pub struct PhaseResult {
     pub phase: Phase,
     pub bytes: u64,
     pub micros: u64,
+    /// How a copying phase (Save, Load) spent its time.
+    pub stats: Option<protocol::message::CopyStats>,
 }
 
 fn call(

@@ -94,11 +94,13 @@ pub enum Response {
     Fd {
         id: AllocationId,
     },
-    /// A phase finished: how many bytes it moved and how long it took inside the shim.
+    /// A phase finished: how many bytes it moved and how long it took inside the shim; for the
+    /// phases that copy (Save, Load) also how that time was spent.
     PhaseDone {
         phase: Phase,
         bytes: u64,
         micros: u64,
+        stats: Option<CopyStats>,
     },
     /// The request failed; nothing the request would have changed was left half done unless the
     /// message says so.
@@ -106,6 +108,38 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+}
+
+/// How a shim's copy engine reaches its host carrier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CarrierMode {
+    /// DMA into small pinned staging buffers, then a CPU copy to or from the carrier.
+    #[default]
+    Staged,
+    /// DMA straight to or from the carrier, each segment registered (`cuMemHostRegister`) for its
+    /// copy and unregistered after it.
+    Registered,
+}
+
+/// What a copying phase (Save, Load) measured inside one shim. Times in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyStats {
+    pub mode: CarrierMode,
+    /// Bytes copied between device memory and the carrier.
+    pub bytes: u64,
+    /// Copy worker threads.
+    pub threads: u32,
+    /// Carrier mapping and first touch (0 when nothing had to be mapped or touched).
+    pub carrier_micros: u64,
+    /// The carrier of an earlier cycle was big enough and was used again.
+    pub carrier_reused: bool,
+    /// The slowest worker's time spent pinning: staging allocation, or registering and
+    /// unregistering carrier segments. Part of `copy_micros`.
+    pub pin_micros: u64,
+    /// Wall time of the copy engine (workers started to last copy confirmed).
+    pub copy_micros: u64,
+    /// Segments copied through staging because registering them failed (registered mode).
+    pub staged_fallbacks: u32,
 }
 
 /// A shim's identity, returned by HELLO.

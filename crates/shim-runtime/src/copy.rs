@@ -4,26 +4,56 @@
 //! mapped once and reused across cycles: it grows when a capture needs more, and after Thaw its
 //! pages are given back lazily (`MADV_FREE`: kept unless the host needs them, so a next capture
 //! usually finds them resident). Transparent huge pages are requested to cut first-touch faults.
-//! First touch runs on several threads and is timed apart from the copies.
+//! First touch runs on one thread per core (up to 16) and is timed apart from the copies: on the
+//! GPU machine's VM, first touch of fresh memory costs more than the copy itself.
 //!
-//! Copies go through small pinned staging buffers: device → pinned (`cuMemcpyDtoHAsync`) →
-//! carrier (`memcpy`), and back. Each worker thread owns two streams and two staging buffers and
-//! double-buffers: while the DMA of chunk i runs, the CPU moves chunk i-1. Work is cut into
-//! segments so that several workers share one large allocation; each device gets its own workers
-//! with its primary context current.
+//! Two ways between device and carrier, chosen by `CUINTERPOSE_CARRIER` (read once when the
+//! runtime starts; [`CarrierMode`]):
+//! - `registered` (default): each worker registers one segment of the carrier
+//!   (`cuMemHostRegister`), copies it with one asynchronous copy straight to or from the device,
+//!   synchronises and unregisters it. No CPU copy, so the rate is the link's; the pinning of one
+//!   worker overlaps the transfers of the others. Every segment is unregistered before the phase
+//!   answers, so native checkpoint never meets registered carrier memory. A segment whose
+//!   registration fails is copied staged instead (counted in the statistics).
+//! - `staged`: device → small pinned staging buffer (`cuMemcpyDtoHAsync`) → carrier (`memcpy`),
+//!   and back. Each worker owns two streams and two staging buffers and double-buffers: while the
+//!   DMA of chunk i runs, the CPU moves chunk i-1. The CPU copy caps each worker's rate (about
+//!   10 GB/s), so several workers are needed to fill the link.
+//!
+//! Work is cut into segments so that several workers share one large allocation; each device gets
+//! its own workers with its primary context current.
 //!
 //! DMA safety: if a stream cannot be synchronised, a copy may still be in flight into the staging
-//! buffer or out of the carrier, so neither is freed or reused: the staging buffer is leaked and
-//! the carrier is marked poisoned (never unmapped) and the phase fails.
+//! buffer or the carrier, so neither is freed, unregistered or reused: the staging buffer is
+//! leaked, a registered segment stays registered, the carrier is marked poisoned (never unmapped)
+//! and the phase fails.
 
 #![allow(unsafe_code)] // raw carrier memory and driver calls; each block says why it is sound
 
 use crate::Real;
+use crate::log::log_warn;
 use cuda_abi::{CUcontext, CUresult, CUstream};
+pub use protocol::message::CarrierMode;
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+/// The environment variable that picks the [`CarrierMode`].
+pub const CARRIER_ENV: &str = "CUINTERPOSE_CARRIER";
+
+/// The mode a `CUINTERPOSE_CARRIER` value names: `registered` (also the default when unset or
+/// empty) or `staged`; anything else is the default, with a warning.
+pub fn mode_from(value: Option<&str>) -> CarrierMode {
+    match value.map(str::trim) {
+        None | Some("") | Some("registered") => CarrierMode::Registered,
+        Some("staged") => CarrierMode::Staged,
+        Some(other) => {
+            log_warn!("{CARRIER_ENV}={other:?} is not registered or staged; using registered");
+            CarrierMode::Registered
+        }
+    }
+}
 
 /// Staging buffer size (each worker has two).
 pub const CHUNK: usize = 8 << 20;
@@ -65,14 +95,15 @@ fn round_up(n: usize, to: usize) -> usize {
 }
 
 impl Carrier {
-    /// Makes room for `len` bytes and touches every page with `threads` threads. Returns the time
-    /// spent (allocation plus first touch).
-    pub fn ensure(&mut self, len: usize, threads: usize) -> Result<Duration, CopyError> {
+    /// Makes room for `len` bytes and touches every page in parallel. Returns the time spent
+    /// (allocation plus first touch) and whether the existing carrier was big enough.
+    pub fn ensure(&mut self, len: usize) -> Result<(Duration, bool), CopyError> {
         let start = Instant::now();
         if len == 0 {
-            return Ok(Duration::ZERO);
+            return Ok((Duration::ZERO, false));
         }
-        if self.len < len {
+        let reused = self.len >= len;
+        if !reused {
             let want = round_up(len, 2 << 20);
             // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
             let ptr = unsafe {
@@ -93,8 +124,8 @@ impl Carrier {
             self.base = ptr as usize;
             self.len = want;
         }
-        touch(self.base, len, threads);
-        Ok(start.elapsed())
+        touch(self.base, len, touch_threads());
+        Ok((start.elapsed(), reused))
     }
 
     pub fn base(&self) -> usize {
@@ -118,6 +149,12 @@ impl Carrier {
             };
         }
     }
+}
+
+/// Threads for first touch: one per core, up to 16 (page faults of fresh memory scale with cores;
+/// on a VM whose memory grows on first touch they are most of the carrier's cost).
+fn touch_threads() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get().min(16))
 }
 
 /// Writes one byte per page of `[base, base + len)` from `threads` threads, in parallel.
@@ -183,12 +220,16 @@ pub fn segments(device: i32, dev: u64, host: usize, len: usize) -> Vec<Unit> {
 /// What the copy engine measured.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CopyStats {
+    pub mode: CarrierMode,
     pub bytes: u64,
-    /// Longest time a worker spent allocating its pinned staging.
-    pub staging: Duration,
-    /// Wall time of the whole copy (staging allocation included).
+    /// Longest time a worker spent pinning: allocating its staging, or registering and
+    /// unregistering carrier segments.
+    pub pin: Duration,
+    /// Wall time of the whole copy (pinning included).
     pub wall: Duration,
     pub threads: usize,
+    /// Segments copied staged because their registration failed.
+    pub staged_fallbacks: u32,
     /// A stream could not be synchronised: DMA may still touch the carrier.
     pub dma_uncertain: bool,
 }
@@ -236,66 +277,146 @@ impl Drop for DeviceContext<'_> {
     }
 }
 
-/// A worker's streams and staging buffers.
+/// A worker's streams, and its staging buffers once a staged copy needs them.
 struct Lane<'a> {
     real: &'a Real,
     device: i32,
     streams: [CUstream; 2],
+    /// Null until [`Lane::staging`] allocates them.
     buffers: [*mut u8; 2],
     /// Set when a synchronisation failed: the buffers must not be freed.
     uncertain: bool,
+    /// Time spent pinning (staging allocation, segment registration and unregistration).
+    pin: Duration,
+    staged_fallbacks: u32,
 }
 
 impl<'a> Lane<'a> {
     fn new(real: &'a Real, device: i32) -> Result<Lane<'a>, CopyError> {
-        let err = |call, result| CopyError::Driver {
-            call,
-            device,
-            result,
-        };
         let mut lane = Lane {
             real,
             device,
             streams: [std::ptr::null_mut(); 2],
             buffers: [std::ptr::null_mut(); 2],
             uncertain: false,
+            pin: Duration::ZERO,
+            staged_fallbacks: 0,
         };
         for s in &mut lane.streams {
             // SAFETY: valid out-pointer; a context is current on this thread.
             let r = unsafe { (real.cuStreamCreate)(s, STREAM_NON_BLOCKING) };
             if !r.is_success() {
-                return Err(err("cuStreamCreate", r));
+                return Err(lane.error("cuStreamCreate", r));
             }
-        }
-        for b in &mut lane.buffers {
-            let mut p: *mut core::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            let r = unsafe { (real.cuMemHostAlloc)(&mut p, CHUNK, 0) };
-            if !r.is_success() || p.is_null() {
-                return Err(err("cuMemHostAlloc", r));
-            }
-            *b = p.cast();
         }
         Ok(lane)
     }
 
+    fn error(&self, call: &'static str, result: CUresult) -> CopyError {
+        CopyError::Driver {
+            call,
+            device: self.device,
+            result,
+        }
+    }
+
+    /// Allocates the two staging buffers on first use.
+    fn staging(&mut self) -> Result<(), CopyError> {
+        let t = Instant::now();
+        for i in 0..2 {
+            if self.buffers.get(i).is_some_and(|b| !b.is_null()) {
+                continue;
+            }
+            let mut p: *mut core::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            let r = unsafe { (self.real.cuMemHostAlloc)(&mut p, CHUNK, 0) };
+            if !r.is_success() || p.is_null() {
+                self.pin += t.elapsed();
+                return Err(self.error("cuMemHostAlloc", r));
+            }
+            if let Some(b) = self.buffers.get_mut(i) {
+                *b = p.cast();
+            }
+        }
+        self.pin += t.elapsed();
+        Ok(())
+    }
+
+    fn stream(&self, b: usize) -> CUstream {
+        self.streams.get(b).copied().unwrap_or(std::ptr::null_mut())
+    }
+
     fn sync(&mut self, b: usize) -> Result<(), CopyError> {
-        let stream = self.streams.get(b).copied().unwrap_or(std::ptr::null_mut());
         // SAFETY: a stream of ours.
-        let r = unsafe { (self.real.cuStreamSynchronize)(stream) };
+        let r = unsafe { (self.real.cuStreamSynchronize)(self.stream(b)) };
         if r.is_success() {
             Ok(())
         } else {
             self.uncertain = true;
-            Err(CopyError::Driver {
-                call: "cuStreamSynchronize",
-                device: self.device,
-                result: r,
-            })
+            Err(self.error("cuStreamSynchronize", r))
         }
     }
 
-    fn run(&mut self, unit: Unit, dir: Direction) -> Result<(), CopyError> {
+    fn run(&mut self, unit: Unit, dir: Direction, mode: CarrierMode) -> Result<(), CopyError> {
+        match mode {
+            CarrierMode::Registered => self.run_registered(unit, dir),
+            CarrierMode::Staged => {
+                self.staging()?;
+                self.run_staged(unit, dir)
+            }
+        }
+    }
+
+    /// Registers the unit's part of the carrier, copies it in one asynchronous copy, and
+    /// unregisters it; falls back to staging when the driver refuses the registration.
+    fn run_registered(&mut self, unit: Unit, dir: Direction) -> Result<(), CopyError> {
+        let host = unit.host as *mut core::ffi::c_void;
+        let t = Instant::now();
+        // SAFETY: `host..host+len` lies inside the carrier mapping, which outlives the copy; no
+        // other worker registers an overlapping range (units are disjoint, page-aligned).
+        let r = unsafe { (self.real.cuMemHostRegister_v2)(host, unit.len, 0) };
+        self.pin += t.elapsed();
+        if !r.is_success() {
+            if self.staged_fallbacks == 0 {
+                log_warn!(
+                    "cuMemHostRegister of a carrier segment failed on device {}: {r}; copying staged",
+                    self.device
+                );
+            }
+            self.staged_fallbacks += 1;
+            self.staging()?;
+            return self.run_staged(unit, dir);
+        }
+        let stream = self.stream(0);
+        let (call, r) = match dir {
+            // SAFETY: `host` is registered for `len` bytes inside the carrier, `dev` a mapped range
+            // of at least `len` bytes; the copy is synchronised before the range is unregistered.
+            Direction::ToHost => ("cuMemcpyDtoHAsync", unsafe {
+                (self.real.cuMemcpyDtoHAsync_v2)(host, unit.dev, unit.len, stream)
+            }),
+            // SAFETY: as above, the other way.
+            Direction::ToDevice => ("cuMemcpyHtoDAsync", unsafe {
+                (self.real.cuMemcpyHtoDAsync_v2)(unit.dev, host, unit.len, stream)
+            }),
+        };
+        // Whether or not the copy was queued, the stream must be idle before the range is let go.
+        let synced = self.sync(0);
+        if synced.is_ok() {
+            let t = Instant::now();
+            // SAFETY: registered above; no copy is pending on it (the stream is synchronised).
+            let u = unsafe { (self.real.cuMemHostUnregister)(host) };
+            self.pin += t.elapsed();
+            if !u.is_success() {
+                return Err(self.error("cuMemHostUnregister", u));
+            }
+        }
+        if !r.is_success() {
+            return Err(self.error(call, r));
+        }
+        synced
+    }
+
+    fn run_staged(&mut self, unit: Unit, dir: Direction) -> Result<(), CopyError> {
         let mut pending: [Option<(usize, usize)>; 2] = [None, None];
         let mut order = VecDeque::with_capacity(2);
         let mut off = 0;
@@ -311,7 +432,7 @@ impl<'a> Lane<'a> {
                 }
             }
             let buf = self.buffers.get(b).copied().unwrap_or(std::ptr::null_mut());
-            let stream = self.streams.get(b).copied().unwrap_or(std::ptr::null_mut());
+            let stream = self.stream(b);
             let dev = unit.dev + off as u64;
             let host = unit.host + off;
             let r = match dir {
@@ -329,14 +450,13 @@ impl<'a> Lane<'a> {
             };
             if !r.is_success() {
                 self.uncertain = true;
-                return Err(CopyError::Driver {
-                    call: match dir {
+                return Err(self.error(
+                    match dir {
                         Direction::ToHost => "cuMemcpyDtoHAsync",
                         Direction::ToDevice => "cuMemcpyHtoDAsync",
                     },
-                    device: self.device,
-                    result: r,
-                });
+                    r,
+                ));
             }
             if let Some(slot) = pending.get_mut(b) {
                 *slot = Some((host, n));
@@ -368,7 +488,8 @@ impl Drop for Lane<'_> {
     fn drop(&mut self) {
         if self.uncertain {
             crate::log::log_error!(
-                "a copy on device {} could not be confirmed finished; its staging is kept",
+                "a copy on device {} could not be confirmed finished; its staging and carrier \
+                 segment are kept",
                 self.device
             );
             return;
@@ -396,7 +517,12 @@ pub fn workers_per_device(devices: usize) -> usize {
 
 /// Copies every unit, in parallel across devices and segments. The stats come back also on
 /// failure: `dma_uncertain` tells the caller not to free what a copy may still touch.
-pub fn copy_all(real: &Real, units: Vec<Unit>, dir: Direction) -> (CopyStats, Option<CopyError>) {
+pub fn copy_all(
+    real: &Real,
+    units: Vec<Unit>,
+    dir: Direction,
+    mode: CarrierMode,
+) -> (CopyStats, Option<CopyError>) {
     let start = Instant::now();
     let bytes: u64 = units.iter().map(|u| u.len as u64).sum();
     let mut by_device: Vec<(i32, Mutex<VecDeque<Unit>>)> = Vec::new();
@@ -412,7 +538,8 @@ pub fn copy_all(real: &Real, units: Vec<Unit>, dir: Direction) -> (CopyStats, Op
     }
     let per = workers_per_device(by_device.len());
     let failed = AtomicBool::new(false);
-    let staging = Mutex::new(Duration::ZERO);
+    let pin = Mutex::new(Duration::ZERO);
+    let fallbacks = AtomicU32::new(0);
     let uncertain = AtomicBool::new(false);
     let mut threads = 0;
     let first_error: Mutex<Option<CopyError>> = Mutex::new(None);
@@ -421,26 +548,26 @@ pub fn copy_all(real: &Real, units: Vec<Unit>, dir: Direction) -> (CopyStats, Op
             let n = per.min(queue.lock().unwrap_or_else(|e| e.into_inner()).len());
             for _ in 0..n {
                 threads += 1;
-                let (failed, staging, uncertain, first_error) =
-                    (&failed, &staging, &uncertain, &first_error);
+                let (failed, pin, fallbacks, uncertain, first_error) =
+                    (&failed, &pin, &fallbacks, &uncertain, &first_error);
                 let work = move || {
                     let result = (|| {
                         let _ctx = DeviceContext::enter(real, *device)?;
-                        let t = Instant::now();
                         let mut lane = Lane::new(real, *device)?;
-                        {
-                            let mut st = staging.lock().unwrap_or_else(|e| e.into_inner());
-                            *st = (*st).max(t.elapsed());
-                        }
                         let result = (|| {
                             while !failed.load(Ordering::Relaxed) {
                                 let unit =
                                     queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
                                 let Some(unit) = unit else { break };
-                                lane.run(unit, dir)?;
+                                lane.run(unit, dir, mode)?;
                             }
                             Ok(())
                         })();
+                        {
+                            let mut p = pin.lock().unwrap_or_else(|e| e.into_inner());
+                            *p = (*p).max(lane.pin);
+                        }
+                        fallbacks.fetch_add(lane.staged_fallbacks, Ordering::Relaxed);
                         if lane.uncertain {
                             uncertain.store(true, Ordering::Relaxed);
                         }
@@ -468,14 +595,131 @@ pub fn copy_all(real: &Real, units: Vec<Unit>, dir: Direction) -> (CopyStats, Op
         }
     });
     let stats = CopyStats {
+        mode,
         bytes,
-        staging: *staging.lock().unwrap_or_else(|e| e.into_inner()),
+        pin: *pin.lock().unwrap_or_else(|e| e.into_inner()),
         wall: start.elapsed(),
         threads,
+        staged_fallbacks: fallbacks.load(Ordering::Relaxed),
         dma_uncertain: uncertain.load(Ordering::Relaxed),
     };
     (
         stats,
         first_error.into_inner().unwrap_or_else(|e| e.into_inner()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdriver;
+    use cuda_abi::{CUmemAllocationProp, CUmemLocation, location_type};
+
+    /// A mapped test-driver allocation of `len` bytes holding `pattern(i)` at byte i.
+    fn device_buffer(real: &Real, len: usize, salt: u8) -> u64 {
+        let prop = CUmemAllocationProp {
+            type_: cuda_abi::allocation_type::PINNED,
+            location: CUmemLocation {
+                type_: location_type::DEVICE,
+                id: 0,
+            },
+            ..Default::default()
+        };
+        let (mut h, mut va) = (0u64, 0u64);
+        // SAFETY: valid out-pointer and props.
+        assert!(unsafe { (real.cuMemCreate)(&mut h, len, &prop, 0) }.is_success());
+        // SAFETY: valid out-pointer.
+        assert!(unsafe { (real.cuMemAddressReserve)(&mut va, len, 0, 0, 0) }.is_success());
+        // SAFETY: the reservation and handle just made, both `len` bytes.
+        assert!(unsafe { (real.cuMemMap)(va, len, 0, h, 0) }.is_success());
+        let bytes: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(31) ^ salt)
+            .collect();
+        // SAFETY: `bytes` has `len` bytes, `va` a mapping of `len` bytes.
+        let r = unsafe { (real.cuMemcpyHtoD_v2)(va, bytes.as_ptr().cast(), len) };
+        assert!(r.is_success());
+        va
+    }
+
+    fn read_device(real: &Real, va: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        // SAFETY: `out` has `len` bytes, `va` a mapping of `len` bytes.
+        let r = unsafe { (real.cuMemcpyDtoH_v2)(out.as_mut_ptr().cast(), va, len) };
+        assert!(r.is_success());
+        out
+    }
+
+    /// Saves a buffer of two segments and a bit into the carrier, wipes it, loads it back.
+    fn round_trip(real: &Real, mode: CarrierMode, salt: u8) -> (CopyStats, CopyStats) {
+        let len = SEGMENT + (4 << 20);
+        let va = device_buffer(real, len, salt);
+        let before = read_device(real, va, len);
+        let mut carrier = Carrier::default();
+        let (_, reused) = carrier.ensure(len).expect("carrier");
+        assert!(!reused);
+        let units = segments(0, va, carrier.base(), len);
+        assert_eq!(units.len(), 2);
+        let (saved, error) = copy_all(real, units.clone(), Direction::ToHost, mode);
+        assert!(error.is_none(), "{error:?}");
+        // SAFETY: the carrier holds `len` bytes just written by the copy engine.
+        let host = unsafe { std::slice::from_raw_parts(carrier.base() as *const u8, len) };
+        assert!(
+            host == before.as_slice(),
+            "the carrier holds the device bytes"
+        );
+        let zeros = vec![0u8; len];
+        // SAFETY: as in device_buffer.
+        let r = unsafe { (real.cuMemcpyHtoD_v2)(va, zeros.as_ptr().cast(), len) };
+        assert!(r.is_success());
+        let (loaded, error) = copy_all(real, units, Direction::ToDevice, mode);
+        assert!(error.is_none(), "{error:?}");
+        assert!(
+            read_device(real, va, len) == before,
+            "the device got its bytes back"
+        );
+        let (_, reused) = carrier.ensure(len).expect("carrier again");
+        assert!(reused, "a big enough carrier is used again");
+        (saved, loaded)
+    }
+
+    #[test]
+    fn both_carrier_modes_move_every_byte_both_ways() {
+        let real = testdriver::real();
+        for (mode, salt) in [(CarrierMode::Registered, 1), (CarrierMode::Staged, 2)] {
+            let (saved, loaded) = round_trip(&real, mode, salt);
+            for stats in [saved, loaded] {
+                assert_eq!(stats.mode, mode);
+                assert_eq!(stats.bytes, (SEGMENT + (4 << 20)) as u64);
+                assert_eq!(stats.staged_fallbacks, 0);
+                assert!(stats.threads >= 1);
+                assert!(!stats.dma_uncertain);
+            }
+        }
+    }
+
+    unsafe extern "C" fn refuse_register(
+        _: *mut core::ffi::c_void,
+        _: usize,
+        _: core::ffi::c_uint,
+    ) -> CUresult {
+        CUresult::ERROR_NOT_SUPPORTED
+    }
+
+    #[test]
+    fn a_refused_registration_falls_back_to_staging() {
+        let mut real = testdriver::real();
+        real.cuMemHostRegister_v2 = refuse_register;
+        let (saved, loaded) = round_trip(&real, CarrierMode::Registered, 3);
+        assert_eq!(saved.staged_fallbacks, 2, "both segments went staged");
+        assert_eq!(loaded.staged_fallbacks, 2);
+    }
+
+    #[test]
+    fn the_carrier_knob_names_a_mode() {
+        assert_eq!(mode_from(None), CarrierMode::Registered);
+        assert_eq!(mode_from(Some("")), CarrierMode::Registered);
+        assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
+        assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
+        assert_eq!(mode_from(Some("pinned")), CarrierMode::Registered);
+    }
 }

@@ -41,36 +41,37 @@ use crate::registry::{Kind, Mapping, VHandle, driver_props};
 use crate::runtime::Runtime;
 use crate::track::FetchError;
 use cuda_abi::*;
+use protocol::message::CopyStats;
 use protocol::record::{AllocationId, Phase};
 use protocol::{ErrorCode, Request, Response};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Phase machinery the control worker owns.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Control {
     pub(crate) carrier: copy::Carrier,
+    /// How copies reach the carrier (`CUINTERPOSE_CARRIER`, read once when the runtime starts).
+    pub(crate) mode: copy::CarrierMode,
     /// Figures of the last phase that copied, for the log and for benchmarks.
-    pub(crate) last: PhaseStats,
+    pub(crate) last: CopyStats,
+}
+
+impl Default for Control {
+    /// Reads `CUINTERPOSE_CARRIER` (the runtime makes its `Control` once, at start).
+    fn default() -> Control {
+        Control {
+            carrier: copy::Carrier::default(),
+            mode: copy::mode_from(std::env::var(copy::CARRIER_ENV).ok().as_deref()),
+            last: CopyStats::default(),
+        }
+    }
 }
 
 impl Control {
     pub(crate) fn carrier_poisoned(&self) -> bool {
         self.carrier.is_poisoned()
     }
-}
-
-/// What a copying phase measured.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PhaseStats {
-    pub bytes: u64,
-    /// Carrier allocation and first touch.
-    pub carrier_micros: u64,
-    /// Pinned staging allocation (longest worker).
-    pub staging_micros: u64,
-    /// The copies (wall time, staging allocation included).
-    pub copy_micros: u64,
-    pub threads: u32,
 }
 
 /// Why a phase failed.
@@ -160,26 +161,28 @@ impl Runtime {
     pub fn run_phase(&self, request: Request) -> Response {
         let start = Instant::now();
         let name = request_name(&request);
+        let plain = |r: Result<u64, PhaseError>| r.map(|bytes| (bytes, None));
         let result = match request {
-            Request::Freeze { timeout_ms } => self.freeze(timeout_ms),
+            Request::Freeze { timeout_ms } => plain(self.freeze(timeout_ms)),
             Request::Save => self.save(),
-            Request::Release => self.release(),
+            Request::Release => plain(self.release()),
             Request::Load => self.load(),
-            Request::Import => self.import(),
-            Request::Thaw => self.thaw(),
+            Request::Import => plain(self.import()),
+            Request::Thaw => plain(self.thaw()),
             other => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request"
             ))),
         };
         let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         match result {
-            Ok(bytes) => {
+            Ok((bytes, stats)) => {
                 let phase = self.lock().phase();
                 log_info!("{name} done: {bytes} bytes in {micros} us, now {phase:?}");
                 Response::PhaseDone {
                     phase,
                     bytes,
                     micros,
+                    stats,
                 }
             }
             Err(e) => {
@@ -193,7 +196,7 @@ impl Runtime {
     }
 
     /// Figures of the last copying phase.
-    pub fn last_stats(&self) -> PhaseStats {
+    pub fn last_stats(&self) -> CopyStats {
         self.control().last
     }
 
@@ -302,7 +305,10 @@ impl Runtime {
         work: Vec<(TempMap, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
-        let base = self.control().carrier.base();
+        let (base, mode) = {
+            let control = self.control();
+            (control.carrier.base(), control.mode)
+        };
         let mut units: Vec<Unit> = Vec::new();
         for (map, device, offset) in &work {
             units.extend(copy::segments(
@@ -312,7 +318,7 @@ impl Runtime {
                 map.size,
             ));
         }
-        let (stats, error) = copy::copy_all(&self.real, units, dir);
+        let (stats, error) = copy::copy_all(&self.real, units, dir, mode);
         if stats.dma_uncertain {
             // Fail-stop on this data: the mappings and the carrier may still be read or written.
             self.control().carrier.poison();
@@ -330,7 +336,7 @@ impl Runtime {
         }
     }
 
-    fn save(&self) -> Result<u64, PhaseError> {
+    fn save(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
         self.expect_phase("Save", &[Phase::Frozen])?;
         let items: Vec<(VHandle, u64, usize, i32)> = {
             let reg = self.lock();
@@ -346,8 +352,7 @@ impl Runtime {
                 .collect()
         };
         let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
-        let threads = copy::workers_per_device(1);
-        let carrier_time = self.control().carrier.ensure(total, threads)?;
+        let carrier = self.control().carrier.ensure(total)?;
         let mut work = Vec::with_capacity(items.len());
         let mut offsets = Vec::with_capacity(items.len());
         let mut offset = 0u64;
@@ -379,28 +384,38 @@ impl Runtime {
             }
             reg.phase = Some(Phase::Saved);
         }
-        self.record_stats(stats, carrier_time);
-        Ok(stats.bytes)
+        let recorded = self.record_stats(stats, carrier);
+        Ok((stats.bytes, Some(recorded)))
     }
 
-    fn record_stats(&self, stats: copy::CopyStats, carrier: Duration) {
+    /// Keeps and logs what a copying phase measured; `carrier` is the carrier's preparation
+    /// (time, reused) for Save, nothing for Load.
+    fn record_stats(&self, stats: copy::CopyStats, carrier: (Duration, bool)) -> CopyStats {
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let last = PhaseStats {
+        let last = CopyStats {
+            mode: stats.mode,
             bytes: stats.bytes,
-            carrier_micros: micros(carrier),
-            staging_micros: micros(stats.staging),
-            copy_micros: micros(stats.wall),
             threads: u32::try_from(stats.threads).unwrap_or(u32::MAX),
+            carrier_micros: micros(carrier.0),
+            carrier_reused: carrier.1,
+            pin_micros: micros(stats.pin),
+            copy_micros: micros(stats.wall),
+            staged_fallbacks: stats.staged_fallbacks,
         };
         log_debug!(
-            "copied {} bytes with {} threads: carrier {} us, staging {} us, copies {} us",
+            "copied {} bytes {:?} with {} threads: carrier {} us (reused {}), pinning {} us, \
+             copies {} us, {} staged fallbacks",
             last.bytes,
+            last.mode,
             last.threads,
             last.carrier_micros,
-            last.staging_micros,
-            last.copy_micros
+            last.carrier_reused,
+            last.pin_micros,
+            last.copy_micros,
+            last.staged_fallbacks
         );
         self.control().last = last;
+        last
     }
 
     /// Unmaps the live mappings of an object and releases its driver handle, recording each step.
@@ -519,7 +534,7 @@ impl Runtime {
         }
     }
 
-    fn load(&self) -> Result<u64, PhaseError> {
+    fn load(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
         self.expect_phase(
             "Load",
             &[Phase::Frozen, Phase::Saved, Phase::Released, Phase::Loaded],
@@ -650,9 +665,9 @@ impl Runtime {
                 loaded += item.size as u64;
             }
         }
-        self.record_stats(stats, Duration::ZERO);
+        let recorded = self.record_stats(stats, (Duration::ZERO, false));
         self.set_phase(Phase::Loaded);
-        Ok(loaded)
+        Ok((loaded, Some(recorded)))
     }
 
     /// Maps a rebuilt creation at its recorded addresses, exports it into the cache and points the

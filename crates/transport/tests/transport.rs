@@ -133,11 +133,13 @@ fn answer(request: &Request) -> Response {
             phase: Phase::Frozen,
             bytes: 0,
             micros: u64::from(*timeout_ms),
+            stats: None,
         },
         _ => Response::PhaseDone {
             phase: Phase::Saved,
             bytes: 1 << 30,
             micros: 7,
+            stats: None,
         },
     }
 }

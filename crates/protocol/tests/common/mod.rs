@@ -115,6 +115,16 @@ pub fn responses() -> Vec<Response> {
             phase: Phase::Released,
             bytes: 1 << 40,
             micros: 12,
+            stats: Some(message::CopyStats {
+                mode: message::CarrierMode::Registered,
+                bytes: 1 << 40,
+                threads: 8,
+                carrier_micros: 5,
+                carrier_reused: true,
+                pin_micros: 3,
+                copy_micros: 11,
+                staged_fallbacks: 1,
+            }),
         },
         Response::Error {
             code: ErrorCode::Driver,
