@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod bench;
 mod demo;
 mod output;
 mod progress;
@@ -127,6 +128,8 @@ enum Command {
     },
     /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
     Demo(demo::DemoArgs),
+    /// Measure the shim's overhead, suspend/resume copy rates and the native checkpoint baseline
+    Bench(bench::BenchArgs),
     /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
     #[command(hide = true)]
     AbiLayout,
@@ -267,6 +270,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             output::print_disk_report("restored", &report, json)
         }
         Command::Demo(args) => demo::demo(args),
+        Command::Bench(args) => bench::bench(args),
         Command::AbiLayout => {
             print!("{}", cuda_abi::layout::report());
             Ok(())

@@ -1,0 +1,725 @@
+//! `cuinterpose bench`: what the interposer costs and how fast a suspend and resume move bytes.
+//!
+//! 1. Overhead: `cuinterpose-workload bench` run alternately without and with the shim
+//!    (`--repetitions` runs each, medians): a loop of untracked calls (`cuCtxSynchronize`, a
+//!    256-byte `cuMemsetD8` and `cuMemcpyHtoD`; the shim returns these unwrapped) and a loop of
+//!    tracked create/map/set-access/unmap/release cycles. Ratios shim/no-shim.
+//! 2. Capture: a ring group under the shim sharing `--size` bytes in all, suspended and resumed
+//!    `--cycles` times in place (the second cycle reuses the carriers), with every phase timed and
+//!    each shim's copy statistics (copy, pinning, carrier first touch) from its answers to Save and
+//!    Load; contents verified after the last resume.
+//! 3. Native: in the same run, one process without the shim holding a filled `cuMemAlloc` of the
+//!    same size, natively locked and checkpointed, then restored and unlocked, timed; contents
+//!    verified. The speed-up compares bytes per second of suspend+resume with native
+//!    checkpoint+restore.
+//!
+//! Figures only: nothing here passes or fails on a time.
+
+use crate::output::bytes;
+use crate::progress::Bars;
+use anyhow::{Context, ensure};
+use control::capture::{self, PhaseTiming, Progress, Report, ResumeOptions, SuspendOptions};
+use control::group::PhaseResult;
+use control::native::Driver;
+use protocol::message::CopyStats;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use testkit::harness::{Artifacts, DriverKind, Group, TestEnv, WorkloadOptions};
+
+/// Registry memory per tracked allocation (one allocation mapped twice with access for two
+/// devices), measured with a counting allocator by `crates/shim-runtime/tests/registry_memory.rs`.
+const REGISTRY_BYTES_PER_ALLOCATION: u64 = 621;
+/// Bound on each workload command: filling and verifying many GiB takes a while.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
+/// Allocations are rounded to this (the usual VMM granularity).
+const GRANULE: u64 = 2 << 20;
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Bytes the group shares in all, split evenly over its processes (suffixes K, M, G; default:
+    /// 8G on a GPU, 256M on the fake driver); the native baseline uses the same size
+    #[arg(long, value_parser = parse_size)]
+    size: Option<u64>,
+    /// Processes in the group (each creates one shared allocation and imports its neighbour's)
+    #[arg(long, default_value_t = 2)]
+    processes: usize,
+    /// Suspend/resume cycles of the same group (the second shows carrier reuse)
+    #[arg(long, default_value_t = 2)]
+    cycles: usize,
+    /// Iterations of each untracked loop per overhead run
+    #[arg(long, default_value_t = 100_000)]
+    iterations: u64,
+    /// Iterations of the tracked cycle per overhead run
+    #[arg(long, default_value_t = 2_000)]
+    tracked_iterations: u64,
+    /// Overhead runs with and without the shim each (medians are reported)
+    #[arg(long, default_value_t = 5)]
+    repetitions: usize,
+    /// Leave out the overhead benchmark
+    #[arg(long)]
+    no_overhead: bool,
+    /// Leave out the capture benchmark and its native baseline
+    #[arg(long)]
+    no_capture: bool,
+    /// Use the bundled fake driver even when a GPU is present
+    #[arg(long)]
+    fake: bool,
+    /// Print the JSON report instead of tables
+    #[arg(long)]
+    json: bool,
+    /// Also write the JSON report to FILE
+    #[arg(long, value_name = "FILE")]
+    json_out: Option<PathBuf>,
+}
+
+/// `8G`, `256M`, `4096`, `0x1000`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (digits, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        Some('T' | 't') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let value = match digits.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => digits.parse::<u64>(),
+    }
+    .map_err(|_| format!("{text:?} is not a size (e.g. 8G, 256M, 4096)"))?;
+    value
+        .checked_mul(1 << shift)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("{text:?} is zero or too large"))
+}
+
+/// The whole report (`--json`, `--json-out`).
+#[derive(Debug, serde::Serialize)]
+pub struct BenchReport {
+    pub driver: String,
+    pub on_gpu: bool,
+    pub overhead: Option<Overhead>,
+    pub capture: Option<Capture>,
+}
+
+/// Medians of the overhead runs, nanoseconds per iteration.
+#[derive(Debug, serde::Serialize)]
+pub struct Overhead {
+    pub repetitions: usize,
+    pub iterations: u64,
+    pub tracked_iterations: u64,
+    /// Untracked calls, one line per call and their sum.
+    pub untracked: Vec<Ratio>,
+    /// The tracked cycle and its calls.
+    pub tracked: Vec<Ratio>,
+    /// Targets: untracked sum ≤ 1.02, tracked cycle ≤ 1.10.
+    pub untracked_ratio: f64,
+    pub tracked_ratio: f64,
+    pub registry_bytes_per_allocation: u64,
+    pub registry_source: &'static str,
+}
+
+/// One measured line: without and with the shim.
+#[derive(Debug, serde::Serialize)]
+pub struct Ratio {
+    pub name: String,
+    pub without_shim_ns: f64,
+    pub with_shim_ns: f64,
+    pub ratio: f64,
+}
+
+impl Ratio {
+    fn new(name: &str, without: f64, with: f64) -> Ratio {
+        Ratio {
+            name: name.into(),
+            without_shim_ns: without,
+            with_shim_ns: with,
+            ratio: if without > 0.0 { with / without } else { 0.0 },
+        }
+    }
+}
+
+/// The capture benchmark.
+#[derive(Debug, serde::Serialize)]
+pub struct Capture {
+    pub processes: usize,
+    pub bytes_per_process: u64,
+    pub shared_bytes: u64,
+    pub cycles: Vec<Cycle>,
+    pub native: Native,
+    pub verified: Vec<String>,
+}
+
+/// One suspend and resume of the group.
+#[derive(Debug, serde::Serialize)]
+pub struct Cycle {
+    pub cycle: usize,
+    pub suspend: Report,
+    pub resume: Report,
+    pub save: CopySummary,
+    pub load: CopySummary,
+    pub suspend_gb_per_s: f64,
+    pub resume_gb_per_s: f64,
+    /// Bytes per second of suspend+resume over native checkpoint+restore of the same bytes
+    /// (target on the H200: at least 5).
+    pub speedup_vs_native: f64,
+}
+
+/// The shims' own figures for one copying phase over the group (they copy in parallel).
+#[derive(Debug, Default, serde::Serialize)]
+pub struct CopySummary {
+    /// `registered`, `staged`, or both when the shims differ.
+    pub mode: String,
+    pub bytes: u64,
+    /// Slowest shim's copy time, and the group's bytes over it.
+    pub copy_millis: f64,
+    pub copy_gb_per_s: f64,
+    /// Slowest worker's pinning (staging allocation or segment registration), inside the copy.
+    pub pin_millis: f64,
+    /// Slowest shim's carrier mapping and first touch (Save only), before the copy.
+    pub carrier_millis: f64,
+    pub carriers_reused: bool,
+    pub threads: u32,
+    pub staged_fallbacks: u32,
+    pub shims: Vec<(String, CopyStats)>,
+}
+
+/// Native checkpoint and restore of one unshared allocation.
+#[derive(Debug, serde::Serialize)]
+pub struct Native {
+    pub bytes: u64,
+    pub lock_millis: f64,
+    pub checkpoint_millis: f64,
+    pub restore_millis: f64,
+    pub unlock_millis: f64,
+    /// Lock + checkpoint, and restore + unlock.
+    pub checkpoint_gb_per_s: f64,
+    pub restore_gb_per_s: f64,
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    ensure!(
+        args.processes >= 2,
+        "--processes must be at least 2 to share memory both ways"
+    );
+    ensure!(args.cycles >= 1, "--cycles must be at least 1");
+    ensure!(args.repetitions >= 1, "--repetitions must be at least 1");
+    let here = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .context("no executable dir")?;
+    let artifacts = Artifacts::at(&here);
+    let (kind, driver) = pick_driver(&artifacts, args.fake)?;
+    let on_gpu = kind == DriverKind::System;
+    let driver_name = if on_gpu {
+        format!(
+            "GPU ({}, driver API {})",
+            driver.path().display(),
+            driver.version()
+        )
+    } else {
+        format!("fake driver ({})", driver.path().display())
+    };
+    let tables = !args.json;
+    if tables {
+        println!("cuinterpose bench on the {driver_name}");
+    }
+    let overhead = if args.no_overhead {
+        None
+    } else {
+        let o = overhead(&artifacts, kind, &args).context("overhead benchmark")?;
+        if tables {
+            print_overhead(&o);
+        }
+        Some(o)
+    };
+    let capture = if args.no_capture {
+        None
+    } else {
+        let c =
+            capture_bench(&artifacts, kind, &driver, on_gpu, &args).context("capture benchmark")?;
+        if tables {
+            print_capture(&c);
+        }
+        Some(c)
+    };
+    let report = BenchReport {
+        driver: driver_name,
+        on_gpu,
+        overhead,
+        capture,
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{json}\n"))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        println!("{json}");
+    }
+    Ok(())
+}
+
+/// The GPU when a driver with devices loads, else the bundled fake (as the demo picks).
+fn pick_driver(artifacts: &Artifacts, force_fake: bool) -> anyhow::Result<(DriverKind, Driver)> {
+    if !force_fake && let Ok(driver) = Driver::load(None) {
+        let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
+        let is_fake = fake.as_deref() == Some(driver.path());
+        if !is_fake && driver.device_count().unwrap_or(0) > 0 {
+            return Ok((DriverKind::System, driver));
+        }
+    }
+    let fake: PathBuf = artifacts.fake_driver().context(
+        "the bundled fake driver (libcuda.so next to cuinterpose) is missing; build the workspace",
+    )?;
+    let driver = Driver::load(Some(&fake)).context("loading the fake driver")?;
+    Ok((DriverKind::Fake, driver))
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Untracked calls and tracked steps of one `cuinterpose-workload bench` report, by name.
+const UNTRACKED: [&str; 3] = [
+    "ctx_synchronize_ns",
+    "memset_d8_256_ns",
+    "memcpy_htod_256_ns",
+];
+const TRACKED: [&str; 6] = [
+    "cycle_ns",
+    "create_ns",
+    "map_ns",
+    "set_access_ns",
+    "unmap_ns",
+    "release_ns",
+];
+
+fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow::Result<Overhead> {
+    let env = TestEnv::new(artifacts.clone(), kind, false).context("preparing a directory")?;
+    let workload = artifacts.workload()?;
+    let mut runs: [Vec<serde_json::Value>; 2] = [Vec::new(), Vec::new()];
+    // Alternating runs, so that a slow phase of the machine hits both sides alike.
+    for _ in 0..args.repetitions {
+        for (shim, out) in [false, true].into_iter().zip(runs.iter_mut()) {
+            let output = env
+                .command(&workload, shim)?
+                .args(["bench", "--iterations"])
+                .arg(args.iterations.to_string())
+                .arg("--tracked-iterations")
+                .arg(args.tracked_iterations.to_string())
+                .output()
+                .context("running cuinterpose-workload bench")?;
+            ensure!(
+                output.status.success(),
+                "cuinterpose-workload bench (shim: {shim}) failed: {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+            out.push(
+                serde_json::from_slice(&output.stdout)
+                    .context("cuinterpose-workload bench printed no JSON report")?,
+            );
+        }
+    }
+    let figure = |side: usize, section: &str, key: &str| -> anyhow::Result<f64> {
+        let values = runs[side]
+            .iter()
+            .map(|r| {
+                r[section][key]
+                    .as_f64()
+                    .with_context(|| format!("the bench report lacks {section}.{key}"))
+            })
+            .collect::<anyhow::Result<Vec<f64>>>()?;
+        Ok(median(values))
+    };
+    let mut untracked = Vec::new();
+    let (mut without_sum, mut with_sum) = (0.0, 0.0);
+    for key in UNTRACKED {
+        let (a, b) = (figure(0, "untracked", key)?, figure(1, "untracked", key)?);
+        without_sum += a;
+        with_sum += b;
+        untracked.push(Ratio::new(key.trim_end_matches("_ns"), a, b));
+    }
+    untracked.push(Ratio::new("untracked loop", without_sum, with_sum));
+    let mut tracked = Vec::new();
+    for key in TRACKED {
+        let (a, b) = (figure(0, "tracked", key)?, figure(1, "tracked", key)?);
+        tracked.push(Ratio::new(key.trim_end_matches("_ns"), a, b));
+    }
+    let untracked_ratio = untracked.last().map_or(0.0, |r| r.ratio);
+    let tracked_ratio = tracked.first().map_or(0.0, |r| r.ratio);
+    Ok(Overhead {
+        repetitions: args.repetitions,
+        iterations: args.iterations,
+        tracked_iterations: args.tracked_iterations,
+        untracked,
+        tracked,
+        untracked_ratio,
+        tracked_ratio,
+        registry_bytes_per_allocation: REGISTRY_BYTES_PER_ALLOCATION,
+        registry_source: "counting allocator, crates/shim-runtime/tests/registry_memory.rs \
+                          (one allocation mapped twice, access for two devices)",
+    })
+}
+
+/// Forwards progress to the bars and keeps what each shim reported.
+struct Collector<'a> {
+    bars: &'a Bars,
+    results: Mutex<Vec<(&'static str, String, PhaseResult)>>,
+}
+
+impl Collector<'_> {
+    fn take(&self, step: &str) -> Vec<(String, PhaseResult)> {
+        let mut results = self.results.lock().unwrap_or_else(|e| e.into_inner());
+        let (wanted, rest): (Vec<_>, Vec<_>) = results.drain(..).partition(|(s, ..)| *s == step);
+        *results = rest;
+        wanted.into_iter().map(|(_, p, r)| (p, r)).collect()
+    }
+}
+
+impl Progress for Collector<'_> {
+    fn phase_started(&self, name: &'static str, total_bytes: Option<u64>) {
+        self.bars.phase_started(name, total_bytes);
+    }
+    fn advance(&self, bytes: u64) {
+        self.bars.advance(bytes);
+    }
+    fn participant_done(&self, step: &'static str, process: &str, result: &PhaseResult) {
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((step, process.to_string(), *result));
+    }
+    fn phase_finished(&self, timing: &PhaseTiming) {
+        self.bars.phase_finished(timing);
+    }
+}
+
+fn gb_per_s(bytes: u64, millis: f64) -> f64 {
+    if millis > 0.0 {
+        bytes as f64 / millis / 1e6
+    } else {
+        0.0
+    }
+}
+
+fn summarize_copies(results: Vec<(String, PhaseResult)>) -> CopySummary {
+    let shims: Vec<(String, CopyStats)> = results
+        .into_iter()
+        .filter_map(|(p, r)| Some((p, r.stats?)))
+        .collect();
+    let max = |f: fn(&CopyStats) -> u64| shims.iter().map(|(_, s)| f(s)).max().unwrap_or(0);
+    let mut modes: Vec<String> = shims
+        .iter()
+        .map(|(_, s)| format!("{:?}", s.mode).to_lowercase())
+        .collect();
+    modes.sort();
+    modes.dedup();
+    let bytes = shims.iter().map(|(_, s)| s.bytes).sum();
+    let copy_millis = max(|s| s.copy_micros) as f64 / 1e3;
+    CopySummary {
+        mode: modes.join("+"),
+        bytes,
+        copy_millis,
+        copy_gb_per_s: gb_per_s(bytes, copy_millis),
+        pin_millis: max(|s| s.pin_micros) as f64 / 1e3,
+        carrier_millis: max(|s| s.carrier_micros) as f64 / 1e3,
+        carriers_reused: !shims.is_empty() && shims.iter().all(|(_, s)| s.carrier_reused),
+        threads: shims.iter().map(|(_, s)| s.threads).max().unwrap_or(0),
+        staged_fallbacks: shims.iter().map(|(_, s)| s.staged_fallbacks).sum(),
+        shims,
+    }
+}
+
+fn seed(rank: usize) -> u64 {
+    7000 + rank as u64
+}
+
+fn capture_bench(
+    artifacts: &Artifacts,
+    kind: DriverKind,
+    driver: &Driver,
+    on_gpu: bool,
+    args: &BenchArgs,
+) -> anyhow::Result<Capture> {
+    let total = args
+        .size
+        .unwrap_or(if on_gpu { 8 << 30 } else { 256 << 20 });
+    let per = (total / args.processes as u64)
+        .div_ceil(GRANULE)
+        .max(1)
+        .saturating_mul(GRANULE);
+    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let options = WorkloadOptions::new("bench")
+        .shim(true)
+        .timeout(COMMAND_TIMEOUT);
+    let group = Group::tree(&env, args.processes, options).context("starting the group")?;
+    group.ring(per).context("sharing memory around the ring")?;
+    for (rank, w) in group.members().iter().enumerate() {
+        w.ok(&format!("fill a{rank} {}", seed(rank)))?;
+    }
+    let root = group[0].pid();
+    let tool_driver = (!on_gpu).then(|| driver.path().to_path_buf());
+    let bars = Bars::new(!args.json);
+    let collector = Collector {
+        bars: &bars,
+        results: Mutex::new(Vec::new()),
+    };
+    let mut cycles = Vec::new();
+    for cycle in 1..=args.cycles {
+        let state_dir = env.dir().join(format!("state-{cycle}"));
+        let mut suspend_options = SuspendOptions::new(root);
+        suspend_options.state_dir = state_dir.clone();
+        suspend_options.driver = tool_driver.clone();
+        let suspend = capture::suspend(&suspend_options, &collector)
+            .with_context(|| format!("suspend, cycle {cycle}"))?;
+        let save = summarize_copies(collector.take("save"));
+        let mut resume_options = ResumeOptions::new(root);
+        resume_options.state_dir = state_dir;
+        resume_options.driver = tool_driver.clone();
+        let resume = capture::resume(&resume_options, &collector)
+            .with_context(|| format!("resume, cycle {cycle}"))?;
+        let load = summarize_copies(collector.take("load"));
+        collector.take("");
+        cycles.push(Cycle {
+            cycle,
+            suspend_gb_per_s: gb_per_s(suspend.shared_bytes, suspend.total_millis),
+            resume_gb_per_s: gb_per_s(resume.shared_bytes, resume.total_millis),
+            speedup_vs_native: 0.0,
+            suspend,
+            resume,
+            save,
+            load,
+        });
+    }
+    let mut verified = Vec::new();
+    for (rank, w) in group.members().iter().enumerate() {
+        w.assert_pattern(&format!("a{rank}"), seed(rank))
+            .with_context(|| format!("contents of a{rank} after the last resume"))?;
+        verified.push(format!(
+            "a{rank}: contents kept in rank {rank} after {} cycles",
+            args.cycles
+        ));
+    }
+    // The group's memory is back; free it before the baseline so both fit on a small device.
+    drop(group);
+
+    let native = native_baseline(&env, driver, total, &mut verified).context("native baseline")?;
+    let native_rate = gb_per_s(
+        native.bytes,
+        native.lock_millis
+            + native.checkpoint_millis
+            + native.restore_millis
+            + native.unlock_millis,
+    );
+    for c in &mut cycles {
+        let ours = gb_per_s(
+            c.suspend.shared_bytes,
+            c.suspend.total_millis + c.resume.total_millis,
+        );
+        c.speedup_vs_native = if native_rate > 0.0 {
+            ours / native_rate
+        } else {
+            0.0
+        };
+    }
+    Ok(Capture {
+        processes: args.processes,
+        bytes_per_process: per,
+        shared_bytes: per * args.processes as u64,
+        cycles,
+        native,
+        verified,
+    })
+}
+
+/// One process without the shim, a filled `cuMemAlloc` of `size` bytes, checkpointed and
+/// restored natively by this process.
+fn native_baseline(
+    env: &TestEnv,
+    driver: &Driver,
+    size: u64,
+    verified: &mut Vec<String>,
+) -> anyhow::Result<Native> {
+    let w = env.spawn(
+        WorkloadOptions::new("native")
+            .shim(false)
+            .timeout(COMMAND_TIMEOUT),
+    )?;
+    w.ok(&format!("malloc m {size}"))?;
+    w.ok("fill m 99")?;
+    let pid = w.pid();
+    let timed = |f: &dyn Fn() -> Result<(), control::ControlError>| {
+        let start = Instant::now();
+        f().map(|()| start.elapsed().as_secs_f64() * 1e3)
+    };
+    let lock_millis = timed(&|| driver.lock(pid, 10_000)).context("native lock")?;
+    let checkpoint_millis = timed(&|| driver.checkpoint(pid)).context("native checkpoint")?;
+    let restore_millis = timed(&|| driver.restore(pid, &[])).context("native restore")?;
+    let unlock_millis = timed(&|| driver.unlock(pid)).context("native unlock")?;
+    w.assert_pattern("m", 99)
+        .context("contents after native restore")?;
+    verified.push(format!(
+        "native: {} of cuMemAlloc memory kept across checkpoint and restore",
+        bytes(size)
+    ));
+    Ok(Native {
+        bytes: size,
+        lock_millis,
+        checkpoint_millis,
+        restore_millis,
+        unlock_millis,
+        checkpoint_gb_per_s: gb_per_s(size, lock_millis + checkpoint_millis),
+        restore_gb_per_s: gb_per_s(size, restore_millis + unlock_millis),
+    })
+}
+
+fn print_overhead(o: &Overhead) {
+    println!();
+    println!(
+        "overhead: medians of {} runs each, ns per iteration ({} untracked, {} tracked iterations)",
+        o.repetitions, o.iterations, o.tracked_iterations
+    );
+    println!(
+        "{:<22} {:>12} {:>12} {:>8}",
+        "CALL", "NO SHIM", "SHIM", "RATIO"
+    );
+    for r in o.untracked.iter().chain(&o.tracked) {
+        println!(
+            "{:<22} {:>12.1} {:>12.1} {:>8.3}",
+            r.name, r.without_shim_ns, r.with_shim_ns, r.ratio
+        );
+    }
+    println!(
+        "untracked ratio {:.3} (target <= 1.02), tracked cycle ratio {:.3} (target <= 1.10)",
+        o.untracked_ratio, o.tracked_ratio
+    );
+    println!(
+        "registry memory: {} bytes per tracked allocation ({})",
+        o.registry_bytes_per_allocation, o.registry_source
+    );
+}
+
+fn print_copy(what: &str, c: &CopySummary) {
+    println!(
+        "  {what:<5} {:>10} {:>9.1} ms {:>8.2} GB/s   pin {:>8.1} ms   carrier {:>8.1} ms{}   {} threads, {}{}",
+        bytes(c.bytes),
+        c.copy_millis,
+        c.copy_gb_per_s,
+        c.pin_millis,
+        c.carrier_millis,
+        if c.carriers_reused { " (reused)" } else { "" },
+        c.threads,
+        c.mode,
+        if c.staged_fallbacks > 0 {
+            format!(", {} staged fallbacks", c.staged_fallbacks)
+        } else {
+            String::new()
+        }
+    );
+}
+
+fn print_capture(c: &Capture) {
+    println!();
+    println!(
+        "capture: {} processes, {} shared by each, {} in all",
+        c.processes,
+        bytes(c.bytes_per_process),
+        bytes(c.shared_bytes)
+    );
+    for cycle in &c.cycles {
+        println!();
+        println!("cycle {}: suspend", cycle.cycle);
+        crate::output::print_phases(&cycle.suspend.phases);
+        println!("cycle {}: resume", cycle.cycle);
+        crate::output::print_phases(&cycle.resume.phases);
+        println!(
+            "cycle {}: copies inside the shims (slowest shim)",
+            cycle.cycle
+        );
+        print_copy("save", &cycle.save);
+        print_copy("load", &cycle.load);
+    }
+    let n = &c.native;
+    println!();
+    println!(
+        "native baseline ({} cuMemAlloc, no shim): lock {:.1} ms, checkpoint {:.1} ms, restore {:.1} ms, unlock {:.1} ms",
+        bytes(n.bytes),
+        n.lock_millis,
+        n.checkpoint_millis,
+        n.restore_millis,
+        n.unlock_millis
+    );
+    println!();
+    println!(
+        "{:<6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
+        "CYCLE",
+        "SAVE GB/S",
+        "LOAD GB/S",
+        "SUSPEND MS",
+        "RESUME MS",
+        "SUSP GB/S",
+        "RES GB/S",
+        "X NATIVE"
+    );
+    for cycle in &c.cycles {
+        println!(
+            "{:<6} {:>11.2} {:>11.2} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>9.2}",
+            cycle.cycle,
+            cycle.save.copy_gb_per_s,
+            cycle.load.copy_gb_per_s,
+            cycle.suspend.total_millis,
+            cycle.resume.total_millis,
+            cycle.suspend_gb_per_s,
+            cycle.resume_gb_per_s,
+            cycle.speedup_vs_native
+        );
+    }
+    println!(
+        "{:<6} {:>11} {:>11} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>9}",
+        "native",
+        "-",
+        "-",
+        n.lock_millis + n.checkpoint_millis,
+        n.restore_millis + n.unlock_millis,
+        n.checkpoint_gb_per_s,
+        n.restore_gb_per_s,
+        "1.00"
+    );
+    println!(
+        "targets on the H200: save and load copies >= 45 GB/s per GPU; suspend+resume >= 5x native"
+    );
+    for v in &c.verified {
+        println!("ok  {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("8G"), Ok(8 << 30));
+        assert_eq!(parse_size("256M"), Ok(256 << 20));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("0x1000"), Ok(4096));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(Vec::new()), 0.0);
+    }
+}

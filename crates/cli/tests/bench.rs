@@ -1,0 +1,117 @@
+//! `cuinterpose bench` runs on the fake driver and writes a well-formed report: every figure a
+//! positive number, the copy statistics of both carrier modes present. No timing is judged.
+
+use std::path::Path;
+use std::process::Command;
+use testkit::harness::Artifacts;
+
+fn tool() -> std::path::PathBuf {
+    let artifacts = Artifacts::locate().expect("artifacts (build the workspace first)");
+    let tool = artifacts.dir().join("cuinterpose");
+    assert!(
+        tool.is_file(),
+        "{} is missing: run `cargo build --workspace --all-targets` first",
+        tool.display()
+    );
+    tool
+}
+
+/// A small, quick run: 8 MiB shared, one overhead repetition with few iterations.
+fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
+    let output = Command::new(tool())
+        .args([
+            "bench",
+            "--fake",
+            "--json",
+            "--size",
+            "8M",
+            "--repetitions",
+            "1",
+            "--iterations",
+            "200",
+            "--tracked-iterations",
+            "20",
+        ])
+        .arg("--json-out")
+        .arg(json_out)
+        // The shims of the group inherit the tool's environment through the test harness.
+        .env("CUINTERPOSE_CARRIER", carrier)
+        .output()
+        .expect("running cuinterpose bench");
+    assert!(
+        output.status.success(),
+        "cuinterpose bench failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("--json prints one JSON report");
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(json_out).expect("--json-out file"))
+            .expect("--json-out writes JSON");
+    assert_eq!(
+        printed, written,
+        "--json and --json-out give the same report"
+    );
+    printed
+}
+
+fn positive(v: &serde_json::Value, what: &str) -> f64 {
+    let x = v
+        .as_f64()
+        .unwrap_or_else(|| panic!("{what} is not a number: {v}"));
+    assert!(x > 0.0, "{what} is {x}");
+    x
+}
+
+#[test]
+fn bench_reports_positive_figures_in_both_carrier_modes() {
+    let dir = std::env::temp_dir().join(format!("cuinterpose-bench-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    for (carrier, mode) in [("registered", "Registered"), ("staged", "Staged")] {
+        let report = run_bench(carrier, &dir.join(format!("{carrier}.json")));
+        assert_eq!(report["on_gpu"], false);
+        let overhead = &report["overhead"];
+        for side in ["untracked", "tracked"] {
+            let rows = overhead[side].as_array().expect("overhead rows");
+            assert!(!rows.is_empty());
+            for row in rows {
+                positive(&row["without_shim_ns"], "a time without the shim");
+                positive(&row["with_shim_ns"], "a time with the shim");
+                positive(&row["ratio"], "a ratio");
+            }
+        }
+        assert_eq!(overhead["registry_bytes_per_allocation"], 621);
+
+        let capture = &report["capture"];
+        assert_eq!(capture["shared_bytes"], 8 << 20);
+        let cycles = capture["cycles"].as_array().expect("cycles");
+        assert_eq!(cycles.len(), 2, "two cycles by default");
+        for (i, cycle) in cycles.iter().enumerate() {
+            for copy in ["save", "load"] {
+                let c = &cycle[copy];
+                assert_eq!(c["bytes"], 8 << 20, "{copy} of cycle {}", i + 1);
+                positive(&c["copy_gb_per_s"], "a copy rate");
+                let shims = c["shims"].as_array().expect("per-shim statistics");
+                assert_eq!(shims.len(), 2, "one entry per creator");
+                for shim in shims {
+                    assert_eq!(shim[1]["mode"], mode, "the mode CUINTERPOSE_CARRIER picked");
+                    assert_eq!(shim[1]["staged_fallbacks"], 0);
+                }
+            }
+            positive(&cycle["suspend_gb_per_s"], "the suspend rate");
+            positive(&cycle["resume_gb_per_s"], "the resume rate");
+            positive(&cycle["speedup_vs_native"], "the ratio to native");
+        }
+        assert_eq!(
+            cycles[1]["save"]["carriers_reused"], true,
+            "the second cycle reuses the carriers"
+        );
+        let native = &capture["native"];
+        assert_eq!(native["bytes"], 8 << 20);
+        positive(&native["checkpoint_gb_per_s"], "the native checkpoint rate");
+        positive(&native["restore_gb_per_s"], "the native restore rate");
+        assert_eq!(capture["verified"].as_array().map(Vec::len), Some(3));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
