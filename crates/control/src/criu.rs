@@ -96,25 +96,34 @@ impl Criu {
         self.execute("dump", command, images)
     }
 
-    /// Restores the tree in `images` detached from this process; returns the restored root's PID.
-    pub fn restore(&self, images: &Path, shell_job: bool) -> Result<u32, CriuError> {
-        let pid_file = images.join("restore.pid");
-        let _ = std::fs::remove_file(&pid_file);
+    /// Restores the tree in `images` detached from this process (`--restore-detached`: the restored
+    /// root is not our child, so it outlives the tool); returns the restored root's host PID.
+    ///
+    /// Everything CRIU writes on a restore (its log, statistics and the pid file) goes to
+    /// `work_dir`, never into the checkpoint: a checkpoint directory is read-only to a restore, so
+    /// the same images can be restored again and a failed restore leaves them as they were.
+    pub fn restore(
+        &self,
+        images: &Path,
+        work_dir: &Path,
+        shell_job: bool,
+    ) -> Result<u32, CriuError> {
+        let pid_file = work_dir.join("restore.pid");
         let mut command = self.command("restore", images);
         command
+            .arg("--work-dir")
+            .arg(work_dir)
             .arg("--restore-detached")
             .arg("--pidfile")
             .arg(&pid_file);
         if shell_job {
             command.arg("--shell-job");
         }
-        self.execute("restore", command, images)?;
-        let pid = std::fs::read_to_string(&pid_file)
+        self.execute("restore", command, work_dir)?;
+        std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|t| t.trim().parse().ok())
-            .ok_or(CriuError::NoPid("restore"))?;
-        let _ = std::fs::remove_file(&pid_file);
-        Ok(pid)
+            .ok_or(CriuError::NoPid("restore"))
     }
 
     fn command(&self, action: &str, images: &Path) -> Command {
@@ -129,11 +138,12 @@ impl Criu {
         command
     }
 
+    /// Runs CRIU; on failure returns the error lines of its log (`log_dir/<action>.log`).
     fn execute(
         &self,
         action: &'static str,
         mut command: Command,
-        images: &Path,
+        log_dir: &Path,
     ) -> Result<(), CriuError> {
         let output = command.output().map_err(|source| CriuError::Spawn {
             program: self.program.clone(),
@@ -142,7 +152,7 @@ impl Criu {
         if output.status.success() {
             return Ok(());
         }
-        let log = images.join(format!("{action}.log"));
+        let log = log_dir.join(format!("{action}.log"));
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         let mut tail: Vec<&str> = text
             .lines()
@@ -165,12 +175,19 @@ impl Criu {
     }
 }
 
-/// Total size of the files in a directory (CRIU's images), not following links.
+/// Whether a file in an images directory is one of CRIU's images (not a log or statistics file).
+pub fn is_image(name: &str) -> bool {
+    name.ends_with(".img")
+}
+
+/// Total size of CRIU's image files in a directory (logs and statistics not counted; links not
+/// followed).
 pub fn directory_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
                 .flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(is_image))
                 .filter_map(|e| e.metadata().ok())
                 .filter(|m| m.is_file())
                 .map(|m| m.len())

@@ -74,7 +74,41 @@ fn state_error(path: &Path, e: impl std::fmt::Display) -> ControlError {
     }
 }
 
+fn refuse(process: &str, reason: String) -> ControlError {
+    ControlError::Refused(vec![Refusal {
+        process: process.to_string(),
+        reason,
+    }])
+}
+
+/// A checkpoint directory that cannot be restored: a refusal, since nothing was changed yet.
+fn damaged(path: &Path, e: impl std::fmt::Display) -> ControlError {
+    refuse(&format!("checkpoint {}", path.display()), e.to_string())
+}
+
+/// Checks that `dir` can take a new checkpoint: absent or empty, so that images of an earlier dump
+/// can never mix with the new ones.
+fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(refuse(
+                    &format!("--dir {}", dir.display()),
+                    "is not empty (it may hold a checkpoint); choose a new directory".into(),
+                ));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(state_error(dir, e)),
+    }
+}
+
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
+///
+/// Everything CRIU cannot handle is refused before the capture starts (no CRIU, no PID namespace
+/// of its own, a controlling terminal, a used directory). A dump that fails is rolled back: CRIU
+/// leaves the tree running, and the shims rebuild what they released.
 pub fn checkpoint(
     options: &CheckpointOptions,
     progress: &dyn Progress,
@@ -83,18 +117,29 @@ pub fn checkpoint(
     let criu = Criu::locate(options.criu.as_deref()).map_err(ControlError::Criu)?;
     let root = namespace_root(options.capture.root)?;
     let dir = &options.dir;
-    if dir.join(manifest::MANIFEST_FILE_NAME).exists() {
-        return Err(state_error(
-            dir,
-            "already holds a checkpoint; choose another --dir",
+    check_new_dir(dir)?;
+    let tree = discovery::process_tree(root)?;
+    if let Some(&pid) = tree.iter().find(|&&pid| has_terminal(pid)) {
+        // With a terminal CRIU needs --shell-job and the restore the same terminal; a workload
+        // started by `cuinterpose run --pid-namespace` runs in a new session without one.
+        let label = discovery::describe(pid)
+            .map(|i| i.label())
+            .unwrap_or_else(|_| format!("pid {pid}"));
+        return Err(refuse(
+            &label,
+            "has a controlling terminal, which a restore cannot bring back; start the workload \
+             with `cuinterpose run --pid-namespace` (a new session) with stdio on files"
+                .into(),
         ));
     }
+    let replaced = replaced_mappings(&tree);
+    if !replaced.is_empty() {
+        return Err(ControlError::Refused(replaced));
+    }
+    let sockets = tree_sockets(&tree);
     let images = dir.join(IMAGES_DIR);
     std::fs::create_dir_all(&images).map_err(|e| state_error(&images, e))?;
     let state_path = dir.join(protocol::state::STATE_FILE_NAME);
-    let tree = discovery::process_tree(root)?;
-    let sockets = tree_sockets(&tree);
-    let shell_job = tree.iter().any(|&pid| has_terminal(pid));
 
     let mut clock = Clock::new(progress);
     let capture_options = SuspendOptions {
@@ -104,17 +149,19 @@ pub fn checkpoint(
     let (group, captured) = capture::capture(&capture_options, &state_path, &mut clock)?;
     let driver = Driver::load(capture_options.driver.as_deref())?;
     let gpus = gpu_list(&driver)?;
-    // CRIU must see no connection from outside the tree.
+    // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
+    // to the shims go first (the shims keep none of their own between requests).
     drop(group);
 
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, options.leave_running, shell_job)
-            .map(|()| ((), 0, 0.0))
-            .map_err(ControlError::Criu)
+        criu.dump(root, &images, options.leave_running, false)
+            .map_err(ControlError::Criu)?;
+        Ok(((), criu::directory_bytes(&images), 0.0))
     });
     if let Err(e) = dumped {
-        // CRIU leaves the tree running when a dump fails: bring it back as a resume would.
-        let _ = std::fs::remove_file(&state_path);
+        // CRIU leaves the tree running when a dump fails: bring it back as a resume would, and
+        // leave no half-written checkpoint behind.
+        let _ = std::fs::remove_dir_all(dir);
         let rollback = resume_in_place(root, &captured, &driver, &mut clock);
         return Err(match rollback {
             Ok(()) => ControlError::RolledBack {
@@ -127,6 +174,12 @@ pub fn checkpoint(
         });
     }
     let image_bytes = criu::directory_bytes(&images);
+    clock.time("image-digest", Some(image_bytes), || {
+        let list = digest_images(&images)?;
+        transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
+            .map_err(|e| state_error(dir, e))?;
+        Ok(((), image_bytes, 0.0))
+    })?;
     let manifest = build_manifest(
         &captured,
         &sockets,
@@ -161,6 +214,90 @@ pub fn checkpoint(
     })
 }
 
+/// Name of the image digest list in a checkpoint directory: `sha256sum` format
+/// (`<64 hex>  images/<file>` per image file, sorted), so `sha256sum -c` checks it too.
+pub const IMAGE_DIGESTS: &str = "images.sha256";
+
+/// The digest list of every CRIU image file in `images`.
+fn digest_images(images: &Path) -> Result<String, ControlError> {
+    let mut names: Vec<String> = std::fs::read_dir(images)
+        .map_err(|e| state_error(images, e))?
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| criu::is_image(n))
+        .collect();
+    names.sort();
+    let mut list = String::new();
+    for name in names {
+        let digest = file_sha256(&images.join(&name))?;
+        list.push_str(&format!("{digest}  {IMAGES_DIR}/{name}\n"));
+    }
+    Ok(list)
+}
+
+/// SHA-256 of a file, read in pieces (images hold the processes' memory: gigabytes on a GPU).
+fn file_sha256(path: &Path) -> Result<String, ControlError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| state_error(path, e))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).map_err(|e| state_error(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(buffer.get(..n).unwrap_or_default());
+    }
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Checks the images against the digest list written at checkpoint: the same set of image files,
+/// each with its recorded SHA-256. CRIU itself does not notice a truncated or edited page image.
+fn verify_images(dir: &Path) -> Result<(), ControlError> {
+    let list_path = dir.join(IMAGE_DIGESTS);
+    let recorded =
+        transport::files::read_bounded(&list_path, 16 << 20).map_err(|e| damaged(&list_path, e))?;
+    let recorded = String::from_utf8(recorded).map_err(|e| damaged(&list_path, e))?;
+    let images = dir.join(IMAGES_DIR);
+    let found = digest_images(&images).map_err(|e| damaged(&images, e))?;
+    if found == recorded {
+        return Ok(());
+    }
+    let parse = |text: &str| -> std::collections::BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| l.split_once("  "))
+            .map(|(digest, name)| (name.to_string(), digest.to_string()))
+            .collect()
+    };
+    let (recorded, found) = (parse(&recorded), parse(&found));
+    let mut problems = Vec::new();
+    for (name, digest) in &recorded {
+        match found.get(name) {
+            None => problems.push(format!("{name} is missing")),
+            Some(d) if d != digest => problems.push(format!("{name} differs from its digest")),
+            Some(_) => {}
+        }
+    }
+    for name in found.keys().filter(|n| !recorded.contains_key(*n)) {
+        problems.push(format!("{name} was not part of the checkpoint"));
+    }
+    if problems.is_empty() {
+        problems.push(format!("{IMAGE_DIGESTS} is malformed"));
+    }
+    Err(damaged(
+        dir,
+        format!(
+            "CRIU images do not match {IMAGE_DIGESTS}: {}",
+            problems.join(", ")
+        ),
+    ))
+}
+
 /// After a dump with `--leave-running` (or a failed one): native restore and rebuild in place.
 fn resume_in_place(
     root: u32,
@@ -191,6 +328,46 @@ fn tree_sockets(tree: &[u32]) -> Vec<(u32, Vec<String>)> {
             )
         })
         .collect()
+}
+
+/// Processes that map a file deleted or replaced since they mapped it (a rebuilt binary or
+/// library): CRIU cannot dump such a mapping ("Can't create link remap"), and a restore needs the
+/// same files, so the capture is refused before it changes anything. Memfds (the fake driver's
+/// memory, the shim's tickets) are "(deleted)" by nature and CRIU saves them.
+fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    for &pid in tree {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            continue;
+        };
+        let mut files: Vec<&str> = maps
+            .lines()
+            .filter_map(|line| line.splitn(6, char::is_whitespace).nth(5))
+            .map(str::trim_start)
+            .filter_map(|path| path.strip_suffix(" (deleted)"))
+            .filter(|path| path.starts_with('/') && !path.starts_with("/memfd:"))
+            .collect();
+        files.sort_unstable();
+        files.dedup();
+        if let Some(first) = files.first() {
+            let label = discovery::describe(pid)
+                .map(|i| i.label())
+                .unwrap_or_else(|_| format!("pid {pid}"));
+            refusals.push(Refusal {
+                process: label,
+                reason: format!(
+                    "maps {first}{}, deleted or replaced since it was loaded; CRIU cannot dump \
+                     it and a restore would need the old file (restart the workload)",
+                    if files.len() > 1 {
+                        format!(" and {} other files", files.len() - 1)
+                    } else {
+                        String::new()
+                    }
+                ),
+            });
+        }
+    }
+    refusals
 }
 
 /// Whether the process has a controlling terminal (CRIU then needs `--shell-job`).
@@ -312,30 +489,29 @@ struct Verified {
     gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
 }
 
-fn refuse(process: &str, reason: String) -> ControlError {
-    ControlError::Refused(vec![Refusal {
-        process: process.to_string(),
-        reason,
-    }])
-}
-
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
     let dir = &options.dir;
+    if !dir.is_dir() {
+        return Err(damaged(dir, "is not a directory"));
+    }
     let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
     let manifest_bytes =
         transport::files::read_bounded(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)
-            .map_err(|e| state_error(&manifest_path, e))?;
-    let manifest = manifest::decode(&manifest_bytes).map_err(|e| state_error(&manifest_path, e))?;
+            .map_err(|e| damaged(&manifest_path, e))?;
+    let manifest = manifest::decode(&manifest_bytes).map_err(|e| damaged(&manifest_path, e))?;
+    if manifest.criu.is_none() {
+        return Err(damaged(
+            &manifest_path,
+            "describes a checkpoint without CRIU images (not taken by `cuinterpose checkpoint`)",
+        ));
+    }
     let state_path = dir.join(&manifest.state.file);
     let state_bytes = transport::files::read_bounded(&state_path, capture::STATE_FILE_LIMIT)
-        .map_err(|e| state_error(&state_path, e))?;
+        .map_err(|e| damaged(&state_path, e))?;
     let state = manifest
         .verify_state(&state_bytes)
-        .map_err(|e| state_error(&state_path, e))?;
-    let images = dir.join(IMAGES_DIR);
-    if criu::directory_bytes(&images) == 0 {
-        return Err(state_error(&images, "holds no CRIU images"));
-    }
+        .map_err(|e| damaged(&state_path, e))?;
+    verify_images(dir)?;
     let criu = Criu::locate(options.criu.as_deref()).map_err(ControlError::Criu)?;
 
     // The shim must be the same bytes at the same path: CRIU maps it back from there.
@@ -369,13 +545,8 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     let gpu_pairs = gpu_pairs(&manifest, &driver, &options.device_map)?;
     for p in &manifest.participants {
         if let Ok(info) = discovery::describe(p.host_pid) {
-            if info
-                .command
-                .split(' ')
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-                == p.command_line
-            {
+            let command: Vec<String> = info.command.split(' ').map(str::to_string).collect();
+            if command == p.command_line {
                 return Err(refuse(
                     &info.label(),
                     "the checkpointed process is still running; stop the original group first"
@@ -384,6 +555,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
             }
         }
     }
+    check_sockets_stale(&manifest)?;
     Ok(Verified {
         manifest,
         state,
@@ -408,7 +580,14 @@ fn gpu_pairs(
     let present_text: Vec<String> = present.iter().map(native::format_uuid).collect();
     let mut pairs = Vec::new();
     let mut targets = std::collections::HashSet::new();
+    let mut sources = std::collections::HashSet::new();
     for &(old, new) in device_map {
+        if !sources.insert(old) {
+            return Err(refuse(
+                "--device-map",
+                format!("device {old} is mapped twice"),
+            ));
+        }
         let old_gpu = recorded.iter().find(|g| g.ordinal == old).ok_or_else(|| {
             refuse(
                 "--device-map",
@@ -438,9 +617,14 @@ fn gpu_pairs(
         })?;
         pairs.push((old_uuid, *new_uuid));
     }
+    // The map is completed with the identity for the GPUs it does not name, and must then be
+    // one-to-one: two recorded GPUs restored onto one would put both devices' memory, contexts and
+    // ordinals on it, which the processes (and their device ordinals in the records) cannot follow.
     for gpu in &recorded {
-        let mapped = device_map.iter().any(|&(old, _)| old == gpu.ordinal);
-        if !mapped && !present_text.contains(&gpu.uuid) {
+        if device_map.iter().any(|&(old, _)| old == gpu.ordinal) {
+            continue;
+        }
+        if !present_text.contains(&gpu.uuid) {
             return Err(refuse(
                 "checkpoint",
                 format!(
@@ -449,11 +633,63 @@ fn gpu_pairs(
                 ),
             ));
         }
+        if let Some(here) = present_text.iter().position(|u| *u == gpu.uuid)
+            && !targets.insert(here as u32)
+        {
+            return Err(refuse(
+                "--device-map",
+                format!(
+                    "device {here} would receive two GPUs: one mapped onto it, and recorded \
+                     device {} which the map leaves in place; map device {} too",
+                    gpu.ordinal, gpu.ordinal
+                ),
+            ));
+        }
     }
     Ok(pairs)
 }
 
-/// Removes the recorded sockets that nothing listens on any more; refuses if one still answers.
+/// Refuses while any socket the checkpoint recorded still answers (the original group, or a
+/// restored copy of it, is running), or names something that is not a socket. Read-only.
+fn check_sockets_stale(manifest: &Manifest) -> Result<(), ControlError> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut refusals = Vec::new();
+    for p in &manifest.participants {
+        for path in &p.sockets {
+            let path = Path::new(path);
+            let label = format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid);
+            match std::fs::symlink_metadata(path) {
+                Err(_) => {}
+                Ok(m) if !m.file_type().is_socket() => refusals.push(Refusal {
+                    process: label,
+                    reason: format!(
+                        "{} is not a socket; CRIU cannot bind the process's socket there",
+                        path.display()
+                    ),
+                }),
+                Ok(_) => {
+                    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                        refusals.push(Refusal {
+                            process: label,
+                            reason: format!(
+                                "{} is answered by a running process: the checkpointed group \
+                                 (or a restored copy) still runs; stop it first",
+                                path.display()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(ControlError::Refused(refusals))
+    }
+}
+
+/// Removes the recorded sockets that nothing listens on any more, so that CRIU can bind them.
 fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
     for p in &manifest.participants {
         for path in &p.sockets {
@@ -471,7 +707,26 @@ fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// A private directory for what CRIU writes during a restore (log, statistics, pid file).
+fn restore_work_dir() -> Result<PathBuf, ControlError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "cuinterpose-restore-{}-{nanos:x}",
+        std::process::id()
+    ));
+    std::fs::create_dir(&dir).map_err(|e| state_error(&dir, e))?;
+    Ok(dir)
+}
+
 /// Restores the checkpoint in `options.dir` into new processes.
+///
+/// Everything is checked before anything changes (manifest, state file, image digests, shim bytes,
+/// driver version, GPUs and the device map, that the original group is not running): a failure
+/// there is a refusal. After CRIU restored the tree, a failure kills the restored tree, so nothing
+/// half-restored is left running. The checkpoint directory is never written.
 pub fn restore(
     options: &RestoreOptions,
     progress: &dyn Progress,
@@ -481,14 +736,15 @@ pub fn restore(
     let verified = clock.time("verify-checkpoint", None, || {
         verify_checkpoint(options).map(|v| (v, 0, 0.0))
     })?;
-    remove_stale_sockets(&verified.manifest)?;
     let images = options.dir.join(IMAGES_DIR);
-    let shell_job = false;
-    let root = clock.time("criu-restore", None, || {
+    let image_bytes = criu::directory_bytes(&images);
+    remove_stale_sockets(&verified.manifest)?;
+    let work_dir = restore_work_dir()?;
+    let root = clock.time("criu-restore", Some(image_bytes), || {
         verified
             .criu
-            .restore(&images, shell_job)
-            .map(|pid| (pid, 0, 0.0))
+            .restore(&images, &work_dir, false)
+            .map(|pid| (pid, image_bytes, 0.0))
             .map_err(ControlError::Criu)
     })?;
     // From here on a failure must not leave a half-restored tree running.
@@ -496,10 +752,25 @@ pub fn restore(
     let (participants, shared_bytes) = match rebuilt {
         Ok(done) => done,
         Err(e) => {
-            kill_tree(root);
-            return Err(e);
+            return Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
+                Ok(()) => ControlError::Step {
+                    step: "restore (the restored processes were killed; the checkpoint is unchanged)",
+                    process: format!("the restored tree (root pid {root})"),
+                    source: Box::new(e),
+                },
+                Err(kill) => {
+                    tracing::error!(root, error = %kill, "killing the restored tree");
+                    ControlError::Step {
+                        step: "restore (killing the restored processes failed too: they need attention)",
+                        process: format!("the restored tree (root pid {root})"),
+                        source: Box::new(e),
+                    }
+                }
+            });
         }
     };
+    // CRIU's log of a restore that worked is of no further use.
+    let _ = std::fs::remove_dir_all(&work_dir);
     Ok(DiskReport {
         report: Report {
             participants,
@@ -509,10 +780,13 @@ pub fn restore(
             total_millis: start.elapsed().as_secs_f64() * 1e3,
         },
         dir: options.dir.clone(),
-        image_bytes: criu::directory_bytes(&images),
+        image_bytes,
         root,
     })
 }
+
+/// How long the restored tree gets to disappear after SIGKILL.
+const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn rebuild_restored(
     root: u32,
@@ -541,14 +815,4 @@ fn rebuild_restored(
             .map(|()| ((), 0, 0.0))
     })?;
     capture::finish_rebuild(&mut group, &state, clock)
-}
-
-/// SIGKILL to every process of a tree, children first.
-fn kill_tree(root: u32) {
-    let tree = discovery::process_tree(root).unwrap_or_else(|_| vec![root]);
-    for pid in tree.iter().rev() {
-        if let Ok(pid) = rustix::process::Pid::from_raw(*pid as i32).ok_or(()) {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-        }
-    }
 }

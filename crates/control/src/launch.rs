@@ -1,16 +1,31 @@
 //! Starting a workload as the root of a new PID namespace, as a container runtime would, so that
-//! CRIU can restore the tree later with the same PIDs (`cuinterpose run --pid-namespace`).
+//! CRIU can restore the tree later with the same PIDs (`cuinterpose run --pid-namespace`); and
+//! ending a tree the tool restored.
 //!
 //! The launcher unshares the PID namespace and spawns the command, which becomes PID 1 of it. The
 //! launcher stays as its parent (as `unshare --fork --pid` does): it forwards SIGINT, SIGTERM and
 //! SIGHUP and exits with the workload's status.
+//!
+//! The workload also starts a new session (`setsid`): CRIU refuses a tree whose session leader is
+//! outside its PID namespace ("A session leader of ... is outside of its pid namespace"), and a
+//! new session has no controlling terminal, so CRIU needs no `--shell-job` and the restored tree
+//! does not depend on the terminal the launcher ran on. Terminal signals reach the workload
+//! through the launcher's forwarding instead.
+//!
+//! The init of a PID namespace only receives signals it has a handler for: the kernel drops a
+//! SIGTERM whose default action would end it. So a forwarded signal the workload does not catch
+//! (`SigCgt` in `/proc/<pid>/status`) becomes SIGKILL, which is what its default action (ending
+//! the process) would have done outside a namespace.
 
-#![allow(unsafe_code)] // unshare(2) and a signal-forwarding handler; each block says why it is sound
+#![allow(unsafe_code)] // unshare(2), setsid(2) before exec, a signal handler, poll(2) on a pidfd
 
+use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
 
-/// Why the workload could not be started in its own namespace.
+/// Why the workload could not be started in its own namespace, or a tree not ended.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     #[error("creating a PID namespace (needs root or CAP_SYS_ADMIN): {0}")]
@@ -22,21 +37,78 @@ pub enum LaunchError {
     },
     #[error("waiting for the workload: {0}")]
     Wait(std::io::Error),
+    #[error("setting up signal forwarding: {0}")]
+    Signals(std::io::Error),
+    #[error("killing pid {pid}: {source}")]
+    Kill { pid: u32, source: std::io::Error },
+    #[error("pid {pid} was still alive after {seconds} s")]
+    StillAlive { pid: u32, seconds: u64 },
 }
 
-/// PID of the namespace's init, for the signal handler.
-static CHILD: AtomicI32 = AtomicI32::new(0);
+/// Write end of the signal pipe, for the handler (-1: none).
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
 
-extern "C" fn forward(signal: libc::c_int) {
-    let child = CHILD.load(Ordering::Relaxed);
-    if child > 0 {
-        // SAFETY: kill(2) is async-signal-safe; `child` is our own child's PID.
-        unsafe { libc::kill(child, signal) };
+extern "C" fn on_signal(signal: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        let byte = signal as u8;
+        // SAFETY: write(2) is async-signal-safe; `byte` lives for the call. A full pipe drops the
+        // signal number, which only happens with more than a pipe's worth of pending signals.
+        unsafe { libc::write(fd, (&raw const byte).cast(), 1) };
     }
 }
 
-/// Runs `command` as PID 1 of a new PID namespace and waits for it.
+/// Whether `pid` has a handler for `signal` (`SigCgt:` of `/proc/<pid>/status`).
+fn catches(pid: u32, signal: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| signal > 0 && mask & (1u64 << (signal - 1)) != 0)
+}
+
+/// Forwards every signal number read from `pipe` to `child` (see the module comment).
+fn forward_signals(pipe: OwnedFd, child: u32) {
+    let mut file = std::fs::File::from(pipe);
+    let mut byte = [0u8; 1];
+    while std::io::Read::read_exact(&mut file, &mut byte).is_ok() {
+        let signal = i32::from(byte[0]);
+        let sent = if catches(child, signal) {
+            signal
+        } else {
+            libc::SIGKILL
+        };
+        // SAFETY: kill(2) on our own child's PID; a child already gone gives ESRCH, harmless.
+        unsafe { libc::kill(child as libc::pid_t, sent) };
+    }
+}
+
+/// Runs `command` as PID 1 of a new PID namespace, in a new session, and waits for it.
 pub fn run_in_pid_namespace(mut command: Command) -> Result<ExitStatus, LaunchError> {
+    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2), which is
+    // async-signal-safe, allocates nothing and touches no memory of the parent.
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    // The forwarding thread starts before the unshare: once this process has unshared its PID
+    // namespace for children, the kernel refuses to create threads in it (clone gives EINVAL).
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .map_err(|e| LaunchError::Signals(e.into()))?;
+    let (pid_tx, pid_rx) = std::sync::mpsc::channel::<u32>();
+    std::thread::Builder::new()
+        .name("signal-forward".into())
+        .spawn(move || {
+            if let Ok(pid) = pid_rx.recv() {
+                forward_signals(read, pid);
+            }
+        })
+        .map_err(LaunchError::Signals)?;
     // SAFETY: CLONE_NEWPID only changes the namespace of children created from now on; this process
     // keeps its own PID and memory, so no Rust invariant is affected.
     if unsafe { libc::unshare(libc::CLONE_NEWPID) } != 0 {
@@ -46,13 +118,16 @@ pub fn run_in_pid_namespace(mut command: Command) -> Result<ExitStatus, LaunchEr
     let mut child = command
         .spawn()
         .map_err(|source| LaunchError::Spawn { program, source })?;
-    CHILD.store(child.id() as i32, Ordering::Relaxed);
+    // The thread is waiting on the channel; it cannot have gone.
+    let _ = pid_tx.send(child.id());
+    // The write end stays open for the life of the process: the handler may run until exit.
+    SIGNAL_PIPE.store(write.into_raw_fd(), Ordering::Relaxed);
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: `forward` only calls async-signal-safe functions and reads an atomic.
+        // SAFETY: `on_signal` only calls write(2), async-signal-safe, and reads an atomic.
         unsafe {
             libc::signal(
                 signal,
-                forward as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
             )
         };
     }
@@ -65,4 +140,92 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// SIGKILL to every process of the tree under `root` (descendants first, so none forks a new
+/// one), then waits until `root` has exited. `root` need not be our child: the wait is a poll on
+/// its pidfd, which becomes readable when the process exits. For the init of a PID namespace,
+/// its exit means the kernel has killed everything else in it.
+pub fn kill_tree(root: u32, timeout: Duration) -> Result<(), LaunchError> {
+    let Some(root_pid) = rustix::process::Pid::from_raw(root as i32) else {
+        return Err(LaunchError::Kill {
+            pid: root,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        });
+    };
+    let pidfd = match rustix::process::pidfd_open(root_pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        // Already gone.
+        Err(rustix::io::Errno::SRCH) => return Ok(()),
+        Err(e) => {
+            return Err(LaunchError::Kill {
+                pid: root,
+                source: e.into(),
+            });
+        }
+    };
+    let tree = crate::discovery::process_tree(root).unwrap_or_else(|_| vec![root]);
+    for &pid in tree.iter().skip(1).rev() {
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            // A descendant that is gone already is what we want.
+            let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+        }
+    }
+    // Through the pidfd, so a recycled PID is never hit.
+    rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL).map_err(|e| {
+        LaunchError::Kill {
+            pid: root,
+            source: e.into(),
+        }
+    })?;
+    wait_pidfd(&pidfd, root, timeout)
+}
+
+/// Waits until process `pid` has exited (it need not be our child: a poll on its pidfd, which
+/// becomes readable when the process exits). Returns at once if it is gone already.
+pub fn wait_exit(pid: u32, timeout: Duration) -> Result<(), LaunchError> {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return Err(LaunchError::Kill {
+            pid,
+            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        });
+    };
+    match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => wait_pidfd(&fd, pid, timeout),
+        Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(LaunchError::Kill {
+            pid,
+            source: e.into(),
+        }),
+    }
+}
+
+fn wait_pidfd(pidfd: &OwnedFd, pid: u32, timeout: Duration) -> Result<(), LaunchError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut poll = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd on a descriptor we own, for the duration of the call.
+        let n = unsafe { libc::poll(&mut poll, 1, millis) };
+        if n > 0 {
+            return Ok(());
+        }
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(LaunchError::Kill { pid, source: e });
+            }
+        }
+        if left.is_zero() {
+            return Err(LaunchError::StillAlive {
+                pid,
+                seconds: timeout.as_secs(),
+            });
+        }
+    }
 }

@@ -1,0 +1,722 @@
+//! Checkpoint to disk and restore, end to end on the fake driver with the real CRIU: a two-process
+//! group sharing memory both ways, started by `cuinterpose run --pid-namespace`, checkpointed by
+//! `cuinterpose checkpoint`, gone, restored by `cuinterpose restore` (also onto swapped devices),
+//! and verified; `--leave-running`; and every kind of bad input a restore must refuse.
+//!
+//! CRIU comes from `$CUINTERPOSE_CRIU` (scripts/test.sh exports it) or `<repo>/.criu/bin/criu`; a
+//! missing CRIU fails the tests with a message to run scripts/install-criu.sh. CRIU needs root.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+use testkit::harness::{Artifacts, DriverKind, TestEnv, Workload};
+
+/// Bytes rank 0 and rank 1 share: different sizes, so that a swap of devices shows in the usage
+/// of each device and not only per process.
+const SIZE: [u64; 2] = [4 << 20, 2 << 20];
+/// Generous, for a loaded two-core machine.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(300);
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn criu() -> PathBuf {
+    let path = std::env::var_os("CUINTERPOSE_CRIU")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../.criu/bin/criu")
+                .to_path_buf()
+        });
+    assert!(
+        path.is_file(),
+        "CRIU not found at {} (set CUINTERPOSE_CRIU): run scripts/install-criu.sh first",
+        path.display()
+    );
+    path
+}
+
+/// A test's environment: private directories, the fake driver, the tool.
+struct Disk {
+    env: TestEnv,
+    tool: PathBuf,
+    criu: PathBuf,
+}
+
+impl Disk {
+    fn new() -> Disk {
+        let artifacts = Artifacts::locate().expect("artifacts (build the workspace first)");
+        let tool = artifacts.dir().join("cuinterpose");
+        assert!(
+            tool.is_file(),
+            "{} is missing: run `cargo build --workspace --all-targets` first",
+            tool.display()
+        );
+        let env = TestEnv::new(artifacts, DriverKind::Fake, false).expect("test environment");
+        Disk {
+            env,
+            tool,
+            criu: criu(),
+        }
+    }
+
+    /// `cuinterpose ARGS` in this environment; waits (bounded) for it.
+    fn tool(&self, args: &[&str]) -> Output {
+        let mut command = self.env.command(&self.tool, false).expect("tool command");
+        command
+            .args(args)
+            .env("CUINTERPOSE_CRIU", &self.criu)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = command.spawn().expect("starting cuinterpose");
+        wait_output(
+            child,
+            TOOL_TIMEOUT,
+            &format!("cuinterpose {}", args.join(" ")),
+        )
+    }
+
+    /// `cuinterpose ARGS --json`, which must succeed; its JSON.
+    fn tool_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.tool(&all);
+        assert!(
+            out.status.success(),
+            "cuinterpose {} failed ({}):\n{}",
+            all.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("JSON report")
+    }
+
+    fn listen_dir(&self) -> PathBuf {
+        self.env.socket_dir().join("t")
+    }
+
+    /// Starts `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes 2` (rank
+    /// `r` on device `r`) and builds the sharing both ways: rank 0 creates `a0`, rank 1 `a1`, each
+    /// exported to the other, which imports and maps it; both filled with their seeds.
+    fn start_group(&self) -> Running {
+        let dir = self.listen_dir();
+        let workload = self.env.artifacts().workload().expect("workload binary");
+        let log = std::fs::File::create(self.env.log_dir().join("launcher.log")).expect("log");
+        let mut command = self
+            .env
+            .command(&self.tool, false)
+            .expect("launcher command");
+        command
+            .arg("run")
+            .arg("--pid-namespace")
+            .arg("--")
+            .arg(&workload)
+            .args([
+                "tree",
+                "--processes",
+                "2",
+                "--devices",
+                "0,1",
+                "--listen-dir",
+            ])
+            .arg(&dir)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut launcher = command.spawn().expect("starting the launcher");
+        testkit::wire::wait_listening(&dir.join("0.sock"), READY_TIMEOUT, || {
+            matches!(launcher.try_wait(), Ok(None))
+        })
+        .unwrap_or_else(|e| panic!("the group did not start: {e}\n{}", self.log("launcher")));
+        let ranks = self.attach();
+        for (r, w) in ranks.iter().enumerate() {
+            let size = SIZE[r];
+            w.all_ok(&[
+                &format!("create a{r} {size} --handle-types posix"),
+                &format!("reserve r-a{r} {size}"),
+                &format!("map a{r} r-a{r}"),
+                &format!("set-access a{r} --device {r}"),
+                &format!("export a{r}"),
+                &format!("fill a{r} {}", seed(r, 1)),
+            ])
+            .expect("creating the shared allocations");
+        }
+        for (from, to) in [(0usize, 1usize), (1, 0)] {
+            let size = SIZE[from];
+            ranks[from]
+                .ok(&format!("send-fd a{from} --to {to}"))
+                .expect("send-fd");
+            ranks[to]
+                .all_ok(&[
+                    &format!("wait fd a{from}"),
+                    &format!("import a{from} --size {size}"),
+                    &format!("reserve r-a{from} {size}"),
+                    &format!("map a{from} r-a{from}"),
+                    &format!("set-access a{from} --device {to}"),
+                ])
+                .expect("importing");
+        }
+        Running { launcher, ranks }
+    }
+
+    /// Handles on ranks 0 and 1 of the tree (whoever runs it now: the original or a restored one).
+    fn attach(&self) -> Vec<Workload> {
+        let dir = self.listen_dir();
+        (0..2)
+            .map(|r| {
+                Workload::attach(
+                    format!("rank{r}"),
+                    dir.join(format!("{r}.sock")),
+                    r as i32,
+                    dir.join(format!("{r}.log")),
+                )
+                .expect("attaching to a rank")
+            })
+            .collect()
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.env.log_dir().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Fake device usage of ns pid `ns_pid` (the fake names its usage files by the process's own
+    /// pid) on `device`.
+    fn usage(&self, ns_pid: u32, device: i32) -> u64 {
+        self.env.fake_usage(ns_pid, device).expect("fake usage")
+    }
+
+    /// Usage per (rank, device).
+    fn usage_table(&self) -> [[u64; 2]; 2] {
+        let mut t = [[0; 2]; 2];
+        for (r, row) in t.iter_mut().enumerate() {
+            for (d, cell) in row.iter_mut().enumerate() {
+                *cell = self.usage(r as u32 + 1, d as i32);
+            }
+        }
+        t
+    }
+
+    fn checkpoint_dir(&self) -> PathBuf {
+        self.env.dir().join("ck")
+    }
+
+    /// Whether anything answers on a rank's socket.
+    fn group_answers(&self) -> bool {
+        (0..2).any(|r| {
+            std::os::unix::net::UnixStream::connect(self.listen_dir().join(format!("{r}.sock")))
+                .is_ok()
+        })
+    }
+}
+
+/// The launched group: the launcher (our child) and the ranks.
+struct Running {
+    launcher: Child,
+    ranks: Vec<Workload>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // The launcher's process group holds only the launcher; the namespace dies with its init,
+        // which SIGKILL through the launcher's forwarding would also reach, so kill the init.
+        if let Ok(None) = self.launcher.try_wait() {
+            let init = first_child(self.launcher.id());
+            if let Some(init) = init {
+                let _ = control::launch::kill_tree(init, Duration::from_secs(30));
+            }
+            let _ = self.launcher.kill();
+            let _ = self.launcher.wait();
+        }
+    }
+}
+
+/// A restored tree (not our child): killed at the end of the test.
+struct Restored(u32);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let _ = control::launch::kill_tree(self.0, Duration::from_secs(30));
+    }
+}
+
+fn first_child(pid: u32) -> Option<u32> {
+    control::discovery::process_tree(pid).ok()?.get(1).copied()
+}
+
+fn seed(rank: usize, round: u64) -> u64 {
+    1000 * round + rank as u64 + 1
+}
+
+fn wait_output(child: Child, timeout: Duration, what: &str) -> Output {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(out) => out.expect("waiting for a command"),
+        Err(_) => {
+            // Our own child, not reaped yet (the waiting thread still holds it).
+            if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            panic!("{what} did not finish in {} s", timeout.as_secs());
+        }
+    }
+}
+
+/// Waits for a child (bounded) and returns its status.
+fn wait_child(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    control::launch::wait_exit(child.id(), timeout)
+        .unwrap_or_else(|e| panic!("pid {}: {e}", child.id()));
+    child.wait().expect("reaping the child")
+}
+
+/// Contents kept in both processes, then a write by each process seen by the other.
+fn verify_sharing(ranks: &[Workload], round: u64) {
+    for creator in 0..2usize {
+        let importer = 1 - creator;
+        let region = format!("a{creator}");
+        ranks[creator]
+            .assert_pattern(&region, seed(creator, round))
+            .expect("creator's contents");
+        ranks[importer]
+            .assert_pattern(&region, seed(creator, round))
+            .expect("importer's contents");
+        ranks[importer]
+            .ok(&format!("fill {region} {}", seed(creator, round + 1)))
+            .expect("importer writes");
+        ranks[creator]
+            .assert_pattern(&region, seed(creator, round + 1))
+            .expect("the creator sees the importer's write");
+        ranks[creator]
+            .ok(&format!("fill {region} {}", seed(creator, round + 2)))
+            .expect("creator writes");
+        ranks[importer]
+            .assert_pattern(&region, seed(creator, round + 2))
+            .expect("the importer sees the creator's write");
+    }
+}
+
+/// SHA-256 of every file under `dir` (relative path → digest), to prove a restore left it alone.
+fn hash_dir(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(base, &path, out);
+            } else {
+                let mut bytes = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|mut f| f.read_to_end(&mut bytes))
+                    .expect("reading a checkpoint file");
+                let rel = path.strip_prefix(base).unwrap_or(&path).to_path_buf();
+                out.insert(rel, protocol::manifest::sha256_hex(&bytes));
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+fn phase_names(report: &serde_json::Value) -> Vec<String> {
+    report["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(|p| p["name"].as_str().expect("phase name").to_string())
+        .collect()
+}
+
+/// Checkpoints the running group into the test's checkpoint directory, checks that its processes
+/// are gone, and returns the report and the manifest.
+fn checkpoint_and_stop(disk: &Disk, group: &mut Running) -> (serde_json::Value, serde_json::Value) {
+    let dir = disk.checkpoint_dir();
+    let launcher = group.launcher.id().to_string();
+    let report = disk.tool_json(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+    ]);
+    let status = wait_child(&mut group.launcher, READY_TIMEOUT);
+    assert!(
+        !status.success(),
+        "the launcher's workload was killed by CRIU"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+            .expect("manifest JSON");
+    for p in manifest["participants"].as_array().expect("participants") {
+        let pid = p["host_pid"].as_u64().expect("host pid");
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "pid {pid} still exists after the checkpoint"
+        );
+    }
+    assert!(!disk.group_answers(), "nothing answers after the dump");
+    assert_eq!(disk.usage_table(), [[0; 2]; 2]);
+    (report, manifest)
+}
+
+fn restore(disk: &Disk, extra: &[&str]) -> (serde_json::Value, Restored) {
+    let dir = disk.checkpoint_dir();
+    let mut args = vec!["restore", "--dir", dir.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    let report = disk.tool_json(&args);
+    let root = report["root"].as_u64().expect("restored root") as u32;
+    (report, Restored(root))
+}
+
+#[test]
+fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let before = disk.usage_table();
+    assert_eq!(before, [[SIZE[0], 0], [0, SIZE[1]]]);
+    let host_pids: Vec<u32> = {
+        let tree = control::discovery::process_tree(group.launcher.id()).expect("tree");
+        tree.into_iter().skip(1).collect()
+    };
+
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    let phases = phase_names(&report);
+    for wanted in [
+        "inspect",
+        "freeze",
+        "save",
+        "release",
+        "native-checkpoint",
+        "criu-dump",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    assert!(report["image_bytes"].as_u64().expect("image bytes") > SIZE[0] + SIZE[1]);
+
+    // The manifest: participants with host and namespace PIDs, the shim's digest, driver, GPUs,
+    // byte counts, timings, CRIU.
+    let participants = manifest["participants"].as_array().expect("participants");
+    let mut ns_pids: Vec<u64> = participants
+        .iter()
+        .map(|p| p["ns_pid"].as_u64().expect("ns pid"))
+        .collect();
+    ns_pids.sort_unstable();
+    assert_eq!(ns_pids, [1, 2]);
+    for p in participants {
+        let host = p["host_pid"].as_u64().expect("host pid") as u32;
+        assert!(
+            host_pids.contains(&host),
+            "host pid {host} of {host_pids:?}"
+        );
+        let gpus = p["gpus"].as_array().expect("gpus");
+        assert_eq!(gpus.len(), 2);
+        assert!(gpus[1]["uuid"].as_str().expect("uuid").starts_with("GPU-"));
+        assert_eq!(p["role"], "creator_and_importer");
+        assert!(!p["sockets"].as_array().expect("sockets").is_empty());
+    }
+    let shim = disk.env.artifacts().shim().expect("shim");
+    let shim_digest = protocol::manifest::sha256_hex(&std::fs::read(&shim).expect("shim bytes"));
+    assert_eq!(manifest["shim"]["sha256"], shim_digest.as_str());
+    assert_eq!(manifest["driver_version"], 13000);
+    assert_eq!(manifest["bytes"]["shared_saved"], SIZE[0] + SIZE[1]);
+    assert!(
+        manifest["criu"]["version"]
+            .as_str()
+            .expect("criu version")
+            .starts_with('4')
+    );
+    assert_eq!(manifest["criu"]["image_bytes"], report["image_bytes"]);
+    let timed: Vec<&str> = manifest["timings"]
+        .as_array()
+        .expect("timings")
+        .iter()
+        .map(|t| t["phase"].as_str().expect("phase"))
+        .collect();
+    assert!(
+        timed.contains(&"save") && timed.contains(&"criu-dump"),
+        "{timed:?}"
+    );
+
+    let hashes = hash_dir(&disk.checkpoint_dir());
+    let (report, _restored) = restore(&disk, &[]);
+    assert_eq!(
+        hash_dir(&disk.checkpoint_dir()),
+        hashes,
+        "a restore leaves the checkpoint unchanged"
+    );
+    let phases = phase_names(&report);
+    for wanted in [
+        "criu-restore",
+        "native-restore",
+        "load",
+        "import",
+        "verify",
+        "thaw",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    let ranks = disk.attach();
+    assert_eq!(
+        disk.usage_table(),
+        before,
+        "memory back on the same devices"
+    );
+    verify_sharing(&ranks, 1);
+}
+
+#[test]
+fn restore_onto_swapped_devices_moves_the_memory() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
+    checkpoint_and_stop(&disk, &mut group);
+    let (_report, _restored) = restore(&disk, &["--device-map", "0=1,1=0"]);
+    let ranks = disk.attach();
+    // Rank 0's allocation (and context) is now on device 1, rank 1's on device 0.
+    assert_eq!(disk.usage_table(), [[0, SIZE[0]], [SIZE[1], 0]]);
+    let table = disk.usage_table();
+    let per_device: Vec<u64> = (0..2).map(|d| table[0][d] + table[1][d]).collect();
+    assert_eq!(per_device, [SIZE[1], SIZE[0]]);
+    // The processes keep their own device ordinals, as on a real driver: ordinal 0 of rank 0 now
+    // names the other GPU.
+    let props = ranks[0].ok("get-props a0").expect("get-props");
+    assert_eq!(props.u64("device"), Some(0));
+    verify_sharing(&ranks, 1);
+}
+
+#[test]
+fn leave_running_keeps_the_group_and_a_restore_waits_for_it_to_stop() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let before = disk.usage_table();
+    let dir = disk.checkpoint_dir();
+    let launcher = group.launcher.id().to_string();
+    let report = disk.tool_json(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--leave-running",
+    ]);
+    let phases = phase_names(&report);
+    assert!(phases.iter().any(|p| p == "criu-dump"), "{phases:?}");
+    assert!(phases.iter().any(|p| p == "thaw"), "resumed: {phases:?}");
+    assert!(
+        matches!(group.launcher.try_wait(), Ok(None)),
+        "still running"
+    );
+    assert_eq!(disk.usage_table(), before);
+    verify_sharing(&group.ranks, 1);
+
+    // The original still runs: a restore is refused and changes nothing.
+    let hashes = hash_dir(&dir);
+    let out = disk.tool(&["restore", "--dir", dir.to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("still running"), "{stderr}");
+    assert_eq!(hash_dir(&dir), hashes);
+    // The first round left each region with its third seed.
+    verify_sharing(&group.ranks, 3);
+
+    // Stopped (SIGTERM to the launcher, forwarded to the namespace's init), it restores to the
+    // state of the dump.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(group.launcher.id() as i32).expect("pid"),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    wait_child(&mut group.launcher, READY_TIMEOUT);
+    let (_report, _restored) = restore(&disk, &[]);
+    let ranks = disk.attach();
+    assert_eq!(disk.usage_table(), before);
+    verify_sharing(&ranks, 1);
+}
+
+/// A damage done to a copy of the checkpoint, and the message the refusal must contain.
+struct Damage {
+    name: &'static str,
+    apply: fn(&Path),
+    message: &'static str,
+}
+
+fn largest_image(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir.join("images"))
+        .expect("images")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+        .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .expect("a pages image")
+        .path()
+}
+
+fn truncate(path: &Path) {
+    let len = std::fs::metadata(path).expect("metadata").len();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open");
+    file.set_len(len / 2).expect("truncate");
+}
+
+fn flip_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).expect("read");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(path, bytes).expect("write");
+}
+
+const DAMAGES: &[Damage] = &[
+    Damage {
+        name: "manifest missing",
+        apply: |d| std::fs::remove_file(d.join("manifest.json")).expect("rm"),
+        message: "manifest.json",
+    },
+    Damage {
+        name: "manifest truncated",
+        apply: |d| truncate(&d.join("manifest.json")),
+        message: "manifest.json",
+    },
+    Damage {
+        name: "manifest names another shim digest than the state file",
+        apply: |d| edit_manifest(d, |m| m["shim"]["sha256"] = "0".repeat(64).into()),
+        message: "inconsistent",
+    },
+    Damage {
+        // As if the library at the recorded path had been rebuilt since the checkpoint.
+        name: "the shim at the recorded path has other bytes",
+        apply: |d| {
+            let other = d.join("other-shim.so");
+            std::fs::write(&other, b"not the shim").expect("write");
+            edit_manifest(d, |m| {
+                m["shim"]["path"] = other.to_string_lossy().as_ref().into()
+            });
+        },
+        message: "is not the shim the checkpoint was taken with",
+    },
+    Damage {
+        name: "state file missing",
+        apply: |d| std::fs::remove_file(d.join("cuinterpose.state")).expect("rm"),
+        message: "cuinterpose.state",
+    },
+    Damage {
+        name: "state file truncated",
+        apply: |d| truncate(&d.join("cuinterpose.state")),
+        message: "cuinterpose.state",
+    },
+    Damage {
+        name: "state file tampered",
+        apply: |d| flip_byte(&d.join("cuinterpose.state")),
+        message: "cuinterpose.state",
+    },
+    Damage {
+        name: "image digests missing",
+        apply: |d| std::fs::remove_file(d.join("images.sha256")).expect("rm"),
+        message: "images.sha256",
+    },
+    Damage {
+        name: "page image missing",
+        apply: |d| std::fs::remove_file(largest_image(d)).expect("rm"),
+        message: "is missing",
+    },
+    Damage {
+        name: "page image truncated",
+        apply: |d| truncate(&largest_image(d)),
+        message: "differs from its digest",
+    },
+    Damage {
+        name: "page image tampered",
+        apply: |d| flip_byte(&largest_image(d)),
+        message: "differs from its digest",
+    },
+    Damage {
+        name: "an image added",
+        apply: |d| std::fs::write(d.join("images/extra.img"), b"x").expect("write"),
+        message: "was not part of the checkpoint",
+    },
+    Damage {
+        name: "images directory missing",
+        apply: |d| std::fs::remove_dir_all(d.join("images")).expect("rm"),
+        message: "images",
+    },
+];
+
+fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+    edit(&mut m);
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).expect("json")).expect("write");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    let good_hashes = hash_dir(&good);
+
+    let refused = |dir: &Path, extra: &[&str], code: i32, message: &str, what: &str| {
+        let before = hash_dir(dir);
+        let mut args = vec!["restore", "--dir", dir.to_str().expect("utf-8 path")];
+        args.extend_from_slice(extra);
+        let out = disk.tool(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{what}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{what}: {message:?} not in {stderr}"
+        );
+        assert_eq!(hash_dir(dir), before, "{what}: the directory changed");
+        assert!(!disk.group_answers(), "{what}: something was restored");
+    };
+
+    refused(
+        &disk.env.dir().join("nothing-here"),
+        &[],
+        3,
+        "is not a directory",
+        "missing directory",
+    );
+    for damage in DAMAGES {
+        let copy = disk.env.dir().join("damaged");
+        copy_dir(&good, &copy);
+        (damage.apply)(&copy);
+        refused(&copy, &[], 3, damage.message, damage.name);
+        std::fs::remove_dir_all(&copy).expect("rm copy");
+    }
+    for (map, code, message) in [
+        ("2=0", 3, "not among the 2 recorded GPUs"),
+        ("0=7", 3, "does not exist here"),
+        ("0=1,1=1", 3, "target of two mappings"),
+        ("0=1", 3, "would receive two GPUs"),
+        ("0-1", 2, "is not OLD=NEW"),
+        ("0=x", 2, "is not a device ordinal"),
+    ] {
+        refused(&good, &["--device-map", map], code, message, map);
+    }
+    assert_eq!(hash_dir(&good), good_hashes);
+
+    // The intact checkpoint restores.
+    let (_report, _restored) = restore(&disk, &[]);
+    verify_sharing(&disk.attach(), 1);
+}
