@@ -10,8 +10,8 @@
 //! the workload keeps running; after it, the step and the process are named and the tool still tries
 //! to bring every process back.
 
-use crate::group::{ANSWER_TIMEOUT, Group, Participant, PhaseResult, Snapshot, check_group};
-use crate::native::Driver;
+use crate::group::{Group, Participant, PhaseResult, Snapshot, answer_timeout, check_group};
+use crate::native::{Driver, ProcessState};
 use crate::{ControlError, Refusal};
 use protocol::state::{CarrierInfo, GroupState, ParticipantState};
 use protocol::{Phase, ProcessRecord, Request};
@@ -227,8 +227,8 @@ fn step_error(step: &'static str, process: &str, source: ControlError) -> Contro
     }
 }
 
-/// Sends the rebuild (load, import, thaw) to every participant: the second half of a resume, and the
-/// rollback of a capture that failed before the native lock. Returns every error it met.
+/// Sends the rebuild (load, import, thaw) to every participant: the rollback of a capture that
+/// failed before the native lock. Returns every error it met.
 fn rebuild(group: &mut Group, clock: &mut Clock<'_>) -> Vec<ControlError> {
     let mut errors = Vec::new();
     for (name, request) in [("load", Request::Load), ("import", Request::Import)] {
@@ -255,17 +255,61 @@ fn thaw_all(group: &mut Group) -> Vec<ControlError> {
         .collect()
 }
 
-fn rolled_back(failure: ControlError, rollback_errors: Vec<ControlError>) -> ControlError {
-    if rollback_errors.is_empty() {
+/// Whether a process has exited (gone, or a zombie nobody reaped yet).
+fn exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the command name, which may contain anything.
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 1..))
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_none_or(|state| state == "Z" || state == "X"),
+        Err(_) => true,
+    }
+}
+
+/// Rolls back a capture that failed before the native lock: participants that exited are left
+/// out (nothing of theirs can be rebuilt, and waiting for them would fail every survivor's
+/// report), the survivors get `rollback` (the rebuild, or only a thaw when nothing was
+/// released yet).
+fn roll_back(
+    group: &mut Group,
+    clock: &mut Clock<'_>,
+    failure: ControlError,
+    rollback: fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
+) -> ControlError {
+    let mut lost = Vec::new();
+    group.participants.retain(|p| {
+        let gone = exited(p.info.host_pid);
+        if gone {
+            lost.push(p.info.label());
+        }
+        !gone
+    });
+    let failure = if lost.is_empty() {
+        failure
+    } else {
+        tracing::error!(processes = %lost.join(", "), "participants exited during the capture");
+        ControlError::ParticipantsExited {
+            processes: lost,
+            failure: Box::new(failure),
+        }
+    };
+    let errors = rollback(group, clock);
+    if errors.is_empty() {
         ControlError::RolledBack {
             failure: Box::new(failure),
         }
     } else {
         ControlError::RollbackFailed {
             failure: Box::new(failure),
-            rollback: rollback_errors,
+            rollback: errors,
         }
     }
+}
+
+fn thaw_only(group: &mut Group, _clock: &mut Clock<'_>) -> Vec<ControlError> {
+    thaw_all(group)
 }
 
 /// Suspends the group under `options.root` in place: afterwards its processes hold no GPU memory
@@ -294,7 +338,7 @@ pub(crate) fn capture(
 ) -> Result<(Group, Vec<Snapshot>), ControlError> {
     let progress = clock.progress;
     let mut group = clock.time("inspect", None, || {
-        let mut group = Group::discover(options.root, ANSWER_TIMEOUT)?;
+        let mut group = Group::discover(options.root, answer_timeout())?;
         let snapshots = group.snapshot()?;
         let refusals = check_group(&snapshots, Phase::Running);
         if !refusals.is_empty() {
@@ -310,7 +354,7 @@ pub(crate) fn capture(
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
     };
     let frozen = clock.time("freeze", None, || {
-        let timeout = options.freeze_timeout + ANSWER_TIMEOUT;
+        let timeout = options.freeze_timeout + answer_timeout();
         for p in &group.participants {
             p.set_timeout(Some(timeout))?;
         }
@@ -326,16 +370,26 @@ pub(crate) fn capture(
     });
     let captured = match frozen {
         Ok(frozen) => frozen,
-        Err(e) => return Err(rolled_back(e, thaw_all(&mut group))),
+        Err(e) => return Err(roll_back(&mut group, clock, e, thaw_only)),
     };
     let shared_bytes = shared_bytes(&captured);
-    for p in &group.participants {
-        // Copies of many GiB take as long as they take; a dead shim still fails the socket at once.
-        p.set_timeout(None)?;
+    // The topology is published before anything is released: a tool killed from here on leaves a
+    // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
+    // same in every phase).
+    let published = clock.time("state", None, || {
+        write_state(state_path, &captured).map(|()| ((), 0, 0.0))
+    });
+    if let Err(e) = published {
+        return Err(roll_back(&mut group, clock, e, thaw_only));
     }
 
     // Save and release: from here until the native lock, failures are rolled back.
     let destructive = (|| {
+        for p in &group.participants {
+            // Copies of many GiB take as long as they take; a dead shim still fails the socket
+            // at once.
+            p.set_timeout(None)?;
+        }
         clock.time("save", Some(shared_bytes), || {
             phase_all(&mut group.participants, "save", &Request::Save, progress)
                 .map(|(_, b, s)| ((), b, s))
@@ -349,21 +403,27 @@ pub(crate) fn capture(
             )
             .map(|(_, b, s)| ((), b, s))
         })?;
+        // Everyone still answers and holds nothing shared: the native checkpoint may start.
         let released = group.snapshot()?;
-        clock.time("state", None, || {
-            write_state(state_path, &released).map(|()| ((), 0, 0.0))
-        })
+        let refusals = check_group(&released, Phase::Released);
+        if refusals.is_empty() {
+            Ok(())
+        } else {
+            Err(ControlError::Refused(refusals))
+        }
     })();
+    let destructive = destructive.and_then(|()| {
+        clock.time("native-checkpoint", None, || {
+            native_checkpoint(&driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
+        })
+    });
     if let Err(e) = destructive {
-        let _ = std::fs::remove_file(state_path);
-        return Err(rolled_back(e, rebuild(&mut group, clock)));
-    }
-
-    if let Err(e) = clock.time("native-checkpoint", None, || {
-        native_checkpoint(&driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
-    }) {
-        let _ = std::fs::remove_file(state_path);
-        return Err(rolled_back(e, rebuild(&mut group, clock)));
+        let error = roll_back(&mut group, clock, e, rebuild);
+        // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
+        if matches!(error, ControlError::RolledBack { .. }) {
+            let _ = std::fs::remove_file(state_path);
+        }
+        return Err(error);
     }
     Ok((group, captured))
 }
@@ -520,14 +580,24 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     let mut clock = Clock::new(progress);
     let state_path = options.state_dir.join(STATE_FILE);
     let (state, mut group) = clock.time("inspect", None, || {
+        if !state_path.exists() {
+            return Err(ControlError::Refused(vec![Refusal {
+                process: format!("pid {}", options.root),
+                reason: format!(
+                    "no suspended group: {} does not exist (resumed already, or suspended with \
+                     another --state-dir)",
+                    state_path.display()
+                ),
+            }]));
+        }
         let state = read_state(&state_path)?;
-        let group = Group::discover(options.root, ANSWER_TIMEOUT)?;
+        let group = Group::discover(options.root, answer_timeout())?;
         Ok(((state, group), 0, 0.0))
     })?;
     let mut group = match_participants(&mut group, &state).map(|()| group)?;
     let driver = Driver::load(options.driver.as_deref())?;
     clock.time("native-restore", None, || {
-        native_restore(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
+        native_resume(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
     })?;
     let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
     std::fs::remove_file(&state_path).map_err(|e| ControlError::State {
@@ -543,7 +613,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     })
 }
 
-/// Checks that the live group is the captured one, participant for participant, all released.
+/// Checks that the live group is the captured one, participant for participant, none running.
 pub fn match_participants(group: &mut Group, state: &GroupState) -> Result<(), ControlError> {
     let mut refusals = Vec::new();
     for captured in &state.participants {
@@ -570,10 +640,12 @@ pub fn match_participants(group: &mut Group, state: &GroupState) -> Result<(), C
             }),
             Some(captured) => {
                 let record = p.inspect()?;
-                if record.phase != Phase::Released {
+                // Any phase of a capture is resumable (Load and Import rebuild exactly what is
+                // not live, Thaw ends it); Running means there is nothing to resume.
+                if record.phase == Phase::Running {
                     refusals.push(Refusal {
                         process: p.info.label(),
-                        reason: format!("is in phase {:?}, not suspended", record.phase),
+                        reason: "is running, not suspended".into(),
                     });
                 }
                 if p.hello.shim_sha256 != captured.shim_sha256 {
@@ -604,6 +676,53 @@ pub fn native_restore(
             .map_err(|e| step_error("native restore", &p.info.label(), e))?;
     }
     for p in &group.participants {
+        driver
+            .unlock(p.info.host_pid)
+            .map_err(|e| step_error("native unlock", &p.info.label(), e))?;
+    }
+    Ok(())
+}
+
+/// Brings every participant back to native RUNNING from wherever a suspend left it: restore and
+/// unlock a checkpointed process, unlock a locked one, leave a running one alone (a capture that
+/// was killed, or that failed to roll back, before its native lock released shared memory
+/// without ever locking). Refuses nothing it does not understand: a FAILED process is reported.
+fn native_resume(
+    driver: &Driver,
+    group: &Group,
+    gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
+) -> Result<(), ControlError> {
+    let mut to_unlock = Vec::new();
+    for p in &group.participants {
+        let label = p.info.label();
+        let pid = p.info.host_pid;
+        match driver
+            .state(pid)
+            .map_err(|e| step_error("native state", &label, e))?
+        {
+            ProcessState::Running => {
+                tracing::info!(pid, "natively running: released before the native lock");
+            }
+            ProcessState::Locked => to_unlock.push(p),
+            ProcessState::Checkpointed => {
+                driver
+                    .restore(pid, gpu_pairs)
+                    .map_err(|e| step_error("native restore", &label, e))?;
+                to_unlock.push(p);
+            }
+            state => {
+                return Err(step_error(
+                    "native restore",
+                    &label,
+                    ControlError::Protocol {
+                        process: label.clone(),
+                        message: format!("the driver reports the process as {state:?}"),
+                    },
+                ));
+            }
+        }
+    }
+    for p in to_unlock {
         driver
             .unlock(p.info.host_pid)
             .map_err(|e| step_error("native unlock", &p.info.label(), e))?;

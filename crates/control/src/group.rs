@@ -14,6 +14,21 @@ use transport::Connection;
 /// How long the tool waits for a shim to accept and answer a read-only request.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Environment variable of the tool that overrides [`ANSWER_TIMEOUT`] in milliseconds (internal:
+/// lets tests of a participant that does not answer run in seconds instead of tens of seconds).
+pub const ANSWER_TIMEOUT_ENV: &str = "CUINTERPOSE_ANSWER_TIMEOUT_MS";
+
+/// The answer timeout of suspend and resume: [`ANSWER_TIMEOUT`], or [`ANSWER_TIMEOUT_ENV`] when
+/// it holds a positive number of milliseconds.
+pub fn answer_timeout() -> Duration {
+    std::env::var(ANSWER_TIMEOUT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map(Duration::from_millis)
+        .unwrap_or(ANSWER_TIMEOUT)
+}
+
 /// A connected participant: one CUDA process with the shim.
 #[derive(Debug)]
 pub struct Participant {
@@ -222,7 +237,7 @@ impl Group {
                 Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
                 Err(e) => refusals.push(Refusal {
                     process: info.label(),
-                    reason: e.to_string(),
+                    reason: no_answer_reason(e, timeout),
                 }),
             }
         }
@@ -251,6 +266,30 @@ impl Group {
                 })
             })
             .collect()
+    }
+}
+
+/// Why a shim's HELLO failed, without repeating the process (the refusal names it).
+fn no_answer_reason(error: ControlError, timeout: Duration) -> String {
+    match error {
+        ControlError::Participant {
+            source: transport::TransportError::Timeout,
+            ..
+        } => format!("does not answer on its control socket (no reply within {timeout:?})"),
+        ControlError::Participant {
+            source: transport::TransportError::Protocol(e),
+            ..
+        } => format!(
+            "answers in a way this tool does not understand ({e}); tool and shim must be the same version"
+        ),
+        ControlError::Participant { source, .. } => {
+            format!("does not answer on its control socket: {source}")
+        }
+        ControlError::Protocol { message, .. } => format!("protocol error: {message}"),
+        ControlError::Shim { code, message, .. } => {
+            format!("refused HELLO ({code:?}): {message}")
+        }
+        other => other.to_string(),
     }
 }
 
@@ -382,13 +421,13 @@ pub fn topology(snapshots: &[Snapshot]) -> Vec<SharedAllocation> {
             entry.importers.push(s.info.label());
         }
         for m in &s.record.mappings {
-            if let Backing::Created(id) | Backing::Imported(id) = m.backing {
-                if let Some(entry) = by_id.get_mut(&id) {
-                    entry.mappings.push(format!(
-                        "pid {}: {:#x}+{:#x}",
-                        s.info.host_pid, m.address, m.size
-                    ));
-                }
+            if let Backing::Created(id) | Backing::Imported(id) = m.backing
+                && let Some(entry) = by_id.get_mut(&id)
+            {
+                entry.mappings.push(format!(
+                    "pid {}: {:#x}+{:#x}",
+                    s.info.host_pid, m.address, m.size
+                ));
             }
         }
     }
@@ -449,7 +488,7 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
                 Err(e) => {
                     refusals.push(Refusal {
                         process: info.label(),
-                        reason: format!("does not answer: {e}"),
+                        reason: no_answer_reason(e, timeout),
                     });
                     "shim does not answer".to_string()
                 }

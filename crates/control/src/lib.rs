@@ -75,6 +75,11 @@ pub enum ControlError {
     },
     #[error("state file {path}: {message}")]
     State { path: PathBuf, message: String },
+    #[error("{} exited during the capture; the others were rolled back without it: {failure}", processes.join(", "))]
+    ParticipantsExited {
+        processes: Vec<String>,
+        failure: Box<ControlError>,
+    },
     #[error(
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
