@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::driver::Resolve;
-use crate::native::{Native, NativeError};
+use crate::native::{ControlError, Driver};
 use crate::reply::Reply;
 use crate::wire::{self, WireError};
 
@@ -126,7 +126,7 @@ pub enum HarnessError {
     },
     /// The native checkpoint API could not be used.
     #[error(transparent)]
-    Native(#[from] NativeError),
+    Native(#[from] ControlError),
 }
 
 fn describe(reply: &Reply) -> String {
@@ -251,9 +251,9 @@ impl Artifacts {
 }
 
 /// The native checkpoint API, loaded once per process and driver kind.
-pub fn shared_native(artifacts: &Artifacts, kind: DriverKind) -> Result<Arc<Native>, HarnessError> {
-    static FAKE: OnceLock<Arc<Native>> = OnceLock::new();
-    static SYSTEM: OnceLock<Arc<Native>> = OnceLock::new();
+pub fn shared_native(artifacts: &Artifacts, kind: DriverKind) -> Result<Arc<Driver>, HarnessError> {
+    static FAKE: OnceLock<Arc<Driver>> = OnceLock::new();
+    static SYSTEM: OnceLock<Arc<Driver>> = OnceLock::new();
     let (cell, path) = match kind {
         DriverKind::Fake => (&FAKE, artifacts.fake_driver()?),
         DriverKind::System => (&SYSTEM, PathBuf::from("libcuda.so.1")),
@@ -261,7 +261,7 @@ pub fn shared_native(artifacts: &Artifacts, kind: DriverKind) -> Result<Arc<Nati
     if let Some(n) = cell.get() {
         return Ok(Arc::clone(n));
     }
-    let loaded = Arc::new(Native::load_from(&path)?);
+    let loaded = Arc::new(Driver::load(Some(&path))?);
     Ok(Arc::clone(cell.get_or_init(|| loaded)))
 }
 
@@ -387,7 +387,7 @@ impl TestEnv {
     }
 
     /// The native checkpoint API of this environment's driver, loaded into this process.
-    pub fn native(&self) -> Result<Arc<Native>, HarnessError> {
+    pub fn native(&self) -> Result<Arc<Driver>, HarnessError> {
         shared_native(&self.artifacts, self.driver)
     }
 

@@ -8,6 +8,8 @@
 //!   result name (`restore=CUDA_ERROR_NOT_SUPPORTED unlock=CUDA_ERROR_ILLEGAL_STATE`), a workload
 //!   error kind (`b:verify-a0-32=mismatch`: process `b`, region `a0`, pattern seed 32), or
 //!   `hang>20s` for a native call still running at the limit (nothing after a hang is attempted);
+//! - `crash` for a `vmm-errors` probe that killed its workload (a signal), `exit:N` if it exited;
+//! - `skipped: WHY` when the machine cannot run the scenario (`device-remap` on one GPU);
 //! - `error: ...` when the scenario could not be set up at all.
 //!
 //! Native steps are `lock`, `checkpoint`, `restore`, `unlock` on the process named by the prefix
@@ -20,12 +22,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use cuda_abi::CUuuid;
+
 use crate::driver::Resolve;
+use crate::grammar;
 use crate::harness::{
     Artifacts, DriverKind, Group, HarnessError, TestEnv, Workload, WorkloadOptions,
 };
-use crate::native::{Bounded, Native, bounded};
+use crate::native::{self, Bounded, Driver, bounded};
 use crate::reply::Reply;
+use crate::server::{PROBES, last_running};
 
 /// How scenarios run.
 #[derive(Debug, Clone)]
@@ -135,7 +141,7 @@ pub struct Ctx<'a> {
     pub env: TestEnv,
     /// The settings.
     pub settings: &'a Settings,
-    native: OnceLock<Arc<Native>>,
+    native: OnceLock<Arc<Driver>>,
 }
 
 impl Ctx<'_> {
@@ -224,7 +230,7 @@ impl Op {
 
 /// Native calls, each bounded by the hang limit.
 struct Ops {
-    native: Arc<Native>,
+    native: Arc<Driver>,
     limit: Duration,
     lock_ms: u32,
 }
@@ -232,6 +238,18 @@ struct Ops {
 impl Ops {
     /// Runs `op` on `pid`; records it as `<prefix>op`. Nothing runs after a hang.
     fn run(&self, steps: &mut Steps, prefix: &str, pid: u32, op: Op) -> bool {
+        self.run_with(steps, prefix, pid, op, Vec::new())
+    }
+
+    /// [`Ops::run`], a restore onto the GPUs `pairs` name (old UUID, new UUID).
+    fn run_with(
+        &self,
+        steps: &mut Steps,
+        prefix: &str,
+        pid: u32,
+        op: Op,
+        pairs: Vec<(CUuuid, CUuuid)>,
+    ) -> bool {
         if steps.hung {
             return false;
         }
@@ -240,12 +258,12 @@ impl Ops {
         let result = bounded(self.limit, move || match op {
             Op::Lock => native.lock(pid, lock_ms),
             Op::Checkpoint => native.checkpoint(pid),
-            Op::Restore => native.restore(pid, &[]),
+            Op::Restore => native.restore(pid, &pairs),
             Op::Unlock => native.unlock(pid),
         });
         let text = match result {
             Bounded::Done(Ok(())) => "ok".to_owned(),
-            Bounded::Done(Err(e)) => e.outcome(),
+            Bounded::Done(Err(e)) => native::outcome(&e),
             Bounded::Hung => {
                 steps.hung = true;
                 format!("hang>{}s", self.limit.as_secs())
@@ -263,6 +281,18 @@ impl Ops {
         pid: u32,
         during: impl FnOnce(&mut Steps),
     ) -> bool {
+        self.cycle_onto(steps, prefix, pid, Vec::new(), during)
+    }
+
+    /// [`Ops::cycle`] with a restore onto the GPUs `pairs` name.
+    fn cycle_onto(
+        &self,
+        steps: &mut Steps,
+        prefix: &str,
+        pid: u32,
+        pairs: Vec<(CUuuid, CUuuid)>,
+        during: impl FnOnce(&mut Steps),
+    ) -> bool {
         if !self.run(steps, prefix, pid, Op::Lock) {
             return false;
         }
@@ -271,7 +301,7 @@ impl Ops {
             return false;
         }
         during(steps);
-        if !self.run(steps, prefix, pid, Op::Restore) {
+        if !self.run_with(steps, prefix, pid, Op::Restore, pairs) {
             self.run(steps, prefix, pid, Op::Unlock);
             return false;
         }
@@ -327,6 +357,16 @@ pub static SCENARIOS: &[Scenario] = &[
         r580: "ok",
         hangs: false,
         run: checkpoint_roundtrip,
+    },
+    Scenario {
+        name: "device-remap",
+        about: "native checkpoint of a process with a VMM allocation on device 0, restored with \
+                GPU pairs that swap devices 0 and 1: same bytes at the same addresses, the \
+                memory on the other GPU (fake usage per device), and the process's device 0 is \
+                the new GPU (cuDeviceGetUuid); needs 2 devices",
+        r580: "",
+        hangs: false,
+        run: device_remap,
     },
     Scenario {
         name: "importer-live-import",
@@ -503,29 +543,104 @@ fn share_tree4(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
     Ok(single(ring_checks(&g)))
 }
 
+/// Every probe's result. A probe that kills the workload (the real driver dereferences some null
+/// pointers and dies of SIGSEGV) is found by the name the workload logged before running it; it
+/// is reported as `crash` and the others run again in a fresh workload that skips it.
 fn vmm_errors(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
-    let w = ctx.spawn("w")?;
-    let reply = w.ok("probe-errors")?;
+    let mut crashed: Vec<(String, String)> = Vec::new();
+    for attempt in 1..=PROBES.len() + 1 {
+        let name = if attempt == 1 {
+            "w".to_owned()
+        } else {
+            format!("w{attempt}")
+        };
+        let mut w = ctx.spawn(&name)?;
+        let line = if crashed.is_empty() {
+            "probe-errors".to_owned()
+        } else {
+            let names: Vec<&str> = crashed.iter().map(|(n, _)| n.as_str()).collect();
+            format!("probe-errors --skip {}", names.join(","))
+        };
+        let failure = match w.ok(&line) {
+            Ok(reply) => return probe_cases(&name, &line, &reply, &crashed),
+            Err(e) => e,
+        };
+        // Not a crash unless the process is gone and its log names a probe not yet skipped.
+        let Some(status) = w.wait_exit(Duration::from_secs(10))? else {
+            return Err(failure);
+        };
+        let log = std::fs::read_to_string(w.log_path()).unwrap_or_default();
+        match last_running(&log) {
+            Some(probe) if !crashed.iter().any(|(n, _)| n == probe) => {
+                crashed.push((probe.to_owned(), death(status)));
+            }
+            _ => return Err(failure),
+        }
+    }
+    Err(HarnessError::Field {
+        workload: "w".into(),
+        line: "probe-errors".into(),
+        field: "cases",
+    })
+}
+
+/// `crash` for a death by signal (what a bad pointer does to the real driver), else `exit:N`.
+fn death(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.signal(), status.code()) {
+        (Some(_), _) => "crash".to_owned(),
+        (None, Some(code)) => format!("exit:{code}"),
+        (None, None) => "crash".to_owned(),
+    }
+}
+
+/// The cases of a `probe-errors` reply in probe order, with the probes that killed earlier
+/// workloads in their places.
+fn probe_cases(
+    workload: &str,
+    line: &str,
+    reply: &Reply,
+    crashed: &[(String, String)],
+) -> Result<Vec<Case>, HarnessError> {
     let cases = reply
         .data
         .get("cases")
         .and_then(|c| c.as_array())
         .ok_or_else(|| HarnessError::Field {
-            workload: "w".into(),
-            line: "probe-errors".into(),
+            workload: workload.into(),
+            line: line.into(),
             field: "cases",
         })?;
-    Ok(cases
+    let answered: Vec<(&str, &str)> = cases
         .iter()
-        .map(|c| Case {
-            case: c.get("case").and_then(|v| v.as_str()).map(str::to_owned),
-            outcome: c
-                .get("result")
-                .and_then(|v| v.as_str())
-                .unwrap_or("?")
-                .to_owned(),
+        .filter_map(|c| {
+            let case = c.get("case").and_then(|v| v.as_str())?;
+            Some((
+                case,
+                c.get("result").and_then(|v| v.as_str()).unwrap_or("?"),
+            ))
         })
-        .collect())
+        .collect();
+    let mut out = Vec::with_capacity(PROBES.len());
+    for probe in PROBES {
+        let outcome = crashed
+            .iter()
+            .find(|(n, _)| n == probe.name)
+            .map(|(_, how)| how.as_str())
+            .or_else(|| {
+                answered
+                    .iter()
+                    .find(|(c, _)| *c == probe.name)
+                    .map(|(_, r)| *r)
+            });
+        if let Some(outcome) = outcome {
+            out.push(Case {
+                case: Some(probe.name.to_owned()),
+                outcome: outcome.to_owned(),
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn checkpoint_roundtrip(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
@@ -580,6 +695,68 @@ fn checkpoint_roundtrip(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
             Err(e) => format!("({e})"),
         };
         steps.record("addresses", same);
+    }
+    Ok(single(steps.outcome()))
+}
+
+fn device_remap(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
+    let ops = ctx.native()?;
+    let uuids = ops.native.device_uuids()?;
+    let (Some(&gpu0), Some(&gpu1)) = (uuids.first(), uuids.get(1)) else {
+        return Ok(single("skipped: needs 2 devices".to_owned()));
+    };
+    let hex = |u: CUuuid| grammar::to_hex(&u.bytes.map(|b| b as u8));
+    let w = ctx.spawn("w")?;
+    let size = ctx.size(&w)?;
+    w.all_ok(&[
+        &format!("create v {size} --device 0 --handle-types posix"),
+        &format!("reserve rv {size}"),
+        "map v rv",
+        "set-access v --device 0",
+        "fill v 61",
+    ])?;
+    let before = w.regions()?;
+    let fake = ctx.env.driver() == DriverKind::Fake;
+    let usage = |device: i32| ctx.env.fake_usage(w.pid(), device);
+    let mut steps = Steps::default();
+    let seen = |steps: &mut Steps, label: &str, device: u32, expected: CUuuid| {
+        let result = match w.ok(&format!("uuid --device {device}")) {
+            Ok(r) if r.str("uuid") == Some(hex(expected).as_str()) => "ok".to_owned(),
+            Ok(r) => format!("uuid:{}", r.str("uuid").unwrap_or("?")),
+            Err(e) => format!("({e})"),
+        };
+        steps.record(label, result);
+    };
+    seen(&mut steps, "uuid0-before", 0, gpu0);
+    if fake {
+        let result = match (usage(0), usage(1)) {
+            (Ok(u0), Ok(0)) if u0 >= size => "ok".to_owned(),
+            (Ok(u0), Ok(u1)) => format!("dev0:{u0}/dev1:{u1}"),
+            (Err(e), _) | (_, Err(e)) => format!("({e})"),
+        };
+        steps.record("usage-before", result);
+    }
+    let swap = vec![(gpu0, gpu1), (gpu1, gpu0)];
+    if ops.cycle_onto(&mut steps, "", w.pid(), swap, |_| {}) {
+        steps.check("verify-v", w.cmd("verify v 61"));
+        let same = match w.regions() {
+            Ok(after) if after == before => "ok".to_owned(),
+            Ok(_) => "moved".to_owned(),
+            Err(e) => format!("({e})"),
+        };
+        steps.record("addresses", same);
+        seen(&mut steps, "uuid0-after", 0, gpu1);
+        seen(&mut steps, "uuid1-after", 1, gpu0);
+        if fake {
+            let result = match (usage(0), usage(1)) {
+                (Ok(0), Ok(u1)) if u1 >= size => "ok".to_owned(),
+                (Ok(u0), Ok(u1)) => format!("dev0:{u0}/dev1:{u1}"),
+                (Err(e), _) | (_, Err(e)) => format!("({e})"),
+            };
+            steps.record("usage-after", result);
+        }
+        steps.check("fill-after", w.cmd("fill v 62"));
+        steps.check("verify-after", w.cmd("verify v 62"));
     }
     Ok(single(steps.outcome()))
 }
@@ -752,6 +929,35 @@ mod tests {
         assert!(all[first_hang..].iter().all(|s| s.hangs));
         assert!(select(&[], true).unwrap().iter().all(|s| !s.hangs));
         assert!(select(&["nope".to_owned()], false).is_err());
+    }
+
+    #[test]
+    fn probes_that_killed_a_workload_keep_their_place_as_crash() {
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(death(std::process::ExitStatus::from_raw(11)), "crash");
+        assert_eq!(death(std::process::ExitStatus::from_raw(3 << 8)), "exit:3");
+        let (first, second, third) = (PROBES[0].name, PROBES[1].name, PROBES[2].name);
+        let reply = Reply::ok("probe-errors").with(
+            "cases",
+            json!([
+                {"case": first, "call": "x", "result": "CUDA_ERROR_INVALID_VALUE"},
+                {"case": third, "call": "x", "result": "CUDA_SUCCESS"},
+            ]),
+        );
+        let crashed = vec![(second.to_owned(), "crash".to_owned())];
+        let cases = probe_cases("w2", "probe-errors", &reply, &crashed).unwrap();
+        let got: Vec<(Option<&str>, &str)> = cases
+            .iter()
+            .map(|c| (c.case.as_deref(), c.outcome.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some(first), "CUDA_ERROR_INVALID_VALUE"),
+                (Some(second), "crash"),
+                (Some(third), "CUDA_SUCCESS"),
+            ]
+        );
     }
 
     #[test]

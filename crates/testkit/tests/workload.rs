@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use cuinterpose_testkit::driver::Resolve;
 use cuinterpose_testkit::harness::{Group, TestEnv, WorkloadOptions, fake_usage_in};
-use cuinterpose_testkit::native::NativeError;
+use cuinterpose_testkit::native::{self, ControlError, ProcessState};
 
 fn env() -> TestEnv {
     TestEnv::fake().expect("test environment")
@@ -289,7 +289,7 @@ fn native_state_of_running_and_foreign_processes() {
     let env = env();
     let native = env.native().unwrap();
     let w = env.spawn(WorkloadOptions::new("w")).unwrap();
-    assert_eq!(native.state(w.pid()).unwrap().name(), "running");
+    assert_eq!(native.state(w.pid()).unwrap(), ProcessState::Running);
     // A process that never initialised the driver is not a CUDA process.
     let mut sleeper = std::process::Command::new("sleep")
         .arg("30")
@@ -297,10 +297,10 @@ fn native_state_of_running_and_foreign_processes() {
         .unwrap();
     let err = native.state(sleeper.id()).unwrap_err();
     assert!(
-        matches!(err, NativeError::Driver { .. }),
+        matches!(err, ControlError::Driver { .. }),
         "unexpected {err}"
     );
-    assert_eq!(err.outcome(), "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(native::outcome(&err), "CUDA_ERROR_INVALID_VALUE");
     let _ = sleeper.kill();
     let _ = sleeper.wait();
 }

@@ -56,8 +56,7 @@ struct Cli {
 }
 
 fn system_driver_present() -> bool {
-    // Loading the library is enough to know; nothing is initialised.
-    cuinterpose_testkit::native::Native::load().is_ok()
+    cuinterpose_testkit::native::system_library_present()
 }
 
 fn main() -> std::process::ExitCode {

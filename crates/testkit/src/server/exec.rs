@@ -20,6 +20,7 @@ use crate::wire;
 pub const COMMANDS: &[(&str, &str)] = &[
     ("ping", "ping"),
     ("info", "info"),
+    ("uuid", "uuid [--device D]"),
     (
         "granularity",
         "granularity [--device D] [--handle-types T] [--recommended]",
@@ -68,7 +69,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("sync", "sync"),
     ("sleep", "sleep MS"),
     ("wait", "wait fd|ipc|file NAME [--timeout MS]"),
-    ("probe-errors", "probe-errors [--device D]"),
+    (
+        "probe-errors",
+        "probe-errors [--device D] [--skip NAME[,NAME...]]...",
+    ),
     ("exit", "exit [CODE]"),
     (
         "recv-fd",
@@ -210,6 +214,14 @@ impl<'a> Exec<'a> {
                 Ok(Reply::ok("ping").with("pid", std::process::id()))
             }
             "info" => self.info(a),
+            "uuid" => {
+                a.check(0, &["device"])?;
+                let device = self.device_opt(a)?;
+                let uuid = self.driver.device_uuid(self.driver.device(device)?)?;
+                Ok(Reply::ok("uuid")
+                    .with("device", device)
+                    .with("uuid", grammar::to_hex(&uuid)))
+            }
             "granularity" => self.granularity(a),
             "create" => self.create(a),
             "release" => self.release(a),
@@ -259,9 +271,21 @@ impl<'a> Exec<'a> {
             }
             "wait" => self.wait(a),
             "probe-errors" => {
-                a.check(0, &["device"])?;
+                a.check(0, &["device", "skip"])?;
                 let device = self.device_opt(a)?;
-                let cases = probe::run_all(self.driver, device);
+                let skip: Vec<&str> = a
+                    .all("skip")
+                    .into_iter()
+                    .flat_map(|names| names.split(','))
+                    .filter(|n| !n.is_empty())
+                    .collect();
+                if let Some(unknown) = skip
+                    .iter()
+                    .find(|n| !probe::PROBES.iter().any(|p| p.name == **n))
+                {
+                    return Err(usage(format!("probe-errors: no probe {unknown:?}")).into());
+                }
+                let cases = probe::run_all(self.driver, device, &skip);
                 Ok(Reply::ok("probe-errors").with("cases", Value::Array(cases)))
             }
             "exit" => {

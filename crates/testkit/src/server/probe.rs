@@ -918,10 +918,14 @@ fn import_result(p: &P, r: Result<u64, CuError>) -> CUresult {
     }
 }
 
-/// Runs every probe on `device`; one JSON object per probe:
+/// Runs every probe on `device` except those named in `skip`; one JSON object per probe:
 /// `{"case": NAME, "call": ENTRY, "result": "CUDA_ERROR_..."}`, or `"result": "setup:CALL=CODE"`
 /// when a valid setup call failed.
-pub fn run_all(d: &Driver, device: i32) -> Vec<Value> {
+///
+/// Each probe's name goes to stderr (`probe-errors: running NAME`, flushed) before it runs: a real
+/// driver may kill the process on a bad pointer (SIGSEGV), and the scenario reads the last name
+/// from the workload's log to tell which probe did it, then runs the rest in a fresh process.
+pub fn run_all(d: &Driver, device: i32, skip: &[&str]) -> Vec<Value> {
     let prop = driver::device_prop(device, handle_type::POSIX_FILE_DESCRIPTOR);
     let g = d
         .granularity(&prop, granularity_flags::MINIMUM)
@@ -935,7 +939,9 @@ pub fn run_all(d: &Driver, device: i32) -> Vec<Value> {
     };
     PROBES
         .iter()
+        .filter(|probe| !skip.contains(&probe.name))
         .map(|probe| {
+            announce(probe.name);
             let result = match (probe.run)(&p) {
                 Ok(r) if r.is_success() => "CUDA_SUCCESS".to_owned(),
                 Ok(r) => d.error_name(r),
@@ -944,4 +950,43 @@ pub fn run_all(d: &Driver, device: i32) -> Vec<Value> {
             json!({"case": probe.name, "call": probe.call, "result": result})
         })
         .collect()
+}
+
+/// The stderr line that names the probe about to run.
+pub const RUNNING: &str = "probe-errors: running ";
+
+fn announce(name: &str) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    // Nothing to do if stderr is gone: the probe still runs and its result is in the reply.
+    let _ = writeln!(err, "{RUNNING}{name}");
+    let _ = err.flush();
+}
+
+/// The probe a crashed `probe-errors` was running: the last name announced in `log`.
+pub fn last_running(log: &str) -> Option<&str> {
+    log.lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(RUNNING))
+        .map(str::trim_end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_announced_probe_is_found_among_other_lines() {
+        let log = format!("start\n{RUNNING}create.size-zero\n{RUNNING}export.null-out\nnoise\n");
+        assert_eq!(last_running(&log), Some("export.null-out"));
+        assert_eq!(last_running("nothing here\n"), None);
+    }
+
+    #[test]
+    fn probe_names_are_unique() {
+        let mut names: Vec<&str> = PROBES.iter().map(|p| p.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), PROBES.len());
+    }
 }
