@@ -35,7 +35,27 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 /// Allocations are rounded to this (the usual VMM granularity).
 const GRANULE: u64 = 2 << 20;
 
+const BENCH_HELP: &str = "\
+Overhead: cuinterpose-workload bench without and with the shim, alternately, medians of
+--repetitions runs: untracked calls (cuCtxSynchronize, 256-byte cuMemsetD8 and cuMemcpyHtoD;
+targets: ratio <= 1.02) and the tracked create/map/set-access/unmap/release cycle (<= 1.10).
+
+Capture: a ring group under the shim sharing --size bytes, suspended and resumed --cycles times in
+place (the second cycle reuses the host carriers). Save/load copy rates come from the shims' own
+statistics (copy wall time; pinning inside it; carrier mapping and first touch apart), whole
+suspend and resume from the tool. In the same run, one process without the shim holding a filled
+cuMemAlloc of the same size is checkpointed and restored natively; X NATIVE is the bytes per second
+of suspend+resume over native checkpoint+restore (H200 targets: copies >= 45 GB/s per GPU,
+suspend+resume >= 5x native).
+
+CUINTERPOSE_CARRIER (read by each shim when its runtime starts; the group inherits it from here):
+  registered  (default) each carrier segment is registered (cuMemHostRegister) for its copy and DMA
+              goes straight into it; unregistered before the phase answers
+  staged      DMA through small pinned staging buffers and a CPU copy to the carrier
+The report says which mode ran. Figures only: nothing here passes or fails on a time.";
+
 #[derive(Debug, clap::Args)]
+#[command(after_help = BENCH_HELP)]
 pub struct BenchArgs {
     /// Bytes the group shares in all, split evenly over its processes (suffixes K, M, G; default:
     /// 8G on a GPU, 256M on the fake driver); the native baseline uses the same size
