@@ -9,7 +9,8 @@
 //!   synchronised.
 //! - Save: every shared allocation this process created is copied whole into the host carrier,
 //!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
-//!   or absent do not matter).
+//!   or absent do not matter), by the copy engine in the mode `CUINTERPOSE_CARRIER` chose
+//!   (`copy.rs`). Save and Load answer with the engine's statistics (`PhaseDone::stats`).
 //! - Release: imports are unmapped and released; shared creations leave the export cache, are
 //!   unmapped and released. VA reservations stay the application's, records stay as they were
 //!   (INSPECT reports the same topology in every phase). Private memory stays for native
