@@ -375,7 +375,21 @@ fn blocker_reason(blocker: &Blocker) -> String {
         }
         Blocker::MulticastObject { .. } => "; multicast objects are not supported yet",
     };
-    format!("{blocker}{hint}")
+    // The driver tells an importer no size before it maps (the shim reports 0): say so rather
+    // than print a 0-byte allocation.
+    let what = match blocker {
+        Blocker::ForeignImport { serial, size: 0 } => format!(
+            "holds a foreign import #{serial} (size unknown until mapped) from a process without the shim"
+        ),
+        Blocker::UnsupportedImport {
+            handle_type,
+            size: 0,
+        } => format!(
+            "imported an allocation (size unknown until mapped) with unsupported handle type {handle_type:#x}"
+        ),
+        other => other.to_string(),
+    };
+    format!("{what}{hint}")
 }
 
 /// One shared allocation across the group: who created it, who imports it, where it is mapped.
