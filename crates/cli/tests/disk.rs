@@ -720,3 +720,50 @@ fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
     let (_report, _restored) = restore(&disk, &[]);
     verify_sharing(&disk.attach(), 1);
 }
+
+/// `cuinterpose demo --to-disk --json` gives what the GPU lane reads: `checkpoint.phases` and
+/// `restore.phases` (each with `name` and `millis`) and `checkpoint.image_bytes`.
+#[test]
+fn demo_to_disk_reports_what_the_gpu_lane_reads() {
+    let disk = Disk::new();
+    let mut command = std::process::Command::new(&disk.tool);
+    command
+        .args(["demo", "--to-disk", "--fake", "--json", "--size", "4194304"])
+        .env("CUINTERPOSE_CRIU", &disk.criu)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = wait_output(
+        command.spawn().expect("starting the demo"),
+        TOOL_TIMEOUT,
+        "cuinterpose demo --to-disk",
+    );
+    assert!(
+        out.status.success(),
+        "demo --to-disk failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    for side in ["checkpoint", "restore"] {
+        let phases = report[side]["phases"].as_array().expect("phases");
+        assert!(!phases.is_empty());
+        for p in phases {
+            assert!(p["name"].is_string() && p["millis"].is_number(), "{p}");
+        }
+    }
+    let names = |side: &str| phase_names(&report[side]);
+    assert!(names("checkpoint").contains(&"criu-dump".to_string()));
+    assert!(names("restore").contains(&"criu-restore".to_string()));
+    assert!(
+        report["checkpoint"]["image_bytes"]
+            .as_u64()
+            .expect("image bytes")
+            > 8 << 20
+    );
+    assert_eq!(report["group_memory_checkpointed"], 0);
+    assert_eq!(
+        report["group_memory_restored"],
+        report["group_memory_before"]
+    );
+    assert_eq!(report["verified"].as_array().expect("verified").len(), 4);
+}

@@ -227,9 +227,39 @@ fn digest_images(images: &Path) -> Result<String, ControlError> {
         .filter(|n| criu::is_image(n))
         .collect();
     names.sort();
+    // The page images (one or more per process) hold gigabytes on a GPU: hash them on as many
+    // threads as there are cores.
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(names.len().max(1));
+    let mut digests: Vec<Option<Result<String, ControlError>>> =
+        (0..names.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        // Round robin, so that the page images (adjacent once sorted) land on different threads.
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let names = &names;
+                scope.spawn(move || {
+                    (t..names.len())
+                        .step_by(threads)
+                        .map(|i| (i, file_sha256(&images.join(&names[i]))))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            for (i, digest) in handle.join().unwrap_or_default() {
+                if let Some(slot) = digests.get_mut(i) {
+                    *slot = Some(digest);
+                }
+            }
+        }
+    });
     let mut list = String::new();
-    for name in names {
-        let digest = file_sha256(&images.join(&name))?;
+    for (name, digest) in names.iter().zip(digests) {
+        // A slot left empty is a thread that panicked.
+        let digest =
+            digest.unwrap_or_else(|| Err(state_error(images, "a digest thread panicked")))?;
         list.push_str(&format!("{digest}  {IMAGES_DIR}/{name}\n"));
     }
     Ok(list)
