@@ -457,15 +457,31 @@ fn native_checkpoint(
         }
         locked.push(*pid);
     }
-    let mut checkpointed = Vec::new();
-    for (pid, label) in &pids {
-        if let Err(e) = driver.checkpoint(*pid) {
-            undo_native(driver, &checkpointed, &locked);
-            return Err(step_error("native checkpoint", label, e));
-        }
-        checkpointed.push(*pid);
+    // Every process is locked, so nothing runs against memory the others are saving: the
+    // checkpoints themselves go in parallel (each is the driver moving one process's private memory).
+    let results = for_each_parallel(&pids, |&(pid, _)| driver.checkpoint(pid));
+    let checkpointed: Vec<u32> = pids
+        .iter()
+        .zip(&results)
+        .filter(|(_, r)| r.is_ok())
+        .map(|((pid, _), _)| *pid)
+        .collect();
+    if let Some(((_, label), Err(e))) = pids.iter().zip(results).find(|(_, r)| r.is_err()) {
+        undo_native(driver, &checkpointed, &locked);
+        return Err(step_error("native checkpoint", label, e));
     }
     Ok(())
+}
+
+/// Runs `f` on every item at once, one thread each, and returns the results in order.
+fn for_each_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items.iter().map(|item| scope.spawn(|| f(item))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
@@ -670,10 +686,11 @@ pub fn native_restore(
     group: &Group,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
 ) -> Result<(), ControlError> {
-    for p in &group.participants {
-        driver
-            .restore(p.info.host_pid, gpu_pairs)
-            .map_err(|e| step_error("native restore", &p.info.label(), e))?;
+    let restored = for_each_parallel(&group.participants, |p| {
+        driver.restore(p.info.host_pid, gpu_pairs)
+    });
+    for (p, result) in group.participants.iter().zip(restored) {
+        result.map_err(|e| step_error("native restore", &p.info.label(), e))?;
     }
     for p in &group.participants {
         driver
