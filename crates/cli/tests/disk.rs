@@ -63,7 +63,14 @@ impl Disk {
 
     /// `cuinterpose ARGS` in this environment; waits (bounded) for it.
     fn tool(&self, args: &[&str]) -> Output {
+        self.tool_with(args, &[])
+    }
+
+    /// `cuinterpose ARGS` with extra environment variables (fault injection in the tool's own
+    /// driver calls).
+    fn tool_with(&self, args: &[&str], vars: &[(&str, &str)]) -> Output {
         let mut command = self.env.command(&self.tool, false).expect("tool command");
+        command.envs(vars.iter().copied());
         command
             .args(args)
             .env("CUINTERPOSE_CRIU", &self.criu)
@@ -468,6 +475,54 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
         "memory back on the same devices"
     );
     verify_sharing(&ranks, 1);
+
+    // The descriptors the application holds are the shim's sealed tickets, which CRIU restored
+    // as memfds: sent again, one still imports (a ticket whose seals were lost would be taken for
+    // a foreign descriptor and refused by the driver).
+    ranks[0]
+        .ok("send-fd a0 --to 1 --as again")
+        .expect("send-fd");
+    ranks[1]
+        .all_ok(&[
+            "wait fd again",
+            &format!("import again --size {}", SIZE[0]),
+            &format!("reserve r-again {}", SIZE[0]),
+            "map again r-again",
+            "set-access again --device 1",
+        ])
+        .expect("importing a ticket after the restore");
+    ranks[0].ok("fill a0 77").expect("fill");
+    ranks[1]
+        .assert_pattern("again", 77)
+        .expect("the new import shares the bytes");
+}
+
+/// A failure after CRIU restored the tree (here the tool's native restore call fails) kills the
+/// restored processes and leaves the checkpoint as it was, so the next restore works.
+#[test]
+fn a_failure_after_criu_restore_kills_the_restored_tree() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let dir = disk.checkpoint_dir();
+    let hashes = hash_dir(&dir);
+    let out = disk.tool_with(
+        &["restore", "--dir", dir.to_str().expect("utf-8 path")],
+        &[("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("restored processes were killed"),
+        "{stderr}"
+    );
+    assert!(
+        !disk.group_answers(),
+        "nothing of the restore is left running"
+    );
+    assert_eq!(hash_dir(&dir), hashes);
+    let (_report, _restored) = restore(&disk, &[]);
+    verify_sharing(&disk.attach(), 1);
 }
 
 #[test]
