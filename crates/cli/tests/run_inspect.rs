@@ -136,7 +136,9 @@ fn inspect_group(n: usize) {
     assert_eq!(shared.len(), n + usize::from(n == 4), "{}", ctx());
 
     // Every shared allocation: its creator, its importers, every mapping with its address.
-    let mut expected: Vec<(String, u32, Vec<u32>, u64, Vec<String>)> = Vec::new();
+    // (name, creator pid, importer pids, size, mappings as inspect shows them)
+    type Expected = (String, u32, Vec<u32>, u64, Vec<String>);
+    let mut expected: Vec<Expected> = Vec::new();
     for i in 0..n {
         let name = format!("a{i}");
         let next = (i + 1) % n;

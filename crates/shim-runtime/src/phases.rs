@@ -56,6 +56,9 @@ pub struct Control {
     pub(crate) mode: copy::CarrierMode,
     /// Figures of the last phase that copied, for the log and for benchmarks.
     pub(crate) last: CopyStats,
+    /// This capture's Release started here (so every creator was sent Release too, and may have
+    /// recreated its allocations since); until the next successful Import or Thaw.
+    pub(crate) release_started: bool,
 }
 
 impl Default for Control {
@@ -65,6 +68,7 @@ impl Default for Control {
             carrier: copy::Carrier::default(),
             mode: copy::mode_from(std::env::var(copy::CARRIER_ENV).ok().as_deref()),
             last: CopyStats::default(),
+            release_started: false,
         }
     }
 }
@@ -472,6 +476,7 @@ impl Runtime {
             creations.sort_unstable();
             (imports, creations)
         };
+        self.control().release_started = true;
         let mut bytes = 0;
         for h in imports.into_iter().chain(creations) {
             bytes += self.release_object(h)?;
@@ -720,6 +725,26 @@ impl Runtime {
             "Import",
             &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
         )?;
+        // Once Release began anywhere, creators may have recreated (Load) allocations whose old
+        // memory this process still holds through an import its own Release did not finish:
+        // mapping that old handle again would split the sharing (each side writing different
+        // memory). Every import still held is dropped and fetched again from its creator, which
+        // hands out its current allocation (the same one if it never released it).
+        if self.control().release_started {
+            let held: Vec<VHandle> = {
+                let reg = self.lock();
+                let mut v: Vec<VHandle> = reg
+                    .objects()
+                    .filter(|(_, o)| matches!(o.kind, Kind::Imported { .. }) && o.real.is_some())
+                    .map(|(h, _)| h)
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            for handle in held {
+                self.release_object(handle)?;
+            }
+        }
         let items: Vec<ImportItem> = {
             let reg = self.lock();
             let mut v: Vec<_> = reg
@@ -786,6 +811,7 @@ impl Runtime {
                 bytes += size;
             }
         }
+        self.control().release_started = false;
         self.set_phase(Phase::Imported);
         Ok(bytes)
     }
@@ -833,6 +859,7 @@ impl Runtime {
             reg.phase = Some(Phase::Running);
         }
         self.control().carrier.discard();
+        self.control().release_started = false;
         self.gate.thaw();
         Ok(0)
     }

@@ -62,9 +62,9 @@ fn entry<T: Copy>(lib: &libloading::Library, name: &str) -> T {
 }
 
 fn init(lib: &libloading::Library) {
-    let init = entry::<PFN_cuInit>(&lib, "cuInit");
-    let retain = entry::<PFN_cuDevicePrimaryCtxRetain>(&lib, "cuDevicePrimaryCtxRetain");
-    let set_current = entry::<PFN_cuCtxSetCurrent>(&lib, "cuCtxSetCurrent");
+    let init = entry::<PFN_cuInit>(lib, "cuInit");
+    let retain = entry::<PFN_cuDevicePrimaryCtxRetain>(lib, "cuDevicePrimaryCtxRetain");
+    let set_current = entry::<PFN_cuCtxSetCurrent>(lib, "cuCtxSetCurrent");
     // SAFETY: flags 0.
     assert!(unsafe { init(0) }.is_success(), "cuInit");
     let mut ctx: CUcontext = std::ptr::null_mut();

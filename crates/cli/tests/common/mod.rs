@@ -127,6 +127,11 @@ impl ToolProcess {
         self.child.id()
     }
 
+    /// Whether the tool has not exited yet.
+    pub fn is_running(&self) -> bool {
+        alive(self.child.id())
+    }
+
     /// Waits (bounded) for the tool to exit and collects its output.
     pub fn finish(mut self) -> ToolRun {
         let deadline = Instant::now() + TOOL_TIMEOUT;
@@ -615,4 +620,16 @@ pub fn label(pid: u32) -> String {
 /// `pid 1234: 0x...+0x...`: how the tool's inspect shows a mapping.
 pub fn mapping(pid: u32, region: &RegionInfo) -> String {
     format!("pid {pid}: {:#x}+{:#x}", region.base, region.size)
+}
+
+/// The phase a participant's shim reports, asked directly on its control socket (faster than a
+/// tool run, for the tests that follow a capture step by step).
+pub fn phase_of(env: &TestEnv, pid: u32) -> protocol::Phase {
+    let path = env.control_dir().join(format!("cuinterpose-{pid}.sock"));
+    let mut conn = transport::Connection::connect(&path, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("control socket of pid {pid}: {e}"));
+    match conn.call(&protocol::Request::Inspect) {
+        Ok((protocol::Response::Records(record), _)) => record.phase,
+        other => panic!("inspect of pid {pid}: {other:?}"),
+    }
 }

@@ -1,0 +1,271 @@
+//! Failures after the capture began (exit 4, rolled back) and a tool killed half way (recovered by
+//! `cuinterpose resume`), with the real binary on the fake driver. The workload is verified
+//! afterwards: contents, sharing both ways, memory back, every shim running.
+//!
+//! To stop a capture at a chosen step without timing, the tests take the fake driver's own
+//! native lock on a participant (from the test process): every driver call of that participant,
+//! its shim's included, waits until the test unlocks it, so the tool waits for that participant's
+//! answer while the others go on.
+
+mod common;
+
+use common::*;
+use protocol::Phase;
+use testkit::TestEnv;
+
+/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`).
+fn pair(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    create_shared(a, "a0", SIZE);
+    create_shared(b, "a1", SIZE);
+    share(a, b, "a0", SIZE);
+    share(b, a, "a1", SIZE);
+    ok(a, &["fill a0 11"]);
+    ok(b, &["fill a1 12"]);
+}
+
+/// Every shim of the tree runs, there is no state file, nothing is natively locked.
+fn assert_running(env: &TestEnv, tree: &Tree, run: &ToolRun) {
+    assert!(
+        !state_dir(env).join("cuinterpose.state").exists(),
+        "state file left after a rollback; {}",
+        run.describe()
+    );
+    let native = env.native().unwrap();
+    for w in tree.workloads.values() {
+        assert_eq!(
+            phase_of(env, w.pid()),
+            Phase::Running,
+            "{} is not running; {}",
+            w.name(),
+            run.describe()
+        );
+        assert_eq!(
+            native.state(w.pid()).unwrap(),
+            testkit::native::ProcessState::Running,
+            "{} natively",
+            w.name()
+        );
+    }
+}
+
+/// The pair kept its contents and shares both ways.
+fn assert_pair(env: &TestEnv, tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    assert!(usage(env, a.pid()) >= SIZE, "a holds no memory");
+    assert!(usage(env, b.pid()) >= SIZE, "b holds no memory");
+    ok(a, &["verify a0 11", "verify a1 12"]);
+    ok(b, &["verify a0 11", "verify a1 12", "fill a0 13"]);
+    ok(a, &["verify a0 13", "fill a1 14"]);
+    ok(b, &["verify a1 14"]);
+    // Back to the patterns the next check of the same pair expects.
+    ok(a, &["fill a0 11", "fill a1 12"]);
+}
+
+#[test]
+fn a_copy_failing_during_save_is_rolled_back() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[
+            Member::shim("a"),
+            Member::shim("b").env("FAKE_CUDA_FAIL", "cuMemcpyDtoHAsync:1"),
+        ],
+    );
+    pair(&tree);
+    let run = suspend(&env, tree.root(), &[]);
+    run.expect_code(EXIT_ROLLED_BACK).stderr_mentions(&[
+        &format!("save failed for {}", label(tree.w("b").pid())),
+        "cuMemcpyDtoHAsync",
+        "rolled back",
+    ]);
+    assert_running(&env, &tree, &run);
+    assert_pair(&env, &tree);
+}
+
+#[test]
+fn a_release_failing_half_way_is_rolled_back() {
+    let env = env();
+    // `b` fails releasing its import of `a0` after unmapping it; `a` released everything.
+    let tree = Tree::launch(
+        &env,
+        &[
+            Member::shim("a"),
+            Member::shim("b").env("FAKE_CUDA_FAIL", "cuMemRelease:1"),
+        ],
+    );
+    pair(&tree);
+    let run = suspend(&env, tree.root(), &[]);
+    run.expect_code(EXIT_ROLLED_BACK).stderr_mentions(&[
+        &format!("release failed for {}", label(tree.w("b").pid())),
+        "cuMemRelease",
+        "rolled back",
+    ]);
+    assert_running(&env, &tree, &run);
+    assert_pair(&env, &tree);
+}
+
+#[test]
+fn a_failing_native_lock_is_rolled_back() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    // The tool loads the fake driver too: its first lock fails, then (another run) its second,
+    // after the first process was locked (and must be unlocked again).
+    for nth in ["1", "2"] {
+        let fail = format!("cuCheckpointProcessLock:{nth}");
+        let run = suspend(&env, tree.root(), &[("FAKE_CUDA_FAIL", &fail)]);
+        run.expect_code(EXIT_ROLLED_BACK).stderr_mentions(&[
+            "native lock failed for",
+            "cuCheckpointProcessLock",
+            "rolled back",
+        ]);
+        assert_running(&env, &tree, &run);
+        assert_pair(&env, &tree);
+    }
+}
+
+const BIG: u64 = 256 << 20;
+
+/// `d` creates `big` (large enough that its Save takes a while) and shares it with `c` and `i`;
+/// `c` creates `a1` and shares it with `d`; `i` only imports.
+fn trio(env: &TestEnv) -> Tree {
+    let tree = Tree::launch(
+        env,
+        &[Member::shim("d"), Member::shim("c"), Member::shim("i")],
+    );
+    let (d, c, i) = (tree.w("d"), tree.w("c"), tree.w("i"));
+    create_shared(d, "big", BIG);
+    share(d, c, "big", BIG);
+    share(d, i, "big", BIG);
+    create_shared(c, "a1", SIZE);
+    share(c, d, "a1", SIZE);
+    ok(d, &["memset big 7", "fill big 21 --len 2M"]);
+    ok(
+        d,
+        &[&format!(
+            "fill big 22 --offset {} --len 2M",
+            BIG - (2 << 20)
+        )],
+    );
+    ok(c, &["fill a1 23"]);
+    tree
+}
+
+/// Contents of [`trio`] as seen by `who`.
+fn verify_trio(who: &testkit::Workload) {
+    ok(
+        who,
+        &[
+            "verify big 21 --len 2M",
+            &format!("verify big 22 --offset {} --len 2M", BIG - (2 << 20)),
+            &format!("verify big --byte 7 --offset {} --len 2M", 64 << 20),
+        ],
+    );
+}
+
+/// Starts a suspend of [`trio`] and stops it in its release phase: `d` and `i` released, the tool
+/// waiting for `c`, which the test holds with the native lock. Returns the tool (still running).
+fn stop_in_release(env: &TestEnv, tree: &Tree) -> ToolProcess {
+    let native = env.native().unwrap();
+    let (d, c, i) = (tree.w("d").pid(), tree.w("c").pid(), tree.w("i").pid());
+    let root = tree.root().to_string();
+    let dir = state_dir(env).display().to_string();
+    let driver = fake_driver(env).display().to_string();
+    let tool = start_tool(
+        env,
+        &[
+            "suspend",
+            "--pid",
+            &root,
+            "--state-dir",
+            &dir,
+            "--driver",
+            &driver,
+            "--json",
+        ],
+        &[],
+    );
+    // Hold `d` in its Save: the tool then waits for it while `c` and `i` finish theirs.
+    wait_until("d is frozen", || phase_of(env, d) == Phase::Frozen);
+    native.lock(d, 60_000).unwrap();
+    wait_until("c and i saved", || {
+        phase_of(env, c) == Phase::Saved && phase_of(env, i) == Phase::Saved
+    });
+    assert_eq!(
+        phase_of(env, d),
+        Phase::Frozen,
+        "d finished its Save of {BIG} bytes before the test's lock landed"
+    );
+    // Hold `c` too (idle now, the lock is immediate), then let `d` finish: Release goes out to
+    // everyone, `c` stays in it.
+    native.lock(c, 60_000).unwrap();
+    native.unlock(d).unwrap();
+    wait_until("d and i released", || {
+        phase_of(env, d) == Phase::Released && phase_of(env, i) == Phase::Released
+    });
+    assert_eq!(phase_of(env, c), Phase::Saved, "c's Release is held");
+    assert!(tool.is_running(), "the tool ended while c was held");
+    tool
+}
+
+#[test]
+fn a_participant_that_dies_after_release_began_is_reported_and_the_others_rolled_back() {
+    let env = env();
+    let mut tree = trio(&env);
+    let tool = stop_in_release(&env, &tree);
+    let i = tree.w("i").pid();
+    signal(i, rustix::process::Signal::KILL);
+    wait_gone(i);
+    env.native().unwrap().unlock(tree.w("c").pid()).unwrap();
+    let run = tool.finish();
+    run.expect_code(EXIT_ROLLED_BACK).stderr_mentions(&[
+        &label(i),
+        "exited during the capture",
+        "rolled back",
+    ]);
+    tree.workloads.remove("i");
+    assert_running(&env, &tree, &run);
+    let (d, c) = (tree.w("d"), tree.w("c"));
+    verify_trio(d);
+    verify_trio(c);
+    ok(d, &["verify a1 23", "fill a1 24", "fill big 25 --len 2M"]);
+    ok(c, &["verify a1 24", "verify big 25 --len 2M"]);
+    assert!(usage(&env, d.pid()) >= BIG, "d holds no memory");
+}
+
+#[test]
+fn resume_recovers_a_group_whose_tool_was_killed_after_release() {
+    let env = env();
+    let tree = trio(&env);
+    let mut tool = stop_in_release(&env, &tree);
+    signal(tool.pid(), rustix::process::Signal::KILL);
+    let _ = tool.child.wait();
+    let c = tree.w("c").pid();
+    env.native().unwrap().unlock(c).unwrap();
+    // `c` finishes the Release the dead tool asked for: the whole group is released, natively
+    // running, with its state file.
+    wait_until("c released", || phase_of(&env, c) == Phase::Released);
+    assert!(
+        state_dir(&env).join("cuinterpose.state").exists(),
+        "no state file after the tool was killed in release"
+    );
+    for w in tree.workloads.values() {
+        assert_eq!(usage(&env, w.pid()), 0, "{} still holds memory", w.name());
+    }
+
+    let run = resume(&env, tree.root());
+    let report = run.ok().json();
+    assert_eq!(report["shared_bytes"], BIG + SIZE, "{}", run.describe());
+    assert_running(&env, &tree, &run);
+    for name in ["d", "c", "i"] {
+        verify_trio(tree.w(name));
+    }
+    let (d, c, i) = (tree.w("d"), tree.w("c"), tree.w("i"));
+    ok(d, &["verify a1 23"]);
+    ok(i, &["fill big 26 --len 2M"]);
+    ok(d, &["verify big 26 --len 2M"]);
+    ok(c, &["verify big 26 --len 2M", "fill a1 27"]);
+    ok(d, &["verify a1 27"]);
+    assert!(usage(&env, d.pid()) >= BIG, "d holds no memory");
+}
