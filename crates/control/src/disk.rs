@@ -360,10 +360,13 @@ fn tree_sockets(tree: &[u32]) -> Vec<(u32, Vec<String>)> {
         .collect()
 }
 
-/// Processes that map a file deleted or replaced since they mapped it (a rebuilt binary or
-/// library): CRIU cannot dump such a mapping ("Can't create link remap"), and a restore needs the
-/// same files, so the capture is refused before it changes anything. Memfds (the fake driver's
-/// memory, the shim's tickets) are "(deleted)" by nature and CRIU saves them.
+/// CRIU's default `--ghost-limit`: a deleted file up to this size is saved into the images.
+const CRIU_GHOST_LIMIT: u64 = 1 << 20;
+
+/// Processes that map a large file deleted or replaced since they mapped it (a rebuilt binary or
+/// library): CRIU saves a deleted file only up to its ghost limit and otherwise fails the dump
+/// ("Can't create link remap"), so the capture is refused before it changes anything. Memfds (the
+/// fake driver's memory, the shim's tickets) are "(deleted)" by nature and CRIU saves them.
 fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     for &pid in tree {
@@ -372,10 +375,19 @@ fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
         };
         let mut files: Vec<&str> = maps
             .lines()
-            .filter_map(|line| line.splitn(6, char::is_whitespace).nth(5))
-            .map(str::trim_start)
-            .filter_map(|path| path.strip_suffix(" (deleted)"))
-            .filter(|path| path.starts_with('/') && !path.starts_with("/memfd:"))
+            .filter_map(|line| {
+                let range = line.split_whitespace().next()?;
+                let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
+                let path = path.strip_suffix(" (deleted)")?;
+                if !path.starts_with('/') || path.starts_with("/memfd:") {
+                    return None;
+                }
+                // The mapped file itself, through /proc (root may follow these links).
+                let size = std::fs::metadata(format!("/proc/{pid}/map_files/{range}"))
+                    .map(|m| m.len())
+                    .unwrap_or(u64::MAX);
+                (size > CRIU_GHOST_LIMIT).then_some(path)
+            })
             .collect();
         files.sort_unstable();
         files.dedup();
@@ -386,8 +398,8 @@ fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
             refusals.push(Refusal {
                 process: label,
                 reason: format!(
-                    "maps {first}{}, deleted or replaced since it was loaded; CRIU cannot dump \
-                     it and a restore would need the old file (restart the workload)",
+                    "maps {first}{}, deleted or replaced since it was loaded and larger than \
+                     CRIU saves; the dump would fail (restart the workload)",
                     if files.len() > 1 {
                         format!(" and {} other files", files.len() - 1)
                     } else {
