@@ -75,10 +75,10 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
             continue;
         };
         // A process may exit while we look; it is simply not part of the tree any more.
-        if let Ok(stat) = fs::read_to_string(proc_path(pid, "stat")) {
-            if let Some(ppid) = parse_ppid(&stat) {
-                children.entry(ppid).or_default().push(pid);
-            }
+        if let Ok(stat) = fs::read_to_string(proc_path(pid, "stat"))
+            && let Some(ppid) = parse_ppid(&stat)
+        {
+            children.entry(ppid).or_default().push(pid);
         }
     }
     if !proc_path(root, "stat").exists() {

@@ -80,9 +80,9 @@ impl Driver {
         })?;
         macro_rules! symbol {
             ($name:ident: $ty:ty) => {{
-                // SAFETY: the symbol is the driver's entry point of that name, whose C signature `$ty`
-                // mirrors (cuda-abi; layout checked against cuda.h on the GPU machine).
                 let symbol: Result<libloading::Symbol<'_, $ty>, _> =
+                    // SAFETY: the symbol is the driver's entry point of that name, whose C
+                    // signature `$ty` mirrors (cuda-abi; layout checked against cuda.h on the GPU).
                     unsafe { library.get(concat!(stringify!($name), "\0").as_bytes()) };
                 *symbol.map_err(|source| ControlError::DriverSymbol { name: stringify!($name), source })?
             }};
@@ -224,16 +224,19 @@ impl Driver {
         })?;
         let mut free = 0usize;
         let mut total = 0usize;
-        // SAFETY: `context` was just retained; the out-pointers are valid.
-        let result = unsafe {
-            check("cuCtxSetCurrent", (self.ctx_set_current)(context))
-                .and_then(|()| check("cuMemGetInfo", (self.mem_get_info)(&mut free, &mut total)))
-        };
-        // SAFETY: unbinding the context and releasing the retain taken above.
-        unsafe {
-            (self.ctx_set_current)(std::ptr::null_mut());
-            (self.primary_ctx_release)(device);
-        }
+        // SAFETY: `context` was just retained.
+        let current = check("cuCtxSetCurrent", unsafe {
+            (self.ctx_set_current)(context)
+        });
+        let result = current.and_then(|()| {
+            // SAFETY: the out-pointers are valid; a context is current.
+            let r = unsafe { (self.mem_get_info)(&mut free, &mut total) };
+            check("cuMemGetInfo", r)
+        });
+        // SAFETY: unbinding the context set above.
+        unsafe { (self.ctx_set_current)(std::ptr::null_mut()) };
+        // SAFETY: releasing the retain taken above.
+        unsafe { (self.primary_ctx_release)(device) };
         result.map(|()| (free as u64, total as u64))
     }
 }
@@ -251,9 +254,10 @@ fn resolved_path(library: &libloading::Library, requested: &Path) -> PathBuf {
     if found == 0 {
         return requested.to_path_buf();
     }
-    // SAFETY: dladdr succeeded, so `info` is initialised and dli_fname is a NUL-terminated string
-    // owned by the loader for the library's lifetime.
-    let name = unsafe { std::ffi::CStr::from_ptr(info.assume_init().dli_fname) };
+    // SAFETY: dladdr succeeded, so it filled `info`.
+    let info = unsafe { info.assume_init() };
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader for the library's lifetime.
+    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
     std::fs::canonicalize(name.to_string_lossy().as_ref())
         .unwrap_or_else(|_| requested.to_path_buf())
 }
