@@ -822,3 +822,45 @@ fn demo_to_disk_reports_what_the_gpu_lane_reads() {
     );
     assert_eq!(report["verified"].as_array().expect("verified").len(), 4);
 }
+
+/// What CRIU cannot work with is refused before anything changes: a workload that is not the root
+/// of its own PID namespace, a missing CRIU, a used checkpoint directory.
+#[test]
+fn checkpoints_criu_cannot_take_are_refused_before_anything_changes() {
+    let disk = Disk::new();
+    let plain = disk
+        .env
+        .spawn(testkit::WorkloadOptions::new("plain").shim(true))
+        .expect("a workload outside a PID namespace");
+    plain.ok("create x 2M").expect("create");
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let pid = plain.pid().to_string();
+    let out = disk.tool(&["checkpoint", "--pid", &pid, "--dir", dir_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("own PID namespace"), "{stderr}");
+    assert!(!dir.exists(), "nothing was written");
+    plain.ok("ping").expect("the workload still runs");
+
+    let group = disk.start_group();
+    let launcher = group.launcher.id().to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        dir_arg,
+        "--criu",
+        "/nonexistent/criu",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("criu not found"), "{stderr}");
+    std::fs::create_dir_all(dir.join("images")).expect("mkdir");
+    let out = disk.tool(&["checkpoint", "--pid", &launcher, "--dir", dir_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not empty"), "{stderr}");
+    verify_sharing(&group.ranks, 1);
+}

@@ -86,6 +86,11 @@ fn damaged(path: &Path, e: impl std::fmt::Display) -> ControlError {
     refuse(&format!("checkpoint {}", path.display()), e.to_string())
 }
 
+/// CRIU, or a refusal (nothing has changed when it is looked for).
+fn locate_criu(explicit: Option<&Path>) -> Result<Criu, ControlError> {
+    Criu::locate(explicit).map_err(|e| refuse("criu", e.to_string()))
+}
+
 /// Checks that `dir` can take a new checkpoint: absent or empty, so that images of an earlier dump
 /// can never mix with the new ones.
 fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
@@ -114,7 +119,7 @@ pub fn checkpoint(
     progress: &dyn Progress,
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
-    let criu = Criu::locate(options.criu.as_deref()).map_err(ControlError::Criu)?;
+    let criu = locate_criu(options.criu.as_deref())?;
     let root = namespace_root(options.capture.root)?;
     let dir = &options.dir;
     check_new_dir(dir)?;
@@ -553,8 +558,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     let state = manifest
         .verify_state(&state_bytes)
         .map_err(|e| damaged(&state_path, e))?;
-    verify_images(dir)?;
-    let criu = Criu::locate(options.criu.as_deref()).map_err(ControlError::Criu)?;
+    let criu = locate_criu(options.criu.as_deref())?;
 
     // The shim must be the same bytes at the same path: CRIU maps it back from there.
     let shim_path = Path::new(&manifest.shim.path);
@@ -780,6 +784,9 @@ pub fn restore(
     })?;
     let images = options.dir.join(IMAGES_DIR);
     let image_bytes = criu::directory_bytes(&images);
+    clock.time("verify-images", Some(image_bytes), || {
+        verify_images(&options.dir).map(|()| ((), image_bytes, 0.0))
+    })?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = restore_work_dir()?;
     let root = clock.time("criu-restore", Some(image_bytes), || {
