@@ -144,13 +144,11 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
 
 /// The GPU when a driver with devices loads, else the bundled fake.
 fn pick_driver(artifacts: &Artifacts, force_fake: bool) -> anyhow::Result<(DriverKind, Driver)> {
-    if !force_fake {
-        if let Ok(driver) = Driver::load(None) {
-            let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
-            let is_fake = fake.as_deref() == Some(driver.path());
-            if !is_fake && driver.device_count().unwrap_or(0) > 0 {
-                return Ok((DriverKind::System, driver));
-            }
+    if !force_fake && let Ok(driver) = Driver::load(None) {
+        let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
+        let is_fake = fake.as_deref() == Some(driver.path());
+        if !is_fake && driver.device_count().unwrap_or(0) > 0 {
+            return Ok((DriverKind::System, driver));
         }
     }
     let fake: PathBuf = artifacts.fake_driver().context(
