@@ -117,7 +117,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     resume_options.driver = suspend_options.driver.clone();
     let resumed = capture::resume(&resume_options, &progress).context("resume")?;
 
-    let verified = verify_after_resume(group.members()).context("verifying after resume")?;
+    let verified = verify_after(group.members(), "resume").context("verifying after resume")?;
     if !on_gpu && during != 0 {
         bail!(
             "the suspended group still holds {} of device memory",
@@ -180,7 +180,7 @@ fn seed(rank: usize, round: u64) -> u64 {
 
 /// Contents survived, and sharing is alive both ways: each importer sees the creator's bytes, then
 /// writes new ones that the creator sees.
-fn verify_after_resume(group: &[Workload]) -> anyhow::Result<Vec<String>> {
+fn verify_after(group: &[Workload], what: &str) -> anyhow::Result<Vec<String>> {
     let n = group.len();
     let mut checks = Vec::new();
     for creator in 0..n {
@@ -194,7 +194,7 @@ fn verify_after_resume(group: &[Workload]) -> anyhow::Result<Vec<String>> {
         group[importer].ok(&format!("fill {region} {}", seed(creator, 2)))?;
         group[creator].assert_pattern(&region, seed(creator, 2))?;
         checks.push(format!(
-            "{region}: a write by rank {importer} afterwards is seen by rank {creator}"
+            "{region}: a write by rank {importer} after {what} is seen by rank {creator}"
         ));
     }
     Ok(checks)
@@ -285,7 +285,7 @@ fn demo_to_disk(
     .context("restore from disk")?;
     launched.restored = Some(restore.root);
     let ranks = attach_ranks(&listen, args.processes)?;
-    let verified = verify_after_resume(&ranks).context("verifying after the restore")?;
+    let verified = verify_after(&ranks, "restore").context("verifying after the restore")?;
     let restored = group_memory(env, driver, on_gpu, &ns_pids)?;
     if !on_gpu {
         ensure!(
