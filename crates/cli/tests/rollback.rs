@@ -269,3 +269,25 @@ fn resume_recovers_a_group_whose_tool_was_killed_after_release() {
     ok(d, &["verify a1 27"]);
     assert!(usage(&env, d.pid()) >= BIG, "d holds no memory");
 }
+
+#[test]
+fn resume_finishes_a_resume_that_stopped_between_native_restore_and_unlock() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let run = suspend(&env, tree.root(), &[]);
+    run.ok();
+    // As a resume killed half way leaves it: `a` restored natively (LOCKED), `b` still
+    // CHECKPOINTED, both shims released.
+    let native = env.native().unwrap();
+    let a = tree.w("a").pid();
+    native.restore(a, &[]).unwrap();
+    assert_eq!(
+        native.state(a).unwrap(),
+        testkit::native::ProcessState::Locked
+    );
+    let run = resume(&env, tree.root());
+    run.ok();
+    assert_running(&env, &tree, &run);
+    assert_pair(&env, &tree);
+}

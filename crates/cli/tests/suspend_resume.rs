@@ -145,7 +145,15 @@ fn writes_both_ways(ranks: &[&Workload]) {
     }
 }
 
-fn round_trip(n: usize) {
+/// How the tool finds the driver: `--driver PATH`, or `libcuda.so.1` from the library path the
+/// test environment starts it with (the fake driver's directory first).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DriverArg {
+    Explicit,
+    LibraryPath,
+}
+
+fn round_trip(n: usize, driver: DriverArg) {
     let env = env();
     let tree = Tree::run_tree(&env, n);
     let ranks: Vec<&Workload> = (0..n).map(|r| tree.w(&format!("r{r}"))).collect();
@@ -157,7 +165,14 @@ fn round_trip(n: usize) {
         assert!(usage(&env, w.pid()) > 0, "{} holds no memory", w.name());
     }
 
-    let run = suspend(&env, tree.root(), &[]);
+    let state = state_dir(&env).display().to_string();
+    let root = tree.root().to_string();
+    let mut args = vec!["--pid", &root, "--state-dir", &state, "--json"];
+    let fake = fake_driver(&env).display().to_string();
+    if driver == DriverArg::Explicit {
+        args.extend(["--driver", &fake]);
+    }
+    let run = tool(&env, &[&["suspend"], &args[..]].concat());
     let report = run.ok().json();
     let pids: BTreeSet<u64> = report["participants"]
         .as_array()
@@ -181,7 +196,7 @@ fn round_trip(n: usize) {
         assert!(alive(w.pid()), "{} died while suspended", w.name());
     }
 
-    let run = resume(&env, tree.root());
+    let run = tool(&env, &[&["resume"], &args[..]].concat());
     let report = run.ok().json();
     assert_eq!(report["shared_bytes"], shared, "{}", run.describe());
     assert!(!state_file.exists(), "state file left after resume");
@@ -202,12 +217,12 @@ fn round_trip(n: usize) {
 
 #[test]
 fn two_processes_suspend_and_resume_through_the_cli() {
-    round_trip(2);
+    round_trip(2, DriverArg::Explicit);
 }
 
 #[test]
 fn four_processes_suspend_and_resume_through_the_cli() {
-    round_trip(4);
+    round_trip(4, DriverArg::LibraryPath);
 }
 
 #[test]
