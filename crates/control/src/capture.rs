@@ -840,3 +840,25 @@ pub fn record_difference(
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zombies_and_reaped_processes_have_exited() {
+        assert!(!exited(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Not reaped yet: a zombie once it is done, which counts as exited.
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+        {
+            std::thread::yield_now();
+        }
+        assert!(exited(pid));
+        child.wait().unwrap();
+        assert!(exited(pid));
+    }
+}
