@@ -2,13 +2,17 @@
 //! native lock and checkpoint around them, and the rebuild after native restore.
 //!
 //! Order of a suspend: discover → inspect (read-only, whole-group checks) → freeze → inspect again
-//! (frozen, nothing in flight) → save → release → state file → native lock of every process →
-//! native checkpoint of each. Resume: native restore of each → unlock → load (creators) → import
-//! (importers) → verify (records equal the captured ones) → thaw.
+//! (frozen, nothing in flight) → state file → save → release → inspect (all released) → native lock
+//! of every process → native checkpoint of each. Resume: native restore and unlock of each process
+//! that needs it → load (creators) → import (importers) → verify (records equal the captured
+//! ones) → thaw.
 //!
 //! Up to the native lock every failure is rolled back with the resume code (load, import, thaw), so
-//! the workload keeps running; after it, the step and the process are named and the tool still tries
-//! to bring every process back.
+//! the workload keeps running; participants that exited are left out of the rollback and named.
+//! After the lock, the step and the process are named and the tool still tries to bring every
+//! process back. The state file exists from before the first destructive step, so `resume` also
+//! recovers a group whose tool was killed at any step: it takes each process from the native state
+//! it finds (checkpointed, locked, or still running) and rebuilds what its shim released.
 
 use crate::group::{Group, Participant, PhaseResult, Snapshot, answer_timeout, check_group};
 use crate::native::{Driver, ProcessState};
