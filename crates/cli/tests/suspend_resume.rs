@@ -196,6 +196,16 @@ fn round_trip(n: usize, driver: DriverArg) {
         assert!(alive(w.pid()), "{} died while suspended", w.name());
     }
 
+    // A second suspend of the suspended group refuses and changes nothing.
+    let again = tool(&env, &[&["suspend"], &args[..]].concat());
+    again
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["already holds a suspended group"]);
+    assert!(
+        state_file.exists(),
+        "a refused suspend removed the state file"
+    );
+
     let run = tool(&env, &[&["resume"], &args[..]].concat());
     let report = run.ok().json();
     assert_eq!(report["shared_bytes"], shared, "{}", run.describe());

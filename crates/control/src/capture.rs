@@ -505,12 +505,13 @@ fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
 fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
     let path = dir.join(STATE_FILE);
     if path.exists() {
-        return Err(ControlError::State {
-            path,
-            message:
+        // Nothing was touched yet: a refusal, like every other reason not to start.
+        return Err(ControlError::Refused(vec![Refusal {
+            process: path.display().to_string(),
+            reason:
                 "already holds a suspended group; resume it first or choose another --state-dir"
                     .into(),
-        });
+        }]));
     }
     std::fs::create_dir_all(dir).map_err(|e| ControlError::State {
         path: dir.to_path_buf(),
