@@ -78,20 +78,14 @@ impl Criu {
     }
 
     /// Dumps the tree rooted at `pid` (the init of its PID namespace) into `images`.
-    pub fn dump(
-        &self,
-        pid: u32,
-        images: &Path,
-        leave_running: bool,
-        shell_job: bool,
-    ) -> Result<(), CriuError> {
+    ///
+    /// No `--shell-job`: the tool refuses a tree with a controlling terminal before it gets here (a
+    /// restore could not give the terminal back).
+    pub fn dump(&self, pid: u32, images: &Path, leave_running: bool) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
         command.arg("-t").arg(pid.to_string());
         if leave_running {
             command.arg("--leave-running");
-        }
-        if shell_job {
-            command.arg("--shell-job");
         }
         self.execute("dump", command, images)
     }
@@ -102,12 +96,7 @@ impl Criu {
     /// Everything CRIU writes on a restore (its log, statistics and the pid file) goes to
     /// `work_dir`, never into the checkpoint: a checkpoint directory is read-only to a restore, so
     /// the same images can be restored again and a failed restore leaves them as they were.
-    pub fn restore(
-        &self,
-        images: &Path,
-        work_dir: &Path,
-        shell_job: bool,
-    ) -> Result<u32, CriuError> {
+    pub fn restore(&self, images: &Path, work_dir: &Path) -> Result<u32, CriuError> {
         let pid_file = work_dir.join("restore.pid");
         let mut command = self.command("restore", images);
         command
@@ -116,9 +105,6 @@ impl Criu {
             .arg("--restore-detached")
             .arg("--pidfile")
             .arg(&pid_file);
-        if shell_job {
-            command.arg("--shell-job");
-        }
         self.execute("restore", command, work_dir)?;
         std::fs::read_to_string(&pid_file)
             .ok()
@@ -134,7 +120,9 @@ impl Criu {
             .arg(images)
             .arg("--log-file")
             .arg(format!("{action}.log"))
-            .arg("-v4");
+            .arg("-v4")
+            // Not the tool's terminal: nothing CRIU runs may read from it.
+            .stdin(std::process::Stdio::null());
         command
     }
 

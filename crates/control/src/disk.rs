@@ -159,7 +159,7 @@ pub fn checkpoint(
     drop(group);
 
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, options.leave_running, false)
+        criu.dump(root, &images, options.leave_running)
             .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
@@ -792,7 +792,7 @@ pub fn restore(
     let root = clock.time("criu-restore", Some(image_bytes), || {
         verified
             .criu
-            .restore(&images, &work_dir, false)
+            .restore(&images, &work_dir)
             .map(|pid| (pid, image_bytes, 0.0))
             .map_err(ControlError::Criu)
     })?;
