@@ -495,6 +495,18 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
     ranks[1]
         .assert_pattern("again", 77)
         .expect("the new import shares the bytes");
+
+    // A second restore while the restored copy runs (new host PIDs, same sockets) is refused.
+    let dir = disk.checkpoint_dir();
+    let out = disk.tool(&["restore", "--dir", dir.to_str().expect("utf-8 path")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("is answered by a running process"),
+        "{stderr}"
+    );
+    assert_eq!(hash_dir(&dir), hashes);
+    ranks[1].ok("ping").expect("the restored copy still runs");
 }
 
 /// A failure after CRIU restored the tree (here the tool's native restore call fails) kills the
