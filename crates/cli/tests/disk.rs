@@ -175,7 +175,7 @@ impl Disk {
                 Workload::attach(
                     format!("rank{r}"),
                     dir.join(format!("{r}.sock")),
-                    r as i32,
+                    r,
                     dir.join(format!("{r}.log")),
                 )
                 .expect("attaching to a rank")
