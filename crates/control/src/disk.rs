@@ -158,51 +158,72 @@ pub fn checkpoint(
     // to the shims go first (the shims keep none of their own between requests).
     drop(group);
 
+    // The tree is dumped with --leave-running in every case and ended by the tool only once the
+    // checkpoint is complete on disk: until then any failure (CRIU's, or writing the digests or
+    // the manifest) can still be rolled back and the workload keeps running.
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, options.leave_running)
-            .map_err(ControlError::Criu)?;
+        criu.dump(root, &images, true).map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
-    if let Err(e) = dumped {
-        // CRIU leaves the tree running when a dump fails: bring it back as a resume would, and
-        // leave no half-written checkpoint behind.
-        let _ = std::fs::remove_dir_all(dir);
-        let rollback = resume_in_place(root, &captured, &driver, &mut clock);
-        return Err(match rollback {
-            Ok(()) => ControlError::RolledBack {
-                failure: Box::new(e),
-            },
-            Err(r) => ControlError::RollbackFailed {
-                failure: Box::new(e),
-                rollback: vec![r],
-            },
-        });
-    }
-    let image_bytes = criu::directory_bytes(&images);
-    clock.time("image-digest", Some(image_bytes), || {
-        let list = digest_images(&images)?;
-        transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
-            .map_err(|e| state_error(dir, e))?;
-        Ok(((), image_bytes, 0.0))
-    })?;
-    let manifest = build_manifest(
-        &captured,
-        &sockets,
-        &gpus,
-        &driver,
-        &criu,
-        image_bytes,
-        &clock,
-        &state_path,
-    )?;
-    transport::files::write_atomically(
-        &dir.join(manifest::MANIFEST_FILE_NAME),
-        &manifest::encode(&manifest),
-    )
-    .map_err(|e| state_error(dir, e))?;
+    let published = dumped.and_then(|()| {
+        let image_bytes = criu::directory_bytes(&images);
+        clock.time("image-digest", Some(image_bytes), || {
+            let list = digest_images(&images)?;
+            transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
+                .map_err(|e| state_error(dir, e))?;
+            Ok(((), image_bytes, 0.0))
+        })?;
+        let manifest = build_manifest(
+            &captured,
+            &sockets,
+            &gpus,
+            &driver,
+            &criu,
+            image_bytes,
+            &clock,
+            &state_path,
+        )?;
+        transport::files::write_atomically(
+            &dir.join(manifest::MANIFEST_FILE_NAME),
+            &manifest::encode(&manifest),
+        )
+        .map_err(|e| state_error(dir, e))?;
+        Ok((manifest, image_bytes))
+    });
+    let (manifest, image_bytes) = match published {
+        Ok(done) => done,
+        Err(e) => {
+            // No manifest, no restorable checkpoint: the state file goes; the images stay with
+            // CRIU's dump log for diagnosis. The workload runs on after the rollback.
+            let _ = std::fs::remove_file(&state_path);
+            let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
+            let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
+            let rollback = resume_in_place(root, &captured, &driver, &mut clock);
+            return Err(match rollback {
+                Ok(()) => ControlError::RolledBack {
+                    failure: Box::new(e),
+                },
+                Err(r) => ControlError::RollbackFailed {
+                    failure: Box::new(e),
+                    rollback: vec![r],
+                },
+            });
+        }
+    };
 
     if options.leave_running {
         resume_in_place(root, &captured, &driver, &mut clock)?;
+    } else {
+        // What CRIU does after a dump without --leave-running; the checkpoint is complete.
+        clock.time("stop", None, || {
+            crate::launch::kill_tree(root, KILL_TIMEOUT)
+                .map(|()| ((), 0, 0.0))
+                .map_err(|e| ControlError::Step {
+                    step: "stopping the dumped tree (the checkpoint is complete)",
+                    process: format!("pid {root}"),
+                    source: Box::new(state_error(dir, e)),
+                })
+        })?;
     }
     let shared_bytes = manifest.bytes.shared_saved;
     Ok(DiskReport {
