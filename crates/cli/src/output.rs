@@ -39,24 +39,26 @@ pub fn print_inspect(report: &InspectReport) {
         println!("no shared allocations");
     } else {
         println!(
-            "{:<14} {:>12} {:>6}  {:<34} IMPORTERS / MAPPINGS",
+            "{:<14} {:>12} {:>6}  {:<20} IMPORTERS / MAPPINGS",
             "ALLOCATION", "SIZE", "DEVICE", "CREATOR"
         );
         for a in &report.shared {
-            let importers = if a.importers.is_empty() {
+            // The process table above names the commands; here a process is its PID.
+            let importers: Vec<&str> = a.importers.iter().map(|i| short(i)).collect();
+            let importers = if importers.is_empty() {
                 "-".to_string()
             } else {
-                a.importers.join(", ")
+                importers.join(", ")
             };
+            let creator = short(&a.creator);
             println!(
-                "{:<14} {:>12} {:>6}  {:<34} {importers}",
+                "{:<14} {:>12} {:>6}  {creator:<20} {importers}",
                 a.id,
                 bytes(a.size),
-                a.device,
-                a.creator
+                a.device
             );
             for m in &a.mappings {
-                println!("{:<14} {:>12} {:>6}  {:<34}   mapped {m}", "", "", "", "");
+                println!("{:<14} {:>12} {:>6}  {:<20}   mapped {m}", "", "", "", "");
             }
         }
     }
@@ -69,6 +71,11 @@ pub fn print_inspect(report: &InspectReport) {
             println!("  {r}");
         }
     }
+}
+
+/// `pid 12 (python3 x.py)` → `pid 12`.
+fn short(label: &str) -> &str {
+    label.split(" (").next().unwrap_or(label)
 }
 
 pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<()> {
