@@ -39,18 +39,18 @@ impl Progress for Bars {
     }
 
     fn advance(&self, bytes: u64) {
-        if let Ok(current) = self.current.lock() {
-            if let Some(bar) = current.as_ref() {
-                bar.inc(bytes);
-            }
+        if let Ok(current) = self.current.lock()
+            && let Some(bar) = current.as_ref()
+        {
+            bar.inc(bytes);
         }
     }
 
     fn phase_finished(&self, _timing: &PhaseTiming) {
-        if let Ok(mut current) = self.current.lock() {
-            if let Some(bar) = current.take() {
-                bar.finish_and_clear();
-            }
+        if let Ok(mut current) = self.current.lock()
+            && let Some(bar) = current.take()
+        {
+            bar.finish_and_clear();
         }
     }
 }
