@@ -167,12 +167,30 @@ fi
 
 if wants bench; then
     log "benchmarks"
-    if timeout 500 "$bin/cuinterpose" bench --json-out "$logs/bench.json" >"$logs/bench.txt" 2>"$logs/bench.err"; then
-        cat "$logs/bench.txt"
-        row "bench" "-" "see table above" ok
-    else
-        row "bench" "-" "$(tail -2 "$logs/bench.err" | tr '\n\t' '  ')" FAIL
-    fi
+    for carrier in staged mixed; do
+        extra=()
+        [ "$carrier" = staged ] || extra=(--no-overhead)
+        if CUINTERPOSE_CARRIER=$carrier timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
+            --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
+            cat "$logs/bench-$carrier.txt"
+            row "bench ($carrier carrier)" "-" "$(python3 - "$logs/bench-$carrier.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+cy = r["capture"]["cycles"][-1]
+n = r["capture"]["native"]
+line = "cycle %d: save %.1f GB/s, load %.1f GB/s, suspend %.0f ms, resume %.0f ms; native %.0f+%.0f ms; %.2fx native" % (
+    cy["cycle"], cy["save"]["copy_gb_per_s"], cy["load"]["copy_gb_per_s"], cy["suspend"]["total_millis"],
+    cy["resume"]["total_millis"], n["checkpoint_millis"], n["restore_millis"], cy["speedup_vs_native"])
+o = r.get("overhead")
+if o:
+    line += "; overhead untracked %.3f tracked %.3f" % (o["untracked_ratio"], o["tracked_ratio"])
+print(line)
+PY
+)" measured
+        else
+            row "bench ($carrier carrier)" "-" "$(tail -2 "$logs/bench-$carrier.err" | tr '\n\t' '  ')" FAIL
+        fi
+    done
 fi
 
 if wants disk; then
