@@ -876,3 +876,41 @@ fn checkpoints_criu_cannot_take_are_refused_before_anything_changes() {
     assert!(stderr.contains("is not empty"), "{stderr}");
     verify_sharing(&group.ranks, 1);
 }
+
+/// A dump that fails after the capture (here a CRIU that fails every dump) is rolled back: the
+/// workload runs on with its memory and sharing, and no restorable checkpoint is left.
+#[test]
+fn a_failed_dump_is_rolled_back() {
+    use std::os::unix::fs::PermissionsExt;
+    let disk = Disk::new();
+    let group = disk.start_group();
+    let failing = disk.env.dir().join("failing-criu");
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\n\
+         [ \"$1\" = --version ] && { echo 'Version: 4.1.1'; exit 0; }\n\
+         echo 'Error (test): this CRIU fails every dump' >&2\n\
+         exit 1\n",
+    )
+    .expect("writing the failing CRIU");
+    std::fs::set_permissions(&failing, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dir = disk.checkpoint_dir();
+    let launcher = group.launcher.id().to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--criu",
+        failing.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("this CRIU fails every dump"), "{stderr}");
+    assert!(stderr.contains("rolled back"), "{stderr}");
+    assert!(!dir.join("manifest.json").exists());
+    assert!(!dir.join("cuinterpose.state").exists());
+    assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
+    verify_sharing(&group.ranks, 1);
+}
