@@ -118,7 +118,7 @@ enum Command {
         dir: PathBuf,
         /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
         #[arg(long, value_parser = parse_device_map)]
-        device_map: Option<Vec<(u32, u32)>>,
+        device_map: Option<DeviceMap>,
         #[arg(long)]
         criu: Option<PathBuf>,
         #[arg(long)]
@@ -169,8 +169,12 @@ fn exit_for(error: &anyhow::Error) -> Exit {
     }
 }
 
+/// `--device-map`'s value. An alias, so that clap takes the whole list as one value: a field typed
+/// `Vec<_>` would be read as an argument given many times (and clap panics at run time).
+type DeviceMap = Vec<(u32, u32)>;
+
 /// `0=1,1=0` → [(0, 1), (1, 0)].
-fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
+fn parse_device_map(text: &str) -> Result<DeviceMap, String> {
     text.split(',')
         .map(|pair| {
             let (old, new) = pair
@@ -190,7 +194,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::run(args),
         Command::Inspect { pid, json } => {
-            let report = control::group::inspect(pid, control::group::ANSWER_TIMEOUT)?;
+            let report = control::group::inspect(pid, control::group::answer_timeout())?;
             if json {
                 output::print_json(&report)
             } else {
