@@ -53,7 +53,6 @@ CUINTERPOSE_CARRIER (read by each shim when its runtime starts; the group inheri
               (faster on the H200: registering 8 GiB costs more than copying it)
   registered  each carrier segment is registered (cuMemHostRegister) for its copy and DMA goes
               straight into it; unregistered before the phase answers
-  mixed       half the copy workers stage, half register; the faster kind takes more segments
 The report says which mode ran. Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]

@@ -119,9 +119,6 @@ pub enum CarrierMode {
     /// DMA straight to or from the carrier, each segment registered (`cuMemHostRegister`) for its
     /// copy and unregistered after it.
     Registered,
-    /// Half the copy workers of each device stage, half register: the two are limited by different
-    /// things (host memory bandwidth, pinning), and the faster kind takes more segments.
-    Mixed,
 }
 
 /// What a copying phase (Save, Load) measured inside one shim. Times in microseconds.

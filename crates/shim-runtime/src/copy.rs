@@ -50,9 +50,8 @@ pub fn mode_from(value: Option<&str>) -> CarrierMode {
     match value.map(str::trim) {
         None | Some("") | Some("staged") => CarrierMode::Staged,
         Some("registered") => CarrierMode::Registered,
-        Some("mixed") => CarrierMode::Mixed,
         Some(other) => {
-            log_warn!("{CARRIER_ENV}={other:?} is not staged, registered or mixed; using staged");
+            log_warn!("{CARRIER_ENV}={other:?} is not staged or registered; using staged");
             CarrierMode::Staged
         }
     }
@@ -363,7 +362,7 @@ impl<'a> Lane<'a> {
     fn run(&mut self, unit: Unit, dir: Direction, mode: CarrierMode) -> Result<(), CopyError> {
         match mode {
             CarrierMode::Registered => self.run_registered(unit, dir),
-            CarrierMode::Staged | CarrierMode::Mixed => {
+            CarrierMode::Staged => {
                 self.staging()?;
                 self.run_staged(unit, dir)
             }
@@ -549,13 +548,8 @@ pub fn copy_all(
     std::thread::scope(|s| {
         for (device, queue) in &by_device {
             let n = per.min(queue.lock().unwrap_or_else(|e| e.into_inner()).len());
-            for worker in 0..n {
+            for _ in 0..n {
                 threads += 1;
-                let lane_mode = match mode {
-                    CarrierMode::Mixed if worker % 2 == 0 => CarrierMode::Registered,
-                    CarrierMode::Mixed => CarrierMode::Staged,
-                    other => other,
-                };
                 let (failed, pin, fallbacks, uncertain, first_error) =
                     (&failed, &pin, &fallbacks, &uncertain, &first_error);
                 let work = move || {
@@ -567,7 +561,7 @@ pub fn copy_all(
                                 let unit =
                                     queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
                                 let Some(unit) = unit else { break };
-                                lane.run(unit, dir, lane_mode)?;
+                                lane.run(unit, dir, mode)?;
                             }
                             Ok(())
                         })();
@@ -693,11 +687,7 @@ mod tests {
     #[test]
     fn both_carrier_modes_move_every_byte_both_ways() {
         let real = testdriver::real();
-        for (mode, salt) in [
-            (CarrierMode::Registered, 1),
-            (CarrierMode::Staged, 2),
-            (CarrierMode::Mixed, 4),
-        ] {
+        for (mode, salt) in [(CarrierMode::Registered, 1), (CarrierMode::Staged, 2)] {
             let (saved, loaded) = round_trip(&real, mode, salt);
             for stats in [saved, loaded] {
                 assert_eq!(stats.mode, mode);
@@ -732,7 +722,6 @@ mod tests {
         assert_eq!(mode_from(Some("")), CarrierMode::Staged);
         assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
         assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("mixed")), CarrierMode::Mixed);
         assert_eq!(mode_from(Some("pinned")), CarrierMode::Staged);
     }
 }
