@@ -3,7 +3,7 @@
 #
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: abi procaddr scenarios shim-scenarios
-#                                          demo torch bench disk unlock hang)
+#                                          demo torch bench disk torch-disk unlock hang)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -21,7 +21,7 @@ mkdir -p "$out"
 summary=$logs/summary.tsv
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -201,6 +201,42 @@ if wants disk; then
     else
         row "demo --to-disk" "-" "$(tail -3 "$logs/demo-disk.err" | tr '\n\t' '  ')" FAIL
     fi
+fi
+
+if wants torch-disk; then
+    log "PyTorch pair checkpointed to disk with CRIU, killed, restored, verified"
+    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    barrier=$(mktemp -d /tmp/torch-disk-barrier.XXXXXX)
+    ckpt=/tmp/torch-ckpt.$$
+    "$bin/cuinterpose" run --pid-namespace -- python3 "$repo/scripts/gpu/torch_share.py" --mode barrier \
+        --barrier-dir "$barrier" --require-shim --size-mb 1024 >"$logs/torch-disk.jsonl" 2>"$logs/torch-disk.err" &
+    launcher=$!
+    for _ in $(seq 120); do [ -f "$barrier/ready.json" ] && break; sleep 1; done
+    if [ -f "$barrier/ready.json" ] && "$bin/cuinterpose" checkpoint --pid "$launcher" --dir "$ckpt" --json \
+            >"$logs/torch-checkpoint.json" 2>"$logs/torch-checkpoint.err"; then
+        wait "$launcher" 2>/dev/null
+        gone=$(pgrep -f "torch_share.py --mode barrier --barrier-dir $barrier" | wc -l)
+        if "$bin/cuinterpose" restore --dir "$ckpt" --json >"$logs/torch-restore.json" 2>"$logs/torch-restore.err"; then
+            touch "$barrier/go"
+            for _ in $(seq 120); do grep -q '"phase": "done"' "$logs/torch-disk.jsonl" && break; sleep 1; done
+            verdict=$(grep -q '"ok": false' "$logs/torch-disk.jsonl" && echo FAIL || (grep -q '"phase": "done"' "$logs/torch-disk.jsonl" && echo ok || echo FAIL))
+            row "torch checkpoint/restore" "-" "$(python3 - "$logs/torch-checkpoint.json" "$logs/torch-restore.json" "$gone" <<'PY'
+import json, sys
+c, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ph = lambda rep: " ".join("%s=%.0f" % (p["name"], p["millis"]) for p in rep["phases"] if p["millis"] >= 1)
+print("left after dump: %s; checkpoint %s; restore %s; images %d MiB" % (sys.argv[3], ph(c), ph(r), c["image_bytes"] >> 20))
+PY
+)" "$verdict"
+        else
+            row "torch checkpoint/restore" "-" "restore: $(tail -3 "$logs/torch-restore.err" | tr '\n\t' '  ')" FAIL
+            touch "$barrier/go"
+        fi
+    else
+        row "torch checkpoint/restore" "-" "checkpoint: $(tail -3 "$logs/torch-checkpoint.err" 2>/dev/null | tr '\n\t' '  ')" FAIL
+        touch "$barrier/go"; kill "$launcher" 2>/dev/null
+    fi
+    rm -rf "$ckpt"
+    unset PYTORCH_CUDA_ALLOC_CONF
 fi
 
 if wants unlock; then
