@@ -231,7 +231,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         .map(Path::to_path_buf)
         .context("no executable dir")?;
     let artifacts = Artifacts::at(&here);
-    let (kind, driver) = pick_driver(&artifacts, args.fake)?;
+    let (kind, driver) = crate::demo::pick_driver(&artifacts, args.fake)?;
     let on_gpu = kind == DriverKind::System;
     let driver_name = if on_gpu {
         format!(
@@ -280,22 +280,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         println!("{json}");
     }
     Ok(())
-}
-
-/// The GPU when a driver with devices loads, else the bundled fake (as the demo picks).
-fn pick_driver(artifacts: &Artifacts, force_fake: bool) -> anyhow::Result<(DriverKind, Driver)> {
-    if !force_fake && let Ok(driver) = Driver::load(None) {
-        let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
-        let is_fake = fake.as_deref() == Some(driver.path());
-        if !is_fake && driver.device_count().unwrap_or(0) > 0 {
-            return Ok((DriverKind::System, driver));
-        }
-    }
-    let fake: PathBuf = artifacts.fake_driver().context(
-        "the bundled fake driver (libcuda.so next to cuinterpose) is missing; build the workspace",
-    )?;
-    let driver = Driver::load(Some(&fake)).context("loading the fake driver")?;
-    Ok((DriverKind::Fake, driver))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

@@ -143,7 +143,10 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// The GPU when a driver with devices loads, else the bundled fake.
-fn pick_driver(artifacts: &Artifacts, force_fake: bool) -> anyhow::Result<(DriverKind, Driver)> {
+pub(crate) fn pick_driver(
+    artifacts: &Artifacts,
+    force_fake: bool,
+) -> anyhow::Result<(DriverKind, Driver)> {
     if !force_fake && let Ok(driver) = Driver::load(None) {
         let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
         let is_fake = fake.as_deref() == Some(driver.path());
