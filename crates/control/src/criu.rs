@@ -28,6 +28,15 @@ pub enum CriuError {
     NoPid(&'static str),
 }
 
+/// The workload's mounts are slaves of the host's (control::launch): CRIU treats them as external,
+/// found again by their masters at restore, instead of dumping their contents.
+const EXTERNAL_MOUNTS: [&str; 4] = [
+    "--ext-mount-map",
+    "auto",
+    "--enable-external-sharing",
+    "--enable-external-masters",
+];
+
 /// A CRIU binary that answered `--version`.
 #[derive(Debug, Clone)]
 pub struct Criu {
@@ -83,7 +92,7 @@ impl Criu {
     /// restore could not give the terminal back).
     pub fn dump(&self, pid: u32, images: &Path, leave_running: bool) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
-        command.arg("-t").arg(pid.to_string());
+        command.arg("-t").arg(pid.to_string()).args(EXTERNAL_MOUNTS);
         if leave_running {
             command.arg("--leave-running");
         }
@@ -104,7 +113,10 @@ impl Criu {
             .arg(work_dir)
             .arg("--restore-detached")
             .arg("--pidfile")
-            .arg(&pid_file);
+            .arg(&pid_file)
+            // The tree's mount namespace is a slave copy of this one: restored over the same root.
+            .args(["--root", "/", "--mntns-compat-mode"])
+            .args(EXTERNAL_MOUNTS);
         self.execute("restore", command, work_dir)?;
         std::fs::read_to_string(&pid_file)
             .ok()

@@ -85,17 +85,118 @@ fn forward_signals(pipe: OwnedFd, child: u32) {
     }
 }
 
+/// In the child, already PID 1 of its new PID namespace: a mount namespace of its own with a fresh
+/// `/proc`, so that `/proc` agrees with `getpid()` inside. The NVIDIA driver needs that (without it
+/// `cuInit` fails with CUDA_ERROR_OPERATING_SYSTEM, seen on r580); container runtimes do the same.
+/// Mounts are made slaves of the host's, so CRIU can tell them apart as external (`--ext-mount-map
+/// auto`). Descriptors opened before the namespace refer to the host's mounts, which CRIU cannot
+/// name from inside: standard input, output and error that are files are opened again by path, and
+/// every other inherited descriptor is closed at exec.
+///
+/// # Safety
+/// Only for a `pre_exec` closure: it makes system calls only and uses stack buffers.
+unsafe fn enter_private_proc() -> std::io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    // SAFETY: a system call without pointers.
+    check(unsafe { libc::unshare(libc::CLONE_NEWNS) })?;
+    // SAFETY: constant NUL-terminated strings; no data argument.
+    check(unsafe {
+        libc::mount(
+            c"none".as_ptr(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        )
+    })?;
+    // SAFETY: as above.
+    check(unsafe {
+        libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    })?;
+    for fd in 0..3 {
+        // SAFETY: `fd` is a small descriptor number; the buffers live on this stack frame.
+        unsafe { reopen_by_path(fd)? };
+    }
+    // SAFETY: marks descriptors 3 and up close-on-exec (std's own error pipe keeps working).
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    } as libc::c_int)
+}
+
+/// Opens `fd`'s file again by its path, with the same access mode, when it is a file on a
+/// filesystem (not a pipe, socket or anonymous inode), and puts it at `fd`.
+///
+/// # Safety
+/// Only for a `pre_exec` closure (see [`enter_private_proc`]).
+unsafe fn reopen_by_path(fd: libc::c_int) -> std::io::Result<()> {
+    let mut link = *b"/proc/self/fd/0\0";
+    link[14] = b'0' + fd as u8;
+    let mut path = [0u8; 4096];
+    // SAFETY: `link` is NUL-terminated; `path` has room for len - 1 bytes and a NUL we add.
+    let n = unsafe {
+        libc::readlink(
+            link.as_ptr().cast(),
+            path.as_mut_ptr().cast(),
+            path.len() - 1,
+        )
+    };
+    if n <= 0 || path[0] != b'/' || path[..n as usize].ends_with(b" (deleted)") {
+        return Ok(());
+    }
+    path[n as usize] = 0;
+    // SAFETY: `fd` is open (readlink found it).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Ok(());
+    }
+    let flags = (flags & (libc::O_ACCMODE | libc::O_APPEND)) | libc::O_CLOEXEC;
+    // SAFETY: `path` is NUL-terminated.
+    let new = unsafe { libc::open(path.as_ptr().cast(), flags) };
+    if new < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are ours; dup2 clears close-on-exec on `fd`.
+    let r = unsafe { libc::dup2(new, fd) };
+    // SAFETY: `new` was just opened and is no longer needed.
+    unsafe { libc::close(new) };
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Runs `command` as PID 1 of a new PID namespace, in a new session, and waits for it.
 pub fn run_in_pid_namespace(mut command: Command) -> Result<ExitStatus, LaunchError> {
-    // SAFETY: the closure runs in the forked child before exec and only calls setsid(2), which is
-    // async-signal-safe, allocates nothing and touches no memory of the parent.
-    unsafe {
-        command.pre_exec(|| {
-            rustix::process::setsid()
-                .map(|_| ())
-                .map_err(std::io::Error::from)
-        });
-    }
+    let child_setup = || {
+        // SAFETY: we are in the forked child before exec, the only place enter_private_proc is
+        // for.
+        unsafe { enter_private_proc() }?;
+        rustix::process::setsid()
+            .map(|_| ())
+            .map_err(std::io::Error::from)
+    };
+    // SAFETY: `child_setup` runs in the forked child before exec and only makes system calls
+    // (unshare, mount, readlink, fcntl, open, dup2, close, close_range, setsid) on stack buffers:
+    // async-signal-safe, no allocation, nothing of the parent's memory touched.
+    unsafe { command.pre_exec(child_setup) };
     // The forwarding thread starts before the unshare: once this process has unshared its PID
     // namespace for children, the kernel refuses to create threads in it (clone gives EINVAL).
     let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
