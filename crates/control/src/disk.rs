@@ -392,7 +392,9 @@ const CRIU_GHOST_LIMIT: u64 = 1 << 20;
 /// Processes that map a large file deleted or replaced since they mapped it (a rebuilt binary or
 /// library): CRIU saves a deleted file only up to its ghost limit and otherwise fails the dump
 /// ("Can't create link remap"), so the capture is refused before it changes anything. Memfds (the
-/// fake driver's memory, the shim's tickets) are "(deleted)" by nature and CRIU saves them.
+/// fake driver's memory, the shim's tickets), shared mappings of `/dev/zero` (how anonymous shared
+/// memory shows, the NVIDIA driver makes them) and System V segments are "(deleted)" by nature, and
+/// CRIU saves them as shared memory.
 fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     for &pid in tree {
@@ -405,7 +407,11 @@ fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
                 let range = line.split_whitespace().next()?;
                 let path = line.splitn(6, char::is_whitespace).nth(5)?.trim_start();
                 let path = path.strip_suffix(" (deleted)")?;
-                if !path.starts_with('/') || path.starts_with("/memfd:") {
+                if !path.starts_with('/')
+                    || path.starts_with("/memfd:")
+                    || path == "/dev/zero"
+                    || path.starts_with("/SYSV")
+                {
                     return None;
                 }
                 // The mapped file itself, through /proc (root may follow these links).
