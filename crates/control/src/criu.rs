@@ -92,7 +92,13 @@ impl Criu {
     /// restore could not give the terminal back).
     pub fn dump(&self, pid: u32, images: &Path, leave_running: bool) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
-        command.arg("-t").arg(pid.to_string()).args(EXTERNAL_MOUNTS);
+        // --link-remap: files deleted while open (Python's multiprocessing semaphores in
+        // /dev/shm, seen with PyTorch) are kept through a hard link CRIU makes and removes again.
+        command
+            .arg("-t")
+            .arg(pid.to_string())
+            .args(EXTERNAL_MOUNTS)
+            .arg("--link-remap");
         if leave_running {
             command.arg("--leave-running");
         }
