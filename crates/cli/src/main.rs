@@ -190,6 +190,14 @@ fn parse_device_map(text: &str) -> Result<DeviceMap, String> {
         .collect()
 }
 
+/// What `suspend` and `checkpoint` share: the capture of the group under `pid`.
+fn capture_options(pid: u32, freeze_timeout_s: u64, driver: Option<PathBuf>) -> SuspendOptions {
+    let mut options = SuspendOptions::new(pid);
+    options.freeze_timeout = Duration::from_secs(freeze_timeout_s);
+    options.driver = driver;
+    options
+}
+
 fn execute(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::run(args),
@@ -209,10 +217,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
             driver,
             json,
         } => {
-            let mut options = SuspendOptions::new(pid);
+            let mut options = capture_options(pid, freeze_timeout, driver);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
-            options.freeze_timeout = Duration::from_secs(freeze_timeout);
-            options.driver = driver;
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
                 .with_context(|| format!("suspending the group under pid {pid}"))?;
@@ -241,11 +247,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
             driver,
             json,
         } => {
-            let mut capture = SuspendOptions::new(pid);
-            capture.freeze_timeout = Duration::from_secs(freeze_timeout);
-            capture.driver = driver;
             let options = disk::CheckpointOptions {
-                capture,
+                capture: capture_options(pid, freeze_timeout, driver),
                 dir,
                 leave_running,
                 criu,
