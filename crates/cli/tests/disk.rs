@@ -149,6 +149,7 @@ impl Disk {
             ])
             .expect("creating the shared allocations");
         }
+        self.hold_renamed_file(&ranks[0]);
         for (from, to) in [(0usize, 1usize), (1, 0)] {
             let size = SIZE[from];
             ranks[from]
@@ -165,6 +166,51 @@ impl Disk {
                 .expect("importing");
         }
         Running { launcher, ranks }
+    }
+
+    /// The file rank 0 holds open under a deleted name (see `hold_renamed_file`), by its other name.
+    fn held_file(&self) -> PathBuf {
+        self.env.dir().join("held")
+    }
+
+    /// Makes rank 0 hold a file as glibc's `sem_open` leaves every named POSIX semaphore (each
+    /// Python multiprocessing lock of a PyTorch job): opened under a temporary name that is then
+    /// linked to the final name and unlinked. CRIU dumps it as a link remap, a hard link the
+    /// images need at restore.
+    fn hold_renamed_file(&self, rank0: &Workload) {
+        let temporary = self.env.dir().join("held.tmp");
+        std::fs::write(&temporary, b"held by rank 0").expect("held file");
+        rank0
+            .ok(&format!("open-fd held {}", temporary.display()))
+            .expect("open-fd");
+        std::fs::hard_link(&temporary, self.held_file()).expect("final name");
+        std::fs::remove_file(&temporary).expect("unlinking the temporary name");
+    }
+
+    /// Whether process `pid` holds the held file open (the same inode as its final name).
+    fn holds_file(&self, pid: u32) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let held = std::fs::metadata(self.held_file()).expect("held file");
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .expect("fds")
+            .flatten()
+            .filter_map(|fd| std::fs::metadata(fd.path()).ok())
+            .any(|m| (m.dev(), m.ino()) == (held.dev(), held.ino()))
+    }
+
+    /// The link remaps the manifest lists; each must exist.
+    fn link_remaps(&self) -> Vec<PathBuf> {
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(self.checkpoint_dir().join("manifest.json")).expect("manifest"),
+        )
+        .expect("manifest JSON");
+        manifest["criu"]["link_remaps"]
+            .as_array()
+            .expect("link remaps")
+            .iter()
+            .map(|p| PathBuf::from(p.as_str().expect("path")))
+            .inspect(|p| assert!(p.is_file(), "{} is missing", p.display()))
+            .collect()
     }
 
     /// Handles on ranks 0 and 1 of the tree (whoever runs it now: the original or a restored one).
@@ -392,6 +438,10 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
         tree.into_iter().skip(1).collect()
     };
 
+    assert!(
+        disk.holds_file(host_pids[0]),
+        "rank 0 holds its renamed file"
+    );
     let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
     let phases = phase_names(&report);
     for wanted in [
@@ -450,12 +500,26 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
         "{timed:?}"
     );
 
+    // Rank 0's renamed file is CRIU's one link remap, next to the file's deleted name.
+    let remaps = disk.link_remaps();
+    assert_eq!(remaps.len(), 1, "{remaps:?}");
+    assert_eq!(remaps[0].parent(), Some(disk.env.dir()));
+
     let hashes = hash_dir(&disk.checkpoint_dir());
-    let (report, _restored) = restore(&disk, &[]);
+    let (report, restored) = restore(&disk, &[]);
     assert_eq!(
         hash_dir(&disk.checkpoint_dir()),
         hashes,
         "a restore leaves the checkpoint unchanged"
+    );
+    assert!(
+        disk.holds_file(restored.0),
+        "the restored rank 0 holds its file again"
+    );
+    assert_eq!(
+        disk.link_remaps(),
+        remaps,
+        "the link remap is kept for the next restore"
     );
     let phases = phase_names(&report);
     for wanted in [
@@ -533,8 +597,14 @@ fn a_failure_after_criu_restore_kills_the_restored_tree() {
         "nothing of the restore is left running"
     );
     assert_eq!(hash_dir(&dir), hashes);
-    let (_report, _restored) = restore(&disk, &[]);
+    assert_eq!(
+        disk.link_remaps().len(),
+        1,
+        "the failed restore kept the link remap"
+    );
+    let (_report, restored) = restore(&disk, &[]);
     verify_sharing(&disk.attach(), 1);
+    assert!(disk.holds_file(restored.0));
 }
 
 #[test]
@@ -600,10 +670,14 @@ fn leave_running_keeps_the_group_and_a_restore_waits_for_it_to_stop() {
     )
     .expect("SIGTERM");
     wait_child(&mut group.launcher, READY_TIMEOUT);
-    let (_report, _restored) = restore(&disk, &[]);
+    // CRIU's own --leave-running would have removed the link remap here, leaving images that
+    // cannot be restored (seen with PyTorch on the H200).
+    assert_eq!(disk.link_remaps().len(), 1);
+    let (_report, restored) = restore(&disk, &[]);
     let ranks = disk.attach();
     assert_eq!(disk.usage_table(), before);
     verify_sharing(&ranks, 1);
+    assert!(disk.holds_file(restored.0));
 }
 
 /// A damage done to a copy of the checkpoint, and the message the refusal must contain.
@@ -708,6 +782,20 @@ const DAMAGES: &[Damage] = &[
         message: "was not part of the checkpoint",
     },
     Damage {
+        name: "manifest lists no link remap where the images have one",
+        apply: |d| edit_manifest(d, |m| m["criu"]["link_remaps"] = serde_json::json!([])),
+        message: "the manifest lists []",
+    },
+    Damage {
+        name: "manifest names a file other than a link remap",
+        apply: |d| {
+            edit_manifest(d, |m| {
+                m["criu"]["link_remaps"] = serde_json::json!(["/etc/passwd"])
+            })
+        },
+        message: "is not an absolute path to a link_remap.<id> file",
+    },
+    Damage {
         name: "images directory missing",
         apply: |d| std::fs::remove_dir_all(d.join("images")).expect("rm"),
         message: "images",
@@ -782,6 +870,13 @@ fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
         refused(&good, &["--device-map", map], code, message, map);
     }
     assert_eq!(hash_dir(&good), good_hashes);
+
+    // The link remap CRIU restores through, gone: refused, nothing changes; back, it restores.
+    let remap = disk.link_remaps().pop().expect("one link remap");
+    let aside = disk.env.dir().join("aside");
+    std::fs::rename(&remap, &aside).expect("moving the link remap away");
+    refused(&good, &[], 3, "the images need it", "link remap missing");
+    std::fs::rename(&aside, &remap).expect("putting it back");
 
     // The intact checkpoint restores.
     let (_report, _restored) = restore(&disk, &[]);

@@ -158,14 +158,17 @@ pub fn checkpoint(
     // to the shims go first (the shims keep none of their own between requests).
     drop(group);
 
-    // The tree is dumped with --leave-running in every case and ended by the tool only once the
-    // checkpoint is complete on disk: until then any failure (CRIU's, or writing the digests or
-    // the manifest) can still be rolled back and the workload keeps running.
+    // CRIU leaves the dumped tree stopped (criu::Criu::dump); the tool ends it only once the
+    // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
+    // writing the digests or the manifest) can still be rolled back and the workload runs on.
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, true).map_err(ControlError::Criu)?;
+        criu.dump(root, &images).map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
+    let mut link_remaps = Vec::new();
     let published = dumped.and_then(|()| {
+        link_remaps = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
+        crate::remaps::check_reachable(root, &link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);
         clock.time("image-digest", Some(image_bytes), || {
             let list = digest_images(&images)?;
@@ -173,13 +176,17 @@ pub fn checkpoint(
                 .map_err(|e| state_error(dir, e))?;
             Ok(((), image_bytes, 0.0))
         })?;
+        let criu_info = CriuInfo {
+            version: criu.version().to_string(),
+            image_bytes,
+            link_remaps: link_remaps.clone(),
+        };
         let manifest = build_manifest(
             &captured,
             &sockets,
             &gpus,
             &driver,
-            &criu,
-            image_bytes,
+            criu_info,
             &clock,
             &state_path,
         )?;
@@ -193,12 +200,15 @@ pub fn checkpoint(
     let (manifest, image_bytes) = match published {
         Ok(done) => done,
         Err(e) => {
-            // No manifest, no restorable checkpoint: the state file goes; the images stay with
-            // CRIU's dump log for diagnosis. The workload runs on after the rollback.
+            // No manifest, no restorable checkpoint: the state file and CRIU's link remaps go;
+            // the images stay with CRIU's dump log for diagnosis. The workload runs on after the
+            // rollback.
             let _ = std::fs::remove_file(&state_path);
             let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
             let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
-            let rollback = resume_in_place(root, &captured, &driver, &mut clock);
+            crate::remaps::remove(&link_remaps);
+            let rollback = continue_dumped(root)
+                .and_then(|()| resume_in_place(root, &captured, &driver, &mut clock));
             return Err(match rollback {
                 Ok(()) => ControlError::RolledBack {
                     failure: Box::new(e),
@@ -212,6 +222,8 @@ pub fn checkpoint(
     };
 
     if options.leave_running {
+        // The link remaps stay: the checkpoint is restored through them once this tree is gone.
+        continue_dumped(root)?;
         resume_in_place(root, &captured, &driver, &mut clock)?;
     } else {
         // What CRIU does after a dump without --leave-running; the checkpoint is complete.
@@ -221,7 +233,7 @@ pub fn checkpoint(
                 .map_err(|e| ControlError::Step {
                     step: "stopping the dumped tree (the checkpoint is complete)",
                     process: format!("pid {root}"),
-                    source: Box::new(state_error(dir, e)),
+                    source: Box::new(e.into()),
                 })
         })?;
     }
@@ -237,6 +249,15 @@ pub fn checkpoint(
         dir: dir.clone(),
         image_bytes,
         root,
+    })
+}
+
+/// Continues the tree CRIU left stopped after its dump, so the shims can answer again.
+fn continue_dumped(root: u32) -> Result<(), ControlError> {
+    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
+        step: "continuing the dumped tree",
+        process: format!("pid {root}"),
+        source: Box::new(e.into()),
     })
 }
 
@@ -467,14 +488,12 @@ fn gpu_list(driver: &Driver) -> Result<Vec<GpuInfo>, ControlError> {
         .collect())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn build_manifest(
     captured: &[Snapshot],
     sockets: &[(u32, Vec<String>)],
     gpus: &[GpuInfo],
     driver: &Driver,
-    criu: &Criu,
-    image_bytes: u64,
+    criu: CriuInfo,
     clock: &Clock<'_>,
     state_path: &Path,
 ) -> Result<Manifest, ControlError> {
@@ -524,10 +543,7 @@ fn build_manifest(
             shared_saved,
             carriers: shared_saved,
         },
-        criu: Some(CriuInfo {
-            version: criu.version().to_string(),
-            image_bytes,
-        }),
+        criu: Some(criu),
         timings: clock
             .phases
             .iter()
@@ -780,6 +796,27 @@ fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
     Ok(())
 }
 
+/// The link remaps the (verified) images restore through: the manifest must list the same, and each
+/// must be there (crate::remaps).
+fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<String>, ControlError> {
+    let in_images = criu::images::link_remaps(images).map_err(|e| damaged(images, e))?;
+    let listed = manifest
+        .criu
+        .as_ref()
+        .map(|c| c.link_remaps.clone())
+        .unwrap_or_default();
+    if in_images != listed {
+        return Err(damaged(
+            images,
+            format!(
+                "the images restore through the link remaps {in_images:?}, the manifest lists {listed:?}"
+            ),
+        ));
+    }
+    crate::remaps::check_present(&in_images).map_err(|e| refuse("checkpoint", e.to_string()))?;
+    Ok(in_images)
+}
+
 /// A private directory for what CRIU writes during a restore (log, statistics, pid file).
 fn restore_work_dir() -> Result<PathBuf, ControlError> {
     let nanos = std::time::SystemTime::now()
@@ -814,9 +851,13 @@ pub fn restore(
     clock.time("verify-images", Some(image_bytes), || {
         verify_images(&options.dir).map(|()| ((), image_bytes, 0.0))
     })?;
+    let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = restore_work_dir()?;
     let root = clock.time("criu-restore", Some(image_bytes), || {
+        // CRIU removes the link remaps it restores through; they are put back when `_kept` goes,
+        // so the checkpoint can be restored again.
+        let _kept = crate::remaps::keep(&link_remaps)?;
         verified
             .criu
             .restore(&images, &work_dir)

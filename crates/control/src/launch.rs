@@ -41,6 +41,8 @@ pub enum LaunchError {
     Signals(std::io::Error),
     #[error("killing pid {pid}: {source}")]
     Kill { pid: u32, source: std::io::Error },
+    #[error("continuing pid {pid} (SIGCONT): {source}")]
+    Continue { pid: u32, source: std::io::Error },
     #[error("pid {pid} was still alive after {seconds} s")]
     StillAlive { pid: u32, seconds: u64 },
 }
@@ -280,6 +282,29 @@ pub fn kill_tree(root: u32, timeout: Duration) -> Result<(), LaunchError> {
         }
     })?;
     wait_pidfd(&pidfd, root, timeout)
+}
+
+/// Continues every process of the tree under `root` (SIGCONT): what a tree that CRIU left stopped
+/// needs before it can run on. A process that is gone already is skipped.
+pub fn continue_tree(root: u32) -> Result<(), LaunchError> {
+    let tree = crate::discovery::process_tree(root).map_err(|e| LaunchError::Continue {
+        pid: root,
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    for pid in tree {
+        if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
+            match rustix::process::kill_process(p, rustix::process::Signal::CONT) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+                Err(e) => {
+                    return Err(LaunchError::Continue {
+                        pid,
+                        source: e.into(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Waits until process `pid` has exited (it need not be our child: a poll on its pidfd, which

@@ -13,6 +13,7 @@ pub mod disk;
 pub mod group;
 pub mod launch;
 pub mod native;
+pub mod remaps;
 
 pub use group::{Group, Refusal};
 
@@ -67,12 +68,16 @@ pub enum ControlError {
     },
     #[error(transparent)]
     Criu(#[from] criu::CriuError),
+    #[error(transparent)]
+    Launch(#[from] launch::LaunchError),
     #[error("{step} failed for {process}: {source}")]
     Step {
         step: &'static str,
         process: String,
         source: Box<ControlError>,
     },
+    #[error("{path} (a hard link CRIU made for a file deleted while open): {message}")]
+    LinkRemap { path: PathBuf, message: String },
     #[error("state file {path}: {message}")]
     State { path: PathBuf, message: String },
     #[error("{} exited during the capture; the others were rolled back without it: {failure}", processes.join(", "))]

@@ -17,7 +17,7 @@ pub const MANIFEST_FILE_NAME: &str = "manifest.json";
 /// Value of the `format` field.
 pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// The manifest version this build writes and reads; bumped on any change of its fields.
-pub const MANIFEST_VERSION: u32 = 1;
+pub const MANIFEST_VERSION: u32 = 2;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -138,6 +138,23 @@ pub struct CriuInfo {
     pub version: String,
     /// Total size of the image files.
     pub image_bytes: u64,
+    /// The hard links CRIU made at dump time for files deleted while open that still had another
+    /// name (`<dir>/link_remap.<id>`, absolute paths): the images need them at restore, so they
+    /// stay until the checkpoint is deleted.
+    pub link_remaps: Vec<String>,
+}
+
+/// Whether `path` can be one of CRIU's link remaps: an absolute path without `..` whose file name
+/// is `link_remap.<decimal id>`. A restore creates and renames files next to these paths, so a
+/// manifest cannot name any other file.
+pub fn is_link_remap_path(path: &str) -> bool {
+    let plain =
+        path.starts_with('/') && !path.contains('\0') && !path.split('/').any(|c| c == "..");
+    let name = path.rsplit('/').next().unwrap_or("");
+    plain
+        && name
+            .strip_prefix("link_remap.")
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// How long one phase took.
@@ -192,7 +209,8 @@ impl Manifest {
     ///   enough to be socket paths (a restore removes stale files at those paths);
     /// - the shim path is absolute and its digest well formed; the driver version is positive;
     /// - carriers hold at least the shared bytes saved;
-    /// - the CRIU version, when present, is non-empty; phase names are non-empty and unique;
+    /// - the CRIU version, when present, is non-empty, and its link remaps are `link_remap.<id>`
+    ///   files at absolute paths without `..`; phase names are non-empty and unique;
     /// - the state file is a plain file name (no directory, so a manifest cannot point a restore
     ///   at another file) with a well-formed digest.
     pub fn validate(&self) -> Result<(), ProtocolError> {
@@ -276,10 +294,15 @@ impl Manifest {
                 self.bytes.shared_saved, self.bytes.carriers
             ));
         }
-        if let Some(criu) = &self.criu
-            && criu.version.is_empty()
-        {
-            return bad("empty criu version".into());
+        if let Some(criu) = &self.criu {
+            if criu.version.is_empty() {
+                return bad("empty criu version".into());
+            }
+            if let Some(path) = criu.link_remaps.iter().find(|p| !is_link_remap_path(p)) {
+                return bad(format!(
+                    "link remap {path:?} is not an absolute path to a link_remap.<id> file"
+                ));
+            }
         }
         let mut phases = BTreeSet::new();
         for t in &self.timings {
@@ -483,6 +506,7 @@ mod tests {
             criu: Some(CriuInfo {
                 version: "4.1".into(),
                 image_bytes: 123_456_789,
+                link_remaps: vec!["/dev/shm/link_remap.23".into()],
             }),
             timings: vec![
                 PhaseTiming {
@@ -555,6 +579,29 @@ mod tests {
     }
 
     #[test]
+    fn link_remaps_name_only_criu_link_files() {
+        for good in ["/dev/shm/link_remap.23", "/link_remap.1"] {
+            assert!(is_link_remap_path(good), "{good}");
+        }
+        for bad in [
+            "dev/shm/link_remap.23",
+            "/dev/shm/../etc/link_remap.1",
+            "/etc/passwd",
+            "/dev/shm/link_remap.",
+            "/dev/shm/link_remap.1x",
+            "/dev/shm/link_remap.1/x",
+        ] {
+            assert!(!is_link_remap_path(bad), "{bad}");
+            let (mut manifest, _) = sample();
+            manifest.criu.as_mut().unwrap().link_remaps = vec![bad.into()];
+            assert!(
+                matches!(manifest.validate(), Err(ProtocolError::Inconsistent(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn sha256_hex_is_the_standard_digest() {
         assert_eq!(
             sha256_hex(b"abc"),
@@ -587,13 +634,13 @@ mod tests {
         );
 
         let mut v = json(&manifest);
-        v["version"] = 2.into();
-        v["new_field_of_version_2"] = true.into();
+        v["version"] = (MANIFEST_VERSION + 1).into();
+        v["new_field_of_the_next_version"] = true.into();
         assert_eq!(
             decode_value(&v),
             Err(ProtocolError::ManifestVersion {
                 ours: MANIFEST_VERSION,
-                theirs: 2
+                theirs: MANIFEST_VERSION + 1
             })
         );
         let e = decode_value(&v).unwrap_err().to_string();

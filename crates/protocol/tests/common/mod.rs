@@ -192,6 +192,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
         criu: Some(manifest::CriuInfo {
             version: "4.1".into(),
             image_bytes: 1 << 30,
+            link_remaps: vec![],
         }),
         timings: vec![manifest::PhaseTiming {
             phase: "save".into(),

@@ -2,6 +2,8 @@
 //! or `PATH`. The command line is used rather than CRIU's RPC: the RPC needs protobuf bindings and
 //! gives nothing this tool uses, while the log files CRIU writes are what a user reads on failure.
 
+pub mod images;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -26,6 +28,8 @@ pub enum CriuError {
     },
     #[error("criu {0} wrote no usable pid file")]
     NoPid(&'static str),
+    #[error("CRIU image {path}: {message}")]
+    Image { path: PathBuf, message: String },
 }
 
 /// The workload's mounts are slaves of the host's (control::launch): CRIU treats them as external,
@@ -86,22 +90,26 @@ impl Criu {
         &self.program
     }
 
-    /// Dumps the tree rooted at `pid` (the init of its PID namespace) into `images`.
+    /// Dumps the tree rooted at `pid` (the init of its PID namespace) into `images` and leaves it
+    /// stopped (SIGSTOP): the caller continues it (SIGCONT) or kills it once the checkpoint is
+    /// complete or has failed.
+    ///
+    /// `--leave-stopped`, not `--leave-running`: with the latter CRIU removes the link remaps it
+    /// made as soon as the dump ends (it assumes the files stay reachable through the running
+    /// tree), so the images could not be restored once the tree is gone (images::link_remaps).
     ///
     /// No `--shell-job`: the tool refuses a tree with a controlling terminal before it gets here (a
     /// restore could not give the terminal back).
-    pub fn dump(&self, pid: u32, images: &Path, leave_running: bool) -> Result<(), CriuError> {
+    pub fn dump(&self, pid: u32, images: &Path) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
-        // --link-remap: files deleted while open (Python's multiprocessing semaphores in
-        // /dev/shm, seen with PyTorch) are kept through a hard link CRIU makes and removes again.
+        // --link-remap: files deleted while open that still have another name (every POSIX
+        // semaphore of Python's multiprocessing, seen with PyTorch) are kept through a hard link.
         command
             .arg("-t")
             .arg(pid.to_string())
             .args(EXTERNAL_MOUNTS)
-            .arg("--link-remap");
-        if leave_running {
-            command.arg("--leave-running");
-        }
+            .arg("--link-remap")
+            .arg("--leave-stopped");
         self.execute("dump", command, images)
     }
 
