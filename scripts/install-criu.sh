@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Installs CRIU 4.1 into a private prefix (default: .criu in the repository), without touching the system.
+# Installs CRIU (4.2 or newer) into a private prefix (default: .criu in the repository), without
+# touching the system.
 #
-# Why: Debian bookworm's criu 3.17 fails on current kernels (vDSO detection); trixie's 4.1 works. It is
-# fetched with apt from this machine's configured Debian sources, with the suite changed to trixie,
-# unpacked with `dpkg -x` together with its libraries (trixie's glibc included), and run through the
-# prefix's own dynamic loader by the wrapper `PREFIX/bin/criu`. The same prefix is carried to the GPU
-# machine, which has no package access.
+# Why: Debian bookworm's criu 3.17 fails on current kernels (vDSO detection), and trixie's 4.1 cannot
+# dump any TCP or UDP socket on kernels from 6.16 on (they refuse SO_PASSCRED on such sockets; CRIU
+# fixed it in 4.2). forky's 4.2 works. It is fetched with apt from this machine's configured Debian
+# sources, with the suite changed to forky, unpacked with `dpkg -x` together with its libraries
+# (forky's glibc included), and run through the prefix's own dynamic loader by the wrapper
+# `PREFIX/bin/criu`. The same prefix is carried to the GPU machine, which has no package access.
 #
 # Usage: scripts/install-criu.sh [PREFIX]        (idempotent; prints the wrapper's path last)
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${1:-$repo/.criu}
-suite=trixie
-if [ -x "$prefix/bin/criu" ] && "$prefix/bin/criu" --version >/dev/null 2>&1; then
+suite=forky
+minimum=4.2
+installed=$("$prefix/bin/criu" --version 2>/dev/null | awk '/^Version:/{print $2}') || true
+if [ -n "$installed" ] && [ "$(printf '%s\n' "$minimum" "$installed" | sort -V | head -1)" = "$minimum" ]; then
     echo "$prefix/bin/criu"
     exit 0
 fi

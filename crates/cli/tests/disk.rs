@@ -198,7 +198,8 @@ impl Disk {
             .any(|m| (m.dev(), m.ino()) == (held.dev(), held.ino()))
     }
 
-    /// The link remaps the manifest lists; each must exist.
+    /// Where the checkpoint keeps the link remaps its manifest lists; each must be there, and
+    /// CRIU's own name for it free (the next dump may need it).
     fn link_remaps(&self) -> Vec<PathBuf> {
         let manifest: serde_json::Value = serde_json::from_slice(
             &std::fs::read(self.checkpoint_dir().join("manifest.json")).expect("manifest"),
@@ -208,7 +209,11 @@ impl Disk {
             .as_array()
             .expect("link remaps")
             .iter()
-            .map(|p| PathBuf::from(p.as_str().expect("path")))
+            .map(|r| {
+                let link = Path::new(r["link"].as_str().expect("link"));
+                assert!(!link.exists(), "{} is still there", link.display());
+                PathBuf::from(r["kept_as"].as_str().expect("kept as"))
+            })
             .inspect(|p| assert!(p.is_file(), "{} is missing", p.display()))
             .collect()
     }
@@ -790,10 +795,10 @@ const DAMAGES: &[Damage] = &[
         name: "manifest names a file other than a link remap",
         apply: |d| {
             edit_manifest(d, |m| {
-                m["criu"]["link_remaps"] = serde_json::json!(["/etc/passwd"])
+                m["criu"]["link_remaps"][0]["kept_as"] = "/etc/passwd".into()
             })
         },
-        message: "is not an absolute path to a link_remap.<id> file",
+        message: "not a link_remap.<id> file and its kept name",
     },
     Damage {
         name: "images directory missing",
@@ -1008,4 +1013,60 @@ fn a_failed_dump_is_rolled_back() {
     assert!(!dir.join("cuinterpose.state").exists());
     assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
     verify_sharing(&group.ranks, 1);
+}
+
+/// TCP connections (NCCL's bootstrap and proxy connections are): one to a peer outside the group
+/// is refused before anything changes; ones between the group's processes are checkpointed and
+/// restored established, and carry data both ways afterwards, also the bytes sent but not yet
+/// read at the dump.
+#[test]
+fn tcp_connections_within_the_group_survive_and_outside_peers_are_refused() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let launcher = group.launcher.id().to_string();
+    let (rank0, rank1) = (&group.ranks[0], &group.ranks[1]);
+
+    let outside = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+    let address = outside.local_addr().expect("address").to_string();
+    rank0
+        .ok(&format!("tcp-connect out {address}"))
+        .expect("connect out");
+    let (_accepted, _) = outside.accept().expect("accept");
+    let out = disk.tool(&["checkpoint", "--pid", &launcher, "--dir", dir_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains(&format!("-> {address}")) && stderr.contains("outside the workload"),
+        "{stderr}"
+    );
+    assert!(!dir.exists(), "nothing was written");
+    verify_sharing(&group.ranks, 1);
+    rank0.ok("close-fd out").expect("close");
+
+    let port = rank0.ok("tcp-listen l").expect("listen").u64("port");
+    let port = port.expect("port");
+    rank1
+        .ok(&format!("tcp-connect c 127.0.0.1:{port}"))
+        .expect("connect");
+    rank0.ok("tcp-accept s l").expect("accept");
+    rank1.ok("tcp-send c queued").expect("send before the dump");
+
+    let (_report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    assert_eq!(manifest["criu"]["tcp_established"], true, "{manifest}");
+    let (_report, _restored) = restore(&disk, &[]);
+    let ranks = disk.attach();
+    verify_sharing(&ranks, 3); // the refusal's check left round 3's contents
+    let received = |rank: &Workload, socket: &str, len: usize| {
+        rank.ok(&format!("tcp-recv {socket} {len}"))
+            .expect("receive")
+            .str("text")
+            .map(str::to_owned)
+    };
+    assert_eq!(received(&ranks[0], "s", 6).as_deref(), Some("queued"));
+    ranks[1].ok("tcp-send c hello").expect("send after restore");
+    assert_eq!(received(&ranks[0], "s", 5).as_deref(), Some("hello"));
+    ranks[0].ok("tcp-send s back").expect("send back");
+    assert_eq!(received(&ranks[1], "c", 4).as_deref(), Some("back"));
 }

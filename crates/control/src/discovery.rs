@@ -52,7 +52,7 @@ fn proc_path(pid: u32, rest: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/{rest}"))
 }
 
-fn read_proc(pid: u32, rest: &str) -> Result<String, ControlError> {
+pub(crate) fn read_proc(pid: u32, rest: &str) -> Result<String, ControlError> {
     let path = proc_path(pid, rest);
     fs::read_to_string(&path).map_err(|source| ControlError::Proc { pid, path, source })
 }
@@ -182,22 +182,44 @@ pub fn control_socket(pid: u32, ns_pid: u32) -> Result<Option<PathBuf>, ControlE
         .map(|p| reach_inside(pid, &p)))
 }
 
-/// Paths of the listening Unix sockets the process holds, as the process names them.
-pub fn listening_sockets(pid: u32) -> Result<Vec<PathBuf>, ControlError> {
+/// Inodes of the sockets the process holds descriptors for.
+pub fn socket_inodes(pid: u32) -> Result<HashSet<u64>, ControlError> {
     let fd_dir = proc_path(pid, "fd");
     let entries = fs::read_dir(&fd_dir).map_err(|source| ControlError::Proc {
         pid,
         path: fd_dir,
         source,
     })?;
-    let inodes: HashSet<u64> = entries
+    Ok(entries
         .flatten()
         .filter_map(|e| fs::read_link(e.path()).ok())
         .filter_map(|l| {
             l.to_str()
                 .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
         })
-        .collect();
+        .collect())
+}
+
+/// Inode of the process's network namespace; socket addresses are only comparable within one.
+pub fn net_namespace(pid: u32) -> Result<u64, ControlError> {
+    let path = proc_path(pid, "ns/net");
+    let link = fs::read_link(&path).map_err(|source| ControlError::Proc {
+        pid,
+        path: path.clone(),
+        source,
+    })?;
+    link.to_str()
+        .and_then(namespace_inode)
+        .ok_or_else(|| ControlError::Proc {
+            pid,
+            path,
+            source: std::io::Error::other(format!("unexpected link {}", link.display())),
+        })
+}
+
+/// Paths of the listening Unix sockets the process holds, as the process names them.
+pub fn listening_sockets(pid: u32) -> Result<Vec<PathBuf>, ControlError> {
+    let inodes = socket_inodes(pid)?;
     let table = read_proc(pid, "net/unix")?;
     Ok(parse_unix_table(&table)
         .filter(|s| s.listening && inodes.contains(&s.inode))

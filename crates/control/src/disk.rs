@@ -13,8 +13,8 @@ use crate::group::{ANSWER_TIMEOUT, Group, Snapshot};
 use crate::native::{self, Driver};
 use crate::{ControlError, Refusal};
 use protocol::manifest::{
-    self, ByteCounts, CriuInfo, GpuInfo, Manifest, ManifestParticipant, Role, ShimIdentity,
-    StateFileRef,
+    self, ByteCounts, CriuInfo, GpuInfo, LinkRemap, Manifest, ManifestParticipant, Role,
+    ShimIdentity, StateFileRef,
 };
 use protocol::state::GroupState;
 use std::path::{Path, PathBuf};
@@ -112,7 +112,8 @@ fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
 ///
 /// Everything CRIU cannot handle is refused before the capture starts (no CRIU, no PID namespace
-/// of its own, a controlling terminal, a used directory). A dump that fails is rolled back: CRIU
+/// of its own, a controlling terminal, a large deleted mapping, a TCP connection to a peer outside
+/// the tree, a used directory). A dump that fails is rolled back: CRIU
 /// leaves the tree running, and the shims rebuild what they released.
 pub fn checkpoint(
     options: &CheckpointOptions,
@@ -142,6 +143,8 @@ pub fn checkpoint(
         return Err(ControlError::Refused(replaced));
     }
     let sockets = tree_sockets(&tree);
+    let tcp = crate::tcp::survey(&tree)?;
+    let tcp_established = tcp.connected_within > 0;
     let images = dir.join(IMAGES_DIR);
     std::fs::create_dir_all(&images).map_err(|e| state_error(&images, e))?;
     let state_path = dir.join(protocol::state::STATE_FILE_NAME);
@@ -162,13 +165,14 @@ pub fn checkpoint(
     // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
     // writing the digests or the manifest) can still be rolled back and the workload runs on.
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images).map_err(ControlError::Criu)?;
+        criu.dump(root, &images, tcp_established)
+            .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
     let mut link_remaps = Vec::new();
     let published = dumped.and_then(|()| {
-        link_remaps = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
-        crate::remaps::check_reachable(root, &link_remaps)?;
+        let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
+        link_remaps = crate::remaps::take_over(root, &links)?;
         let image_bytes = criu::directory_bytes(&images);
         clock.time("image-digest", Some(image_bytes), || {
             let list = digest_images(&images)?;
@@ -180,6 +184,7 @@ pub fn checkpoint(
             version: criu.version().to_string(),
             image_bytes,
             link_remaps: link_remaps.clone(),
+            tcp_established,
         };
         let manifest = build_manifest(
             &captured,
@@ -796,25 +801,27 @@ fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// The link remaps the (verified) images restore through: the manifest must list the same, and each
-/// must be there (crate::remaps).
-fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<String>, ControlError> {
+/// The link remaps the (verified) images restore through: the manifest must list the same, and
+/// each must be kept and CRIU's name for it free (crate::remaps).
+fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRemap>, ControlError> {
     let in_images = criu::images::link_remaps(images).map_err(|e| damaged(images, e))?;
     let listed = manifest
         .criu
         .as_ref()
         .map(|c| c.link_remaps.clone())
         .unwrap_or_default();
-    if in_images != listed {
+    let listed_links: Vec<&str> = listed.iter().map(|r| r.link.as_str()).collect();
+    if in_images != listed_links {
         return Err(damaged(
             images,
             format!(
-                "the images restore through the link remaps {in_images:?}, the manifest lists {listed:?}"
+                "the images restore through the link remaps {in_images:?}, the manifest lists \
+                 {listed_links:?}"
             ),
         ));
     }
-    crate::remaps::check_present(&in_images).map_err(|e| refuse("checkpoint", e.to_string()))?;
-    Ok(in_images)
+    crate::remaps::check_present(&listed).map_err(|e| refuse("checkpoint", e.to_string()))?;
+    Ok(listed)
 }
 
 /// A private directory for what CRIU writes during a restore (log, statistics, pid file).
@@ -855,12 +862,12 @@ pub fn restore(
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = restore_work_dir()?;
     let root = clock.time("criu-restore", Some(image_bytes), || {
-        // CRIU removes the link remaps it restores through; they are put back when `_kept` goes,
-        // so the checkpoint can be restored again.
-        let _kept = crate::remaps::keep(&link_remaps)?;
+        // Under CRIU's names only while CRIU runs (crate::remaps).
+        let _linked = crate::remaps::link_for_restore(&link_remaps)?;
+        let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
         verified
             .criu
-            .restore(&images, &work_dir)
+            .restore(&images, &work_dir, tcp)
             .map(|pid| (pid, image_bytes, 0.0))
             .map_err(ControlError::Criu)
     })?;

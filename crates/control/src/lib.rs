@@ -14,6 +14,7 @@ pub mod group;
 pub mod launch;
 pub mod native;
 pub mod remaps;
+pub mod tcp;
 
 pub use group::{Group, Refusal};
 

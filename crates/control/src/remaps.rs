@@ -1,18 +1,25 @@
 //! CRIU's link remaps around a checkpoint and a restore (what they are: criu::images).
 //!
-//! A link remap is a hard link CRIU made at dump time next to a file the tree held open under a
-//! deleted name. The images need it at restore, and `criu restore` removes it, after a restore
-//! that worked and after one that failed alike. So that a checkpoint stays restorable (again, and
-//! after a failed attempt), a restore first gives every link remap a second name
-//! (`<link>.cuinterpose-keep`) and puts it back afterwards, whatever CRIU did.
+//! A link remap is a hard link CRIU makes at dump time next to a file the tree holds open under a
+//! deleted name (`<dir>/link_remap.<id>`); the images restore through it. Two things make CRIU's
+//! own handling unfit for a checkpoint that outlives the dump:
+//!
+//! - the id is a file id of that dump, which the next dump of any tree reuses: a link left under
+//!   CRIU's name makes the next dump that needs the same name fail ("File exists", seen on the
+//!   H200 with a PyTorch checkpoint followed by an NCCL one);
+//! - `criu restore` removes the link after a restore that worked and after one that failed alike,
+//!   so the checkpoint could be restored once at most.
+//!
+//! So right after the dump the tool moves every link remap to a name of the checkpoint's own in
+//! the same directory (`link_remap.<id>.cuinterpose-<tag>`, in the manifest), and a restore links
+//! it back to CRIU's name only while CRIU runs.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::ControlError;
+use protocol::manifest::LinkRemap;
 
-/// Suffix of the second name a restore gives a link remap while CRIU runs.
-const KEEP_SUFFIX: &str = ".cuinterpose-keep";
+use crate::ControlError;
 
 fn error(path: &Path, message: impl Into<String>) -> ControlError {
     ControlError::LinkRemap {
@@ -21,17 +28,26 @@ fn error(path: &Path, message: impl Into<String>) -> ControlError {
     }
 }
 
-fn keep_path(link: &Path) -> PathBuf {
-    let mut name = link.as_os_str().to_owned();
-    name.push(KEEP_SUFFIX);
-    PathBuf::from(name)
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
 }
 
-/// Checks, right after the dump (the tree stopped, not yet gone), that every link remap the tree
-/// sees at `path` is the same file the tool sees at `path`: a restore, run from the tool's mount
-/// namespace, finds it there.
-pub fn check_reachable(root: u32, links: &[String]) -> Result<(), ControlError> {
-    for link in links {
+/// A tag for this checkpoint's kept names: 64 random bits.
+fn new_tag() -> Result<String, ControlError> {
+    let mut bytes = [0u8; 8];
+    rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+        .map_err(|e| error(Path::new("getrandom"), e.to_string()))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Takes over the link remaps CRIU just made for the tree under `root` (stopped, not yet gone):
+/// checks that the tool's mount namespace sees the same file at each path as the tree does (a
+/// restore runs from here), then moves each to its kept name. On an error, what was moved
+/// already is removed again.
+pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlError> {
+    let tag = new_tag()?;
+    let mut taken = Vec::new();
+    let result = links.iter().try_for_each(|link| {
         let here = Path::new(link);
         let there = PathBuf::from(format!("/proc/{root}/root{link}"));
         let ours = std::fs::symlink_metadata(here).map_err(|e| {
@@ -42,90 +58,114 @@ pub fn check_reachable(root: u32, links: &[String]) -> Result<(), ControlError> 
         })?;
         let theirs = std::fs::symlink_metadata(&there)
             .map_err(|e| error(here, format!("not found in the workload's namespace: {e}")))?;
-        if (ours.dev(), ours.ino()) != (theirs.dev(), theirs.ino()) {
+        if !same_file(&ours, &theirs) {
             return Err(error(
                 here,
                 "the tool's mount namespace sees another file at this path than the workload's; \
                  the checkpoint could not be restored from here",
             ));
         }
+        let remap = LinkRemap {
+            link: link.clone(),
+            kept_as: format!("{link}.cuinterpose-{tag}"),
+        };
+        std::fs::rename(here, &remap.kept_as)
+            .map_err(|e| error(here, format!("moving it to {}: {e}", remap.kept_as)))?;
+        taken.push(remap);
+        Ok(())
+    });
+    match result {
+        Ok(()) => Ok(taken),
+        Err(e) => {
+            remove(&taken);
+            Err(e)
+        }
     }
-    Ok(())
 }
 
-/// Removes the link remaps of a checkpoint that failed (best effort: they would only leak).
-pub fn remove(links: &[String]) {
-    for link in links {
-        if let Err(e) = std::fs::remove_file(link)
+/// Removes link remaps: those of a checkpoint that failed, under CRIU's name or the kept one
+/// (best effort: what is left would only leak).
+pub fn remove(remaps: &[LinkRemap]) {
+    for path in remaps.iter().flat_map(|r| [&r.link, &r.kept_as]) {
+        if let Err(e) = std::fs::remove_file(path)
             && e.kind() != std::io::ErrorKind::NotFound
         {
-            tracing::warn!(link, error = %e, "removing a link remap of a failed checkpoint");
+            tracing::warn!(path, error = %e, "removing a link remap of a failed checkpoint");
         }
     }
 }
 
-/// Checks before a restore that every link remap is there, a regular file. One that a restore
-/// interrupted before it put it back (only its second name is left) is put back first.
-pub fn check_present(links: &[String]) -> Result<(), ControlError> {
-    for link in links {
-        let path = Path::new(link);
-        let keep = keep_path(path);
-        if std::fs::symlink_metadata(path).is_err() && keep.exists() {
-            std::fs::rename(&keep, path)
-                .map_err(|e| error(path, format!("putting back {}: {e}", keep.display())))?;
-            tracing::info!(
-                link,
-                "put back a link remap an interrupted restore had set aside"
-            );
-        }
-        match std::fs::symlink_metadata(path) {
-            Ok(m) if m.file_type().is_file() => {}
-            Ok(_) => return Err(error(path, "is not a regular file")),
+/// Checks before a restore that every kept link remap is there, a regular file, and that CRIU's
+/// name is free (or already names the same file: left by an interrupted restore).
+pub fn check_present(remaps: &[LinkRemap]) -> Result<(), ControlError> {
+    for remap in remaps {
+        let kept = Path::new(&remap.kept_as);
+        let kept_meta = match std::fs::symlink_metadata(kept) {
+            Ok(m) if m.file_type().is_file() => m,
+            Ok(_) => return Err(error(kept, "is not a regular file")),
             Err(e) => {
                 return Err(error(
-                    path,
+                    kept,
                     format!(
-                        "{e}; CRIU made this hard link at dump time for a file the workload held \
-                         open after its name was deleted, and the images need it"
+                        "{e}; the checkpoint keeps here a file the workload held open after its \
+                         name was deleted, and the images need it"
                     ),
                 ));
             }
+        };
+        if let Ok(at_link) = std::fs::symlink_metadata(&remap.link)
+            && !same_file(&at_link, &kept_meta)
+        {
+            return Err(error(
+                Path::new(&remap.link),
+                "another file has CRIU's name for this link remap (is a dump or a restore of \
+                 another tree running?); the restore needs it free",
+            ));
         }
     }
     Ok(())
 }
 
-/// The link remaps of a restore in progress, each with its second name; dropping it puts every
-/// one back under its own name.
+/// The link remaps of a restore in progress, linked to CRIU's names; dropping it removes what
+/// CRIU left of them under those names. The kept names are never touched.
 #[derive(Debug)]
-pub struct Kept {
-    links: Vec<PathBuf>,
+pub struct Linked {
+    remaps: Vec<LinkRemap>,
 }
 
-/// Gives every link remap its second name (an earlier one left behind is replaced).
-pub fn keep(links: &[String]) -> Result<Kept, ControlError> {
-    let mut kept = Kept { links: Vec::new() };
-    for link in links {
-        let path = PathBuf::from(link);
-        let keep = keep_path(&path);
-        match std::fs::remove_file(&keep) {
+/// Links every kept link remap to CRIU's name for the restore.
+pub fn link_for_restore(remaps: &[LinkRemap]) -> Result<Linked, ControlError> {
+    let mut linked = Linked { remaps: Vec::new() };
+    for remap in remaps {
+        match std::fs::hard_link(&remap.kept_as, &remap.link) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(error(&keep, e.to_string())),
+            // check_present found the same file there.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(error(
+                    Path::new(&remap.link),
+                    format!("linking {}: {e}", remap.kept_as),
+                ));
+            }
         }
-        std::fs::hard_link(&path, &keep)
-            .map_err(|e| error(&path, format!("linking {}: {e}", keep.display())))?;
-        kept.links.push(path);
+        linked.remaps.push(remap.clone());
     }
-    Ok(kept)
+    Ok(linked)
 }
 
-impl Drop for Kept {
+impl Drop for Linked {
     fn drop(&mut self) {
-        for link in &self.links {
-            // rename(2) replaces a link CRIU left in place with the same file.
-            if let Err(e) = std::fs::rename(keep_path(link), link) {
-                tracing::error!(link = %link.display(), error = %e, "putting back a link remap");
+        for remap in &self.remaps {
+            let (Ok(link), Ok(kept)) = (
+                std::fs::symlink_metadata(&remap.link),
+                std::fs::symlink_metadata(&remap.kept_as),
+            ) else {
+                continue; // CRIU removed it, as it does.
+            };
+            if same_file(&link, &kept)
+                && let Err(e) = std::fs::remove_file(&remap.link)
+            {
+                tracing::warn!(link = remap.link, error = %e, "removing a link remap after a restore");
             }
         }
     }
@@ -135,7 +175,8 @@ impl Drop for Kept {
 mod tests {
     use super::*;
 
-    fn link_in(dir: &Path) -> String {
+    /// A file held open under a deleted name, and CRIU's link to it, in `dir`.
+    fn criu_link_in(dir: &Path) -> String {
         let original = dir.join("sem.x");
         std::fs::write(&original, b"semaphore").expect("write");
         let link = dir.join("link_remap.7");
@@ -144,45 +185,78 @@ mod tests {
     }
 
     #[test]
-    fn a_restore_that_consumes_the_link_leaves_it_in_place() {
+    fn taken_over_links_free_criu_names_and_serve_every_restore() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let link = link_in(dir.path());
-        check_present(std::slice::from_ref(&link)).expect("present");
-        {
-            let _kept = keep(std::slice::from_ref(&link)).expect("keep");
-            // What CRIU does with it.
-            std::fs::remove_file(&link).expect("consume");
+        let link = criu_link_in(dir.path());
+        let remaps = take_over(std::process::id(), std::slice::from_ref(&link)).expect("take over");
+        assert!(remaps[0].is_well_formed(), "{remaps:?}");
+        assert!(
+            !Path::new(&link).exists(),
+            "CRIU's name is free for the next dump"
+        );
+        for consumed in [true, false] {
+            check_present(&remaps).expect("present");
+            {
+                let _linked = link_for_restore(&remaps).expect("link");
+                assert_eq!(std::fs::read(&link).expect("linked"), b"semaphore");
+                if consumed {
+                    std::fs::remove_file(&link).expect("what CRIU does");
+                }
+            }
+            assert!(!Path::new(&link).exists());
+            assert_eq!(
+                std::fs::read(&remaps[0].kept_as).expect("kept"),
+                b"semaphore"
+            );
         }
-        assert_eq!(std::fs::read(&link).expect("back"), b"semaphore");
-        assert!(!keep_path(Path::new(&link)).exists());
-        // And when CRIU left it alone.
-        drop(keep(std::slice::from_ref(&link)).expect("keep"));
-        assert_eq!(std::fs::read(&link).expect("back"), b"semaphore");
+        remove(&remaps);
+        assert!(!Path::new(&remaps[0].kept_as).exists());
     }
 
     #[test]
-    fn a_missing_link_is_refused_and_an_interrupted_restore_is_repaired() {
+    fn missing_kept_files_and_taken_criu_names_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let link = link_in(dir.path());
-        std::fs::rename(&link, keep_path(Path::new(&link))).expect("set aside");
-        check_present(std::slice::from_ref(&link)).expect("repaired");
-        assert!(Path::new(&link).is_file());
-        std::fs::remove_file(&link).expect("remove");
-        let err = check_present(std::slice::from_ref(&link)).expect_err("missing");
+        let link = criu_link_in(dir.path());
+        let remaps = take_over(std::process::id(), std::slice::from_ref(&link)).expect("take over");
+        // Another tree's dump has CRIU's name now.
+        std::fs::write(&link, b"other").expect("other file");
+        let err = check_present(&remaps).expect_err("taken");
+        assert!(
+            err.to_string().contains("the restore needs it free"),
+            "{err}"
+        );
+        // Left by an interrupted restore: the same file, fine.
+        std::fs::remove_file(&link).expect("rm");
+        std::fs::hard_link(&remaps[0].kept_as, &link).expect("link");
+        check_present(&remaps).expect("same file");
+        drop(link_for_restore(&remaps).expect("link"));
+        std::fs::remove_file(&remaps[0].kept_as).expect("rm");
+        let err = check_present(&remaps).expect_err("missing");
         assert!(err.to_string().contains("the images need it"), "{err}");
     }
 
     #[test]
     fn the_workload_and_the_tool_must_see_the_same_file() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let link = link_in(dir.path());
-        let me = std::process::id();
-        check_reachable(me, std::slice::from_ref(&link)).expect("same namespace");
         let missing = dir
             .path()
             .join("link_remap.8")
             .to_string_lossy()
             .into_owned();
-        assert!(check_reachable(me, &[missing]).is_err());
+        assert!(take_over(std::process::id(), &[missing]).is_err());
+        // A failure part way leaves nothing moved.
+        let link = criu_link_in(dir.path());
+        let missing = dir
+            .path()
+            .join("link_remap.9")
+            .to_string_lossy()
+            .into_owned();
+        assert!(take_over(std::process::id(), &[link.clone(), missing]).is_err());
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["sem.x"], "the moved link was removed again");
     }
 }

@@ -17,7 +17,7 @@ pub const MANIFEST_FILE_NAME: &str = "manifest.json";
 /// Value of the `format` field.
 pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// The manifest version this build writes and reads; bumped on any change of its fields.
-pub const MANIFEST_VERSION: u32 = 2;
+pub const MANIFEST_VERSION: u32 = 3;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -139,22 +139,44 @@ pub struct CriuInfo {
     /// Total size of the image files.
     pub image_bytes: u64,
     /// The hard links CRIU made at dump time for files deleted while open that still had another
-    /// name (`<dir>/link_remap.<id>`, absolute paths): the images need them at restore, so they
-    /// stay until the checkpoint is deleted.
-    pub link_remaps: Vec<String>,
+    /// name: the images restore through them.
+    pub link_remaps: Vec<LinkRemap>,
+    /// Whether the images hold established TCP connections (every one with its other end in the
+    /// tree), which the restore must ask CRIU for.
+    pub tcp_established: bool,
 }
 
-/// Whether `path` can be one of CRIU's link remaps: an absolute path without `..` whose file name
-/// is `link_remap.<decimal id>`. A restore creates and renames files next to these paths, so a
-/// manifest cannot name any other file.
-pub fn is_link_remap_path(path: &str) -> bool {
-    let plain =
-        path.starts_with('/') && !path.contains('\0') && !path.split('/').any(|c| c == "..");
-    let name = path.rsplit('/').next().unwrap_or("");
-    plain
-        && name
+/// One of CRIU's link remaps. CRIU names it `<dir>/link_remap.<id>` with an id that the next dump
+/// reuses, so the tool keeps the file under a name of this checkpoint's own and links it back to
+/// CRIU's name only while a restore runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkRemap {
+    /// CRIU's name, as the images have it: an absolute path ending in `link_remap.<id>`.
+    pub link: String,
+    /// Where the tool keeps the file until the checkpoint is discarded: the same directory,
+    /// `link_remap.<id>.cuinterpose-<16 hex digits>`.
+    pub kept_as: String,
+}
+
+impl LinkRemap {
+    /// Whether both names are what the tool writes. A restore links and removes files at these
+    /// paths, so a manifest must not be able to name any other file.
+    pub fn is_well_formed(&self) -> bool {
+        let plain =
+            |p: &str| p.starts_with('/') && !p.contains('\0') && !p.split('/').any(|c| c == "..");
+        let Some((dir, name)) = self.link.rsplit_once('/') else {
+            return false;
+        };
+        let criu_name = name
             .strip_prefix("link_remap.")
-            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
+        let kept_name = self
+            .kept_as
+            .strip_prefix(&format!("{dir}/{name}.cuinterpose-"))
+            .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()));
+        plain(&self.link) && criu_name && kept_name
+    }
 }
 
 /// How long one phase took.
@@ -209,8 +231,8 @@ impl Manifest {
     ///   enough to be socket paths (a restore removes stale files at those paths);
     /// - the shim path is absolute and its digest well formed; the driver version is positive;
     /// - carriers hold at least the shared bytes saved;
-    /// - the CRIU version, when present, is non-empty, and its link remaps are `link_remap.<id>`
-    ///   files at absolute paths without `..`; phase names are non-empty and unique;
+    /// - the CRIU version, when present, is non-empty, and its link remaps are well formed
+    ///   ([`LinkRemap::is_well_formed`]); phase names are non-empty and unique;
     /// - the state file is a plain file name (no directory, so a manifest cannot point a restore
     ///   at another file) with a well-formed digest.
     pub fn validate(&self) -> Result<(), ProtocolError> {
@@ -298,9 +320,11 @@ impl Manifest {
             if criu.version.is_empty() {
                 return bad("empty criu version".into());
             }
-            if let Some(path) = criu.link_remaps.iter().find(|p| !is_link_remap_path(p)) {
+            if let Some(remap) = criu.link_remaps.iter().find(|r| !r.is_well_formed()) {
                 return bad(format!(
-                    "link remap {path:?} is not an absolute path to a link_remap.<id> file"
+                    "link remap {:?} kept as {:?}: not a link_remap.<id> file and its kept name \
+                     in the same directory",
+                    remap.link, remap.kept_as
                 ));
             }
         }
@@ -506,7 +530,11 @@ mod tests {
             criu: Some(CriuInfo {
                 version: "4.1".into(),
                 image_bytes: 123_456_789,
-                link_remaps: vec!["/dev/shm/link_remap.23".into()],
+                link_remaps: vec![LinkRemap {
+                    link: "/dev/shm/link_remap.23".into(),
+                    kept_as: "/dev/shm/link_remap.23.cuinterpose-0123456789abcdef".into(),
+                }],
+                tcp_established: true,
             }),
             timings: vec![
                 PhaseTiming {
@@ -579,24 +607,55 @@ mod tests {
     }
 
     #[test]
-    fn link_remaps_name_only_criu_link_files() {
-        for good in ["/dev/shm/link_remap.23", "/link_remap.1"] {
-            assert!(is_link_remap_path(good), "{good}");
+    fn link_remaps_name_only_criu_link_files_and_their_kept_names() {
+        let remap = |link: &str, kept_as: &str| LinkRemap {
+            link: link.into(),
+            kept_as: kept_as.into(),
+        };
+        let tag = "0123456789abcdef";
+        for good in [
+            remap(
+                "/dev/shm/link_remap.23",
+                &format!("/dev/shm/link_remap.23.cuinterpose-{tag}"),
+            ),
+            remap("/link_remap.1", &format!("/link_remap.1.cuinterpose-{tag}")),
+        ] {
+            assert!(good.is_well_formed(), "{good:?}");
         }
         for bad in [
-            "dev/shm/link_remap.23",
-            "/dev/shm/../etc/link_remap.1",
-            "/etc/passwd",
-            "/dev/shm/link_remap.",
-            "/dev/shm/link_remap.1x",
-            "/dev/shm/link_remap.1/x",
+            remap(
+                "dev/shm/link_remap.23",
+                &format!("dev/shm/link_remap.23.cuinterpose-{tag}"),
+            ),
+            remap(
+                "/a/../link_remap.1",
+                &format!("/a/../link_remap.1.cuinterpose-{tag}"),
+            ),
+            remap("/etc/passwd", &format!("/etc/passwd.cuinterpose-{tag}")),
+            remap(
+                "/dev/shm/link_remap.",
+                &format!("/dev/shm/link_remap..cuinterpose-{tag}"),
+            ),
+            remap(
+                "/dev/shm/link_remap.1x",
+                &format!("/dev/shm/link_remap.1x.cuinterpose-{tag}"),
+            ),
+            remap("/dev/shm/link_remap.1", "/etc/passwd"),
+            remap(
+                "/dev/shm/link_remap.1",
+                &format!("/tmp/link_remap.1.cuinterpose-{tag}"),
+            ),
+            remap(
+                "/dev/shm/link_remap.1",
+                "/dev/shm/link_remap.1.cuinterpose-xyz",
+            ),
         ] {
-            assert!(!is_link_remap_path(bad), "{bad}");
+            assert!(!bad.is_well_formed(), "{bad:?}");
             let (mut manifest, _) = sample();
-            manifest.criu.as_mut().unwrap().link_remaps = vec![bad.into()];
+            manifest.criu.as_mut().unwrap().link_remaps = vec![bad.clone()];
             assert!(
                 matches!(manifest.validate(), Err(ProtocolError::Inconsistent(_))),
-                "{bad}"
+                "{bad:?}"
             );
         }
     }

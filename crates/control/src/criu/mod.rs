@@ -100,7 +100,10 @@ impl Criu {
     ///
     /// No `--shell-job`: the tool refuses a tree with a controlling terminal before it gets here (a
     /// restore could not give the terminal back).
-    pub fn dump(&self, pid: u32, images: &Path) -> Result<(), CriuError> {
+    ///
+    /// `tcp`: the tree has established TCP connections, each with its other end in the tree
+    /// (control::tcp), to be saved in repair mode.
+    pub fn dump(&self, pid: u32, images: &Path, tcp: bool) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
         // --link-remap: files deleted while open that still have another name (every POSIX
         // semaphore of Python's multiprocessing, seen with PyTorch) are kept through a hard link.
@@ -110,6 +113,13 @@ impl Criu {
             .args(EXTERNAL_MOUNTS)
             .arg("--link-remap")
             .arg("--leave-stopped");
+        if tcp {
+            // The network lock keeps a peer outside the tree from changing a connection's state
+            // while it is dumped. Every peer is inside the tree here, stopped like the rest of
+            // it, so there is nothing to lock out; and the lock would need iptables or nftables
+            // on the host, which GPU servers and containers often lack.
+            command.args(["--tcp-established", "--network-lock", "skip"]);
+        }
         self.execute("dump", command, images)
     }
 
@@ -119,7 +129,9 @@ impl Criu {
     /// Everything CRIU writes on a restore (its log, statistics and the pid file) goes to
     /// `work_dir`, never into the checkpoint: a checkpoint directory is read-only to a restore, so
     /// the same images can be restored again and a failed restore leaves them as they were.
-    pub fn restore(&self, images: &Path, work_dir: &Path) -> Result<u32, CriuError> {
+    ///
+    /// `tcp`: the images hold established TCP connections (the dump's `tcp`).
+    pub fn restore(&self, images: &Path, work_dir: &Path, tcp: bool) -> Result<u32, CriuError> {
         let pid_file = work_dir.join("restore.pid");
         let mut command = self.command("restore", images);
         command
@@ -131,6 +143,9 @@ impl Criu {
             // The tree's mount namespace is a slave copy of this one: restored over the same root.
             .args(["--root", "/", "--mntns-compat-mode"])
             .args(EXTERNAL_MOUNTS);
+        if tcp {
+            command.arg("--tcp-established");
+        }
         self.execute("restore", command, work_dir)?;
         std::fs::read_to_string(&pid_file)
             .ok()

@@ -190,9 +190,13 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
             carriers: 2 << 20,
         },
         criu: Some(manifest::CriuInfo {
-            version: "4.1".into(),
+            version: "4.2.1".into(),
             image_bytes: 1 << 30,
-            link_remaps: vec![],
+            link_remaps: vec![manifest::LinkRemap {
+                link: "/dev/shm/link_remap.3".into(),
+                kept_as: "/dev/shm/link_remap.3.cuinterpose-00112233445566ff".into(),
+            }],
+            tcp_established: false,
         }),
         timings: vec![manifest::PhaseTiming {
             phase: "save".into(),

@@ -46,6 +46,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("import", "import NAME [--fd FD | --raw-fd N] [--size S]"),
     ("close-fd", "close-fd FD"),
     ("open-fd", "open-fd NAME PATH"),
+    ("tcp-listen", "tcp-listen NAME (127.0.0.1, a free port)"),
+    ("tcp-connect", "tcp-connect NAME ADDR:PORT"),
+    ("tcp-accept", "tcp-accept NAME LISTENER"),
+    ("tcp-send", "tcp-send SOCKET TEXT"),
+    ("tcp-recv", "tcp-recv SOCKET LEN [--timeout MS]"),
     ("send-fd", "send-fd FD --to PEER [--as NAME]"),
     ("send-ipc", "send-ipc BLOB --to PEER [--as NAME]"),
     ("retain-from-address", "retain-from-address NAME ADDR"),
@@ -235,6 +240,11 @@ impl<'a> Exec<'a> {
             "import" => self.import(a),
             "close-fd" => self.close_fd(a),
             "open-fd" => self.open_fd(a),
+            "tcp-listen" => self.tcp_listen(a),
+            "tcp-connect" => self.tcp_connect(a),
+            "tcp-accept" => self.tcp_accept(a),
+            "tcp-send" => self.tcp_send(a),
+            "tcp-recv" => self.tcp_recv(a),
             "send-fd" => self.send_fd(a),
             "send-ipc" => self.send_ipc(a),
             "retain-from-address" => self.retain(a),
@@ -683,6 +693,95 @@ impl<'a> Exec<'a> {
         let raw = fd.as_raw_fd();
         self.shared.inbox().fds.insert(name.to_owned(), fd);
         Ok(Reply::ok("open-fd").with("name", name).with("fd", raw))
+    }
+
+    /// A second descriptor of the socket held as `name` (the held one stays for later commands).
+    fn socket(&self, name: &str) -> Result<OwnedFd, Fail> {
+        let inbox = self.shared.inbox();
+        let fd = inbox
+            .fds
+            .get(name)
+            .ok_or_else(|| state(format!("no socket {name:?}")))?;
+        fd.try_clone().map_err(|e| Fail::Io(format!("{name}: {e}")))
+    }
+
+    fn hold(&mut self, name: &str, fd: OwnedFd) {
+        self.shared.inbox().fds.insert(name.to_owned(), fd);
+    }
+
+    // TCP sockets held like descriptors, for checkpoints of workloads with connections (NCCL's
+    // bootstrap and proxy connections are TCP).
+    fn tcp_listen(&mut self, a: &Args) -> Outcome {
+        a.check(1, &[])?;
+        let name = a.pos(0, "name")?;
+        let io = |e: std::io::Error| Fail::Io(format!("tcp-listen: {e}"));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io)?;
+        let port = listener.local_addr().map_err(io)?.port();
+        self.hold(name, OwnedFd::from(listener));
+        Ok(Reply::ok("tcp-listen")
+            .with("name", name)
+            .with("port", port))
+    }
+
+    fn tcp_connect(&mut self, a: &Args) -> Outcome {
+        a.check(2, &[])?;
+        let name = a.pos(0, "name")?;
+        let addr = a.pos(1, "address")?;
+        let addr: std::net::SocketAddr = addr
+            .parse()
+            .map_err(|e| Fail::Usage(format!("tcp-connect: address {addr:?}: {e}")))?;
+        let stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .map_err(|e| Fail::Io(format!("tcp-connect {addr}: {e}")))?;
+        let local = stream
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        self.hold(name, OwnedFd::from(stream));
+        Ok(Reply::ok("tcp-connect")
+            .with("name", name)
+            .with("local", local))
+    }
+
+    fn tcp_accept(&mut self, a: &Args) -> Outcome {
+        a.check(2, &[])?;
+        let name = a.pos(0, "name")?;
+        let listener = std::net::TcpListener::from(self.socket(a.pos(1, "listener")?)?);
+        let (stream, peer) = listener
+            .accept()
+            .map_err(|e| Fail::Io(format!("tcp-accept: {e}")))?;
+        self.hold(name, OwnedFd::from(stream));
+        Ok(Reply::ok("tcp-accept")
+            .with("name", name)
+            .with("peer", peer.to_string()))
+    }
+
+    fn tcp_send(&mut self, a: &Args) -> Outcome {
+        a.check(2, &[])?;
+        let name = a.pos(0, "socket")?;
+        let text = a.pos(1, "text")?;
+        let mut stream = std::net::TcpStream::from(self.socket(name)?);
+        std::io::Write::write_all(&mut stream, text.as_bytes())
+            .map_err(|e| Fail::Io(format!("tcp-send {name}: {e}")))?;
+        Ok(Reply::ok("tcp-send")
+            .with("name", name)
+            .with("bytes", text.len()))
+    }
+
+    fn tcp_recv(&mut self, a: &Args) -> Outcome {
+        a.check(2, &["timeout"])?;
+        let name = a.pos(0, "socket")?;
+        let len = usize::try_from(parse_number(a.pos(1, "length")?)?)
+            .map_err(|e| Fail::Usage(format!("tcp-recv: length: {e}")))?;
+        let timeout = Duration::from_millis(a.num_opt("timeout")?.unwrap_or(10_000));
+        let mut stream = std::net::TcpStream::from(self.socket(name)?);
+        let mut buffer = vec![0u8; len];
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| std::io::Read::read_exact(&mut stream, &mut buffer))
+            .map_err(|e| Fail::Io(format!("tcp-recv {name}: {e}")))?;
+        Ok(Reply::ok("tcp-recv")
+            .with("name", name)
+            .with("text", String::from_utf8_lossy(&buffer)))
     }
 
     fn peer_path(&self, peer: &str) -> PathBuf {
