@@ -3,7 +3,7 @@
 #
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: abi procaddr scenarios shim-scenarios
-#                                          demo torch bench disk torch-disk unlock hang)
+#                                          demo torch bench disk torch-disk nccl unlock hang)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -18,10 +18,10 @@ bin=$repo/dist/bin
 out=${OUT:-/tmp/gpu-lane-out}
 logs=$(mktemp -d /tmp/gpu-lane-logs.XXXXXX)
 mkdir -p "$out"
-summary=$logs/summary.tsv
+summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -167,7 +167,7 @@ fi
 
 if wants bench; then
     log "benchmarks"
-    for carrier in staged mixed; do
+    for carrier in staged registered; do
         extra=()
         [ "$carrier" = staged ] || extra=(--no-overhead)
         if CUINTERPOSE_CARRIER=$carrier timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
@@ -229,14 +229,143 @@ PY
 )" "$verdict"
         else
             row "torch checkpoint/restore" "-" "restore: $(tail -3 "$logs/torch-restore.err" | tr '\n\t' '  ')" FAIL
+            cp /tmp/cuinterpose-restore-*/restore.log "$logs/torch-criu-restore.log" 2>/dev/null
             touch "$barrier/go"
         fi
+        cp "$ckpt/images/dump.log" "$logs/torch-criu-dump.log" 2>/dev/null
     else
         row "torch checkpoint/restore" "-" "checkpoint: $(tail -3 "$logs/torch-checkpoint.err" 2>/dev/null | tr '\n\t' '  ')" FAIL
         touch "$barrier/go"; kill "$launcher" 2>/dev/null
     fi
     rm -rf "$ckpt"
     unset PYTORCH_CUDA_ALLOC_CONF
+fi
+
+# NCCL tensor-parallel group (scripts/gpu/nccl_tp.py): one rank per GPU, at most two. On a one-GPU
+# machine the group has one rank: NCCL's own buffers, its graph capture and its sockets go through
+# suspend/resume and checkpoint/restore, without peer sharing (that needs nvidia-h200-x2).
+nccl_group() {  # tag extra-args... : starts the group in its own PID namespace, waits for ready.json
+    local tag=$1; shift
+    nccl_barrier=$(mktemp -d /tmp/nccl-barrier.XXXXXX)
+    "$bin/cuinterpose" run --pid-namespace -- python3 "$repo/scripts/gpu/nccl_tp.py" --mode barrier \
+        --barrier-dir "$nccl_barrier" --world-size "$nccl_world" --require-shim --timeout 240 "$@" \
+        >"$logs/nccl-$tag.jsonl" 2>"$logs/nccl-$tag.err" &
+    nccl_launcher=$!
+    for _ in $(seq 180); do [ -f "$nccl_barrier/ready.json" ] && return 0; sleep 1; done
+    return 1
+}
+nccl_finish() {  # tag: lets the group run its after phases; prints the verdict and the failed phase
+    local tag=$1
+    touch "$nccl_barrier/go"
+    for _ in $(seq 180); do grep -q '"phase": "done"' "$logs/nccl-$tag.jsonl" && break; sleep 1; done
+    if grep -q '"phase": "done"' "$logs/nccl-$tag.jsonl" && ! grep -q '"ok": false' "$logs/nccl-$tag.jsonl"; then
+        echo ok
+    else
+        echo "FAIL $(grep '"ok": false' "$logs/nccl-$tag.jsonl" | head -1 | cut -c1-160)"
+    fi
+}
+if wants nccl; then
+    log "NCCL tensor-parallel group under the shim"
+    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu
+    gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+    nccl_world=$(( gpus >= 2 ? 2 : 1 ))
+    if timeout 300 "$bin/cuinterpose" run -- python3 scripts/gpu/nccl_tp.py --mode plain --world-size "$nccl_world" \
+            --require-shim >"$logs/nccl-plain.jsonl" 2>"$logs/nccl-plain.err"; then
+        row "nccl ${nccl_world} rank(s), plain under shim" "-" "$(grep '"phase": "start"' "$logs/nccl-plain.jsonl" | head -1 | python3 -c "import json,sys;r=json.loads(sys.stdin.readline());print('nccl', r.get('nccl'), 'all phases ok')")" ok
+    else
+        row "nccl ${nccl_world} rank(s), plain under shim" "-" "$(grep '"ok": false' "$logs/nccl-plain.jsonl" | head -1 | cut -c1-160) $(tail -1 "$logs/nccl-plain.err")" FAIL
+    fi
+
+    if nccl_group inplace; then
+        root=$(python3 -c "import json;print(json.load(open('$nccl_barrier/ready.json'))['root_pid'])")
+        # ready.json has namespace pids; the tool wants the launcher (it finds the namespace's init).
+        "$bin/cuinterpose" inspect --pid "$nccl_launcher" --json >"$logs/nccl-inspect.json" 2>"$logs/nccl-inspect.err"
+        tracked=$(python3 -c "
+import json; r = json.load(open('$logs/nccl-inspect.json'))
+s = r.get('shared', [])
+print('%d shared allocations, %d MiB, %d with importers' % (len(s), sum(a.get('size', 0) for a in s) >> 20, sum(1 for a in s if a.get('importers'))))" 2>/dev/null || echo "inspect failed: $(tail -1 "$logs/nccl-inspect.err")")
+        row "nccl inspect" "-" "$tracked" measured
+        if "$bin/cuinterpose" suspend --pid "$nccl_launcher" --json >"$logs/nccl-suspend.json" 2>"$logs/nccl-suspend.err" \
+                && "$bin/cuinterpose" resume --pid "$nccl_launcher" --json >"$logs/nccl-resume.json" 2>"$logs/nccl-resume.err"; then
+            times=$(python3 - "$logs/nccl-suspend.json" "$logs/nccl-resume.json" <<'PY'
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print("suspend %.0f ms, resume %.0f ms, shared %d MiB" % (s["total_millis"], r["total_millis"], s.get("shared_bytes", 0) >> 20))
+PY
+)
+            verdict=$(nccl_finish inplace)
+            row "nccl suspend/resume, all-reduce + graph replay" "-" "$times" "$verdict"
+        else
+            row "nccl suspend/resume" "-" "$(tail -2 "$logs/nccl-suspend.err" "$logs/nccl-resume.err" 2>/dev/null | tr '\n\t' '  ' | cut -c1-200)" FAIL
+            nccl_finish inplace >/dev/null
+        fi
+    else
+        row "nccl suspend/resume" "-" "never ready: $(tail -1 "$logs/nccl-inplace.err")" FAIL
+        kill "$nccl_launcher" 2>/dev/null
+    fi
+    wait "$nccl_launcher" 2>/dev/null
+
+    maps=("")
+    [ "$nccl_world" -ge 2 ] && maps+=("0=1,1=0")
+    for map in "${maps[@]}"; do
+        tag=disk${map:+-swapped}
+        ckpt=/tmp/nccl-ckpt.$$
+        if nccl_group "$tag"; then
+            if "$bin/cuinterpose" checkpoint --pid "$nccl_launcher" --dir "$ckpt" --json \
+                    >"$logs/nccl-$tag-checkpoint.json" 2>"$logs/nccl-$tag-checkpoint.err"; then
+                wait "$nccl_launcher" 2>/dev/null
+                if "$bin/cuinterpose" restore --dir "$ckpt" ${map:+--device-map "$map"} --json \
+                        >"$logs/nccl-$tag-restore.json" 2>"$logs/nccl-$tag-restore.err"; then
+                    verdict=$(nccl_finish "$tag")
+                    row "nccl checkpoint/restore${map:+ --device-map $map}" "-" "$(python3 - "$logs/nccl-$tag-checkpoint.json" "$logs/nccl-$tag-restore.json" <<'PY'
+import json, sys
+c, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+ph = lambda rep: " ".join("%s=%.0f" % (p["name"], p["millis"]) for p in rep["phases"] if p["millis"] >= 1)
+print("checkpoint %s; restore %s; images %d MiB" % (ph(c), ph(r), c["image_bytes"] >> 20))
+PY
+)" "$verdict"
+                else
+                    row "nccl checkpoint/restore${map:+ --device-map $map}" "-" "restore: $(grep -v '^$' "$logs/nccl-$tag-restore.err" | tail -3 | tr '\n\t' '  ' | cut -c1-240)" FAIL
+                    cp /tmp/cuinterpose-restore-*/restore.log "$logs/nccl-$tag-criu-restore.log" 2>/dev/null
+                fi
+            else
+                row "nccl checkpoint${map:+ --device-map $map}" "-" "checkpoint: $(grep -v '^$' "$logs/nccl-$tag-checkpoint.err" | tail -3 | tr '\n\t' '  ' | cut -c1-240)" FAIL
+                nccl_finish "$tag" >/dev/null
+            fi
+            cp "$ckpt/images/dump.log" "$logs/nccl-$tag-criu-dump.log" 2>/dev/null
+        else
+            row "nccl checkpoint" "-" "never ready: $(tail -1 "$logs/nccl-$tag.err")" FAIL
+        fi
+        kill "$nccl_launcher" 2>/dev/null; wait "$nccl_launcher" 2>/dev/null
+        rm -rf "$ckpt"
+    done
+
+    # For contrast: the driver's own checkpoint of the same group without the shim, every call bounded.
+    nccl_barrier=$(mktemp -d /tmp/nccl-native.XXXXXX)
+    timeout 400 python3 scripts/gpu/nccl_tp.py --mode barrier --barrier-dir "$nccl_barrier" \
+        --world-size "$nccl_world" --timeout 120 >"$logs/nccl-native.jsonl" 2>"$logs/nccl-native.err" &
+    native_launcher=$!
+    for _ in $(seq 180); do [ -f "$nccl_barrier/ready.json" ] && break; sleep 1; done
+    if [ -f "$nccl_barrier/ready.json" ]; then
+        pids=$(python3 -c "import json;print(','.join(map(str, json.load(open('$nccl_barrier/ready.json'))['pids'])))")
+        timeout 300 python3 scripts/gpu/native_contrast.py --pids "$pids" --limit 60 \
+            >"$logs/nccl-native-contrast.jsonl" 2>&1
+        native=$(python3 -c "
+import json
+calls = [json.loads(l) for l in open('$logs/nccl-native-contrast.jsonl') if l.startswith('{')]
+steps = ' '.join('%s=%s' % (c['step'], 'HUNG' if c.get('hung') else c['result']) for c in calls if c['step'] != 'summary')
+print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'), 'no summary'))" 2>/dev/null || echo "no report")
+        touch "$nccl_barrier/go"
+        for _ in $(seq 120); do grep -q '"phase": "done"' "$logs/nccl-native.jsonl" && break; sleep 1; done
+        after=$(grep -q '"phase": "done"' "$logs/nccl-native.jsonl" && ! grep -q '"ok": false' "$logs/nccl-native.jsonl" \
+            && echo "group ran on correctly" || echo "group broken: $(grep '"ok": false' "$logs/nccl-native.jsonl" | head -1 | cut -c1-120)")
+        row "nccl ${nccl_world} rank(s) without shim: native checkpoint" "-" "$native; $after" measured
+    else
+        row "nccl without shim: native checkpoint" "-" "never ready: $(tail -1 "$logs/nccl-native.err")" FAIL
+    fi
+    pkill -9 -f "nccl_tp.py --mode barrier --barrier-dir $nccl_barrier" 2>/dev/null
+    wait "$native_launcher" 2>/dev/null
+    [ "$nccl_world" -ge 2 ] || row "nccl two ranks: peer sharing, --device-map 0=1,1=0" "-" "skipped: one GPU (needs nvidia-h200-x2)" "not run"
 fi
 
 if wants unlock; then
@@ -261,7 +390,6 @@ if wants hang; then
 fi
 
 tar -C "$logs" -czf "$out/lane-logs.tgz" . 2>/dev/null
-cp "$summary" "$out/summary.tsv"
 echo
 echo "================ GPU lane summary ($(head -1 "$logs/gpu.txt")) ================"
 column -t -s $'\t' -N SCENARIO,FAKE,REAL,VERDICT "$summary" 2>/dev/null || cat "$summary"
