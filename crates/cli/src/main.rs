@@ -126,6 +126,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete a checkpoint on disk with the files it keeps outside its directory (CRIU's link remaps)
+    Discard {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
     Demo(demo::DemoArgs),
     /// Measure the shim's overhead, suspend/resume copy rates and the native checkpoint baseline
@@ -275,6 +282,20 @@ fn execute(command: Command) -> anyhow::Result<()> {
             let report = disk::restore(&options, &progress)
                 .with_context(|| format!("restoring {}", dir.display()))?;
             output::print_disk_report("restored", &report, json)
+        }
+        Command::Discard { dir, json } => {
+            let report = control::discard::discard(&dir)
+                .with_context(|| format!("discarding {}", dir.display()))?;
+            if json {
+                return output::print_json(&report);
+            }
+            println!(
+                "discarded {}: CRIU images {}, {} link remap(s) kept outside it",
+                report.dir.display(),
+                output::bytes(report.image_bytes),
+                report.link_remaps.len()
+            );
+            Ok(())
         }
         Command::Demo(args) => demo::demo(args),
         Command::Bench(args) => bench::bench(args),

@@ -1070,3 +1070,45 @@ fn tcp_connections_within_the_group_survive_and_outside_peers_are_refused() {
     ranks[0].ok("tcp-send s back").expect("send back");
     assert_eq!(received(&ranks[1], "c", 4).as_deref(), Some("back"));
 }
+
+/// `discard` removes a checkpoint and the link remap it keeps outside its directory; a directory
+/// holding anything a checkpoint does not write, or no readable manifest, is refused untouched.
+#[test]
+fn discard_removes_the_checkpoint_and_its_link_remaps() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let kept = disk.link_remaps();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+
+    let stranger = dir.join("notes.txt");
+    std::fs::write(&stranger, b"mine").expect("write");
+    let hashes = hash_dir(&dir);
+    let out = disk.tool(&["discard", "--dir", dir_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("notes.txt"), "{stderr}");
+    assert_eq!(hash_dir(&dir), hashes, "nothing was removed");
+    assert!(kept[0].is_file());
+    std::fs::remove_file(&stranger).expect("rm");
+
+    let report = disk.tool_json(&["discard", "--dir", dir_arg]);
+    assert!(report["image_bytes"].as_u64().expect("image bytes") > 0);
+    assert_eq!(report["link_remaps"].as_array().expect("remaps").len(), 1);
+    assert!(!dir.exists(), "the checkpoint directory is gone");
+    assert!(!kept[0].exists(), "the kept link remap is gone");
+    assert!(
+        disk.held_file().is_file(),
+        "the file's own name is untouched"
+    );
+
+    let out = disk.tool(&["discard", "--dir", dir_arg]);
+    assert_eq!(out.status.code(), Some(3), "nothing left to discard");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(dir.join("manifest.json"), b"{}").expect("write");
+    let out = disk.tool(&["discard", "--dir", dir_arg]);
+    assert_eq!(out.status.code(), Some(3), "a manifest that does not read");
+    assert!(dir.join("manifest.json").is_file());
+}

@@ -584,8 +584,9 @@ struct Verified {
     gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
 }
 
-fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
-    let dir = &options.dir;
+/// The manifest of the checkpoint in `dir`, decoded and validated, of a checkpoint to disk; a
+/// refusal when there is none.
+pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, ControlError> {
     if !dir.is_dir() {
         return Err(damaged(dir, "is not a directory"));
     }
@@ -600,6 +601,12 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
             "describes a checkpoint without CRIU images (not taken by `cuinterpose checkpoint`)",
         ));
     }
+    Ok(manifest)
+}
+
+fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
+    let dir = &options.dir;
+    let manifest = read_manifest(dir)?;
     let state_path = dir.join(&manifest.state.file);
     let state_bytes = transport::files::read_bounded(&state_path, capture::STATE_FILE_LIMIT)
         .map_err(|e| damaged(&state_path, e))?;

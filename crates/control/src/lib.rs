@@ -8,6 +8,7 @@
 
 pub mod capture;
 pub mod criu;
+pub mod discard;
 pub mod discovery;
 pub mod disk;
 pub mod group;

@@ -95,6 +95,36 @@ pub fn remove(remaps: &[LinkRemap]) {
     }
 }
 
+/// Removes the link remaps of a checkpoint being discarded: each kept file, and CRIU's name when it
+/// still names the same file (left by an interrupted restore); a file another dump made under that
+/// name stays. Ones already gone are fine (a discard that failed part way is run again).
+pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
+    for remap in remaps {
+        remove_criu_name_if_same(remap);
+        match std::fs::remove_file(&remap.kept_as) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(error(Path::new(&remap.kept_as), e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Removes `remap.link` if it is the file kept as `remap.kept_as`.
+fn remove_criu_name_if_same(remap: &LinkRemap) {
+    let (Ok(link), Ok(kept)) = (
+        std::fs::symlink_metadata(&remap.link),
+        std::fs::symlink_metadata(&remap.kept_as),
+    ) else {
+        return; // CRIU removed it, as it does at a restore, or it was never linked.
+    };
+    if same_file(&link, &kept)
+        && let Err(e) = std::fs::remove_file(&remap.link)
+    {
+        tracing::warn!(link = remap.link, error = %e, "removing CRIU's name of a link remap");
+    }
+}
+
 /// Checks before a restore that every kept link remap is there, a regular file, and that CRIU's
 /// name is free (or already names the same file: left by an interrupted restore).
 pub fn check_present(remaps: &[LinkRemap]) -> Result<(), ControlError> {
@@ -155,19 +185,7 @@ pub fn link_for_restore(remaps: &[LinkRemap]) -> Result<Linked, ControlError> {
 
 impl Drop for Linked {
     fn drop(&mut self) {
-        for remap in &self.remaps {
-            let (Ok(link), Ok(kept)) = (
-                std::fs::symlink_metadata(&remap.link),
-                std::fs::symlink_metadata(&remap.kept_as),
-            ) else {
-                continue; // CRIU removed it, as it does.
-            };
-            if same_file(&link, &kept)
-                && let Err(e) = std::fs::remove_file(&remap.link)
-            {
-                tracing::warn!(link = remap.link, error = %e, "removing a link remap after a restore");
-            }
-        }
+        self.remaps.iter().for_each(remove_criu_name_if_same);
     }
 }
 
