@@ -18,23 +18,17 @@ No multicast API is used; the multicast switches are set for this process like e
 
 import argparse
 import ctypes
-import json
 import os
 import sys
 import threading
 import time
 
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                   "NVSHMEM_DISABLE_NVLS": "1"})
+from lane_common import emit  # also switches multicast off
 
 
 class LockArgs(ctypes.Structure):
     _fields_ = [("timeoutMs", ctypes.c_uint), ("reserved0", ctypes.c_uint),
                 ("reserved1", ctypes.c_uint64 * 7)]
-
-
-def emit(record):
-    print(json.dumps(record, sort_keys=True), flush=True)
 
 
 def main():

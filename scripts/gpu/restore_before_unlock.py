@@ -21,8 +21,7 @@ import tempfile
 import threading
 import time
 
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                   "NVSHMEM_DISABLE_NVLS": "1"})
+import lane_common  # noqa: F401  (switches multicast off for this process and its children)
 
 
 def cuda():

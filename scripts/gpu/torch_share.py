@@ -33,27 +33,8 @@ import queue
 import sys
 import time
 
-# Multicast must never be used on the GPU machine: set the switches before anything imports torch,
-# at module level so that the spawned consumer (which re-imports this module) sets them too.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
-os.environ.update(MULTICAST_OFF)
-
-
-def shim_mapped():
-    """Whether libcuinterpose.so is mapped into this process."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return "libcuinterpose" in maps.read()
-    except OSError:
-        return False
-
-
-def emit(record):
-    print(json.dumps(record, sort_keys=True), flush=True)
+# Switches multicast off before torch is imported (see lane_common).
+from lane_common import MULTICAST_OFF, emit, shim_mapped
 
 
 def pattern(torch, n, gen, device):
