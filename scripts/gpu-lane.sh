@@ -167,10 +167,15 @@ fi
 
 if wants bench; then
     log "benchmarks"
-    for carrier in staged registered; do
+    # The default first (with the overhead figures), then the other carrier and the former default
+    # staging buffer size (8 MiB) for comparison.
+    for variant in "staged" "registered CUINTERPOSE_CARRIER=registered" \
+            "staged-8M CUINTERPOSE_STAGING_CHUNK=8M"; do
+        read -r carrier settings <<<"$variant"
         extra=()
         [ "$carrier" = staged ] || extra=(--no-overhead)
-        if CUINTERPOSE_CARRIER=$carrier timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
+        # shellcheck disable=SC2086 # settings are VAR=value words
+        if env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
             --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
             cat "$logs/bench-$carrier.txt"
             row "bench ($carrier carrier)" "-" "$(python3 - "$logs/bench-$carrier.json" <<'PY'

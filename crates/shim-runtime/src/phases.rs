@@ -52,8 +52,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Control {
     pub(crate) carrier: copy::Carrier,
-    /// How copies reach the carrier (`CUINTERPOSE_CARRIER`, read once when the runtime starts).
-    pub(crate) mode: copy::CarrierMode,
+    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, read once when
+    /// the runtime starts).
+    pub(crate) copy: copy::CopyConfig,
     /// Figures of the last phase that copied, for the log and for benchmarks.
     pub(crate) last: CopyStats,
     /// This capture's Release started here (so every creator was sent Release too, and may have
@@ -62,11 +63,11 @@ pub struct Control {
 }
 
 impl Default for Control {
-    /// Reads `CUINTERPOSE_CARRIER` (the runtime makes its `Control` once, at start).
+    /// Reads the copy settings (the runtime makes its `Control` once, at start).
     fn default() -> Control {
         Control {
             carrier: copy::Carrier::default(),
-            mode: copy::mode_from(std::env::var(copy::CARRIER_ENV).ok().as_deref()),
+            copy: copy::CopyConfig::from_env(),
             last: CopyStats::default(),
             release_started: false,
         }
@@ -310,9 +311,9 @@ impl Runtime {
         work: Vec<(TempMap, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
-        let (base, mode) = {
+        let (base, config) = {
             let control = self.control();
-            (control.carrier.base(), control.mode)
+            (control.carrier.base(), control.copy)
         };
         let mut units: Vec<Unit> = Vec::new();
         for (map, device, offset) in &work {
@@ -323,7 +324,7 @@ impl Runtime {
                 map.size,
             ));
         }
-        let (stats, error) = copy::copy_all(&self.real, units, dir, mode);
+        let (stats, error) = copy::copy_all(&self.real, units, dir, config);
         if stats.dma_uncertain {
             // Fail-stop on this data: the mappings and the carrier may still be read or written.
             self.control().carrier.poison();
