@@ -211,7 +211,9 @@ pub fn checkpoint(
             let _ = std::fs::remove_file(&state_path);
             let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
             let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
-            crate::remaps::remove(&link_remaps);
+            if let Err(e) = crate::remaps::discard(&link_remaps) {
+                tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
+            }
             let rollback = continue_dumped(root)
                 .and_then(|()| resume_in_place(root, &captured, &driver, &mut clock));
             return Err(match rollback {

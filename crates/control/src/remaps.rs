@@ -42,8 +42,9 @@ fn new_tag() -> Result<String, ControlError> {
 
 /// Takes over the link remaps CRIU just made for the tree under `root` (stopped, not yet gone):
 /// checks that the tool's mount namespace sees the same file at each path as the tree does (a
-/// restore runs from here), then moves each to its kept name. On an error, what was moved
-/// already is removed again.
+/// restore runs from here), then moves each to its kept name. On an error every link of this
+/// dump goes: those moved under their kept names, and the others under CRIU's names (left there,
+/// they would make the next dump that needs the same name fail).
 pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlError> {
     let tag = new_tag()?;
     let mut taken = Vec::new();
@@ -77,27 +78,27 @@ pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlE
     match result {
         Ok(()) => Ok(taken),
         Err(e) => {
-            remove(&taken);
+            // The ones not moved are reached through the workload's root, where CRIU made them:
+            // the tool's namespace may hold another file at the same path.
+            let moved = taken.iter().map(|r| PathBuf::from(&r.kept_as));
+            let unmoved = (links.get(taken.len()..).unwrap_or_default().iter())
+                .map(|link| PathBuf::from(format!("/proc/{root}/root{link}")));
+            for path in moved.chain(unmoved) {
+                if let Err(e) = std::fs::remove_file(&path)
+                    && e.kind() != std::io::ErrorKind::NotFound
+                {
+                    tracing::warn!(path = %path.display(), error = %e, "removing a link remap of a failed dump");
+                }
+            }
             Err(e)
         }
     }
 }
 
-/// Removes link remaps: those of a checkpoint that failed, under CRIU's name or the kept one
-/// (best effort: what is left would only leak).
-pub fn remove(remaps: &[LinkRemap]) {
-    for path in remaps.iter().flat_map(|r| [&r.link, &r.kept_as]) {
-        if let Err(e) = std::fs::remove_file(path)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(path, error = %e, "removing a link remap of a failed checkpoint");
-        }
-    }
-}
-
-/// Removes the link remaps of a checkpoint being discarded: each kept file, and CRIU's name when it
-/// still names the same file (left by an interrupted restore); a file another dump made under that
-/// name stays. Ones already gone are fine (a discard that failed part way is run again).
+/// Removes the link remaps of a checkpoint that failed or is discarded: each kept file, and CRIU's
+/// name when it still names the same file (left by an interrupted restore); a file another dump
+/// made under that name stays. Ones already gone are fine (a discard that failed part way is run
+/// again).
 pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
     for remap in remaps {
         remove_criu_name_if_same(remap);
@@ -227,7 +228,7 @@ mod tests {
                 b"semaphore"
             );
         }
-        remove(&remaps);
+        discard(&remaps).expect("discard");
         assert!(!Path::new(&remaps[0].kept_as).exists());
     }
 
@@ -269,12 +270,20 @@ mod tests {
             .join("link_remap.9")
             .to_string_lossy()
             .into_owned();
-        assert!(take_over(std::process::id(), &[link.clone(), missing]).is_err());
+        assert!(take_over(std::process::id(), &[link.clone(), missing.clone()]).is_err());
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .expect("dir")
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(left, ["sem.x"], "the moved link was removed again");
+        // A failure before a link was moved removes it under CRIU's name: the next dump needs it.
+        let link = criu_link_in(dir.path());
+        assert!(take_over(std::process::id(), &[missing, link.clone()]).is_err());
+        assert!(
+            !Path::new(&link).exists(),
+            "the link left unmoved was removed"
+        );
+        assert!(dir.path().join("sem.x").is_file());
     }
 }
