@@ -4,7 +4,10 @@
 # runs every scenario on both drivers), and the private CRIU prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p cuinterpose-cli -p cuinterpose-shim -p fake-cuda -p cuinterpose-testkit --bins --lib
+# The shim on its own: built together with the tool, cargo would unify features and link the tool's
+# (the manifest's JSON) into it.
+cargo build --release --locked -p cuinterpose-shim --lib
+cargo build --release --locked -p cuinterpose-cli -p fake-cuda -p cuinterpose-testkit --bins --lib
 scripts/install-criu.sh >/dev/null
 rm -rf dist
 mkdir -p dist/bin

@@ -18,6 +18,12 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the shim links no JSON (the manifest is the tool's, behind protocol's feature \`manifest\`)"
+if cargo tree -p cuinterpose-shim -e normal --locked | grep serde_json; then
+    echo "test.sh: cuinterpose-shim depends on serde_json" >&2
+    exit 1
+fi
+
 step "cargo build (libraries, binaries, the fake driver and the shim)"
 cargo build --workspace --all-targets --locked
 
