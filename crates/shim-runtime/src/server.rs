@@ -11,12 +11,14 @@
 //! - Phase requests go to the control worker through a bounded queue; a full queue is refused
 //!   before anything changes.
 //! - A malformed or oversized frame closes that connection (after one log line); the process goes on.
+//!   A frame of another protocol version is first answered with `Error Denied` in this build's
+//!   version, so that the other side reports the version mismatch.
 //! - All threads run with every signal blocked, so they never take a signal meant for the
 //!   application's own handlers or `sigwait` threads.
 
 use crate::log::{log_debug, log_warn};
 use crate::runtime::{Identity, Runtime};
-use protocol::{ErrorCode, HelloReply, Request, Response};
+use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -215,6 +217,15 @@ impl Runtime {
                 Ok(r) => r,
                 Err(TransportError::Closed) => return,
                 Err(TransportError::Timeout) if coordinator => continue,
+                Err(e @ TransportError::Protocol(ProtocolError::VersionMismatch { .. })) => {
+                    // A tool (or peer shim) of another version: answered in ours, so that it
+                    // names the mismatch instead of a connection closed without a word.
+                    log_warn!("control socket: refusing a peer: {e}");
+                    if let Err(e) = conn.refuse_version() {
+                        log_debug!("control socket: cannot answer the refused peer: {e}");
+                    }
+                    return;
+                }
                 Err(e) => {
                     log_warn!("control socket: dropping a connection: {e}");
                     return;

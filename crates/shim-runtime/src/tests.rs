@@ -386,6 +386,45 @@ fn malformed_and_oversized_frames_close_only_their_connection() {
 }
 
 #[test]
+fn a_tool_of_another_protocol_version_gets_an_answer_in_ours() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let mut frame = protocol::message::encode_request(&Request::Hello {
+        tool_version: "9.0.0".into(),
+    });
+    let theirs = protocol::message::PROTOCOL_VERSION + 1;
+    frame[4..6].copy_from_slice(&theirs.to_le_bytes());
+    let mut s = std::os::unix::net::UnixStream::connect(a.rt.config().socket_of(a.pid())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&frame).unwrap();
+    // A tool of that version reads this header, sees our version and reports the mismatch.
+    let mut header = [0u8; protocol::message::HEADER_LEN];
+    s.read_exact(&mut header).unwrap();
+    let header = protocol::FrameHeader::decode(&header).unwrap();
+    assert_eq!(header.version, protocol::message::PROTOCOL_VERSION);
+    let mut body = vec![0u8; header.length as usize];
+    s.read_exact(&mut body).unwrap();
+    match protocol::message::decode_response(&header, &body).unwrap() {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Denied);
+            assert!(
+                message.contains(&format!("protocol version {theirs}")),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Only that connection was refused.
+    assert!(matches!(
+        a.call(Request::Hello {
+            tool_version: "test".into()
+        }),
+        Response::Hello(_)
+    ));
+}
+
+#[test]
 fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     let dir = tempfile::tempdir().unwrap();
     let a = Proc::new(dir.path());
