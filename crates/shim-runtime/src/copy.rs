@@ -46,64 +46,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The environment variable that picks the [`CarrierMode`].
-pub const CARRIER_ENV: &str = "CUINTERPOSE_CARRIER";
-
-/// The mode a `CUINTERPOSE_CARRIER` value names: `staged` (also the default when unset or empty)
-/// or `registered`; anything else is the default, with a warning. Staged is the default because it
-/// measured faster on the H200 (2026-12-02, 8 GiB over two processes: staged 29-30 GB/s save and
-/// load; registered 16-19 GB/s, its `cuMemHostRegister` of the carrier costing more than the copy).
-pub fn mode_from(value: Option<&str>) -> CarrierMode {
-    match value.map(str::trim) {
-        None | Some("") | Some("staged") => CarrierMode::Staged,
-        Some("registered") => CarrierMode::Registered,
-        Some(other) => {
-            log_warn!("{CARRIER_ENV}={other:?} is not staged or registered; using staged");
-            CarrierMode::Staged
-        }
-    }
-}
-
-/// The environment variable of the staging buffer size.
-pub const STAGING_CHUNK_ENV: &str = "CUINTERPOSE_STAGING_CHUNK";
-
 /// Default size of each of a worker's two staging buffers (one DMA each); see the module docs.
 pub const DEFAULT_CHUNK: usize = 1 << 20;
 
-/// Staging buffer sizes accepted from the environment.
-const CHUNK_RANGE: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
-
-/// The staging buffer size `CUINTERPOSE_STAGING_CHUNK` names (bytes, or with a `K`/`M` suffix,
-/// a multiple of 4 KiB from 256K to 64M); a value that does not parse keeps the default, with a
-/// warning.
-pub fn chunk_from(value: Option<&str>) -> usize {
-    let Some(text) = value.map(str::trim).filter(|t| !t.is_empty()) else {
-        return DEFAULT_CHUNK;
-    };
-    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
-        Some(d) => (d, 1 << 10),
-        None => match text.strip_suffix(['M', 'm']) {
-            Some(d) => (d, 1 << 20),
-            None => (text, 1),
-        },
-    };
-    match digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
-    {
-        Some(n) if CHUNK_RANGE.contains(&n) && n % PAGE == 0 => n,
-        _ => {
-            log_warn!(
-                "{STAGING_CHUNK_ENV}={text:?} is not a multiple of 4K from 256K to 64M; using \
-                 {DEFAULT_CHUNK}"
-            );
-            DEFAULT_CHUNK
-        }
-    }
-}
-
-/// How copies reach the carrier, read from the environment once when the runtime starts.
+/// How copies reach the carrier ([`crate::config::ShimConfig`] reads it from the environment once,
+/// when the runtime starts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyConfig {
     pub mode: CarrierMode,
@@ -120,15 +67,6 @@ impl Default for CopyConfig {
     }
 }
 
-impl CopyConfig {
-    pub fn from_env() -> CopyConfig {
-        let var = |name: &str| std::env::var(name).ok();
-        CopyConfig {
-            mode: mode_from(var(CARRIER_ENV).as_deref()),
-            chunk: chunk_from(var(STAGING_CHUNK_ENV).as_deref()),
-        }
-    }
-}
 /// Work unit size: large allocations are split into segments of this size across workers.
 pub const SEGMENT: usize = 64 << 20;
 const PAGE: usize = 4096;
@@ -807,34 +745,5 @@ mod tests {
         let (saved, loaded) = round_trip(&real, config, 3);
         assert_eq!(saved.staged_fallbacks, 2, "both segments went staged");
         assert_eq!(loaded.staged_fallbacks, 2);
-    }
-
-    #[test]
-    fn the_carrier_knob_names_a_mode() {
-        assert_eq!(mode_from(None), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
-        assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("pinned")), CarrierMode::Staged);
-    }
-
-    #[test]
-    fn the_staging_chunk_knob_parses_or_keeps_the_default() {
-        assert_eq!(chunk_from(None), DEFAULT_CHUNK);
-        assert_eq!(chunk_from(Some("")), DEFAULT_CHUNK);
-        assert_eq!(chunk_from(Some("2M")), 2 << 20);
-        assert_eq!(chunk_from(Some("512k")), 512 << 10);
-        assert_eq!(chunk_from(Some("8388608")), 8 << 20);
-        for bad in [
-            "0",
-            "4K",
-            "128M",
-            "1000",
-            "2X",
-            "-1M",
-            "18446744073709551615M",
-        ] {
-            assert_eq!(chunk_from(Some(bad)), DEFAULT_CHUNK, "{bad}");
-        }
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
 //! `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
-//! and rebuild), `copy` (carriers and the copy engine), `log`.
+//! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
 
 #![allow(non_snake_case)] // fields and hooks carry the driver's symbol names
 #![allow(unsafe_code)] // calls through driver function pointers; each block says why it is sound
@@ -20,6 +20,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod config;
 pub mod copy;
 pub mod exports;
 pub mod fdutil;

@@ -49,29 +49,17 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// Phase machinery the control worker owns.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Control {
     pub(crate) carrier: copy::Carrier,
-    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, read once when
-    /// the runtime starts).
+    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, from the
+    /// runtime's [`crate::runtime::Config`]).
     pub(crate) copy: copy::CopyConfig,
     /// Figures of the last phase that copied, for the log and for benchmarks.
     pub(crate) last: CopyStats,
     /// This capture's Release started here (so every creator was sent Release too, and may have
     /// recreated its allocations since); until the next successful Import or Thaw.
     pub(crate) release_started: bool,
-}
-
-impl Default for Control {
-    /// Reads the copy settings (the runtime makes its `Control` once, at start).
-    fn default() -> Control {
-        Control {
-            carrier: copy::Carrier::default(),
-            copy: copy::CopyConfig::from_env(),
-            last: CopyStats::default(),
-            release_started: false,
-        }
-    }
 }
 
 impl Control {

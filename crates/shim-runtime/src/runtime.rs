@@ -1,8 +1,8 @@
 //! The runtime object, the process-global instance, and its start after the first successful
 //! `cuInit`.
 //!
-//! Start: the first `cuInit` that succeeds reads the configuration once (`CUINTERPOSE_CONTROL_DIR`,
-//! `CUINTERPOSE_LOG`), binds `<dir>/cuinterpose-<getpid()>.sock` and starts the listener and the
+//! Start: the first `cuInit` that succeeds reads the configuration once ([`ShimConfig`]: control
+//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<getpid()>.sock` and starts the listener and the
 //! control worker (with every signal blocked). Never in a library constructor. If the socket cannot
 //! be bound the runtime stays off: every call passes straight through, the application works as
 //! without the shim, and the tool (finding no socket) refuses to capture it.
@@ -14,22 +14,26 @@
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
 use crate::Real;
+use crate::config::ShimConfig;
+use crate::copy::CopyConfig;
 use crate::exports::ExportCache;
 use crate::gate::Gate;
-use crate::log::{log_error, log_info};
+use crate::log::{log_error, log_info, log_warn};
 use crate::phases::Control;
 use crate::registry::Registry;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-/// Where the runtime's sockets live and who it is.
+/// Where the runtime's sockets live, who it is and how it copies.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Directory of control sockets (`CUINTERPOSE_CONTROL_DIR`, default `/tmp`).
+    /// Directory of control sockets ([`ShimConfig::control_dir`]).
     pub control_dir: PathBuf,
     /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
     pub ns_pid: u32,
+    /// How copies reach the host carrier ([`ShimConfig::copy`]).
+    pub copy: CopyConfig,
 }
 
 impl Config {
@@ -71,13 +75,17 @@ impl Runtime {
         if !r.is_success() {
             version = 0;
         }
+        let copy = config.copy;
         Arc::new(Runtime {
             real,
             config,
             state: Mutex::new(Registry::new()),
             gate: Gate::default(),
             exports: ExportCache::default(),
-            control: Mutex::new(Control::default()),
+            control: Mutex::new(Control {
+                copy,
+                ..Control::default()
+            }),
             identity: OnceLock::new(),
             driver_version: version,
             connections: AtomicUsize::new(0),
@@ -187,7 +195,11 @@ pub fn start_after_init(real: &Real) {
         }
         Err(_) => return,
     }
-    crate::log::configure(std::env::var("CUINTERPOSE_LOG").ok().as_deref());
+    let (settings, invalid) = ShimConfig::from_env();
+    crate::log::set_max_level(settings.log_level);
+    for problem in &invalid {
+        log_warn!("{problem}");
+    }
     if ATFORK.swap(1, Ordering::AcqRel) == 0 {
         // SAFETY: registers a handler that only touches atomics; no prepare/parent handlers.
         let rc = unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
@@ -195,10 +207,6 @@ pub fn start_after_init(real: &Real) {
             log_error!("pthread_atfork failed ({rc}); a forked child would inherit the runtime");
         }
     }
-    let control_dir = std::env::var_os("CUINTERPOSE_CONTROL_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
     let ns_pid = rustix::process::getpid()
         .as_raw_nonzero()
         .get()
@@ -206,8 +214,9 @@ pub fn start_after_init(real: &Real) {
     let runtime = Runtime::new(
         *real,
         Config {
-            control_dir,
+            control_dir: settings.control_dir,
             ns_pid,
+            copy: settings.copy,
         },
     );
     match runtime.serve() {

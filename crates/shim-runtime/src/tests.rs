@@ -43,6 +43,7 @@ impl Proc {
             Config {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
+                copy: crate::copy::CopyConfig::default(),
             },
         );
         rt.serve().unwrap();
