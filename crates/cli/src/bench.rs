@@ -19,6 +19,7 @@ use crate::output::bytes;
 use crate::progress::Bars;
 use anyhow::{Context, ensure};
 use control::capture::{self, PhaseTiming, Progress, Report, ResumeOptions, SuspendOptions};
+use control::config::ToolConfig;
 use control::group::PhaseResult;
 use control::native::Driver;
 use protocol::message::CopyStats;
@@ -219,7 +220,7 @@ pub struct Native {
     pub restore_gb_per_s: f64,
 }
 
-pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     ensure!(
         args.processes >= 2,
         "--processes must be at least 2 to share memory both ways"
@@ -258,8 +259,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let capture = if args.no_capture {
         None
     } else {
-        let c =
-            capture_bench(&artifacts, kind, &driver, on_gpu, &args).context("capture benchmark")?;
+        let c = capture_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+            .context("capture benchmark")?;
         if tables {
             print_capture(&c);
         }
@@ -453,6 +454,7 @@ fn capture_bench(
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
+    config: &ToolConfig,
 ) -> anyhow::Result<Capture> {
     let total = args
         .size
@@ -480,13 +482,13 @@ fn capture_bench(
     let mut cycles = Vec::new();
     for cycle in 1..=args.cycles {
         let state_dir = env.dir().join(format!("state-{cycle}"));
-        let mut suspend_options = SuspendOptions::new(root);
+        let mut suspend_options = SuspendOptions::new(root, config);
         suspend_options.state_dir = state_dir.clone();
         suspend_options.driver = tool_driver.clone();
         let suspend = capture::suspend(&suspend_options, &collector)
             .with_context(|| format!("suspend, cycle {cycle}"))?;
         let save = summarize_copies(collector.take("save"));
-        let mut resume_options = ResumeOptions::new(root);
+        let mut resume_options = ResumeOptions::new(root, config);
         resume_options.state_dir = state_dir;
         resume_options.driver = tool_driver.clone();
         let resume = capture::resume(&resume_options, &collector)

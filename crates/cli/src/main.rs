@@ -26,7 +26,7 @@ pub enum Exit {
     Success = 0,
     /// Anything unexpected.
     Error = 1,
-    /// Bad arguments (clap's own code).
+    /// Bad arguments (clap's own code) or a setting that does not parse.
     Usage = 2,
     /// Refused before anything changed: the workload runs as before.
     Refused = 3,
@@ -40,7 +40,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  unexpected error
-  2  bad arguments
+  2  bad arguments or a bad setting (an environment variable of README's table)
   3  refused before anything changed (the workload runs as before)
   4  failed and rolled back (the workload runs as before)
   5  failed after the native lock or while rebuilding (the workload needs attention)";
@@ -144,8 +144,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    match execute(cli.command) {
+    // Read once; a setting that does not parse is a bad argument given another way.
+    let config = match control::config::ToolConfig::from_env() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("cuinterpose: {error}");
+            return ExitCode::from(Exit::Usage as u8);
+        }
+    };
+    if let Err(error) = init_logging(&config) {
+        eprintln!("cuinterpose: {error}");
+        return ExitCode::from(Exit::Usage as u8);
+    }
+    match execute(cli.command, &config) {
         Ok(()) => ExitCode::from(Exit::Success as u8),
         Err(error) => {
             let exit = exit_for(&error);
@@ -155,13 +166,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CUINTERPOSE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+fn init_logging(config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
+        .with_context(|| format!("CUINTERPOSE_LOG={:?} is not a log filter", config.log))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
 }
 
 /// Maps an error to its documented exit code by what it says about the workload.
@@ -198,18 +210,23 @@ fn parse_device_map(text: &str) -> Result<DeviceMap, String> {
 }
 
 /// What `suspend` and `checkpoint` share: the capture of the group under `pid`.
-fn capture_options(pid: u32, freeze_timeout_s: u64, driver: Option<PathBuf>) -> SuspendOptions {
-    let mut options = SuspendOptions::new(pid);
+fn capture_options(
+    pid: u32,
+    freeze_timeout_s: u64,
+    driver: Option<PathBuf>,
+    config: &control::config::ToolConfig,
+) -> SuspendOptions {
+    let mut options = SuspendOptions::new(pid, config);
     options.freeze_timeout = Duration::from_secs(freeze_timeout_s);
     options.driver = driver;
     options
 }
 
-fn execute(command: Command) -> anyhow::Result<()> {
+fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Result<()> {
     match command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(args, config),
         Command::Inspect { pid, json } => {
-            let report = control::group::inspect(pid, control::group::answer_timeout())?;
+            let report = control::group::inspect(pid, config.answer_timeout)?;
             if json {
                 output::print_json(&report)
             } else {
@@ -224,7 +241,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             driver,
             json,
         } => {
-            let mut options = capture_options(pid, freeze_timeout, driver);
+            let mut options = capture_options(pid, freeze_timeout, driver, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
@@ -237,7 +254,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             driver,
             json,
         } => {
-            let mut options = ResumeOptions::new(pid);
+            let mut options = ResumeOptions::new(pid, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             options.driver = driver;
             let progress = progress::Bars::new(!json);
@@ -255,7 +272,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             json,
         } => {
             let options = disk::CheckpointOptions {
-                capture: capture_options(pid, freeze_timeout, driver),
+                capture: capture_options(pid, freeze_timeout, driver, config),
                 dir,
                 leave_running,
                 criu,
@@ -277,6 +294,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 device_map: device_map.unwrap_or_default(),
                 criu,
                 driver,
+                config: config.clone(),
             };
             let progress = progress::Bars::new(!json);
             let report = disk::restore(&options, &progress)
@@ -297,8 +315,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Demo(args) => demo::demo(args),
-        Command::Bench(args) => bench::bench(args),
+        Command::Demo(args) => demo::demo(args, config),
+        Command::Bench(args) => bench::bench(args, config),
         Command::AbiLayout => {
             print!("{}", cuda_abi::layout::report());
             Ok(())

@@ -294,3 +294,22 @@ fn inspect_names_the_cuda_processes_without_the_shim() {
         table.describe()
     );
 }
+
+#[test]
+fn a_setting_that_does_not_parse_is_refused_with_exit_2_naming_it() {
+    let env = env();
+    let pid = std::process::id().to_string();
+    for (name, value, says) in [
+        (
+            "CUINTERPOSE_ANSWER_TIMEOUT_MS",
+            "ten",
+            "is not a positive number of milliseconds",
+        ),
+        ("CUINTERPOSE_ANSWER_TIMEOUT_MS", "0", "positive"),
+        ("CUINTERPOSE_LOG", "cuinterpose=loud", "is not a log filter"),
+    ] {
+        tool_with(&env, &["inspect", "--pid", &pid], &[(name, value)])
+            .expect_code(2)
+            .stderr_mentions(&[name, value, says]);
+    }
+}

@@ -14,7 +14,8 @@
 //! recovers a group whose tool was killed at any step: it takes each process from the native state
 //! it finds (checkpointed, locked, or still running) and rebuilds what its shim released.
 
-use crate::group::{Group, Participant, PhaseResult, Snapshot, answer_timeout, check_group};
+use crate::config::ToolConfig;
+use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
 use crate::native::{Driver, ProcessState};
 use crate::{ControlError, Refusal};
 use protocol::state::{CarrierInfo, GroupState, ParticipantState};
@@ -77,16 +78,19 @@ pub struct SuspendOptions {
     pub lock_timeout_ms: u32,
     /// The driver library the tool loads (`None`: `libcuda.so.1` from the search path).
     pub driver: Option<PathBuf>,
+    /// The tool's settings (the answer timeout; CRIU for a checkpoint to disk).
+    pub config: ToolConfig,
 }
 
 impl SuspendOptions {
-    pub fn new(root: u32) -> SuspendOptions {
+    pub fn new(root: u32, config: &ToolConfig) -> SuspendOptions {
         SuspendOptions {
             root,
             state_dir: default_state_dir(root),
             freeze_timeout: Duration::from_secs(30),
             lock_timeout_ms: 10_000,
             driver: None,
+            config: config.clone(),
         }
     }
 }
@@ -342,7 +346,7 @@ pub(crate) fn capture(
 ) -> Result<(Group, Vec<Snapshot>), ControlError> {
     let progress = clock.progress;
     let mut group = clock.time("inspect", None, || {
-        let mut group = Group::discover(options.root, answer_timeout())?;
+        let mut group = Group::discover(options.root, options.config.answer_timeout)?;
         let snapshots = group.snapshot()?;
         let refusals = check_group(&snapshots, Phase::Running);
         if !refusals.is_empty() {
@@ -358,7 +362,7 @@ pub(crate) fn capture(
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
     };
     let frozen = clock.time("freeze", None, || {
-        let timeout = options.freeze_timeout + answer_timeout();
+        let timeout = options.freeze_timeout + options.config.answer_timeout;
         for p in &group.participants {
             p.set_timeout(Some(timeout))?;
         }
@@ -581,15 +585,18 @@ pub struct ResumeOptions {
     pub driver: Option<PathBuf>,
     /// GPU remapping for the native restore (old UUID, new UUID).
     pub gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
+    /// The tool's settings (the answer timeout).
+    pub config: ToolConfig,
 }
 
 impl ResumeOptions {
-    pub fn new(root: u32) -> ResumeOptions {
+    pub fn new(root: u32, config: &ToolConfig) -> ResumeOptions {
         ResumeOptions {
             root,
             state_dir: default_state_dir(root),
             driver: None,
             gpu_pairs: Vec::new(),
+            config: config.clone(),
         }
     }
 }
@@ -612,7 +619,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             }]));
         }
         let state = read_state(&state_path)?;
-        let group = Group::discover(options.root, answer_timeout())?;
+        let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
     let mut group = match_participants(&mut group, &state).map(|()| group)?;

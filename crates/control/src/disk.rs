@@ -7,9 +7,10 @@
 //! restore log.
 
 use crate::capture::{self, Clock, Progress, Report, SuspendOptions};
+use crate::config::ToolConfig;
 use crate::criu::{self, Criu};
 use crate::discovery;
-use crate::group::{ANSWER_TIMEOUT, Group, Snapshot};
+use crate::group::{Group, Snapshot};
 use crate::native::{self, Driver};
 use crate::{ControlError, Refusal};
 use protocol::manifest::{
@@ -87,8 +88,8 @@ fn damaged(path: &Path, e: impl std::fmt::Display) -> ControlError {
 }
 
 /// CRIU, or a refusal (nothing has changed when it is looked for).
-fn locate_criu(explicit: Option<&Path>) -> Result<Criu, ControlError> {
-    Criu::locate(explicit).map_err(|e| refuse("criu", e.to_string()))
+fn locate_criu(explicit: Option<&Path>, config: &ToolConfig) -> Result<Criu, ControlError> {
+    Criu::locate(explicit, config.criu.as_deref()).map_err(|e| refuse("criu", e.to_string()))
 }
 
 /// Checks that `dir` can take a new checkpoint: absent or empty, so that images of an earlier dump
@@ -120,7 +121,7 @@ pub fn checkpoint(
     progress: &dyn Progress,
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
-    let criu = locate_criu(options.criu.as_deref())?;
+    let criu = locate_criu(options.criu.as_deref(), &options.capture.config)?;
     let root = namespace_root(options.capture.root)?;
     let dir = &options.dir;
     check_new_dir(dir)?;
@@ -215,7 +216,7 @@ pub fn checkpoint(
                 tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
             }
             let rollback = continue_dumped(root)
-                .and_then(|()| resume_in_place(root, &captured, &driver, &mut clock));
+                .and_then(|()| resume_in_place(&capture_options, &captured, &driver, &mut clock));
             return Err(match rollback {
                 Ok(()) => ControlError::RolledBack {
                     failure: Box::new(e),
@@ -231,7 +232,7 @@ pub fn checkpoint(
     if options.leave_running {
         // The link remaps stay: the checkpoint is restored through them once this tree is gone.
         continue_dumped(root)?;
-        resume_in_place(root, &captured, &driver, &mut clock)?;
+        resume_in_place(&capture_options, &captured, &driver, &mut clock)?;
     } else {
         // What CRIU does after a dump without --leave-running; the checkpoint is complete.
         clock.time("stop", None, || {
@@ -384,12 +385,12 @@ fn verify_images(dir: &Path) -> Result<(), ControlError> {
 
 /// After a dump with `--leave-running` (or a failed one): native restore and rebuild in place.
 fn resume_in_place(
-    root: u32,
+    options: &SuspendOptions,
     captured: &[Snapshot],
     driver: &Driver,
     clock: &mut Clock<'_>,
 ) -> Result<(), ControlError> {
-    let mut group = Group::discover(root, ANSWER_TIMEOUT)?;
+    let mut group = Group::discover(options.root, options.config.answer_timeout)?;
     clock.time("native-restore", None, || {
         capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
     })?;
@@ -575,6 +576,8 @@ pub struct RestoreOptions {
     pub device_map: Vec<(u32, u32)>,
     pub criu: Option<PathBuf>,
     pub driver: Option<PathBuf>,
+    /// The tool's settings (CRIU when `criu` is not given, the answer timeout).
+    pub config: ToolConfig,
 }
 
 /// Everything a restore checks before it changes anything.
@@ -615,7 +618,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     let state = manifest
         .verify_state(&state_bytes)
         .map_err(|e| damaged(&state_path, e))?;
-    let criu = locate_criu(options.criu.as_deref())?;
+    let criu = locate_criu(options.criu.as_deref(), &options.config)?;
 
     // The shim must be the same bytes at the same path: CRIU maps it back from there.
     let shim_path = Path::new(&manifest.shim.path);
@@ -881,7 +884,7 @@ pub fn restore(
             .map_err(ControlError::Criu)
     })?;
     // From here on a failure must not leave a half-restored tree running.
-    let rebuilt = rebuild_restored(root, &verified, &mut clock);
+    let rebuilt = rebuild_restored(root, &verified, &options.config, &mut clock);
     let (participants, shared_bytes) = match rebuilt {
         Ok(done) => done,
         Err(e) => {
@@ -924,9 +927,10 @@ const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 fn rebuild_restored(
     root: u32,
     verified: &Verified,
+    config: &ToolConfig,
     clock: &mut Clock<'_>,
 ) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
-    let mut group = Group::discover(root, ANSWER_TIMEOUT)?;
+    let mut group = Group::discover(root, config.answer_timeout)?;
     // Host PIDs are new; namespace PIDs are what CRIU kept.
     let mut state = verified.state.clone();
     for captured in &mut state.participants {

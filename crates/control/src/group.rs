@@ -11,24 +11,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use transport::Connection;
 
-/// How long the tool waits for a shim to accept and answer a read-only request.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Environment variable of the tool that overrides [`ANSWER_TIMEOUT`] in milliseconds (internal:
-/// lets tests of a participant that does not answer run in seconds instead of tens of seconds).
-pub const ANSWER_TIMEOUT_ENV: &str = "CUINTERPOSE_ANSWER_TIMEOUT_MS";
-
-/// The answer timeout of suspend and resume: [`ANSWER_TIMEOUT`], or [`ANSWER_TIMEOUT_ENV`] when
-/// it holds a positive number of milliseconds.
-pub fn answer_timeout() -> Duration {
-    std::env::var(ANSWER_TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
-        .unwrap_or(ANSWER_TIMEOUT)
-}
-
 /// A connected participant: one CUDA process with the shim.
 #[derive(Debug)]
 pub struct Participant {

@@ -7,6 +7,7 @@
 //! back with the same Load/Import code a resume uses, so the workload keeps running.
 
 pub mod capture;
+pub mod config;
 pub mod criu;
 pub mod discard;
 pub mod discovery;

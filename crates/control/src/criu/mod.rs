@@ -49,12 +49,14 @@ pub struct Criu {
 }
 
 impl Criu {
-    /// Finds CRIU and asks its version; fails closed before anything is changed.
-    pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
+    /// Finds CRIU and asks its version; fails closed before anything is changed. `explicit`
+    /// (`--criu`) is the only candidate when given; otherwise `configured` (`CUINTERPOSE_CRIU`,
+    /// [`crate::config::ToolConfig::criu`]) when it is a file, then `criu` on `PATH`.
+    pub fn locate(explicit: Option<&Path>, configured: Option<&Path>) -> Result<Criu, CriuError> {
         let candidates: Vec<PathBuf> = match explicit {
             Some(path) => vec![path.to_path_buf()],
-            None => std::env::var_os("CUINTERPOSE_CRIU")
-                .map(PathBuf::from)
+            None => configured
+                .map(Path::to_path_buf)
                 .into_iter()
                 .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
                     std::env::split_paths(&p)
