@@ -571,9 +571,17 @@ pub fn read_state(path: &Path) -> Result<GroupState, ControlError> {
             message: e.to_string(),
         }
     })?;
-    protocol::state::decode(&bytes).map_err(|e| ControlError::State {
-        path: path.to_path_buf(),
-        message: e.to_string(),
+    protocol::state::decode(&bytes).map_err(|e| match e {
+        // Another tool's state: read before anything changes, so a refusal (docs/design.md,
+        // "Versions").
+        protocol::ProtocolError::VersionMismatch { .. } => ControlError::Refused(vec![Refusal {
+            process: format!("state file {}", path.display()),
+            reason: format!("{e}: resume with the tool that suspended the group"),
+        }]),
+        e => ControlError::State {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
     })
 }
 
