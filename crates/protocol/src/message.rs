@@ -5,6 +5,10 @@
 //! byte), and only a [`Response::Fd`] carries one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
+//!
+//! The kinds are explicit numbers ([`Request::kind`], [`Response::kind`]); inside a body, postcard
+//! writes fields and enum variants by their order of declaration, so that order is the format
+//! (append only, with a [`PROTOCOL_VERSION`] bump), pinned by `tests/wire_format.rs`.
 
 use crate::ProtocolError;
 use crate::record::{AllocationId, Phase, ProcessRecord};

@@ -4,6 +4,9 @@
 //! Addresses and sizes are `u64` whatever the host's pointer width; device ordinals are the
 //! process-local ordinals the application used (`CUdevice`), so a device is identified across
 //! processes by (namespace PID, ordinal), never by ordinal alone.
+//!
+//! These types are encoded with postcard in control frames and in the state file: field and variant
+//! order is the wire format ([`Phase`] says how it is guarded).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
