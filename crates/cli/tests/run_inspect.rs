@@ -313,3 +313,34 @@ fn a_setting_that_does_not_parse_is_refused_with_exit_2_naming_it() {
             .stderr_mentions(&[name, value, says]);
     }
 }
+
+#[test]
+fn a_shim_setting_that_does_not_parse_is_logged_and_the_default_used() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[Member::shim("odd")
+            .env("CUINTERPOSE_STAGING_CHUNK", "3K")
+            .env("CUINTERPOSE_CARRIER", "pinned")],
+    );
+    // The runtime started (it answers) despite the two values it did not understand.
+    let run = tool(
+        &env,
+        &["inspect", "--pid", &tree.root().to_string(), "--json"],
+    );
+    let report = run.ok().json();
+    let status = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["info"]["host_pid"] == tree.w("odd").pid())
+        .map(|p| p["status"].as_str().unwrap().to_string());
+    assert_eq!(status.as_deref(), Some("cuda+shim"), "{report:#}");
+    let log = read(&env.log_dir().join("odd.log"));
+    for line in [
+        "CUINTERPOSE_STAGING_CHUNK=\"3K\" is not a multiple of 4K from 256K to 64M; using 1M",
+        "CUINTERPOSE_CARRIER=\"pinned\" is not staged or registered; using staged",
+    ] {
+        assert!(log.contains(line), "{line:?} not in the log:\n{log}");
+    }
+}
