@@ -259,19 +259,6 @@ fn thaw_all(group: &mut Group) -> Vec<ControlError> {
         .collect()
 }
 
-/// Whether a process has exited (gone, or a zombie nobody reaped yet).
-fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state is the first field after the command name, which may contain anything.
-        Ok(stat) => stat
-            .rfind(')')
-            .and_then(|i| stat.get(i + 1..))
-            .and_then(|rest| rest.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
-}
-
 /// Rolls back a capture that failed before the native lock: participants that exited are left
 /// out (nothing of theirs can be rebuilt, and waiting for them would fail every survivor's
 /// report), the survivors get `rollback` (the rebuild, or only a thaw when nothing was
@@ -284,7 +271,7 @@ fn roll_back(
 ) -> ControlError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
-        let gone = exited(p.info.host_pid);
+        let gone = crate::procfs::exited(p.info.host_pid);
         if gone {
             lost.push(p.info.label());
         }
@@ -515,7 +502,7 @@ fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
     }
     std::fs::create_dir_all(dir).map_err(|e| ControlError::State {
         path: dir.to_path_buf(),
-        message: e.to_string(),
+        source: e.into(),
     })?;
     Ok(path)
 }
@@ -525,7 +512,7 @@ fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> 
     transport::files::write_atomically(path, &protocol::state::encode(&state_of(snapshots)))
         .map_err(|e| ControlError::State {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            source: e.into(),
         })
 }
 
@@ -564,12 +551,12 @@ pub fn read_state(path: &Path) -> Result<GroupState, ControlError> {
     let bytes = transport::files::read_bounded(path, STATE_FILE_LIMIT).map_err(|e| {
         ControlError::State {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            source: e.into(),
         }
     })?;
     protocol::state::decode(&bytes).map_err(|e| ControlError::State {
         path: path.to_path_buf(),
-        message: e.to_string(),
+        source: e.into(),
     })
 }
 
@@ -623,7 +610,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
     std::fs::remove_file(&state_path).map_err(|e| ControlError::State {
         path: state_path.clone(),
-        message: e.to_string(),
+        source: e.into(),
     })?;
     Ok(Report {
         participants,
@@ -843,27 +830,5 @@ pub fn record_difference(
         Some("blockers")
     } else {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zombies_and_reaped_processes_have_exited() {
-        assert!(!exited(std::process::id()));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        // Not reaped yet: a zombie once it is done, which counts as exited.
-        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-        {
-            std::thread::yield_now();
-        }
-        assert!(exited(pid));
-        child.wait().unwrap();
-        assert!(exited(pid));
     }
 }

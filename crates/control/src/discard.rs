@@ -21,9 +21,9 @@ pub struct DiscardReport {
 }
 
 fn removing(path: &Path, e: std::io::Error) -> ControlError {
-    ControlError::State {
+    ControlError::Removing {
         path: path.to_path_buf(),
-        message: format!("removing it: {e}"),
+        source: e,
     }
 }
 
@@ -39,7 +39,7 @@ pub fn discard(dir: &Path) -> Result<DiscardReport, ControlError> {
     let mut strangers: Vec<String> = std::fs::read_dir(dir)
         .map_err(|e| ControlError::State {
             path: dir.to_path_buf(),
-            message: e.to_string(),
+            source: e.into(),
         })?
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())

@@ -210,9 +210,7 @@ impl Group {
             let info = match discovery::describe(pid) {
                 Ok(info) => info,
                 // Gone while we looked: not part of the group any more.
-                Err(ControlError::Proc { .. })
-                    if !std::path::Path::new(&format!("/proc/{pid}")).exists() =>
-                {
+                Err(ControlError::Proc { .. }) if crate::procfs::stat(pid).is_none() => {
                     continue;
                 }
                 Err(e) => return Err(e),

@@ -43,6 +43,11 @@ pub enum LaunchError {
     Kill { pid: u32, source: std::io::Error },
     #[error("continuing pid {pid} (SIGCONT): {source}")]
     Continue { pid: u32, source: std::io::Error },
+    #[error("continuing the tree under pid {pid}: {source}")]
+    ContinueTree {
+        pid: u32,
+        source: Box<crate::ControlError>,
+    },
     #[error("pid {pid} was still alive after {seconds} s")]
     StillAlive { pid: u32, seconds: u64 },
 }
@@ -62,7 +67,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
 
 /// Whether `pid` has a handler for `signal` (`SigCgt:` of `/proc/<pid>/status`).
 fn catches(pid: u32, signal: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    crate::procfs::read(pid, "status")
         .ok()
         .and_then(|status| {
             let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
@@ -287,9 +292,9 @@ pub fn kill_tree(root: u32, timeout: Duration) -> Result<(), LaunchError> {
 /// Continues every process of the tree under `root` (SIGCONT): what a tree that CRIU left stopped
 /// needs before it can run on. A process that is gone already is skipped.
 pub fn continue_tree(root: u32) -> Result<(), LaunchError> {
-    let tree = crate::discovery::process_tree(root).map_err(|e| LaunchError::Continue {
+    let tree = crate::discovery::process_tree(root).map_err(|e| LaunchError::ContinueTree {
         pid: root,
-        source: std::io::Error::other(e.to_string()),
+        source: Box::new(e),
     })?;
     for pid in tree {
         if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {

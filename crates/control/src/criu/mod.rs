@@ -30,6 +30,17 @@ pub enum CriuError {
     NoPid(&'static str),
     #[error("CRIU image {path}: {message}")]
     Image { path: PathBuf, message: String },
+    #[error("CRIU image {path}: {source}")]
+    ImageRead {
+        path: PathBuf,
+        source: transport::TransportError,
+    },
+    #[error("CRIU image {path}: entry {entry}: {source}")]
+    ImageEntry {
+        path: PathBuf,
+        entry: usize,
+        source: prost::DecodeError,
+    },
 }
 
 /// The workload's mounts are slaves of the host's (control::launch): CRIU treats them as external,
