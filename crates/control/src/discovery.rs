@@ -157,12 +157,41 @@ fn mapped_files(maps: &str) -> impl Iterator<Item = PathBuf> + '_ {
 
 /// The shim's listening socket among the process's descriptors: `/proc/<pid>/fd` names socket inodes,
 /// `/proc/<pid>/net/unix` gives their bound paths. Returned as a path under `/proc/<pid>/root`.
+///
+/// The shim names it `cuinterpose-<pid namespace inode>-<ns pid>.sock`; the inode is the one of
+/// the namespace the shim started in (a restored process keeps its name), so any inode is taken.
+/// Only a socket file owned by the process's own user is used: the tool never talks to a
+/// socket someone else put there.
 pub fn control_socket(pid: u32, ns_pid: u32) -> Result<Option<PathBuf>, ControlError> {
-    let wanted = format!("cuinterpose-{ns_pid}.sock");
+    let suffix = format!("-{ns_pid}.sock");
+    let uid = effective_uid(pid)?;
     Ok(listening_sockets(pid)?
         .into_iter()
-        .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(wanted.as_str()))
-        .map(|p| reach_inside(pid, &p)))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("cuinterpose-")?.strip_suffix(suffix.as_str()))
+                .is_some_and(|inode| !inode.is_empty() && inode.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|p| reach_inside(pid, &p))
+        .find(|p| {
+            use std::os::unix::fs::MetadataExt;
+            fs::symlink_metadata(p).is_ok_and(|m| m.uid() == uid)
+        }))
+}
+
+/// The effective uid of a process (`Uid:` of `/proc/<pid>/status`, second field).
+pub fn effective_uid(pid: u32) -> Result<u32, ControlError> {
+    let status = procfs::read(pid, "status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| ControlError::Proc {
+            pid,
+            path: procfs::path(pid, "status"),
+            source: std::io::Error::other("no Uid line"),
+        })
 }
 
 /// Inodes of the sockets the process holds descriptors for.
@@ -245,7 +274,10 @@ mod tests {
     #[test]
     fn ppid_survives_odd_command_names() {
         let ppid = |stat: &str| procfs::parse_stat(stat).map(|s| s.ppid);
-        assert_eq!(ppid("42 (a) b (c)) S 7 42 42 0"), Some(7));
+        assert_eq!(
+            ppid("42 (a) b (c)) S 7 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99"),
+            Some(7)
+        );
         assert_eq!(ppid("garbage"), None);
     }
 

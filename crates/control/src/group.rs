@@ -8,7 +8,7 @@ use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
 use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use transport::Connection;
 
 /// How long the tool waits for a shim to accept and answer a read-only request.
@@ -35,7 +35,21 @@ pub struct Participant {
     pub info: ProcessInfo,
     pub hello: HelloReply,
     connection: Connection,
+    /// When the connection last carried a request, and the timeout set on it: a shim closes a
+    /// tool connection idle for long (shim-runtime's server), so one idle for
+    /// [`RECONNECT_AFTER`] is made again before the next request.
+    last_used: Instant,
+    timeout: Option<Duration>,
 }
+
+/// Idle time after which the tool connects again before a request: well below the shim's limit
+/// for an idle tool connection (30 s), which keeps idle connections from holding its places.
+pub const RECONNECT_AFTER: Duration = Duration::from_secs(10);
+
+/// Why a process with the shim has no control socket the tool can use.
+const NO_SOCKET: &str = "maps libcuinterpose.so but has no control socket of its user: its CUDA \
+     calls are not tracked (CUDA not initialised yet, or its runtime did not start: its stderr \
+     says why, e.g. a control directory it cannot use)";
 
 impl Participant {
     /// Connects to the shim of `info` and says HELLO.
@@ -43,9 +57,7 @@ impl Participant {
         let socket = info.control_socket.clone().ok_or_else(|| {
             ControlError::Refused(vec![Refusal {
                 process: info.label(),
-                reason:
-                    "maps libcuinterpose.so but has no control socket (CUDA not initialised yet?)"
-                        .into(),
+                reason: NO_SOCKET.into(),
             }])
         })?;
         let mut connection =
@@ -64,12 +76,21 @@ impl Participant {
             info,
             hello,
             connection,
+            last_used: Instant::now(),
+            timeout: Some(timeout),
         })
     }
 
     /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
     pub fn request(&mut self, request: &Request) -> Result<Response, ControlError> {
-        call(&mut self.connection, &self.info, request)
+        if self.last_used.elapsed() >= RECONNECT_AFTER {
+            let mut again = Participant::connect(self.info.clone(), answer_timeout())?;
+            again.set_timeout(self.timeout)?;
+            self.connection = again.connection;
+        }
+        let answer = call(&mut self.connection, &self.info, request);
+        self.last_used = Instant::now();
+        answer
     }
 
     pub fn inspect(&mut self) -> Result<ProcessRecord, ControlError> {
@@ -97,7 +118,8 @@ impl Participant {
         }
     }
 
-    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ControlError> {
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ControlError> {
+        self.timeout = timeout;
         self.connection
             .set_timeout(timeout)
             .map_err(|source| ControlError::Participant {
@@ -485,6 +507,12 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
                 ),
             });
             "cuda, no shim".to_string()
+        } else if info.control_socket.is_none() {
+            refusals.push(Refusal {
+                process: info.label(),
+                reason: NO_SOCKET.into(),
+            });
+            "shim loaded, runtime off".to_string()
         } else {
             match Participant::connect(info.clone(), timeout).and_then(|mut p| {
                 Ok(Snapshot {

@@ -190,6 +190,28 @@ unsafe fn reopen_by_path(fd: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// Makes the program `command` starts die with this process (SIGKILL when the tool's thread that
+/// started it ends): CRIU, so that a tool killed during a dump or a restore leaves no CRIU working
+/// on the tree behind the back of the next run (whose lock the dead tool's no longer blocks).
+pub fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    let setup = move || {
+        // SAFETY: a system call without pointers.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent may have died before the prctl: then nothing would deliver the signal.
+        // SAFETY: a system call without arguments.
+        if unsafe { libc::getppid() } != parent {
+            return Err(std::io::Error::other("the tool exited while starting it"));
+        }
+        Ok(())
+    };
+    // SAFETY: `setup` runs in the forked child before exec and only makes system calls (prctl,
+    // getppid) on values captured by copy: async-signal-safe, no allocation.
+    unsafe { command.pre_exec(setup) };
+}
+
 /// Runs `command` as PID 1 of a new PID namespace, in a new session, and waits for it.
 pub fn run_in_pid_namespace(mut command: Command) -> Result<ExitStatus, LaunchError> {
     let child_setup = || {

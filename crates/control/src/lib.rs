@@ -16,6 +16,7 @@ pub mod launch;
 pub mod native;
 pub mod procfs;
 pub mod remaps;
+pub mod runlock;
 pub mod tcp;
 
 pub use group::{Group, Refusal};
@@ -101,6 +102,14 @@ pub enum ControlError {
         processes: Vec<String>,
         failure: Box<ControlError>,
     },
+    #[error("{source}\nnothing was changed")]
+    Unchanged { source: Box<ControlError> },
+    #[error(
+        "verify: the rebuilt group differs from the captured one; its processes are left frozen \
+         (`cuinterpose resume` checks again):\n{}",
+        refusal_lines(.0)
+    )]
+    VerifyFailed(Vec<Refusal>),
     #[error(
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
@@ -158,6 +167,8 @@ impl ControlError {
             ControlError::Refused(_)
                 | ControlError::RolledBack { .. }
                 | ControlError::NoCudaProcesses(_)
+                | ControlError::NoSuchProcess(_)
+                | ControlError::Unchanged { .. }
         )
     }
 }

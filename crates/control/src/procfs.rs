@@ -24,6 +24,10 @@ pub struct Stat {
     pub ppid: u32,
     /// Controlling terminal (0: none).
     pub tty_nr: i64,
+    pub num_threads: u64,
+    /// Clock ticks after boot at which the process started: with the PID, names one process for
+    /// the life of the machine.
+    pub start_time: u64,
 }
 
 impl Stat {
@@ -41,14 +45,15 @@ impl Stat {
 /// Parses the text of `/proc/<pid>/stat`: `pid (comm) state ppid pgrp session tty_nr ...`.
 pub fn parse_stat(text: &str) -> Option<Stat> {
     let after_name = text.get(text.rfind(')')? + 1..)?;
-    let mut fields = after_name.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    let tty_nr = fields.nth(2)?.parse().ok()?;
+    // Field 3 of proc(5) (the state) is the first here.
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let field = |n: usize| fields.get(n - 3).copied();
     Some(Stat {
-        state,
-        ppid,
-        tty_nr,
+        state: field(3)?.chars().next()?,
+        ppid: field(4)?.parse().ok()?,
+        tty_nr: field(7)?.parse().ok()?,
+        num_threads: field(20)?.parse().ok()?,
+        start_time: field(22)?.parse().ok()?,
     })
 }
 
@@ -71,13 +76,18 @@ mod tests {
 
     #[test]
     fn stat_fields_survive_any_command_name() {
-        let s = parse_stat("42 (a) b (c)) T 7 42 42 34817 -1 4194560 0 0").unwrap();
+        let s = parse_stat(
+            "42 (a) b (c)) T 7 42 42 34817 -1 4194560 0 0 0 0 0 0 0 0 20 0 3 0 123456 8192 1",
+        )
+        .unwrap();
         assert_eq!(
             s,
             Stat {
                 state: 'T',
                 ppid: 7,
-                tty_nr: 34817
+                tty_nr: 34817,
+                num_threads: 3,
+                start_time: 123456,
             }
         );
         assert!(s.stopped() && !s.exited());

@@ -43,6 +43,7 @@ impl Proc {
             Config {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
+                pid_namespace: crate::runtime::own_pid_namespace(),
             },
         );
         rt.serve().unwrap();

@@ -175,6 +175,7 @@ impl Criu {
             .arg("-v4")
             // Not the tool's terminal: nothing CRIU runs may read from it.
             .stdin(std::process::Stdio::null());
+        crate::launch::die_with_parent(&mut command);
         command
     }
 

@@ -31,8 +31,13 @@ pub fn checkpoint(
     let criu = locate_criu(options.criu.as_deref())?;
     let root = namespace_root(options.capture.root)?;
     let dir = &options.dir;
-    check_new_dir(dir)?;
     let tree = discovery::process_tree(root)?;
+    let _tree_lock = crate::runlock::RunLock::processes(&tree)?;
+    let _dir_lock = crate::runlock::RunLock::directory(dir)?;
+    // The state lives in the group's own state directory until the checkpoint is complete: a
+    // checkpoint that fails or is killed half way leaves it where `cuinterpose resume` looks.
+    let work_state = capture::check_state_dir(&capture::default_state_dir(root))?;
+    check_new_dir(dir)?;
     if let Some(&pid) = tree.iter().find(|&&pid| has_terminal(pid)) {
         // With a terminal CRIU needs --shell-job and the restore the same terminal; a workload
         // started by `cuinterpose run --pid-namespace` runs in a new session without one.
@@ -54,6 +59,10 @@ pub fn checkpoint(
     let tcp = crate::tcp::survey(&tree)?;
     let tcp_established = tcp.connected_within > 0;
     let images = dir.join(IMAGES_DIR);
+    // The marker goes first and leaves last: until it is gone the directory is an incomplete
+    // checkpoint, which restore refuses and discard (or the next checkpoint here) removes.
+    std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
+    write_marker(dir, &[])?;
     std::fs::create_dir_all(&images).map_err(|e| state_error(&images, e))?;
     let state_path = dir.join(protocol::state::STATE_FILE_NAME);
 
@@ -62,7 +71,7 @@ pub fn checkpoint(
         root,
         ..options.capture.clone()
     };
-    let (group, captured) = capture::capture(&capture_options, &state_path, &mut clock)?;
+    let (group, captured) = capture::capture(&capture_options, &work_state, &mut clock)?;
     let driver = Driver::load(capture_options.driver.as_deref())?;
     let gpus = gpu_list(&driver)?;
     // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
@@ -81,6 +90,8 @@ pub fn checkpoint(
     let published = dumped.and_then(|()| {
         let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
         link_remaps = crate::remaps::take_over(root, &links)?;
+        // Listed at once: a checkpoint killed from here on leaves them to discard.
+        write_marker(dir, &link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);
         clock.time("image-digest", Some(image_bytes), || {
             let list = digest_images(&images)?;
@@ -88,6 +99,11 @@ pub fn checkpoint(
                 .map_err(|e| state_error(dir, e))?;
             Ok(((), image_bytes, 0.0))
         })?;
+        let state_bytes =
+            transport::files::read_bounded(&work_state, capture::STATE_FILE_LIMIT)
+                .map_err(|e| state_error(&work_state, e))?;
+        transport::files::write_atomically(&state_path, &state_bytes)
+            .map_err(|e| state_error(&state_path, e))?;
         let criu_info = CriuInfo {
             version: criu.version().to_string(),
             image_bytes,
@@ -108,6 +124,8 @@ pub fn checkpoint(
             &manifest::encode(&manifest),
         )
         .map_err(|e| state_error(dir, e))?;
+        let marker = dir.join(INCOMPLETE_MARKER);
+        std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
         Ok((manifest, image_bytes))
     });
     let (manifest, image_bytes) = match published {
@@ -125,9 +143,12 @@ pub fn checkpoint(
             let rollback = continue_dumped(root)
                 .and_then(|()| resume_in_place(root, &captured, &driver, &mut clock));
             return Err(match rollback {
-                Ok(()) => ControlError::RolledBack {
-                    failure: Box::new(e),
-                },
+                Ok(()) => {
+                    capture::remove_state(&work_state);
+                    ControlError::RolledBack {
+                        failure: Box::new(e),
+                    }
+                }
                 Err(r) => ControlError::RollbackFailed {
                     failure: Box::new(e),
                     rollback: vec![r],
@@ -152,6 +173,8 @@ pub fn checkpoint(
                 })
         })?;
     }
+    // The checkpoint holds its own copy; the group's is of no use any more.
+    capture::remove_state(&work_state);
     let shared_bytes = manifest.bytes.shared_saved;
     Ok(DiskReport {
         report: Report {
@@ -160,6 +183,8 @@ pub fn checkpoint(
             shared_bytes,
             state_file: state_path,
             total_millis: start.elapsed().as_secs_f64() * 1e3,
+            lost: Vec::new(),
+            not_rebuilt: Vec::new(),
         },
         dir: dir.clone(),
         image_bytes,
@@ -189,4 +214,15 @@ fn resume_in_place(
     })?;
     let state = capture::state_of(captured);
     capture::finish_rebuild(&mut group, &state, clock).map(|_| ())
+}
+
+/// Name of the marker of an incomplete checkpoint: written before anything else, removed once the
+/// manifest is complete. It lists the link remaps the checkpoint already keeps outside its
+/// directory (JSON), so that discarding it removes those too.
+pub const INCOMPLETE_MARKER: &str = "cuinterpose.incomplete";
+
+fn write_marker(dir: &std::path::Path, remaps: &[protocol::manifest::LinkRemap]) -> Result<(), ControlError> {
+    let path = dir.join(INCOMPLETE_MARKER);
+    let text = serde_json::to_vec(remaps).map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+    transport::files::write_atomically(&path, &text).map_err(|e| state_error(&path, e))
 }

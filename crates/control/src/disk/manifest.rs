@@ -89,6 +89,13 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, ControlError> {
     if !dir.is_dir() {
         return Err(damaged(dir, "is not a directory"));
     }
+    if dir.join(super::INCOMPLETE_MARKER).exists() {
+        return Err(damaged(
+            dir,
+            "holds an incomplete checkpoint (one that failed or was killed); `cuinterpose \
+             discard --dir` removes it",
+        ));
+    }
     let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
     let manifest_bytes =
         transport::files::read_bounded(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)

@@ -17,7 +17,7 @@ mod manifest;
 mod preflight;
 mod restore;
 
-pub use checkpoint::checkpoint;
+pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use preflight::namespace_root;

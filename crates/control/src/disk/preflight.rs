@@ -32,7 +32,15 @@ pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
 
 /// Checks that `dir` can take a new checkpoint: absent or empty, so that images of an earlier dump
 /// can never mix with the new ones.
+///
+/// An incomplete checkpoint (one that failed or was killed, with its marker) is removed first, as
+/// `cuinterpose discard` would: the caller holds the directory's lock, so no checkpoint is
+/// writing it.
 pub(super) fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
+    if dir.join(super::INCOMPLETE_MARKER).exists() {
+        let removed = crate::discard::discard_unlocked(dir)?;
+        tracing::warn!(dir = %removed.dir.display(), "removed an incomplete checkpoint");
+    }
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {

@@ -203,6 +203,7 @@ pub fn restore(
     progress: &dyn Progress,
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
+    let _lock = crate::runlock::RunLock::directory(&options.dir)?;
     let mut clock = Clock::new(progress);
     let verified = clock.time("verify-checkpoint", None, || {
         verify_checkpoint(options).map(|v| (v, 0, 0.0))
@@ -215,22 +216,53 @@ pub fn restore(
     let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = restore_work_dir()?;
+    // CRIU's files of this restore (log, statistics, pid file) go with it, whatever its end: a
+    // failure names CRIU's log tail in its error already.
+    let result = restore_into(options, &verified, &link_remaps, &work_dir, &mut clock);
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let (root, participants, shared_bytes) = result?;
+    Ok(DiskReport {
+        report: Report {
+            participants,
+            phases: clock.phases,
+            shared_bytes,
+            state_file: options.dir.join(protocol::state::STATE_FILE_NAME),
+            total_millis: start.elapsed().as_secs_f64() * 1e3,
+            lost: Vec::new(),
+            not_rebuilt: Vec::new(),
+        },
+        dir: options.dir.clone(),
+        image_bytes,
+        root,
+    })
+}
+
+/// CRIU's restore into `work_dir`, then the rebuild; a failure after CRIU kills the tree.
+fn restore_into(
+    options: &RestoreOptions,
+    verified: &Verified,
+    link_remaps: &[LinkRemap],
+    work_dir: &Path,
+    clock: &mut Clock<'_>,
+) -> Result<(u32, Vec<capture::ParticipantSummary>, u64), ControlError> {
+    let images = options.dir.join(IMAGES_DIR);
+    let image_bytes = criu::directory_bytes(&images);
     let root = clock.time("criu-restore", Some(image_bytes), || {
         // Under CRIU's names only while CRIU runs (crate::remaps).
-        let _linked = crate::remaps::link_for_restore(&link_remaps)?;
+        let _linked = crate::remaps::link_for_restore(link_remaps)?;
         let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
         verified
             .criu
-            .restore(&images, &work_dir, tcp)
+            .restore(&images, work_dir, tcp)
             .map(|pid| (pid, image_bytes, 0.0))
             .map_err(ControlError::Criu)
     })?;
     // From here on a failure must not leave a half-restored tree running.
-    let rebuilt = rebuild_restored(root, &verified, &mut clock);
-    let (participants, shared_bytes) = match rebuilt {
-        Ok(done) => done,
+    let rebuilt = rebuild_restored(root, verified, clock);
+    match rebuilt {
+        Ok((participants, shared_bytes)) => Ok((root, participants, shared_bytes)),
         Err(e) => {
-            return Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
+            Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
                 Ok(()) => ControlError::Step {
                     step: "restore (the restored processes were killed; the checkpoint is unchanged)",
                     process: format!("the restored tree (root pid {root})"),
@@ -244,23 +276,9 @@ pub fn restore(
                         source: Box::new(e),
                     }
                 }
-            });
+            })
         }
-    };
-    // CRIU's log of a restore that worked is of no further use.
-    let _ = std::fs::remove_dir_all(&work_dir);
-    Ok(DiskReport {
-        report: Report {
-            participants,
-            phases: clock.phases,
-            shared_bytes,
-            state_file: options.dir.join(protocol::state::STATE_FILE_NAME),
-            total_millis: start.elapsed().as_secs_f64() * 1e3,
-        },
-        dir: options.dir.clone(),
-        image_bytes,
-        root,
-    })
+    }
 }
 
 fn rebuild_restored(
@@ -284,7 +302,13 @@ fn rebuild_restored(
             })?;
         captured.host_pid = restored.info.host_pid;
     }
-    capture::match_participants(&mut group, &state)?;
+    let lost = capture::match_participants(&mut group, &state)?;
+    if let Some(gone) = lost.first() {
+        return Err(refuse(
+            &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
+            "exited right after CRIU restored it".into(),
+        ));
+    }
     clock.time("native-restore", None, || {
         capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
             .map(|()| ((), 0, 0.0))
