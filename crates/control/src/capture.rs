@@ -705,11 +705,9 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         path: state_path.clone(),
         source: e,
     })?;
-    // The default directory is the tool's own: it goes with its state file.
-    if state_path.parent() == Some(default_state_dir(options.root).as_path())
-        && let Some(dir) = state_path.parent()
-    {
-        let _ = std::fs::remove_dir(dir);
+    // A default directory is the tool's own: it goes with its state file.
+    if options.state_dir == default_state_dir(options.root) {
+        remove_state(&state_path);
     }
     Ok(Report {
         participants,
@@ -724,7 +722,11 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
 
 /// A captured process as the state file names it.
 fn captured_label(p: &ParticipantState) -> String {
-    format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid)
+    if p.host_pid == p.ns_pid {
+        format!("pid {}", p.host_pid)
+    } else {
+        format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid)
+    }
 }
 
 /// A failure before anything changed, as a refusal's exit code says (the cause kept).
@@ -770,7 +772,10 @@ fn continue_stopped(root: u32) -> Result<(), ControlError> {
     if stopped.is_empty() {
         return Ok(());
     }
-    tracing::warn!(?stopped, "continuing processes left stopped (an interrupted dump)");
+    tracing::warn!(
+        ?stopped,
+        "continuing processes left stopped (an interrupted dump)"
+    );
     crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
         step: "continuing the stopped tree",
         process: format!("pid {root}"),

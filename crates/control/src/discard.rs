@@ -92,7 +92,10 @@ fn discard_incomplete(dir: &Path) -> Result<DiscardReport, ControlError> {
     let image_bytes = crate::criu::directory_bytes(&dir.join(IMAGES_DIR));
     remove_parts(dir, &[MANIFEST_FILE_NAME, state, IMAGE_DIGESTS], &remaps)?;
     // Files a publish killed half way left (transport::files::write_atomically).
-    for entry in std::fs::read_dir(dir).map_err(|e| removing(dir, e))?.flatten() {
+    for entry in std::fs::read_dir(dir)
+        .map_err(|e| removing(dir, e))?
+        .flatten()
+    {
         let name = entry.file_name().to_string_lossy().into_owned();
         if is_temporary_of(&name, &known) {
             std::fs::remove_file(entry.path()).map_err(|e| removing(&entry.path(), e))?;

@@ -170,7 +170,10 @@ pub fn control_socket(pid: u32, ns_pid: u32) -> Result<Option<PathBuf>, ControlE
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_prefix("cuinterpose-")?.strip_suffix(suffix.as_str()))
+                .and_then(|n| {
+                    n.strip_prefix("cuinterpose-")?
+                        .strip_suffix(suffix.as_str())
+                })
                 .is_some_and(|inode| !inode.is_empty() && inode.bytes().all(|b| b.is_ascii_digit()))
         })
         .map(|p| reach_inside(pid, &p))

@@ -7,7 +7,7 @@ use crate::discovery::{self, ProcessInfo};
 use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 use transport::Connection;
 
@@ -316,6 +316,17 @@ fn no_answer_reason(error: ControlError, timeout: Duration) -> String {
 /// Whole-group checks on records read at one moment. `expected_phase` is the phase every
 /// participant must be in (Running before capture, Frozen once frozen).
 pub fn check_group(snapshots: &[Snapshot], expected_phase: Phase) -> Vec<Refusal> {
+    check_group_except(snapshots, expected_phase, &HashSet::new())
+}
+
+/// [`check_group`] when some processes of the tree (by PID namespace and namespace PID) could
+/// not be read and are refused for that already: an import from one of them is not a second,
+/// misleading reason ("not part of this group").
+fn check_group_except(
+    snapshots: &[Snapshot],
+    expected_phase: Phase,
+    unread: &HashSet<(u64, u32)>,
+) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     // Creators by (PID namespace, namespace PID): namespace PIDs are only unique within one.
     let creators: HashMap<(u64, u32), &Snapshot> = snapshots
@@ -352,6 +363,7 @@ pub fn check_group(snapshots: &[Snapshot], expected_phase: Phase) -> Vec<Refusal
         }
         for import in &s.record.imports {
             match creators.get(&(s.info.pid_namespace, import.creator_ns_pid)) {
+                None if unread.contains(&(s.info.pid_namespace, import.creator_ns_pid)) => {}
                 None => refuse(
                     &mut refusals,
                     format!(
@@ -492,10 +504,15 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
     let mut processes = Vec::new();
     let mut snapshots = Vec::new();
     let mut refusals = Vec::new();
+    let mut unread = HashSet::new();
     for pid in discovery::process_tree(root)? {
         let Ok(info) = discovery::describe(pid) else {
             continue;
         };
+        if info.shim.is_some() {
+            // Taken out again below once its records are read.
+            unread.insert((info.pid_namespace, info.ns_pid));
+        }
         let status = if !info.is_cuda() {
             "no cuda".to_string()
         } else if info.shim.is_none() {
@@ -522,6 +539,7 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
                 })
             }) {
                 Ok(snapshot) => {
+                    unread.remove(&(info.pid_namespace, info.ns_pid));
                     snapshots.push(snapshot);
                     "cuda+shim".to_string()
                 }
@@ -542,7 +560,7 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
             reason: "no CUDA process in this tree".into(),
         });
     }
-    refusals.extend(check_group(&snapshots, Phase::Running));
+    refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
     Ok(InspectReport {
         root,

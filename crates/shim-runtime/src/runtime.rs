@@ -234,7 +234,8 @@ pub fn start_after_init(real: &Real) {
                     "runtime not started: CUDA calls of this process are NOT tracked and it cannot \
                      be checkpointed: {e}"
                 );
-                let _ = STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+                let _ =
+                    STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
                 return;
             }
             dir

@@ -328,7 +328,9 @@ impl Runtime {
 enum Class<'a> {
     Peer,
     /// Holds its place until the connection ends.
-    Tool { _slot: ToolSlot<'a> },
+    Tool {
+        _slot: ToolSlot<'a>,
+    },
 }
 
 /// One of the [`MAX_TOOL_CONNECTIONS`] places, given back on drop.

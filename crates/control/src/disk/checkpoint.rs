@@ -99,9 +99,8 @@ pub fn checkpoint(
                 .map_err(|e| state_error(dir, e))?;
             Ok(((), image_bytes, 0.0))
         })?;
-        let state_bytes =
-            transport::files::read_bounded(&work_state, capture::STATE_FILE_LIMIT)
-                .map_err(|e| state_error(&work_state, e))?;
+        let state_bytes = transport::files::read_bounded(&work_state, capture::STATE_FILE_LIMIT)
+            .map_err(|e| state_error(&work_state, e))?;
         transport::files::write_atomically(&state_path, &state_bytes)
             .map_err(|e| state_error(&state_path, e))?;
         let criu_info = CriuInfo {
@@ -221,8 +220,12 @@ fn resume_in_place(
 /// directory (JSON), so that discarding it removes those too.
 pub const INCOMPLETE_MARKER: &str = "cuinterpose.incomplete";
 
-fn write_marker(dir: &std::path::Path, remaps: &[protocol::manifest::LinkRemap]) -> Result<(), ControlError> {
+fn write_marker(
+    dir: &std::path::Path,
+    remaps: &[protocol::manifest::LinkRemap],
+) -> Result<(), ControlError> {
     let path = dir.join(INCOMPLETE_MARKER);
-    let text = serde_json::to_vec(remaps).map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+    let text =
+        serde_json::to_vec(remaps).map_err(|e| state_error(&path, std::io::Error::other(e)))?;
     transport::files::write_atomically(&path, &text).map_err(|e| state_error(&path, e))
 }

@@ -261,23 +261,21 @@ fn restore_into(
     let rebuilt = rebuild_restored(root, verified, clock);
     match rebuilt {
         Ok((participants, shared_bytes)) => Ok((root, participants, shared_bytes)),
-        Err(e) => {
-            Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
-                Ok(()) => ControlError::Step {
-                    step: "restore (the restored processes were killed; the checkpoint is unchanged)",
+        Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
+            Ok(()) => ControlError::Step {
+                step: "restore (the restored processes were killed; the checkpoint is unchanged)",
+                process: format!("the restored tree (root pid {root})"),
+                source: Box::new(e),
+            },
+            Err(kill) => {
+                tracing::error!(root, error = %kill, "killing the restored tree");
+                ControlError::Step {
+                    step: "restore (killing the restored processes failed too: they need attention)",
                     process: format!("the restored tree (root pid {root})"),
                     source: Box::new(e),
-                },
-                Err(kill) => {
-                    tracing::error!(root, error = %kill, "killing the restored tree");
-                    ControlError::Step {
-                        step: "restore (killing the restored processes failed too: they need attention)",
-                        process: format!("the restored tree (root pid {root})"),
-                        source: Box::new(e),
-                    }
                 }
-            })
-        }
+            }
+        }),
     }
 }
 
