@@ -569,6 +569,11 @@ pub(crate) fn remove_state(path: &Path) {
 /// The captured topology, published atomically (its directory made first, mode 0700: the records
 /// describe the application's memory layout).
 fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> {
+    write_state_of(path, &state_of(snapshots))
+}
+
+/// [`write_state`] of a state at hand.
+pub(crate) fn write_state_of(path: &Path, state: &GroupState) -> Result<(), ControlError> {
     if let Some(dir) = path.parent() {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -580,11 +585,12 @@ fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> 
                 source: e.into(),
             })?;
     }
-    transport::files::write_atomically(path, &protocol::state::encode(&state_of(snapshots)))
-        .map_err(|e| ControlError::State {
+    transport::files::write_atomically(path, &protocol::state::encode(state)).map_err(|e| {
+        ControlError::State {
             path: path.to_path_buf(),
             source: e.into(),
-        })
+        }
+    })
 }
 
 /// The state a set of snapshots describes.

@@ -284,6 +284,8 @@ fn rebuild_restored(
     verified: &Verified,
     clock: &mut Clock<'_>,
 ) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
+    // The restored tree is a group like any other from here: no other run may act on it.
+    let _lock = capture::lock_tree(root)?;
     let mut group = Group::discover(root, ANSWER_TIMEOUT)?;
     // Host PIDs are new; namespace PIDs are what CRIU kept.
     let mut state = verified.state.clone();
@@ -307,9 +309,17 @@ fn rebuild_restored(
             "exited right after CRIU restored it".into(),
         ));
     }
-    clock.time("native-restore", None, || {
-        capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
-            .map(|()| ((), 0, 0.0))
-    })?;
-    capture::finish_rebuild(&mut group, &state, clock)
+    // Where this restore got is recorded as for a suspended group: a restore killed from here on
+    // is finished by `cuinterpose resume --pid <restored root>`.
+    let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
+    capture::write_state_of(&state_path, &state)?;
+    let rebuilt = clock
+        .time("native-restore", None, || {
+            capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
+                .map(|()| ((), 0, 0.0))
+        })
+        .and_then(|()| capture::finish_rebuild(&mut group, &state, clock));
+    // Done, or the tree is killed by the caller: the record has no use either way.
+    capture::remove_state(&state_path);
+    rebuilt
 }
