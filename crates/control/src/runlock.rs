@@ -33,7 +33,7 @@ pub fn lock_dir() -> PathBuf {
 }
 
 impl RunLock {
-    /// Locks every process of `tree` for this run (`what`: the command, for the refusal of others).
+    /// Locks every process of `tree` for this run.
     pub fn processes(tree: &[u32]) -> Result<RunLock, ControlError> {
         let names: Vec<(String, String)> = tree
             .iter()
@@ -59,7 +59,10 @@ impl RunLock {
 
     fn take(names: &[(String, String)]) -> Result<RunLock, ControlError> {
         let dir = lock_dir();
-        if let Some(parent) = dir.parent() {
+        // The default's parent is the user's private directory, made here if it is not yet.
+        if std::env::var_os("CUINTERPOSE_LOCK_DIR").is_none_or(|d| d.is_empty())
+            && let Some(parent) = dir.parent()
+        {
             transport::files::ensure_private_dir(parent).map_err(|e| lock_error(parent, e))?;
         }
         transport::files::ensure_private_dir(&dir).map_err(|e| lock_error(&dir, e))?;

@@ -741,6 +741,8 @@ impl Runtime {
             "Import",
             &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
         )?;
+        // Found again below: whatever is still not live and whose creator is gone.
+        self.control().lost_imports.clear();
         // Once Release began anywhere, creators may have recreated (Load) allocations whose old
         // memory this process still holds through an import its own Release did not finish:
         // mapping that old handle again would split the sharing (each side writing different
@@ -887,6 +889,7 @@ impl Runtime {
         }
         self.control().carrier.discard();
         self.control().release_started = false;
+        self.control().lost_imports.clear();
         self.gate.thaw();
         Ok(0)
     }
