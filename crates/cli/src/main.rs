@@ -87,6 +87,10 @@ enum Command {
         pid: u32,
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Bring back the processes still alive when captured ones have exited (their imports
+        /// from the exited ones stay unmapped and are listed)
+        #[arg(long)]
+        allow_lost: bool,
         #[arg(long)]
         driver: Option<PathBuf>,
         #[arg(long)]
@@ -156,6 +160,7 @@ fn main() -> ExitCode {
         eprintln!("cuinterpose: {error}");
         return ExitCode::from(Exit::Usage as u8);
     }
+    control::runlock::configure(&config);
     match execute(cli.command, &config) {
         Ok(()) => ExitCode::from(Exit::Success as u8),
         Err(error) => {
@@ -179,11 +184,22 @@ fn init_logging(config: &control::config::ToolConfig) -> anyhow::Result<()> {
 /// Maps an error to its documented exit code by what it says about the workload.
 fn exit_for(error: &anyhow::Error) -> Exit {
     match error.downcast_ref::<ControlError>() {
-        Some(ControlError::Refused(_)) | Some(ControlError::NoCudaProcesses(_)) => Exit::Refused,
+        // Nothing was changed: a refusal, a process or driver that is not there, a state file
+        // that cannot be read.
+        Some(
+            ControlError::Refused(_)
+            | ControlError::NoCudaProcesses(_)
+            | ControlError::NoSuchProcess(_)
+            | ControlError::Unchanged { .. }
+            | ControlError::DriverLoad { .. }
+            | ControlError::DriverSymbol { .. },
+        ) => Exit::Refused,
         Some(ControlError::RolledBack { .. }) => Exit::RolledBack,
-        Some(ControlError::RollbackFailed { .. }) | Some(ControlError::Step { .. }) => {
-            Exit::NeedsAttention
-        }
+        Some(
+            ControlError::RollbackFailed { .. }
+            | ControlError::Step { .. }
+            | ControlError::VerifyFailed(_),
+        ) => Exit::NeedsAttention,
         _ => Exit::Error,
     }
 }
@@ -251,12 +267,14 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         Command::Resume {
             pid,
             state_dir,
+            allow_lost,
             driver,
             json,
         } => {
             let mut options = ResumeOptions::new(pid, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             options.driver = driver;
+            options.allow_lost = allow_lost;
             let progress = progress::Bars::new(!json);
             let report = capture::resume(&options, &progress)
                 .with_context(|| format!("resuming the group under pid {pid}"))?;

@@ -72,7 +72,7 @@ fn run_execs_the_command_in_place_with_the_shim_first_in_ld_preload() {
     let info = w.ok("info").unwrap();
     assert_eq!(info.data.get("shim"), Some(&Value::Bool(true)), "{info:?}");
     // The shim serves its control socket in --control-dir.
-    let own = control.join(format!("cuinterpose-{pid}.sock"));
+    let own = control.join(format!("cuinterpose-{}-{pid}.sock", pid_namespace(pid)));
     assert!(own.exists(), "{} missing", own.display());
 
     let report = tool(&env, &["inspect", "--pid", &pid.to_string(), "--json"]);

@@ -33,6 +33,10 @@ const CRIU: Setting = Setting {
     name: "CUINTERPOSE_CRIU",
     default: "criu on PATH",
 };
+const LOCK_DIR: Setting = Setting {
+    name: "CUINTERPOSE_LOCK_DIR",
+    default: "locks/ in the same private directory",
+};
 /// Internal: lets tests of a participant that does not answer run in seconds instead of tens of
 /// seconds.
 const ANSWER_TIMEOUT_MS: Setting = Setting {
@@ -57,6 +61,8 @@ pub struct ToolConfig {
     pub criu: Option<PathBuf>,
     /// How long a shim may take to accept and answer a read-only request.
     pub answer_timeout: Duration,
+    /// Where the run locks go; `None`: `locks/` in the user's private directory.
+    pub lock_dir: Option<PathBuf>,
 }
 
 /// A variable whose value the tool does not understand.
@@ -76,13 +82,14 @@ impl Default for ToolConfig {
             shim: None,
             criu: None,
             answer_timeout: ANSWER_TIMEOUT,
+            lock_dir: None,
         }
     }
 }
 
 impl ToolConfig {
     /// Every variable the tool reads.
-    pub const SETTINGS: &'static [Setting] = &[LOG, SHIM, CRIU, ANSWER_TIMEOUT_MS];
+    pub const SETTINGS: &'static [Setting] = &[LOG, SHIM, CRIU, LOCK_DIR, ANSWER_TIMEOUT_MS];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> Result<ToolConfig, ConfigError> {
@@ -127,6 +134,7 @@ impl ToolConfig {
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
+            lock_dir: value(&LOCK_DIR).map(PathBuf::from),
         })
     }
 }
@@ -156,6 +164,7 @@ mod tests {
                 ("CUINTERPOSE_SHIM", "/opt/lib/libcuinterpose.so"),
                 ("CUINTERPOSE_CRIU", "/opt/criu/sbin/criu"),
                 ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
+                ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
             ])
             .unwrap(),
             ToolConfig {
@@ -163,6 +172,7 @@ mod tests {
                 shim: Some("/opt/lib/libcuinterpose.so".into()),
                 criu: Some("/opt/criu/sbin/criu".into()),
                 answer_timeout: Duration::from_millis(1500),
+                lock_dir: Some("/run/locks".into()),
             }
         );
         // Empty counts as unset.
@@ -213,8 +223,9 @@ mod tests {
             .collect();
         listed.sort();
         assert_eq!(asked, listed);
-        // The defaults that are values: setting them changes nothing. The shim's and CRIU's are
-        // searches ("next to the tool", "on PATH"), which an unset variable leaves to the caller.
+        // The defaults that are values: setting them changes nothing. The shim's, CRIU's and the
+        // locks' are searches or rules ("next to the tool", "on PATH", "the private directory"),
+        // which an unset variable leaves to the caller.
         for setting in [LOG, ANSWER_TIMEOUT_MS] {
             let explicit = ToolConfig::from_lookup(|name| {
                 (name == setting.name).then(|| OsString::from(setting.default))
@@ -222,7 +233,7 @@ mod tests {
             .unwrap();
             assert_eq!(explicit, unset, "{}", setting.name);
         }
-        assert_eq!((unset.shim, unset.criu), (None, None));
+        assert_eq!((unset.shim, unset.criu, unset.lock_dir), (None, None, None));
     }
 
     /// README.md's "### Settings" table: per variable, who reads it and its default (backticks

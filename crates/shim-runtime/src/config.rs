@@ -22,7 +22,7 @@ pub struct Setting {
 
 const CONTROL_DIR: Setting = Setting {
     name: "CUINTERPOSE_CONTROL_DIR",
-    default: "/tmp",
+    default: "private to the user",
 };
 const LOG: Setting = Setting {
     name: "CUINTERPOSE_LOG",
@@ -44,8 +44,9 @@ const CHUNK_ALIGN: usize = 4096;
 /// Everything the shim takes from its environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShimConfig {
-    /// Directory of the control sockets.
-    pub control_dir: PathBuf,
+    /// Directory of the control sockets; `None`: the user's private directory
+    /// (`transport::files::default_private_dir`), made by the runtime at start.
+    pub control_dir: Option<PathBuf>,
     /// The most verbose log level written ([`log::Level`] as a number, 0 for off).
     pub log_level: u8,
     /// How copies reach the host carrier.
@@ -81,7 +82,7 @@ impl ShimConfig {
         let config = ShimConfig {
             control_dir: reader
                 .raw(&CONTROL_DIR)
-                .map_or_else(|| PathBuf::from(CONTROL_DIR.default), PathBuf::from),
+                .map(PathBuf::from),
             // A filter valid for the tool but naming nothing of the shim keeps the default.
             log_level: reader
                 .parse(&LOG, LOG_EXPECTED, |v| log::parse_filter(v).ok())
@@ -246,7 +247,7 @@ mod tests {
         assert_eq!(
             config,
             ShimConfig {
-                control_dir: PathBuf::from("/run/cui"),
+                control_dir: Some(PathBuf::from("/run/cui")),
                 log_level: log::Level::Debug as u8,
                 copy: CopyConfig {
                     mode: CarrierMode::Registered,
@@ -281,7 +282,7 @@ mod tests {
         let (config, invalid) = ShimConfig::from_lookup(|name| {
             matches!(name, "CUINTERPOSE_CARRIER" | "CUINTERPOSE_CONTROL_DIR").then(|| odd.clone())
         });
-        assert_eq!(config.control_dir, PathBuf::from(odd.clone()));
+        assert_eq!(config.control_dir, Some(PathBuf::from(odd.clone())));
         assert_eq!(config.copy.mode, CarrierMode::Staged);
         assert_eq!(invalid.len(), 1);
         assert_eq!(invalid[0].name, "CUINTERPOSE_CARRIER");
@@ -303,11 +304,13 @@ mod tests {
             .collect();
         listed.sort();
         assert_eq!(asked, listed);
-        // Setting every variable to its listed default changes nothing.
+        // Setting every variable whose default is a value to that default changes nothing (the
+        // control directory's default is a rule: the user's private directory).
+        assert_eq!(unset.control_dir, None);
         let (explicit, invalid) = ShimConfig::from_lookup(|name| {
             ShimConfig::SETTINGS
                 .iter()
-                .find(|s| s.name == name)
+                .find(|s| s.name == name && s.name != CONTROL_DIR.name)
                 .map(|s| OsString::from(s.default))
         });
         assert!(invalid.is_empty(), "{invalid:?}");

@@ -60,6 +60,9 @@ pub struct Control {
     /// This capture's Release started here (so every creator was sent Release too, and may have
     /// recreated its allocations since); until the next successful Import or Thaw.
     pub(crate) release_started: bool,
+    /// Imports whose creator has exited: they cannot be rebuilt, stay unmapped, and do not keep
+    /// Thaw from bringing back the rest (`cuinterpose resume --allow-lost`).
+    pub(crate) lost_imports: std::collections::HashSet<VHandle>,
 }
 
 impl Control {
@@ -530,10 +533,21 @@ impl Runtime {
     }
 
     fn load(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
-        self.expect_phase(
+        // Imported comes after a Load that completed: a resume that stopped after Import and is
+        // run again finds everything loaded, and the phase stays Imported.
+        if self.expect_phase(
             "Load",
-            &[Phase::Frozen, Phase::Saved, Phase::Released, Phase::Loaded],
-        )?;
+            &[
+                Phase::Frozen,
+                Phase::Saved,
+                Phase::Released,
+                Phase::Loaded,
+                Phase::Imported,
+            ],
+        )? == Phase::Imported
+        {
+            return Ok((0, None));
+        }
         let items: Vec<LoadItem> = {
             let reg = self.lock();
             let mut v = Vec::new();
@@ -714,6 +728,8 @@ impl Runtime {
             "Import",
             &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
         )?;
+        // Found again below: whatever is still not live and whose creator is gone.
+        self.control().lost_imports.clear();
         // Once Release began anywhere, creators may have recreated (Load) allocations whose old
         // memory this process still holds through an import its own Release did not finish:
         // mapping that old handle again would split the sharing (each side writing different
@@ -761,7 +777,17 @@ impl Runtime {
             let (real, fresh) = match real {
                 Some(real) => (real, false),
                 None => {
-                    let fd = self.fetch_fd(creator, id)?;
+                    let fd = match self.fetch_fd(creator, id) {
+                        Ok(fd) => fd,
+                        Err(e) if creator_exited(creator) => {
+                            log_warn!(
+                                "import of allocation {id}: its creator (ns pid {creator}) has                                  exited, it stays unmapped: {e}"
+                            );
+                            self.control().lost_imports.insert(handle);
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
                     let mut got: CUmemGenericAllocationHandle = 0;
                     use std::os::fd::AsRawFd;
                     // SAFETY: valid out-pointer; the OS handle of a POSIX import is the fd value.
@@ -809,8 +835,9 @@ impl Runtime {
     fn not_rebuilt(&self) -> Vec<String> {
         let reg = self.lock();
         let mut out = Vec::new();
+        let lost = self.control().lost_imports.clone();
         for (h, o) in reg.objects() {
-            if !o.is_captured() {
+            if !o.is_captured() || lost.contains(&h) {
                 continue;
             }
             let unmapped = reg.mappings_of(h).iter().filter(|(_, m)| !m.mapped).count();
@@ -849,9 +876,35 @@ impl Runtime {
         }
         self.control().carrier.discard();
         self.control().release_started = false;
+        self.control().lost_imports.clear();
         self.gate.thaw();
         Ok(0)
     }
+}
+
+/// Whether the process with namespace PID `ns_pid` (in ours) has exited: signal 0 finds no such
+/// process, or only a zombie.
+fn creator_exited(ns_pid: u32) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(ns_pid as i32) else {
+        return false;
+    };
+    match rustix::process::test_kill_process(pid) {
+        Err(rustix::io::Errno::SRCH) => true,
+        // A zombie still takes signal 0; /proc tells, when it is the /proc of our namespace.
+        _ if !own_proc() => false,
+        _ => std::fs::read_to_string(format!("/proc/{ns_pid}/stat")).is_ok_and(|stat| {
+            stat.rfind(')')
+                .and_then(|i| stat.get(i + 1..))
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X")
+        }),
+    }
+}
+
+/// Whether `/proc` is mounted for our PID namespace (it names us by our own PID).
+fn own_proc() -> bool {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    std::fs::read_link("/proc/self").is_ok_and(|l| l.to_str() == Some(me.to_string().as_str()))
 }
 
 fn reg_is_created(rt: &Runtime, handle: VHandle) -> bool {

@@ -2,7 +2,7 @@
 //! `cuInit`.
 //!
 //! Start: the first `cuInit` that succeeds reads the configuration once ([`ShimConfig`]: control
-//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<getpid()>.sock` and starts the listener and the
+//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<pid ns inode>-<getpid()>.sock` and starts the listener and the
 //! control worker (with every signal blocked). Never in a library constructor. If the socket cannot
 //! be bound the runtime stays off: every call passes straight through, the application works as
 //! without the shim, and the tool (finding no socket) refuses to capture it.
@@ -28,19 +28,38 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 /// Where the runtime's sockets live, who it is and how it copies.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Directory of control sockets ([`ShimConfig::control_dir`]).
+    /// Directory of control sockets ([`ShimConfig::control_dir`], default the user's private
+    /// directory: `transport::files::default_private_dir`).
     pub control_dir: PathBuf,
     /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
     pub ns_pid: u32,
     /// How copies reach the host carrier ([`ShimConfig::copy`]).
     pub copy: CopyConfig,
+    /// Inode of our PID namespace when the runtime started: in every socket name, so that
+    /// processes of two PID namespaces sharing a directory never want the same name. Kept from
+    /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
+    pub pid_namespace: u64,
 }
 
 impl Config {
-    /// The control socket of the process with namespace PID `ns_pid`, in our control directory.
+    /// The control socket of the process with namespace PID `ns_pid` in our PID namespace (a
+    /// ticket's creator is always there), in our control directory.
     pub fn socket_of(&self, ns_pid: u32) -> PathBuf {
-        self.control_dir.join(format!("cuinterpose-{ns_pid}.sock"))
+        self.control_dir
+            .join(format!("cuinterpose-{}-{ns_pid}.sock", self.pid_namespace))
     }
+}
+
+/// Inode of this process's PID namespace (`/proc/self/ns/pid` names it `pid:[<inode>]`); 0 when it
+/// cannot be read.
+pub fn own_pid_namespace() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_str()?.to_string();
+            l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Identity reported by HELLO.
@@ -64,6 +83,9 @@ pub struct Runtime {
     pub(crate) identity: OnceLock<Identity>,
     pub(crate) driver_version: i32,
     pub(crate) connections: AtomicUsize,
+    /// Of those, the ones that asked something else than GetFd (the tool, or anyone posing as it):
+    /// limited apart, so they can never take the peers' places (server.rs).
+    pub(crate) tool_connections: AtomicUsize,
 }
 
 impl Runtime {
@@ -89,6 +111,7 @@ impl Runtime {
             identity: OnceLock::new(),
             driver_version: version,
             connections: AtomicUsize::new(0),
+            tool_connections: AtomicUsize::new(0),
         })
     }
 
@@ -207,6 +230,29 @@ pub fn start_after_init(real: &Real) {
             log_error!("pthread_atfork failed ({rc}); a forked child would inherit the runtime");
         }
     }
+    let control_dir = match settings.control_dir {
+        Some(dir) => dir,
+        None => {
+            let dir = transport::files::default_private_dir();
+            // Made private here (its parent too, where it is ours to make): nobody else can take
+            // a name in it.
+            if let Err(e) = dir
+                .parent()
+                .filter(|p| !p.exists())
+                .map_or(Ok(()), transport::files::ensure_private_dir)
+                .and_then(|()| transport::files::ensure_private_dir(&dir))
+            {
+                log_error!(
+                    "runtime not started: CUDA calls of this process are NOT tracked and it cannot \
+                     be checkpointed: {e}"
+                );
+                let _ =
+                    STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+                return;
+            }
+            dir
+        }
+    };
     let ns_pid = rustix::process::getpid()
         .as_raw_nonzero()
         .get()
@@ -214,9 +260,10 @@ pub fn start_after_init(real: &Real) {
     let runtime = Runtime::new(
         *real,
         Config {
-            control_dir: settings.control_dir,
+            control_dir,
             ns_pid,
             copy: settings.copy,
+            pid_namespace: own_pid_namespace(),
         },
     );
     match runtime.serve() {
@@ -238,7 +285,12 @@ pub fn start_after_init(real: &Real) {
             let _ = STATE.compare_exchange(STARTING, RUNNING, Ordering::AcqRel, Ordering::Acquire);
         }
         Err(e) => {
-            log_error!("runtime not started, calls pass through untracked: {e}");
+            // Loud on purpose: the application runs on, but nothing of it is tracked, and the
+            // tool (finding no control socket among its descriptors) refuses to capture it.
+            log_error!(
+                "runtime not started: CUDA calls of this process are NOT tracked and it cannot be \
+                 checkpointed (`cuinterpose inspect` shows it): {e}"
+            );
             let _ = STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
         }
     }

@@ -44,6 +44,7 @@ impl Proc {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
                 copy: crate::copy::CopyConfig::default(),
+                pid_namespace: crate::runtime::own_pid_namespace(),
             },
         );
         rt.serve().unwrap();

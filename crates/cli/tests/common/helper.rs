@@ -118,7 +118,11 @@ fn fabric_import(dir: &Path) -> libloading::Library {
 fn old_shim() -> libloading::Library {
     let lib = driver();
     let dir = PathBuf::from(std::env::var("CUINTERPOSE_CONTROL_DIR").expect("control dir"));
-    let path = dir.join(format!("cuinterpose-{}.sock", std::process::id()));
+    let pid = std::process::id();
+    let path = dir.join(format!(
+        "cuinterpose-{}-{pid}.sock",
+        super::pid_namespace(pid)
+    ));
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind control socket");
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {

@@ -30,6 +30,17 @@ pub enum CriuError {
     NoPid(&'static str),
     #[error("CRIU image {path}: {message}")]
     Image { path: PathBuf, message: String },
+    #[error("CRIU image {path}: {source}")]
+    ImageRead {
+        path: PathBuf,
+        source: transport::TransportError,
+    },
+    #[error("CRIU image {path}: entry {entry}: {source}")]
+    ImageEntry {
+        path: PathBuf,
+        entry: usize,
+        source: prost::DecodeError,
+    },
 }
 
 /// The workload's mounts are slaves of the host's (control::launch): CRIU treats them as external,
@@ -166,6 +177,7 @@ impl Criu {
             .arg("-v4")
             // Not the tool's terminal: nothing CRIU runs may read from it.
             .stdin(std::process::Stdio::null());
+        crate::launch::die_with_parent(&mut command);
         command
     }
 
