@@ -80,9 +80,7 @@ impl ShimConfig {
             invalid: Vec::new(),
         };
         let config = ShimConfig {
-            control_dir: reader
-                .raw(&CONTROL_DIR)
-                .map(PathBuf::from),
+            control_dir: reader.raw(&CONTROL_DIR).map(PathBuf::from),
             // A filter valid for the tool but naming nothing of the shim keeps the default.
             log_level: reader
                 .parse(&LOG, LOG_EXPECTED, |v| log::parse_filter(v).ok())

@@ -238,7 +238,7 @@ impl Runtime {
             let request = match conn.recv_request() {
                 Ok(r) => r,
                 Err(TransportError::Closed) => return,
-                                Err(e @ TransportError::Protocol(ProtocolError::VersionMismatch { .. })) => {
+                Err(e @ TransportError::Protocol(ProtocolError::VersionMismatch { .. })) => {
                     // A tool (or peer shim) of another version: answered in ours, so that it
                     // names the mismatch instead of a connection closed without a word.
                     log_warn!("control socket: refusing a peer: {e}");
