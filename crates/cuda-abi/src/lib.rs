@@ -19,6 +19,7 @@ pub mod layout;
 /// A driver result code. `repr(transparent)` over `u32`, so it is ABI-identical to `CUresult`.
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[must_use = "a driver result says whether the call happened; check it, or say why it does not matter"]
 pub struct CUresult(pub u32);
 
 macro_rules! results {

@@ -35,11 +35,17 @@
 //! leaked, a registered segment stays registered, the carrier is marked poisoned (never unmapped)
 //! and the phase fails.
 
-#![allow(unsafe_code)] // raw carrier memory and driver calls; each block says why it is sound
+//!
+//! This is the one module of the runtime that allows unsafe code: the carrier and the staging
+//! buffers are raw host memory that the DMA engine reads and writes while a copy is in flight, so
+//! neither Rust's borrows nor the safe driver methods (which take slices for synchronous copies)
+//! can describe them; each block says why it is sound.
+
+#![allow(unsafe_code)]
 
 use crate::Real;
 use crate::log::log_warn;
-use cuda_abi::{CUcontext, CUresult, CUstream};
+use cuda_abi::{CUresult, CUstream};
 pub use protocol::message::CarrierMode;
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -307,46 +313,20 @@ pub struct CopyStats {
 }
 
 /// A primary context retained and made current on this thread, released on drop.
-#[derive(Debug)]
-pub struct DeviceContext<'a> {
-    real: &'a Real,
-    device: i32,
+pub type DeviceContext<'a> = cuda::owned::PrimaryContext<'a>;
+
+/// Where a failed cleanup of the shim's own driver objects goes: the log.
+pub fn log_cleanup(e: &cuda::CudaError) {
+    log_warn!("cleanup of a shim-owned driver object failed: {e}");
 }
 
-impl<'a> DeviceContext<'a> {
-    pub fn enter(real: &'a Real, device: i32) -> Result<DeviceContext<'a>, CopyError> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the device ordinal is checked by the driver.
-        let r = unsafe { (real.cuDevicePrimaryCtxRetain)(&mut ctx, device) };
-        if !r.is_success() {
-            return Err(CopyError::Driver {
-                call: "cuDevicePrimaryCtxRetain",
-                device,
-                result: r,
-            });
-        }
-        // SAFETY: the context just retained.
-        let r = unsafe { (real.cuCtxSetCurrent)(ctx) };
-        if !r.is_success() {
-            // SAFETY: undoes the retain above.
-            unsafe { (real.cuDevicePrimaryCtxRelease_v2)(device) };
-            return Err(CopyError::Driver {
-                call: "cuCtxSetCurrent",
-                device,
-                result: r,
-            });
-        }
-        Ok(DeviceContext { real, device })
-    }
-}
-
-impl Drop for DeviceContext<'_> {
-    fn drop(&mut self) {
-        // SAFETY: leaves no context current on this (shim-owned) thread.
-        unsafe { (self.real.cuCtxSetCurrent)(std::ptr::null_mut()) };
-        // SAFETY: drops the retain `enter` made.
-        unsafe { (self.real.cuDevicePrimaryCtxRelease_v2)(self.device) };
-    }
+/// Enters `device`'s primary context on this thread.
+pub fn enter(real: &Real, device: i32) -> Result<DeviceContext<'_>, CopyError> {
+    DeviceContext::enter(real, device, log_cleanup).map_err(|e| CopyError::Driver {
+        call: e.call,
+        device,
+        result: e.result,
+    })
 }
 
 /// A worker's streams, and its staging buffers once a staged copy needs them.
@@ -379,9 +359,8 @@ impl<'a> Lane<'a> {
         };
         for s in &mut lane.streams {
             // SAFETY: valid out-pointer; a context is current on this thread.
-            let r = unsafe { (real.cuStreamCreate)(s, STREAM_NON_BLOCKING) };
-            if !r.is_success() {
-                return Err(lane.error("cuStreamCreate", r));
+            if let Err(e) = unsafe { real.cuStreamCreate(s, STREAM_NON_BLOCKING) } {
+                return Err(lane.error(e.call, e.result));
             }
         }
         Ok(lane)
@@ -572,13 +551,17 @@ impl Drop for Lane<'_> {
         for b in self.buffers {
             if !b.is_null() {
                 // SAFETY: our staging buffer; every copy on it is synchronised.
-                unsafe { (self.real.cuMemFreeHost)(b.cast()) };
+                if let Err(e) = unsafe { self.real.cuMemFreeHost(b.cast()) } {
+                    log_cleanup(&e);
+                }
             }
         }
         for s in self.streams {
             if !s.is_null() {
                 // SAFETY: our stream, idle.
-                unsafe { (self.real.cuStreamDestroy_v2)(s) };
+                if let Err(e) = unsafe { self.real.cuStreamDestroy_v2(s) } {
+                    log_cleanup(&e);
+                }
             }
         }
     }
@@ -628,7 +611,7 @@ pub fn copy_all(
                     (&failed, &pin, &fallbacks, &uncertain, &first_error);
                 let work = move || {
                     let result = (|| {
-                        let _ctx = DeviceContext::enter(real, *device)?;
+                        let _ctx = enter(real, *device)?;
                         let mut lane = Lane::new(real, *device, config.chunk)?;
                         let result = (|| {
                             while !failed.load(Ordering::Relaxed) {
