@@ -34,8 +34,13 @@ fn pid() -> u32 {
 
 impl Proc {
     fn new(dir: &Path) -> Proc {
+        Proc::with_driver(dir, testdriver::real())
+    }
+
+    /// A process over `real`: the test driver with scripted entries.
+    fn with_driver(dir: &Path, real: crate::Real) -> Proc {
         let rt = Runtime::new(
-            testdriver::real(),
+            real,
             Config {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
@@ -839,5 +844,132 @@ fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket
     match conn.call(&Request::Inspect).unwrap().0 {
         Response::Records(r) => assert_eq!(r.ns_pid, rt.config().ns_pid),
         other => panic!("{other:?}"),
+    }
+}
+
+/// The code of a phase request that failed.
+fn refused(p: &Proc, request: Request) -> ErrorCode {
+    match p.call(request.clone()) {
+        Response::Error { code, .. } => code,
+        other => panic!("{request:?} on {} should fail: {other:?}", p.pid()),
+    }
+}
+
+/// One creator with two shared allocations, mapped and filled: (handles, addresses, bytes).
+fn two_shared(p: &Proc) -> Vec<(u64, u64, Vec<u8>)> {
+    (0..2u8)
+        .map(|k| {
+            let h = p.create(MB2, 0);
+            let va = p.map_new(h, MB2, 0);
+            let bytes = pattern(40 + k, MB2);
+            write(va, &bytes);
+            drop(p.export(h));
+            (h, va, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn a_save_whose_copy_fails_leaves_the_process_frozen_with_everything_live_and_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemcpyDtoHAsync_v2: testdriver::dtoh_async_fails,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    a.phase(Request::Freeze { timeout_ms: 10_000 });
+    assert_eq!(refused(&a, Request::Save), ErrorCode::Driver);
+    // Nothing was saved, so nothing may be released; the rollback's Thaw brings it back as it was.
+    assert_eq!(a.rt.inspect().phase, Phase::Frozen);
+    assert!(a.rt.lock().objects().all(|(_, o)| o.carrier.is_none()));
+    assert_eq!(refused(&a, Request::Release), ErrorCode::WrongPhase);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
+    }
+}
+
+#[test]
+fn a_release_that_fails_half_way_is_rebuilt_by_load_and_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemRelease: testdriver::release_scripted,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    a.phase(Request::Freeze { timeout_ms: 10_000 });
+    a.phase(Request::Save);
+    // The first allocation's driver handle goes, the second's release fails.
+    testdriver::RELEASE.fail_after(1);
+    assert_eq!(refused(&a, Request::Release), ErrorCode::Driver);
+    {
+        let reg = a.rt.lock();
+        let live: Vec<bool> = allocs
+            .iter()
+            .map(|(h, ..)| reg.get(VirtualHandle(*h)).unwrap().real.is_some())
+            .collect();
+        assert_eq!(live, [false, true], "released exactly up to the failure");
+    }
+    // Thaw refuses while something released is not rebuilt; Load and Import repair it.
+    assert_eq!(refused(&a, Request::Thaw), ErrorCode::WrongPhase);
+    assert_eq!(a.phase(Request::Load), Phase::Loaded);
+    assert_eq!(a.phase(Request::Import), Phase::Imported);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
+    }
+}
+
+#[test]
+fn a_load_that_fails_changes_nothing_published_and_a_second_load_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemCreate: testdriver::create_scripted,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    for request in [
+        Request::Freeze { timeout_ms: 10_000 },
+        Request::Save,
+        Request::Release,
+    ] {
+        a.phase(request);
+    }
+    let held_by_driver = |a: &Proc| {
+        let reg = a.rt.lock();
+        allocs
+            .iter()
+            .filter(|(h, ..)| reg.get(VirtualHandle(*h)).unwrap().real.is_some())
+            .count()
+    };
+    // The second allocation cannot be created again: the first, made already, is undone too.
+    let made_before = testdriver::CREATED.lock().unwrap().len();
+    testdriver::CREATE.fail_after(1);
+    assert_eq!(refused(&a, Request::Load), ErrorCode::Driver);
+    assert_eq!(held_by_driver(&a), 0, "nothing half-loaded is published");
+    assert_eq!(a.rt.inspect().phase, Phase::Released);
+    let made: Vec<u64> = testdriver::CREATED.lock().unwrap()[made_before..].to_vec();
+    assert_eq!(made.len(), 1, "the first allocation was made again");
+    assert!(
+        fake().alloc_of(made[0]).is_none(),
+        "and released when the second failed"
+    );
+    assert_eq!(refused(&a, Request::Thaw), ErrorCode::WrongPhase);
+    // The tool's retry rebuilds from the carrier, which the failure left intact.
+    assert_eq!(a.phase(Request::Load), Phase::Loaded);
+    assert_eq!(held_by_driver(&a), 2);
+    assert_eq!(a.phase(Request::Import), Phase::Imported);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
     }
 }
