@@ -131,11 +131,10 @@ fn check<T>(what: impl FnOnce() -> String, r: Result<T, CudaError>) -> Result<T,
     })
 }
 
-/// A shim-owned mapping of a whole allocation, for copying.
-struct TempMap {
-    va: u64,
-    size: usize,
-}
+/// A shim-owned mapping of a whole allocation, for copying: unmapped and its range freed on
+/// drop, which happens under the device's context ([`Runtime::drop_temp`]), or leaked while a copy
+/// may still use it.
+type TempMap<'a> = cuda::owned::Mapping<'a>;
 
 /// One import to rebuild: handle, ID, creator, size, surviving driver handle, unmapped mappings.
 type ImportItem = (
@@ -264,15 +263,7 @@ impl Runtime {
         real: DriverHandle,
         size: usize,
         device: i32,
-    ) -> Result<TempMap, PhaseError> {
-        let what = || format!("a temporary mapping of {size} bytes");
-        let va = check(what, self.real.mem_address_reserve(size, 0, 0, 0))?;
-        if let Err(e) = check(what, self.real.mem_map(va, size, 0, real, 0)) {
-            if let Err(undo) = self.real.mem_address_free(va, size) {
-                log_warn!("temporary reservation not freed: {undo}");
-            }
-            return Err(e);
-        }
+    ) -> Result<TempMap<'_>, PhaseError> {
         let desc = CUmemAccessDesc {
             location: CUmemLocation {
                 type_: location_type::DEVICE,
@@ -280,19 +271,23 @@ impl Runtime {
             },
             flags: access_flags::PROT_READWRITE,
         };
-        let map = TempMap { va, size };
-        if let Err(e) = check(what, self.real.mem_set_access(va, size, &[desc])) {
-            self.temp_unmap(map);
-            return Err(e);
-        }
-        Ok(map)
+        check(
+            || format!("a temporary mapping of {size} bytes"),
+            TempMap::whole(&self.real, real, size, &[desc], copy::log_cleanup),
+        )
     }
 
-    fn temp_unmap(&self, map: TempMap) {
-        let u = self.real.mem_unmap(map.va, map.size);
-        let f = self.real.mem_address_free(map.va, map.size);
-        if u.is_err() || f.is_err() {
-            log_warn!("temporary mapping not removed: unmap {u:?}, free {f:?}");
+    /// Removes temporary mappings under their device's context; one whose context cannot be
+    /// entered is kept (never unmapped without its context).
+    fn drop_temp<'a>(&self, work: impl IntoIterator<Item = (TempMap<'a>, i32, u64)>) {
+        for (map, device, _) in work {
+            match copy::enter(&self.real, device) {
+                Ok(_ctx) => drop(map),
+                Err(e) => {
+                    log_warn!("temporary mapping kept: {e}");
+                    map.leak();
+                }
+            }
         }
     }
 
@@ -300,7 +295,7 @@ impl Runtime {
     /// may still be running.
     fn copy_through(
         &self,
-        work: Vec<(TempMap, i32, u64)>,
+        work: Vec<(TempMap<'_>, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
         let (base, config) = {
@@ -311,22 +306,20 @@ impl Runtime {
         for (map, device, offset) in &work {
             units.extend(copy::segments(
                 *device,
-                map.va,
+                map.va(),
                 base + *offset as usize,
-                map.size,
+                map.size(),
             ));
         }
         let (stats, error) = copy::copy_all(&self.real, units, dir, config);
         if stats.dma_uncertain {
             // Fail-stop on this data: the mappings and the carrier may still be read or written.
             self.control().carrier.poison();
-        } else {
-            for (map, device, _) in work {
-                match copy::enter(&self.real, device) {
-                    Ok(_ctx) => self.temp_unmap(map),
-                    Err(e) => log_warn!("temporary mapping kept: {e}"),
-                }
+            for (map, ..) in work {
+                map.leak();
             }
+        } else {
+            self.drop_temp(work);
         }
         match error {
             Some(e) => Err(e.into()),
@@ -361,11 +354,7 @@ impl Runtime {
             match mapped {
                 Ok(map) => work.push((map, *device, offset)),
                 Err(e) => {
-                    for (map, device, _) in work {
-                        if let Ok(_ctx) = copy::enter(&self.real, device) {
-                            self.temp_unmap(map);
-                        }
-                    }
+                    self.drop_temp(work);
                     return Err(e);
                 }
             }
@@ -611,11 +600,7 @@ impl Runtime {
                     work.push((map, item.device, offset));
                 }
                 Err(e) => {
-                    for (map, device, _) in work {
-                        if let Ok(_ctx) = copy::enter(&self.real, device) {
-                            self.temp_unmap(map);
-                        }
-                    }
+                    self.drop_temp(work);
                     undo_fresh(&fresh);
                     return Err(e);
                 }
