@@ -45,6 +45,7 @@
 
 use crate::Real;
 use crate::log::log_warn;
+use cuda::owned::{PinnedBuffer, Stream};
 use cuda_abi::{CUresult, CUstream};
 pub use protocol::message::CarrierMode;
 use std::collections::VecDeque;
@@ -329,13 +330,15 @@ pub fn enter(real: &Real, device: i32) -> Result<DeviceContext<'_>, CopyError> {
     })
 }
 
-/// A worker's streams, and its staging buffers once a staged copy needs them.
+/// A worker's streams, and its staging buffers once a staged copy needs them. Dropping it frees
+/// the buffers and destroys the streams (fields drop in order: buffers first), unless a copy
+/// could not be confirmed finished.
 struct Lane<'a> {
     real: &'a Real,
     device: i32,
-    streams: [CUstream; 2],
-    /// Null until [`Lane::staging`] allocates them.
-    buffers: [*mut u8; 2],
+    /// Empty until [`Lane::staging`] allocates the two.
+    buffers: Vec<PinnedBuffer<'a>>,
+    streams: Vec<Stream<'a>>,
     /// Size of each staging buffer.
     chunk: usize,
     /// Set when a synchronisation failed: the buffers must not be freed.
@@ -350,18 +353,18 @@ impl<'a> Lane<'a> {
         let mut lane = Lane {
             real,
             device,
-            streams: [std::ptr::null_mut(); 2],
-            buffers: [std::ptr::null_mut(); 2],
+            buffers: Vec::with_capacity(2),
+            streams: Vec::with_capacity(2),
             chunk,
             uncertain: false,
             pin: Duration::ZERO,
             staged_fallbacks: 0,
         };
-        for s in &mut lane.streams {
-            // SAFETY: valid out-pointer; a context is current on this thread.
-            if let Err(e) = unsafe { real.cuStreamCreate(s, STREAM_NON_BLOCKING) } {
-                return Err(lane.error(e.call, e.result));
-            }
+        for _ in 0..2 {
+            // A context is current on this thread.
+            let stream = Stream::new(real, STREAM_NON_BLOCKING, log_cleanup)
+                .map_err(|e| lane.error(e.call, e.result))?;
+            lane.streams.push(stream);
         }
         Ok(lane)
     }
@@ -377,19 +380,13 @@ impl<'a> Lane<'a> {
     /// Allocates the two staging buffers on first use.
     fn staging(&mut self) -> Result<(), CopyError> {
         let t = Instant::now();
-        for i in 0..2 {
-            if self.buffers.get(i).is_some_and(|b| !b.is_null()) {
-                continue;
-            }
-            let mut p: *mut core::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            let r = unsafe { (self.real.cuMemHostAlloc)(&mut p, self.chunk, 0) };
-            if !r.is_success() || p.is_null() {
-                self.pin += t.elapsed();
-                return Err(self.error("cuMemHostAlloc", r));
-            }
-            if let Some(b) = self.buffers.get_mut(i) {
-                *b = p.cast();
+        while self.buffers.len() < 2 {
+            match PinnedBuffer::new(self.real, self.chunk, 0, log_cleanup) {
+                Ok(buffer) => self.buffers.push(buffer),
+                Err(e) => {
+                    self.pin += t.elapsed();
+                    return Err(self.error(e.call, e.result));
+                }
             }
         }
         self.pin += t.elapsed();
@@ -397,18 +394,30 @@ impl<'a> Lane<'a> {
     }
 
     fn stream(&self, b: usize) -> CUstream {
-        self.streams.get(b).copied().unwrap_or(std::ptr::null_mut())
+        self.streams
+            .get(b)
+            .map_or(std::ptr::null_mut(), Stream::raw)
+    }
+
+    /// Staging buffer `b` (null before [`Lane::staging`]).
+    fn buffer(&mut self, b: usize) -> *mut u8 {
+        self.buffers
+            .get_mut(b)
+            .map_or(std::ptr::null_mut(), PinnedBuffer::as_mut_ptr)
     }
 
     fn sync(&mut self, b: usize) -> Result<(), CopyError> {
-        // SAFETY: a stream of ours.
-        let r = unsafe { (self.real.cuStreamSynchronize)(self.stream(b)) };
-        if r.is_success() {
-            Ok(())
-        } else {
+        let synced = match self.streams.get(b) {
+            Some(stream) => stream.synchronize(),
+            None => Err(cuda::CudaError {
+                call: "cuStreamSynchronize",
+                result: CUresult::ERROR_INVALID_HANDLE,
+            }),
+        };
+        synced.map_err(|e| {
             self.uncertain = true;
-            Err(self.error("cuStreamSynchronize", r))
-        }
+            self.error(e.call, e.result)
+        })
     }
 
     fn run(&mut self, unit: Unit, dir: Direction, mode: CarrierMode) -> Result<(), CopyError> {
@@ -485,7 +494,7 @@ impl<'a> Lane<'a> {
                     self.drain(b, host, len);
                 }
             }
-            let buf = self.buffers.get(b).copied().unwrap_or(std::ptr::null_mut());
+            let buf = self.buffer(b);
             let stream = self.stream(b);
             let dev = unit.dev + off as u64;
             let host = unit.host + off;
@@ -530,8 +539,8 @@ impl<'a> Lane<'a> {
         Ok(())
     }
 
-    fn drain(&self, b: usize, host: usize, len: usize) {
-        let buf = self.buffers.get(b).copied().unwrap_or(std::ptr::null_mut());
+    fn drain(&mut self, b: usize, host: usize, len: usize) {
+        let buf = self.buffer(b);
         // SAFETY: the copy into `buf` is synchronised; `host..host+len` is this unit's part of
         // the carrier, written by no other thread.
         unsafe { std::ptr::copy_nonoverlapping(buf, host as *mut u8, len) };
@@ -546,24 +555,15 @@ impl Drop for Lane<'_> {
                  segment are kept",
                 self.device
             );
-            return;
-        }
-        for b in self.buffers {
-            if !b.is_null() {
-                // SAFETY: our staging buffer; every copy on it is synchronised.
-                if let Err(e) = unsafe { self.real.cuMemFreeHost(b.cast()) } {
-                    log_cleanup(&e);
-                }
+            // DMA may still reach them: kept for the life of the process.
+            for buffer in self.buffers.drain(..) {
+                buffer.leak();
+            }
+            for stream in self.streams.drain(..) {
+                stream.leak();
             }
         }
-        for s in self.streams {
-            if !s.is_null() {
-                // SAFETY: our stream, idle.
-                if let Err(e) = unsafe { self.real.cuStreamDestroy_v2(s) } {
-                    log_cleanup(&e);
-                }
-            }
-        }
+        // Otherwise every copy is synchronised: the fields' own drops free and destroy them.
     }
 }
 
