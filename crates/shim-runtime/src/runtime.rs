@@ -2,14 +2,14 @@
 //! `cuInit`.
 //!
 //! Start: the first `cuInit` that succeeds reads the configuration once ([`ShimConfig`]: control
-//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<pid ns inode>-<getpid()>.sock` and starts the listener and the
-//! control worker (with every signal blocked). Never in a library constructor. If the socket cannot
+//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<pid ns inode>-<getpid()>.sock`
+//! and starts the listener and the control worker (with every signal blocked). Never in a library constructor. If the socket cannot
 //! be bound the runtime stays off: every call passes straight through, the application works as
 //! without the shim, and the tool (finding no socket) refuses to capture it.
 //!
-//! Fork: a `pthread_atfork` child handler (registered at start, touching only atomics) turns the
-//! runtime off in the child. A child forked before the runtime started starts its own at its own
-//! `cuInit`. A child forked after it must exec or exit, as CUDA itself requires: its tracked calls
+//! Fork: a `pthread_atfork` child handler (registered by the shim before the start, calling
+//! [`fork_child`], which touches only atomics) turns the runtime off in the child. A child forked
+//! before the runtime started starts its own at its own `cuInit`. A child forked after it must exec or exit, as CUDA itself requires: its tracked calls
 //! return `CUDA_ERROR_NOT_INITIALIZED` without reaching the driver (the handles it inherited are
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
@@ -22,7 +22,7 @@ use crate::log::{log_error, log_info, log_warn};
 use crate::phases::Control;
 use crate::registry::Registry;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Where the runtime's sockets live, who it is and how it copies.
@@ -91,12 +91,8 @@ pub struct Runtime {
 impl Runtime {
     /// A runtime over `real`; nothing is bound or started until [`Runtime::serve`].
     pub fn new(real: Real, config: Config) -> Arc<Runtime> {
-        let mut version = 0;
-        // SAFETY: a valid out-pointer to a local.
-        let r = unsafe { (real.cuDriverGetVersion)(&mut version) };
-        if !r.is_success() {
-            version = 0;
-        }
+        // An unknown version is reported as 0 (HELLO); nothing depends on it.
+        let version = real.driver_version().unwrap_or(0);
         let copy = config.copy;
         Arc::new(Runtime {
             real,
@@ -144,14 +140,16 @@ const FORKED: u8 = 3;
 const DISABLED: u8 = 4;
 
 static STATE: AtomicU8 = AtomicU8::new(OFF);
-static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
-static ATFORK: AtomicU8 = AtomicU8::new(0);
+/// Set once, before RUNNING is published; never released (it lives as long as the process).
+/// Reading it is one atomic load, so a forked child never waits on a lock here.
+static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
 /// The process's socket file, for removal at exit: path, owner PID, device and inode.
 static SOCKET_FILE: OnceLock<(PathBuf, u32, u64, u64)> = OnceLock::new();
 
 /// Removes our socket file at exit, only in the process that bound it and only if the file is
 /// still the one it bound (a forked child that exits, or a file replaced since, is left alone).
-extern "C" fn remove_socket_at_exit() {
+/// The shim registers it with `atexit` when [`start_after_init`] says a socket was bound.
+pub fn remove_socket_at_exit() {
     let Some((path, owner, dev, ino)) = SOCKET_FILE.get() else {
         return;
     };
@@ -165,8 +163,9 @@ extern "C" fn remove_socket_at_exit() {
     }
     if let Ok(st) = rustix::fs::lstat(path)
         && (st.st_dev, st.st_ino) == (*dev, *ino)
+        && let Err(e) = rustix::fs::unlink(path)
     {
-        let _ = rustix::fs::unlink(path);
+        log_error!("cannot remove the control socket {}: {e}", path.display());
     }
 }
 
@@ -182,21 +181,17 @@ pub enum Active {
 
 pub fn active() -> Active {
     match STATE.load(Ordering::Acquire) {
-        RUNNING => {
-            let ptr = RUNTIME.load(Ordering::Acquire);
-            // SAFETY: RUNTIME is set once, before RUNNING is published, from `Arc::into_raw` of a
-            // runtime that is never released (it lives as long as the process).
-            match unsafe { ptr.as_ref() } {
-                Some(rt) => Active::Running(rt),
-                None => Active::Off,
-            }
-        }
+        RUNNING => match RUNTIME.get() {
+            Some(rt) => Active::Running(rt),
+            None => Active::Off,
+        },
         FORKED => Active::Forked,
         _ => Active::Off,
     }
 }
 
-extern "C" fn atfork_child() {
+/// The `pthread_atfork` child handler's work (the shim registers it before the runtime starts).
+pub fn fork_child() {
     // Only atomics here: the child has one thread and the parent's locks may be held.
     let state = STATE.load(Ordering::Relaxed);
     if state == RUNNING || state == STARTING {
@@ -206,29 +201,23 @@ extern "C" fn atfork_child() {
 
 /// Starts the process's runtime once, after a successful `cuInit`. Concurrent first callers wait
 /// for the one that starts it (an atomic, not a lock, so that a child forked in the middle cannot
-/// inherit a held lock).
-pub fn start_after_init(real: &Real) {
+/// inherit a held lock). Returns true to the caller that bound the control socket (which then
+/// registers [`remove_socket_at_exit`]).
+pub fn start_after_init(real: &Real) -> bool {
     match STATE.compare_exchange(OFF, STARTING, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(STARTING) => {
             while STATE.load(Ordering::Acquire) == STARTING {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            return;
+            return false;
         }
-        Err(_) => return,
+        Err(_) => return false,
     }
     let (settings, invalid) = ShimConfig::from_env();
     crate::log::set_max_level(settings.log_level);
     for problem in &invalid {
         log_warn!("{problem}");
-    }
-    if ATFORK.swap(1, Ordering::AcqRel) == 0 {
-        // SAFETY: registers a handler that only touches atomics; no prepare/parent handlers.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
-        if rc != 0 {
-            log_error!("pthread_atfork failed ({rc}); a forked child would inherit the runtime");
-        }
     }
     let control_dir = match settings.control_dir {
         Some(dir) => dir,
@@ -248,7 +237,7 @@ pub fn start_after_init(real: &Real) {
                 );
                 let _ =
                     STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
-                return;
+                return false;
             }
             dir
         }
@@ -273,16 +262,17 @@ pub fn start_after_init(real: &Real) {
                 runtime.config.socket_of(ns_pid).display()
             );
             let path = runtime.config.socket_of(ns_pid);
-            if let Ok(st) = rustix::fs::lstat(&path)
-                && SOCKET_FILE
+            let recorded = rustix::fs::lstat(&path).is_ok_and(|st| {
+                SOCKET_FILE
                     .set((path, ns_pid, st.st_dev, st.st_ino))
                     .is_ok()
-            {
-                // SAFETY: registers a handler that only reads a set-once static and unlinks a file.
-                unsafe { libc::atexit(remove_socket_at_exit) };
+            });
+            if RUNTIME.set(runtime).is_err() {
+                log_error!("a second runtime was started; the first one stays");
             }
-            RUNTIME.store(Arc::into_raw(runtime).cast_mut(), Ordering::Release);
+            // Fails only if a fork handler moved STARTING to FORKED, and that is the state to keep.
             let _ = STATE.compare_exchange(STARTING, RUNNING, Ordering::AcqRel, Ordering::Acquire);
+            recorded
         }
         Err(e) => {
             // Loud on purpose: the application runs on, but nothing of it is tracked, and the
@@ -292,6 +282,7 @@ pub fn start_after_init(real: &Real) {
                  checkpointed (`cuinterpose inspect` shows it): {e}"
             );
             let _ = STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+            false
         }
     }
 }

@@ -71,46 +71,50 @@ pub(crate) fn spawn_quiet<F>(name: &str, f: F) -> io::Result<std::thread::JoinHa
 where
     F: FnOnce() + Send + 'static,
 {
-    // SAFETY: sigset_t is plain data, valid all-zero.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: writes only the set given.
-    unsafe { libc::sigfillset(&mut all) };
-    // SAFETY: reads `all`, writes `old`; affects only this thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let mut old = SigSet::empty();
+    // Affects only this thread; the caller's mask is restored below.
+    if let Err(e) = pthread_sigmask(
+        SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::all()),
+        Some(&mut old),
+    ) {
+        return Err(io::Error::from_raw_os_error(e as i32));
+    }
     let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
-    // SAFETY: restores the caller's mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None) {
+        log_warn!("cannot restore the signal mask after starting {name}: {e}");
     }
     spawned
+}
+
+/// The file mapped at `address` in this process (`/proc/self/maps`: what `dladdr` would name,
+/// resolved by the kernel).
+fn mapped_file(address: usize) -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_ascii_whitespace();
+        let (from, to) = fields.next()?.split_once('-')?;
+        let from = usize::from_str_radix(from, 16).ok()?;
+        let to = usize::from_str_radix(to, 16).ok()?;
+        // perms, offset, device, inode, then the path (which may hold spaces).
+        let path = fields.nth(4)?;
+        (from <= address && address < to && path.starts_with('/')).then(|| {
+            let start = line.find(path).unwrap_or(0);
+            std::path::PathBuf::from(line.get(start..).unwrap_or(path))
+        })
+    })
 }
 
 /// SHA-256 (hex) of the file holding this code: the shim library in a CUDA process.
 fn own_file_sha256() -> String {
     use sha2::Digest;
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    let anchor = own_file_sha256 as *const () as *const libc::c_void;
-    // SAFETY: dladdr only reads the address and writes the struct.
-    let found = unsafe { libc::dladdr(anchor, &mut info) } != 0;
-    let path = if !found || info.dli_fname.is_null() {
-        None
-    } else {
-        // SAFETY: a NUL-terminated name that lives as long as the object is loaded (ours: for
-        // the life of the process).
-        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-        Some(name.to_string_lossy().into_owned())
-    };
-    let Some(path) = path else {
-        log_warn!("dladdr found no file for the shim; HELLO reports no hash");
+    let anchor = own_file_sha256 as fn() -> String as usize;
+    let Some(path) = mapped_file(anchor) else {
+        log_warn!("no mapped file holds the shim's code; HELLO reports no hash");
         return String::new();
     };
+    let path = path.display().to_string();
     let mut hasher = sha2::Sha256::new();
     let result = std::fs::File::open(&path).and_then(|mut f| io::copy(&mut f, &mut hasher));
     match result {
