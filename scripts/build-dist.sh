@@ -25,7 +25,7 @@ RELEASE_BINARIES=(cuinterpose cuinterpose-workload cuinterpose-scenarios)
 RELEASE_PACKAGES=(cuinterpose-cli cuinterpose-testkit cuinterpose-shim fake-cuda)
 # The oldest glibc the release loads with (the oldest Rust supports); scripts/check-glibc.sh holds
 # the shipped files to it.
-GLIBC_BASELINE=2.17
+GLIBC_BASELINE=$(cat scripts/release/glibc-baseline)
 target=x86_64-unknown-linux-gnu
 built=target/$target/release
 max_bytes=$((64 << 20))
