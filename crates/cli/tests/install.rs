@@ -91,7 +91,10 @@ fn doctor_passes_the_driver_checks_on_the_fake_driver() {
             ["ok", "warn", "fail", "skip"].contains(&check["status"].as_str().unwrap_or("")),
             "{check}"
         );
-        assert!(check["detail"].as_str().is_some_and(|d| !d.is_empty()), "{check}");
+        assert!(
+            check["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{check}"
+        );
         if check["status"] == "fail" || check["status"] == "warn" {
             assert!(check["fix"].is_string(), "a {check} without a fix");
         }
@@ -105,10 +108,17 @@ fn doctor_passes_the_driver_checks_on_the_fake_driver() {
     assert_eq!(gpus.len(), 2, "{report:#}");
     for gpu in gpus {
         assert!(gpu["name"].as_str().is_some_and(|n| !n.is_empty()), "{gpu}");
-        assert!(gpu["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")), "{gpu}");
+        assert!(
+            gpu["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")),
+            "{gpu}"
+        );
         assert!(gpu["memory_total"].as_u64().is_some_and(|t| t > 0), "{gpu}");
     }
-    let expected = if report["ok"] == true { 0 } else { EXIT_CHECK_FAILED };
+    let expected = if report["ok"] == true {
+        0
+    } else {
+        EXIT_CHECK_FAILED
+    };
     assert_eq!(output.status.code(), Some(expected), "{report:#}");
 }
 
@@ -120,16 +130,25 @@ fn doctor_fails_without_a_driver_and_says_what_to_fix() {
     let text = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(EXIT_CHECK_FAILED), "{text}");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), CHECKS.len() + 1, "one line per check and a verdict:\n{text}");
+    assert_eq!(
+        lines.len(),
+        CHECKS.len() + 1,
+        "one line per check and a verdict:\n{text}"
+    );
     let driver = lines
         .iter()
         .find(|l| l.split_whitespace().nth(1) == Some("driver"))
         .expect("a driver line");
     assert!(driver.starts_with("fail"), "{driver}");
-    assert!(driver.contains("/nonexistent/libcuda.so.1") && driver.contains(" -> "), "{driver}");
+    assert!(
+        driver.contains("/nonexistent/libcuda.so.1") && driver.contains(" -> "),
+        "{driver}"
+    );
     for name in ["checkpoint-api", "gpus"] {
         assert!(
-            lines.iter().any(|l| l.starts_with("skip") && l.split_whitespace().nth(1) == Some(name)),
+            lines
+                .iter()
+                .any(|l| l.starts_with("skip") && l.split_whitespace().nth(1) == Some(name)),
             "{name} skipped without a driver:\n{text}"
         );
     }
@@ -187,5 +206,8 @@ fn completions_and_manual_pages_are_generated_from_the_arguments() {
     assert!(checkpoint.contains("freeze\\-timeout"), "{checkpoint}");
     assert!(checkpoint.contains("SECONDS"), "{checkpoint}");
     assert!(dir.path().join("cuinterpose.1").is_file());
-    assert!(!dir.path().join("cuinterpose-abi-layout.1").exists(), "hidden commands have no page");
+    assert!(
+        !dir.path().join("cuinterpose-abi-layout.1").exists(),
+        "hidden commands have no page"
+    );
 }
