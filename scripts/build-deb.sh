@@ -36,7 +36,7 @@ Installed-Size: $(du -sk "$root" | cut -f1)
 Description: checkpoint and restore for GPU processes that share CUDA memory
  libcuinterpose.so (loaded with LD_PRELOAD into every CUDA process) and the cuinterpose tool:
  suspend a group of processes sharing GPU memory in place, or checkpoint it to disk with the
- bundled CRIU and restore it, optionally onto other GPUs. `cuinterpose doctor` checks a machine.
+ bundled CRIU and restore it, optionally onto other GPUs; cuinterpose doctor checks a machine.
 CONTROL
 mkdir -p dist-deb
 deb=dist-deb/cuinterpose_${version}_amd64.deb

@@ -70,18 +70,25 @@ rootfs() {
 fresh_root() {
     local dir; dir=$(mktemp -d /tmp/cuinterpose-chroot.XXXXXX)
     tar -C "$dir" -xf "$(rootfs)"
-    mkdir -p "$dir/dev/shm"
     echo "$dir"
 }
 
-# in_root ROOT COMMAND...: runs COMMAND in the chroot, in a private mount namespace.
+# in_root ROOT COMMAND...: runs COMMAND with ROOT as its root, as a container runtime does: in a
+# private mount namespace (its mounts vanish with it), ROOT bound onto itself and made the root with
+# pivot_root (a plain chroot leaves the host's root above it, and paths the kernel reports through
+# /proc, which `run --pid-namespace` reopens stdio by, would name the host's), the host's /dev
+# (CRIU's checks open /dev/net/tun), fresh /proc, /sys, /dev/shm and /tmp.
 in_root() {
     local root=$1; shift
     unshare --mount --propagation private -- sh -c '
         root=$1; shift
-        mount -t proc proc "$root/proc" && mount -t tmpfs tmpfs "$root/dev/shm" &&
-            mount -t tmpfs tmpfs "$root/tmp" && exec chroot "$root" /usr/bin/env -i \
-            PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "$@"' sh "$root" "$@"
+        mount --bind "$root" "$root" && mount -t proc proc "$root/proc" &&
+            mount -t sysfs sysfs "$root/sys" && mount --rbind /dev "$root/dev" &&
+            mount -t tmpfs tmpfs "$root/dev/shm" && mount -t tmpfs tmpfs "$root/tmp" &&
+            cd "$root" && mkdir -p .old-root && pivot_root . .old-root &&
+            exec /usr/sbin/chroot . /bin/sh -c "umount -l /.old-root && rmdir /.old-root &&
+                exec /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \"\$@\"" sh "$@"
+    ' sh "$root" "$@"
 }
 
 wants() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }

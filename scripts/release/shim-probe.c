@@ -3,6 +3,7 @@
  * driver the way applications do (dlopen + dlsym, which the shim intercepts), initialises it (the
  * shim's runtime starts at the first successful cuInit and binds its control socket), prints its
  * pid and waits for its stdin to close, so the tool can talk to its shim meanwhile. */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <unistd.h>
