@@ -35,7 +35,7 @@ pub struct DemoArgs {
     #[arg(long)]
     json: bool,
     /// Through disk: start the group in its own PID namespace, checkpoint it with CRIU, restore it
-    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU or PATH)
+    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU, the bundled CRIU, or PATH)
     #[arg(long)]
     to_disk: bool,
     /// The CRIU binary for --to-disk
