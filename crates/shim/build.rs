@@ -1,8 +1,10 @@
 //! Link arguments of libcuinterpose.so, derived from crates/cuda/src/driver_table.rs:
 //! - a version script exporting exactly the table's names (`local: *` hides everything else);
 //! - `--no-undefined-version`, so a name in the table without a definition fails the link;
-//! - `-Bsymbolic-functions`, so the library's references to its own wrappers bind inside it and the
-//!   addresses the resolvers hand out cannot be pre-empted by another object's same-named symbol;
+//! - `-Bsymbolic`, so the library's references to its own wrappers bind inside it and the
+//!   addresses the resolvers hand out cannot be pre-empted by another object's same-named symbol
+//!   (the version script exports functions only, so this is `-Bsymbolic-functions`, which zig's
+//!   linker, used for the release's old glibc baseline, does not accept);
 //! - nothing that would add libcuda or libcudart to NEEDED (the driver is found at run time).
 
 use std::error::Error;
@@ -43,6 +45,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         out.display()
     );
     println!("cargo:rustc-cdylib-link-arg=-Wl,--no-undefined-version");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     Ok(())
 }

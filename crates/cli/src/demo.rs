@@ -36,7 +36,7 @@ pub struct DemoArgs {
     #[arg(long)]
     json: bool,
     /// Through disk: start the group in its own PID namespace, checkpoint it with CRIU, restore it
-    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU or PATH)
+    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU, the bundled CRIU, or PATH)
     #[arg(long)]
     to_disk: bool,
     /// The CRIU binary for --to-disk
@@ -149,14 +149,17 @@ pub(crate) fn pick_driver(
     force_fake: bool,
 ) -> anyhow::Result<(DriverKind, Driver)> {
     if !force_fake && let Ok(driver) = Driver::load(None) {
-        let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
+        let fake = artifacts
+            .fake_driver()
+            .ok()
+            .and_then(|f| std::fs::canonicalize(f).ok());
         let is_fake = fake.as_deref() == Some(driver.path());
         if !is_fake && driver.device_count().unwrap_or(0) > 0 {
             return Ok((DriverKind::System, driver));
         }
     }
     let fake: PathBuf = artifacts.fake_driver().context(
-        "the bundled fake driver (libcuda.so next to cuinterpose) is missing; build the workspace",
+        "the bundled fake driver (libcuda.so next to cuinterpose, or lib/cuinterpose/test-driver/ in the release) is missing; build the workspace",
     )?;
     let driver = Driver::load(Some(&fake)).context("loading the fake driver")?;
     Ok((DriverKind::Fake, driver))

@@ -7,6 +7,8 @@
 
 mod bench;
 mod demo;
+mod docs;
+mod doctor;
 mod output;
 mod progress;
 mod run;
@@ -34,6 +36,8 @@ pub enum Exit {
     RolledBack = 4,
     /// Failed after the native lock or while rebuilding: the workload needs attention.
     NeedsAttention = 5,
+    /// `doctor`: a check failed (this machine lacks something the product needs).
+    CheckFailed = 6,
 }
 
 const EXIT_CODES: &str = "\
@@ -43,11 +47,12 @@ Exit codes:
   2  bad arguments or a bad setting (an environment variable of README's table)
   3  refused before anything changed (the workload runs as before)
   4  failed and rolled back (the workload runs as before)
-  5  failed after the native lock or while rebuilding (the workload needs attention)";
+  5  failed after the native lock or while rebuilding (the workload needs attention)
+  6  doctor: a check failed (each failed line says what to fix)";
 
 #[derive(Debug, Parser)]
 #[command(name = "cuinterpose", version, about, after_help = EXIT_CODES)]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -58,7 +63,7 @@ enum Command {
     Run(run::RunArgs),
     /// Show the CUDA processes under a root, which lack the shim, and who shares what with whom
     Inspect {
-        /// Root of the process tree
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
         /// Print JSON instead of tables
@@ -67,37 +72,44 @@ enum Command {
     },
     /// Free all GPU memory of a running group in place (its processes stay alive)
     Suspend {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
         /// Where the captured topology goes (default: $TMPDIR/cuinterpose-suspended-<pid>)
         #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// Seconds the shims get to finish tracked calls in flight
-        #[arg(long, default_value_t = 30)]
+        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
         freeze_timeout: u64,
         /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Bring a suspended group back with every address, handle, content and sharing intact
     Resume {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
+        /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
         #[arg(long)]
         state_dir: Option<PathBuf>,
         /// Bring back the processes still alive when captured ones have exited (their imports
         /// from the exited ones stay unmapped and are listed)
         #[arg(long)]
         allow_lost: bool,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
     Checkpoint {
+        /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
         #[arg(long)]
         pid: u32,
         /// Checkpoint directory (created; must not hold a checkpoint yet)
@@ -106,34 +118,43 @@ enum Command {
         /// Resume the group in place after the dump instead of letting CRIU end it
         #[arg(long)]
         leave_running: bool,
-        /// The CRIU binary (default: $CUINTERPOSE_CRIU, then criu on PATH)
+        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
-        #[arg(long, default_value_t = 30)]
+        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
         freeze_timeout: u64,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Restore a checkpoint into new processes, optionally onto other GPUs
     Restore {
+        /// The checkpoint directory `checkpoint --dir` wrote
         #[arg(long)]
         dir: PathBuf,
         /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
         #[arg(long, value_parser = parse_device_map)]
         device_map: Option<DeviceMap>,
+        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Delete a checkpoint on disk with the files it keeps outside its directory (CRIU's link remaps)
     Discard {
+        /// The checkpoint directory to delete
         #[arg(long)]
         dir: PathBuf,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
@@ -141,6 +162,13 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the shim's overhead, suspend/resume copy rates and the native checkpoint baseline
     Bench(bench::BenchArgs),
+    /// Check that this machine has what cuinterpose needs (driver, GPUs, CRIU, kernel, privileges,
+    /// memory), one line each with what to fix; exit code 6 when a check fails
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(docs::CompletionsArgs),
+    /// Print the manual page (roff), or write every page into a directory
+    Man(docs::ManArgs),
     /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
     #[command(hide = true)]
     AbiLayout,
@@ -334,6 +362,15 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             Ok(())
         }
         Command::Demo(args) => demo::demo(args, config),
+        Command::Doctor(args) => {
+            if doctor::doctor(args, config)? {
+                Ok(())
+            } else {
+                std::process::exit(Exit::CheckFailed as u8 as i32)
+            }
+        }
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
         Command::Bench(args) => bench::bench(args, config),
         Command::AbiLayout => {
             print!("{}", cuda_abi::layout::report());
@@ -341,3 +378,6 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         }
     }
 }
+
+#[cfg(test)]
+mod help_tests;

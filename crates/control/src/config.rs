@@ -27,11 +27,11 @@ const LOG: Setting = Setting {
 };
 const SHIM: Setting = Setting {
     name: "CUINTERPOSE_SHIM",
-    default: "libcuinterpose.so next to the tool",
+    default: "libcuinterpose.so next to the tool, or in ../lib",
 };
 const CRIU: Setting = Setting {
     name: "CUINTERPOSE_CRIU",
-    default: "criu on PATH",
+    default: "the bundled one",
 };
 const LOCK_DIR: Setting = Setting {
     name: "CUINTERPOSE_LOCK_DIR",
@@ -54,10 +54,10 @@ pub struct ToolConfig {
     /// The log filter (`tracing` directives), for the CLI's subscriber.
     pub log: String,
     /// The shim `cuinterpose run` preloads when `--shim` is not given; `None`: the one next to the
-    /// tool.
+    /// tool or in the release's `lib/` (crate::layout).
     pub shim: Option<PathBuf>,
-    /// The CRIU binary when `--criu` is not given; `None` (or a path that is not a file): `criu` on
-    /// `PATH`.
+    /// The CRIU binary when `--criu` is not given; `None` (or a path that is not a file): the
+    /// bundled one (crate::layout), then `criu` on `PATH`.
     pub criu: Option<PathBuf>,
     /// How long a shim may take to accept and answer a read-only request.
     pub answer_timeout: Duration,

@@ -127,6 +127,7 @@ interposer_table! {
         cuDriverGetVersion(version: *mut c_int);
         cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
         cuDeviceGetCount(count: *mut c_int);
+        cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
         cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);

@@ -59,6 +59,17 @@ impl DriverTable {
         Ok(n)
     }
 
+    /// `cuDeviceGetName`, e.g. "NVIDIA H200".
+    pub fn device_name(&self, device: CUdevice) -> Result<String> {
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len + 1` bytes and the driver writes at most `len`, NUL
+        // included, so the last byte stays 0.
+        unsafe { self.cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int - 1, device) }?;
+        // SAFETY: NUL-terminated within the buffer (above).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) };
+        Ok(name.to_string_lossy().into_owned())
+    }
+
     /// `cuDeviceGetUuid`.
     pub fn device_uuid(&self, device: CUdevice) -> Result<CUuuid> {
         let mut u = CUuuid::default();

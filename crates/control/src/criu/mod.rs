@@ -1,4 +1,5 @@
-//! CRIU, run as a program (`criu dump` / `criu restore`), found on `--criu PATH`, `$CUINTERPOSE_CRIU`
+//! CRIU, run as a program (`criu dump` / `criu restore`), found on `--criu PATH`, `$CUINTERPOSE_CRIU`,
+//! the CRIU bundled with the tool (crate::layout: the release's `libexec/`, a checkout's `.criu/`),
 //! or `PATH`. The command line is used rather than CRIU's RPC: the RPC needs protobuf bindings and
 //! gives nothing this tool uses, while the log files CRIU writes are what a user reads on failure.
 
@@ -11,9 +12,9 @@ use std::process::Command;
 #[derive(Debug, thiserror::Error)]
 pub enum CriuError {
     #[error(
-        "criu not found (pass --criu PATH or set CUINTERPOSE_CRIU; scripts/install-criu.sh installs CRIU 4.1)"
+        "criu not found (looked at {looked}); pass --criu PATH or set CUINTERPOSE_CRIU (in a checkout, scripts/install-criu.sh installs CRIU 4.2 into .criu/)"
     )]
-    NotFound,
+    NotFound { looked: String },
     #[error("running {program}: {source}")]
     Spawn {
         program: PathBuf,
@@ -69,6 +70,11 @@ impl Criu {
             None => configured
                 .map(Path::to_path_buf)
                 .into_iter()
+                .chain(
+                    crate::layout::Layout::current()
+                        .map(|l| l.criu_candidates())
+                        .unwrap_or_default(),
+                )
                 .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
                     std::env::split_paths(&p)
                         .map(|d| d.join("criu"))
@@ -76,7 +82,7 @@ impl Criu {
                 }))
                 .collect(),
         };
-        for program in candidates.into_iter().filter(|c| c.is_file()) {
+        for program in candidates.iter().filter(|c| c.is_file()).cloned() {
             let output = Command::new(&program)
                 .arg("--version")
                 .output()
@@ -92,7 +98,13 @@ impl Criu {
                 });
             }
         }
-        Err(CriuError::NotFound)
+        Err(CriuError::NotFound {
+            looked: candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 
     pub fn version(&self) -> &str {
