@@ -483,7 +483,8 @@ fn four_ranks_bind_by_memory_and_address_at_offsets() {
 const DEAD: &str = "tests::multicast::a_dead_binders_member_stops_receiving";
 
 /// A binder that dies loses its binding: writes go on for the others, its entry is pruned (so
-/// a new process on the same device can bind the same range), its device stays in the team.
+/// a process on the same device, refused while the binder lived, can now bind the same range),
+/// its device stays in the team.
 #[test]
 fn a_dead_binders_member_stops_receiving() {
     if run_role(DEAD) {
@@ -501,14 +502,25 @@ fn a_dead_binders_member_stops_receiving() {
     r[0].ok("write 0 live");
     assert_eq!(r[1].data("readmem 0 4"), "live");
 
-    r.pop().unwrap().0.kill();
-    r[0].ok("write 8 dead");
-    assert_eq!(r[0].data("readmem 8 4"), "dead");
-
+    // Another process on device 1 cannot bind the range while its binder lives.
     let mut next = Rank::spawn(DEAD, &dir, 1, &[("FAKE_CUDA_DEVICES", "4")]);
     next.ok(&format!("import {name} {G}"));
     next.ok(&format!("mem {G}"));
-    assert_eq!(next.call("add"), INVALID, "device 1 stays in the team");
+    assert_eq!(next.call("add"), INVALID, "device 1 is in the team");
+    assert_eq!(
+        next.call(&format!("bindmem 0 0 {G}")),
+        INVALID,
+        "overlaps the live binding of device 1"
+    );
+
+    r.pop().unwrap().0.kill();
+    r[0].ok("write 8 dead");
+    assert_eq!(r[0].data("readmem 8 4"), "dead");
+    assert_eq!(
+        next.call("add"),
+        INVALID,
+        "device 1 stays in the team after its adder died"
+    );
     next.ok(&format!("bindmem 0 0 {G}"));
     r[0].ok("write 16 next");
     assert_eq!(next.data("readmem 16 4"), "next");
