@@ -59,7 +59,8 @@ prepare() {
     local key_hash
     key_hash=$(printf '%s\n' "$closure" | sha256sum | cut -c1-16)
     local dir=$base/$key_hash
-    if [ -x "$dir/bin/apiextensions-apiserver" ] && [ -x "$dir/bin/etcd" ] && [ -x "$dir/bin/admission-harness" ]; then
+    if [ -x "$dir/bin/apiextensions-apiserver" ] && [ -x "$dir/bin/etcd" ] && [ -x "$dir/bin/admission-harness" ] &&
+        [ "$(cat "$dir/bin/admission-harness.sha256" 2>/dev/null)" = "$(harness_hash)" ]; then
         echo "$dir"
         return
     fi
@@ -81,6 +82,11 @@ prepare() {
     fi
     build "$dir"
     echo "$dir"
+}
+
+# The harness is rebuilt when its source changes.
+harness_hash() {
+    cat "$repo"/crates/kube/go/admission-harness/*.go | sha256sum | cut -c1-64
 }
 
 go_env() {
@@ -107,6 +113,7 @@ build() {
         cp -r "$repo/crates/kube/go/admission-harness" "$dir/harness/src/cuinterpose/admission-harness"
         GOPATH=$dir/harness:$dir/root/usr/share/gocode go build -o "$dir/bin/admission-harness" \
             cuinterpose/admission-harness
+        harness_hash >"$dir/bin/admission-harness.sha256"
         log "built admission-harness in $((SECONDS - t1)) s"
     )
     ln -sfn "$dir/root/usr/bin/etcd" "$dir/bin/etcd"

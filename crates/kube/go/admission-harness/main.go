@@ -157,7 +157,8 @@ func run(configPath, caPath, address, podPath string) error {
 		if err != nil {
 			return fmt.Errorf("second admission of the admitted pod failed: %w", err)
 		}
-		out.ChangedAgain = !reflect.DeepEqual(again, admitted)
+		out.ChangedAgain = !reflect.DeepEqual(again.Spec, admitted.Spec) ||
+			!reflect.DeepEqual(again.ObjectMeta, admitted.ObjectMeta)
 	}
 	return json.NewEncoder(os.Stdout).Encode(out)
 }
