@@ -139,8 +139,10 @@ start() {
         -extfile "$pki/server.ext" -out "$pki/server.crt" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=cuinterpose-test-admin" \
         -keyout "$pki/admin.key" -out "$pki/admin.csr" 2>/dev/null
+    # With an extension, so that the certificate is X.509 v3 (rustls accepts no other).
+    printf 'extendedKeyUsage=clientAuth\n' >"$pki/admin.ext"
     openssl x509 -req -in "$pki/admin.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial -days 2 \
-        -out "$pki/admin.crt" 2>/dev/null
+        -extfile "$pki/admin.ext" -out "$pki/admin.crt" 2>/dev/null
     local etcd_port peer_port api_port
     etcd_port=$(free_port) peer_port=$(free_port) api_port=$(free_port)
     "$dir/bin/etcd" --data-dir "$state/etcd" --listen-client-urls "http://127.0.0.1:$etcd_port" \

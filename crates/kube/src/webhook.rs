@@ -85,7 +85,7 @@ fn respond(request: &AdmissionRequest<Pod>, config: &ShapeConfig) -> AdmissionRe
             );
             response
                 .with_patch(patch)
-                .unwrap_or_else(|e| AdmissionResponse::invalid(e))
+                .unwrap_or_else(AdmissionResponse::invalid)
         }
         Err(refusal) => {
             tracing::info!(pod = name, namespace = request.namespace.as_deref(), %refusal, "refused");

@@ -35,7 +35,11 @@ use std::time::{Duration, Instant};
 use testkit::harness::{Artifacts, DriverKind, TestEnv, Workload};
 
 const NODE: &str = "node-a";
-const NAMESPACE: &str = "default";
+/// A namespace of this run's own (the server keeps what earlier runs left).
+fn namespace() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| format!("test-{}", std::process::id()))
+}
 const WAIT: Duration = Duration::from_secs(180);
 const SIZE: u64 = 2 << 20;
 
@@ -138,14 +142,6 @@ impl PodCgroup {
             dir,
             root: test_root.to_path_buf(),
         }
-    }
-
-    /// The cgroup v2 path as /proc/<pid>/cgroup shows it.
-    fn path(&self) -> String {
-        format!(
-            "/{}",
-            self.dir.strip_prefix(cgroup2_mount()).unwrap().display()
-        )
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -353,7 +349,7 @@ fn checkpoint(
 ) -> Checkpoint {
     serde_json::from_value(json!({
         "apiVersion": "cuinterpose.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": namespace()},
         "spec": {"podName": pod, "storage": {"hostPath": storage.display().to_string()},
                  "leaveRunning": leave_running, "keep": keep}
     }))
@@ -385,7 +381,7 @@ async fn events(client: &Client, name: &str) -> Vec<(String, String)> {
         &GroupVersionKind::gvk("events.k8s.io", "v1", "Event"),
         "events",
     );
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &resource);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace(), &resource);
     let list = api
         .list(&ListParams::default())
         .await
@@ -424,7 +420,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         tool,
     ));
     let controller = tokio::spawn(agent::run(context));
-    let api: Api<Checkpoint> = Api::namespaced(client.clone(), NAMESPACE);
+    let api: Api<Checkpoint> = Api::namespaced(client.clone(), namespace());
 
     // Refusals surface as conditions (and Events), each with its message; nothing is written.
     let inject = [(OPT_IN_LABEL, "true")];
@@ -440,7 +436,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         "00000000-0000-0000-0000-00000000000b",
         "c-idle",
     );
-    let _idle = test.start_in(
+    let mut idle = test.start_in(
         &idle_cgroup,
         &test.tool,
         &["run", "--pid-namespace", "--", "/bin/sleep", "600"],
@@ -520,7 +516,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     .await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
     let status = object.status.clone().unwrap();
-    let dir = storage.join(NAMESPACE).join("ck-1");
+    let dir = storage.join(namespace()).join("ck-1");
     assert_eq!(status.location.as_deref(), Some(dir.to_str().unwrap()));
     assert!(
         dir.join("manifest.json").is_file(),
@@ -528,7 +524,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     );
     assert!(status.image_bytes.unwrap() > 0);
     let phases: Vec<&str> = status.phases.iter().map(|p| p.name.as_str()).collect();
-    for wanted in ["freeze", "native-lock", "criu-dump"] {
+    for wanted in ["freeze", "save", "native-checkpoint", "criu-dump"] {
         assert!(phases.contains(&wanted), "{wanted} in {phases:?}");
     }
     assert!(status.phases.iter().all(|p| p.millis >= 0.0));
@@ -553,7 +549,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     // joins its cgroup, and the memory is back.
     let (puid, pcid) = ("66666666-7777-8888-9999-000000000000", "c0ffee02");
     let placeholder_cgroup = PodCgroup::new(&test.cgroups, puid, pcid);
-    let _keepalive = test.start_in(
+    let mut keepalive = test.start_in(
         &placeholder_cgroup,
         Path::new("/bin/sleep"),
         &["600"],
@@ -589,14 +585,37 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     for (r, w) in ranks.iter().enumerate() {
         w.assert_pattern(&format!("a{r}"), 100 + r as u64)
             .expect("contents after the restore");
-        let cgroup_of = std::fs::read_to_string(format!("/proc/{}/cgroup", w.pid())).unwrap();
-        assert!(
-            cgroup_of
-                .lines()
-                .any(|l| l == format!("0::{}", placeholder_cgroup.path())),
-            "rank {r} in the placeholder's cgroup: {cgroup_of}"
-        );
     }
+    // The restored tree (its PID-namespace init and the second rank) joined the placeholder's
+    // cgroup, next to the placeholder's own process.
+    assert!(
+        message.contains(&format!(
+            "in its cgroup {}",
+            placeholder_cgroup.dir.display()
+        )),
+        "{message}"
+    );
+    let members = placeholder_cgroup.pids();
+    let inits: Vec<u32> = members
+        .iter()
+        .copied()
+        .filter(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            status
+                .lines()
+                .any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1"))
+        })
+        .collect();
+    assert_eq!(
+        members.len(),
+        3,
+        "sleep + the two restored ranks: {members:?}"
+    );
+    assert_eq!(
+        inits.len(),
+        1,
+        "one restored PID-namespace init among {members:?}"
+    );
     assert!(
         events(&client, "ck-1")
             .await
@@ -624,7 +643,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     )
     .await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
-    let dir2 = storage.join(NAMESPACE).join("ck-2");
+    let dir2 = storage.join(namespace()).join("ck-2");
     assert!(dir2.join("manifest.json").is_file());
     api.create(
         &PostParams::default(),
@@ -650,7 +669,10 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     .await;
     assert!(!dir2.exists(), "ck-2's files were discarded");
     assert!(
-        storage.join(NAMESPACE).join("ck-3/manifest.json").is_file(),
+        storage
+            .join(namespace())
+            .join("ck-3/manifest.json")
+            .is_file(),
         "ck-3 is kept"
     );
     for (r, w) in test.ranks(&listen).iter().enumerate() {
@@ -666,7 +688,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         })
         .await;
         assert!(
-            !storage.join(NAMESPACE).join(name).exists(),
+            !storage.join(namespace()).join(name).exists(),
             "{name}'s files were discarded"
         );
     }
@@ -677,7 +699,10 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     drop(placeholder_cgroup);
     drop(cgroup);
     drop(idle_cgroup);
-    let _ = std::fs::remove_dir(&test.cgroups.join("kubepods/besteffort"));
-    let _ = std::fs::remove_dir(&test.cgroups.join("kubepods"));
+    // The cgroups' drops killed what ran in them; reap our two children.
+    let _ = idle.wait();
+    let _ = keepalive.wait();
+    let _ = std::fs::remove_dir(test.cgroups.join("kubepods/besteffort"));
+    let _ = std::fs::remove_dir(test.cgroups.join("kubepods"));
     let _ = std::fs::remove_dir(&test.cgroups);
 }
