@@ -260,10 +260,13 @@ impl Test {
             ],
             "workload",
         );
-        testkit::wire::wait_listening(&listen.join("1.sock"), WAIT, || {
-            matches!(launcher.try_wait(), Ok(None))
-        })
-        .unwrap_or_else(|e| panic!("the workload did not start: {e}"));
+        // Each rank listens on its own socket, in no fixed order.
+        for rank in ["0.sock", "1.sock"] {
+            testkit::wire::wait_listening(&listen.join(rank), WAIT, || {
+                matches!(launcher.try_wait(), Ok(None))
+            })
+            .unwrap_or_else(|e| panic!("the workload did not start: {e}"));
+        }
         for (r, w) in self.ranks(&listen).iter().enumerate() {
             w.all_ok(&[
                 &format!("create a{r} {SIZE} --handle-types posix"),
