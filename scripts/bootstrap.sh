@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a fresh Debian machine for building and testing: a C compiler and the C library headers
-# (the shim's tests compile small C programs), and CRIU 4.1 in the private prefix .criu.
+# (the shim's tests compile small C programs), and CRIU 4.2 in the private prefix .criu, where the
+# tool built in target/ finds it (control::layout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v cc >/dev/null 2>&1 || ! command -v readelf >/dev/null 2>&1; then

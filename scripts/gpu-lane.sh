@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU lane: every GPU scenario on a real GPU in one call, a summary table last.
 #
-# Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh) carried along:
-#   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: abi procaddr scenarios shim-scenarios
-#                                          demo torch bench disk torch-disk nccl unlock hang)
+# Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
+# layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
+#   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
+#                                          shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -15,13 +16,14 @@ export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.."
 repo=$PWD
 bin=$repo/dist/bin
+shim=$repo/dist/lib/libcuinterpose.so
 out=${OUT:-/tmp/gpu-lane-out}
 logs=$(mktemp -d /tmp/gpu-lane-logs.XXXXXX)
 mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -30,6 +32,15 @@ wants() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done;
 [ -x "$bin/cuinterpose" ] || { echo "dist/bin/cuinterpose missing: run scripts/build-dist.sh here first" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
 driver_dir=$(dirname "$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')")
+
+if wants doctor; then
+    log "doctor: what this machine has for cuinterpose"
+    "$bin/cuinterpose" doctor | tee "$logs/doctor.txt"
+    doctor_status=${PIPESTATUS[0]}
+    "$bin/cuinterpose" doctor --json >"$logs/doctor.json" 2>&1
+    row doctor "-" "$(grep -c '^ok' "$logs/doctor.txt") ok, $(grep -c '^warn' "$logs/doctor.txt") warn, $(grep -c '^fail' "$logs/doctor.txt") fail" \
+        "$([ "$doctor_status" -eq 0 ] && echo ok || echo "FAIL (exit $doctor_status)")"
+fi
 
 if wants abi; then
     log "abi: cuda-abi layouts against this machine's cuda.h"
@@ -53,7 +64,7 @@ if wants procaddr; then
     log "procaddr: the driver resolver's pointers are named by dladdr (the shim's resolver rule)"
     if gcc -I crates/shim/tests/c -o "$logs/procaddr" crates/shim/tests/c/procaddr.c "$driver_dir/libcuda.so.1" -ldl 2>"$logs/procaddr-build.txt"; then
         "$logs/procaddr" >"$logs/procaddr-plain.txt" 2>&1
-        LD_PRELOAD=$bin/libcuinterpose.so "$logs/procaddr" >"$logs/procaddr-shim.txt" 2>&1
+        LD_PRELOAD=$shim "$logs/procaddr" >"$logs/procaddr-shim.txt" 2>&1
         # Tracked names must come back as the shim's wrappers; every other answer must be the
         # driver's own, identical to the run without the shim (resolver lines aside).
         read -r wrapped untracked_same < <(python3 - "$logs/procaddr-plain.txt" "$logs/procaddr-shim.txt" <<'PY'
@@ -200,7 +211,6 @@ fi
 
 if wants disk; then
     log "checkpoint to disk with CRIU and restore"
-    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu
     if timeout 400 "$bin/cuinterpose" demo --to-disk --json >"$logs/demo-disk.json" 2>"$logs/demo-disk.err"; then
         row "demo --to-disk" "-" "$(python3 -c "import json;r=json.load(open('$logs/demo-disk.json'));print(' '.join('%s=%.0fms'%(p['name'],p['millis']) for p in r['checkpoint']['phases']+r['restore']['phases'] if p['millis']>=1), 'images=%dMiB'%(r['checkpoint']['image_bytes']>>20))")" ok
     else
@@ -210,7 +220,7 @@ fi
 
 if wants torch-disk; then
     log "PyTorch pair checkpointed to disk with CRIU, killed, restored, verified"
-    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+    export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
     barrier=$(mktemp -d /tmp/torch-disk-barrier.XXXXXX)
     ckpt=/tmp/torch-ckpt.$$
     "$bin/cuinterpose" run --pid-namespace -- python3 "$repo/scripts/gpu/torch_share.py" --mode barrier \
@@ -271,7 +281,6 @@ nccl_finish() {  # tag: lets the group run its after phases; prints the verdict 
 }
 if wants nccl; then
     log "NCCL tensor-parallel group under the shim"
-    export CUINTERPOSE_CRIU=$repo/dist/criu/bin/criu
     gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
     nccl_world=$(( gpus >= 2 ? 2 : 1 ))
     if timeout 300 "$bin/cuinterpose" run -- python3 scripts/gpu/nccl_tp.py --mode plain --world-size "$nccl_world" \

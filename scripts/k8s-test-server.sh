@@ -17,6 +17,7 @@
 #   scripts/k8s-test-server.sh start DIR        start etcd + the API server on 127.0.0.1 (random ports);
 #                                               DIR gets kubeconfig, env (sourceable), logs, pids
 #   scripts/k8s-test-server.sh stop DIR         stop what `start DIR` started
+#   scripts/k8s-test-server.sh kubectl          fetch Debian's kubectl once (cached); prints its path
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,7 +33,7 @@ apt_opts() {
         -o Dir::State::Status=/dev/null -o APT::Sandbox::User=root -q
 }
 
-prepare() {
+sources() {
     mkdir -p "$base/apt/lists/partial" "$base/apt/cache/archives/partial" "$base/apt/sources.d"
     local uri="" key=""
     if [ -f /etc/apt/sources.list.d/debian.sources ]; then
@@ -47,8 +48,13 @@ prepare() {
     printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: %s\n' "$uri" "$suite" "$key" \
         >"$base/apt/sources.d/$suite.sources"
     mapfile -t opts < <(apt_opts)
-    local t0=$SECONDS
     apt-get "${opts[@]}" update >/dev/null
+}
+
+prepare() {
+    local t0=$SECONDS
+    sources
+    mapfile -t opts < <(apt_opts)
     # The Go source packages the server needs (all golang-*), the Go toolchain and etcd. Everything
     # else in the closure (libc, systemd, protobuf's C++ side) is what a system install would pull
     # in and is not needed to build or run these static Go programs.
@@ -117,6 +123,26 @@ build() {
         log "built admission-harness in $((SECONDS - t1)) s"
     )
     ln -sfn "$dir/root/usr/bin/etcd" "$dir/bin/etcd"
+}
+
+# kubectl for `kubectl kustomize` (render deploy/kubernetes): the same suite's package, unpacked on
+# its own so that its version does not change the server's cache key.
+fetch_kubectl() {
+    sources
+    mapfile -t opts < <(apt_opts)
+    local version dir
+    version=$(apt-cache "${opts[@]}" policy kubectl | awk '/Candidate:/{print $2}')
+    [ -n "$version" ] && [ "$version" != "(none)" ] || { log "no kubectl in $suite"; exit 1; }
+    dir=$base/kubectl-${version//[^A-Za-z0-9.+-]/_}
+    if [ ! -x "$dir/root/usr/bin/kubectl" ]; then
+        rm -rf "$dir.tmp"
+        mkdir -p "$dir.tmp/root"
+        (cd "$dir.tmp" && apt-get "${opts[@]}" download "kubectl=$version" >/dev/null)
+        dpkg -x "$dir.tmp"/kubectl_*.deb "$dir.tmp/root"
+        rm -f "$dir.tmp"/*.deb
+        mv "$dir.tmp" "$dir"
+    fi
+    echo "$dir/root/usr/bin/kubectl"
 }
 
 free_port() {
@@ -221,5 +247,6 @@ case ${1:-} in
     prepare) prepare ;;
     start) [ -n "${2:-}" ] || { log "usage: start DIR"; exit 2; }; start "$2" ;;
     stop) [ -n "${2:-}" ] || { log "usage: stop DIR"; exit 2; }; stop "$2" ;;
-    *) log "usage: $0 prepare | start DIR | stop DIR"; exit 2 ;;
+    kubectl) fetch_kubectl ;;
+    *) log "usage: $0 prepare | start DIR | stop DIR | kubectl"; exit 2 ;;
 esac

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): formatting, lints, build, every test on the fake driver
-# (real processes, real sockets, a real CRIU). Needs a Rust toolchain; installs CRIU into .criu itself.
+# (real processes, real sockets, a real CRIU), then the release: its layout built against glibc 2.17,
+# the baseline checked, the shim loaded in an old Debian userland and the .deb installed into a clean
+# chroot (scripts/test-release.sh). Needs a Rust toolchain; installs CRIU, zig and debootstrap itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
+timed() { local start=$SECONDS; "$@"; printf '(%s: %d s)\n' "$*" $((SECONDS - start)); }
 
 scripts/bootstrap.sh
 
@@ -18,33 +21,48 @@ cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "the shim links no JSON (the manifest is the tool's, behind protocol's feature \`manifest\`)"
+if cargo tree -p cuinterpose-shim -e normal --locked | grep serde_json; then
+    echo "test.sh: cuinterpose-shim depends on serde_json" >&2
+    exit 1
+fi
+
 step "cargo build (libraries, binaries, the fake driver and the shim)"
 cargo build --workspace --all-targets --locked
 
 step "cargo test"
 cargo test --workspace --locked -- --test-threads="${CUINTERPOSE_TEST_THREADS:-2}"
 
+step "release layout (scripts/build-dist.sh: glibc 2.17 build, stripped, man pages, completions)"
+timed scripts/build-dist.sh
+
+step "release: the glibc baseline of every shipped binary"
+timed scripts/test-release.sh glibc
+
+step "release: the shim in an old userland (debootstrap chroot)"
+timed scripts/test-release.sh old-userland
+
+step "release: the Debian package in a clean chroot (--version, doctor, demo)"
+timed scripts/test-release.sh deb
+
 step "Kubernetes: kustomize renders deploy/kubernetes offline"
-# kubectl's built-in kustomize (the machine image's kubectl); every kind the deployment needs.
-if command -v kubectl >/dev/null 2>&1; then
-    rendered=$(kubectl kustomize deploy/kubernetes)
-    for kind in CustomResourceDefinition MutatingWebhookConfiguration DaemonSet Deployment Service \
-        ClusterRole ClusterRoleBinding ServiceAccount Namespace; do
-        grep -qx "kind: $kind" <<<"$rendered" || { echo "kustomize output lacks a $kind" >&2; exit 1; }
-    done
-    kubectl kustomize deploy/kubernetes/example >/dev/null
-    echo "rendered $(grep -c '^kind:' <<<"$rendered") objects"
-else
-    echo "kubectl not found: cannot render deploy/kubernetes" >&2
-    exit 1
-fi
+# kubectl's built-in kustomize, Debian's kubectl fetched by the script (cached in .k8s-test); every
+# kind the deployment needs.
+kubectl=$(scripts/k8s-test-server.sh kubectl)
+rendered=$("$kubectl" kustomize deploy/kubernetes)
+for kind in CustomResourceDefinition MutatingWebhookConfiguration DaemonSet Deployment Service \
+    ClusterRole ClusterRoleBinding ServiceAccount Namespace; do
+    grep -qx "kind: $kind" <<<"$rendered" || { echo "kustomize output lacks a $kind" >&2; exit 1; }
+done
+"$kubectl" kustomize deploy/kubernetes/example >/dev/null
+echo "rendered $(grep -c '^kind:' <<<"$rendered") objects"
 
 step "Kubernetes: webhook and agent against real Kubernetes server code"
 # Debian's Kubernetes 1.36 source: the CRD API server on etcd, and the kube-apiserver's mutating
 # admission plugin in a harness (scripts/k8s-test-server.sh; built once, cached in .k8s-test).
 k8s_state=$(mktemp -d)
 trap 'scripts/k8s-test-server.sh stop "$k8s_state"; rm -rf "$k8s_state"' EXIT
-scripts/k8s-test-server.sh start "$k8s_state"
+timed scripts/k8s-test-server.sh start "$k8s_state"
 # shellcheck disable=SC1091
 . "$k8s_state/env"
 cargo test -p cuinterpose-kube --locked --test admission --test apiserver -- --ignored --test-threads=1

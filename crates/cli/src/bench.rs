@@ -1,9 +1,12 @@
 //! `cuinterpose bench`: what the interposer costs and how fast a suspend and resume move bytes.
 //!
-//! 1. Overhead: `cuinterpose-workload bench` run alternately without and with the shim
-//!    (`--repetitions` runs each, medians): a loop of untracked calls (`cuCtxSynchronize`, a
-//!    256-byte `cuMemsetD8` and `cuMemcpyHtoD`; the shim returns these unwrapped) and a loop of
-//!    tracked create/map/set-access/unmap/release cycles. Ratios shim/no-shim.
+//! 1. Overhead: `cuinterpose-workload bench` run in pairs without and with the shim
+//!    (`--repetitions` pairs, the order swapped every pair so that neither side always runs second
+//!    on a warmer machine): a loop of untracked calls (`cuCtxSynchronize`, a 256-byte `cuMemsetD8`
+//!    and `cuMemcpyHtoD`; the shim returns these unwrapped, so an untracked call reaches the
+//!    driver's own function and what remains is the machine's noise) and a loop of tracked
+//!    create/map/set-access/unmap/release cycles. Each ratio is the median of the pairs' ratios
+//!    (shim/no-shim, each pair measured back to back), with their spread (lowest, highest).
 //! 2. Capture: a ring group under the shim sharing `--size` bytes in all, suspended and resumed
 //!    `--cycles` times in place (the second cycle reuses the carriers), with every phase timed and
 //!    each shim's copy statistics (copy, pinning, carrier first touch) from its answers to Save and
@@ -19,6 +22,7 @@ use crate::output::bytes;
 use crate::progress::Bars;
 use anyhow::{Context, ensure};
 use control::capture::{self, PhaseTiming, Progress, Report, ResumeOptions, SuspendOptions};
+use control::config::ToolConfig;
 use control::group::PhaseResult;
 use control::native::Driver;
 use protocol::message::CopyStats;
@@ -36,8 +40,8 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 const GRANULE: u64 = 2 << 20;
 
 const BENCH_HELP: &str = "\
-Overhead: cuinterpose-workload bench without and with the shim, alternately, medians of
---repetitions runs: untracked calls (cuCtxSynchronize, 256-byte cuMemsetD8 and cuMemcpyHtoD;
+Overhead: cuinterpose-workload bench without and with the shim in --repetitions pairs (order
+swapped every pair), the median of the pairs' ratios with their spread: untracked calls (cuCtxSynchronize, 256-byte cuMemsetD8 and cuMemcpyHtoD;
 targets: ratio <= 1.02) and the tracked create/map/set-access/unmap/release cycle (<= 1.10).
 
 Capture: a ring group under the shim sharing --size bytes, suspended and resumed --cycles times in
@@ -141,22 +145,38 @@ pub struct Overhead {
     pub registry_source: &'static str,
 }
 
-/// One measured line: without and with the shim.
+/// One measured line: without and with the shim (medians over the pairs), the median of the pairs'
+/// ratios and their spread.
 #[derive(Debug, serde::Serialize)]
 pub struct Ratio {
     pub name: String,
     pub without_shim_ns: f64,
     pub with_shim_ns: f64,
+    /// Median over the pairs of (with shim / without shim), each pair run back to back.
     pub ratio: f64,
+    /// Lowest and highest ratio of a pair.
+    pub ratio_spread: (f64, f64),
 }
 
 impl Ratio {
-    fn new(name: &str, without: f64, with: f64) -> Ratio {
+    /// From the pairs' figures `(without, with)`.
+    fn paired(name: &str, pairs: &[(f64, f64)]) -> Ratio {
+        let ratios: Vec<f64> = pairs
+            .iter()
+            .map(|&(without, with)| if without > 0.0 { with / without } else { 0.0 })
+            .collect();
+        let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         Ratio {
             name: name.into(),
-            without_shim_ns: without,
-            with_shim_ns: with,
-            ratio: if without > 0.0 { with / without } else { 0.0 },
+            without_shim_ns: median(pairs.iter().map(|p| p.0).collect()),
+            with_shim_ns: median(pairs.iter().map(|p| p.1).collect()),
+            ratio: median(ratios),
+            ratio_spread: if pairs.is_empty() {
+                (0.0, 0.0)
+            } else {
+                (low, high)
+            },
         }
     }
 }
@@ -219,7 +239,7 @@ pub struct Native {
     pub restore_gb_per_s: f64,
 }
 
-pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     ensure!(
         args.processes >= 2,
         "--processes must be at least 2 to share memory both ways"
@@ -258,8 +278,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let capture = if args.no_capture {
         None
     } else {
-        let c =
-            capture_bench(&artifacts, kind, &driver, on_gpu, &args).context("capture benchmark")?;
+        let c = capture_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+            .context("capture benchmark")?;
         if tables {
             print_capture(&c);
         }
@@ -310,9 +330,16 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
     let env = TestEnv::new(artifacts.clone(), kind, false).context("preparing a directory")?;
     let workload = artifacts.workload()?;
     let mut runs: [Vec<serde_json::Value>; 2] = [Vec::new(), Vec::new()];
-    // Alternating runs, so that a slow phase of the machine hits both sides alike.
-    for _ in 0..args.repetitions {
-        for (shim, out) in [false, true].into_iter().zip(runs.iter_mut()) {
+    // Pairs run back to back, so that a slow phase of the machine hits both sides of a pair
+    // alike; the order swaps every pair, so that neither side always runs second.
+    for repetition in 0..args.repetitions {
+        let order = if repetition % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for shim in order {
+            let out = &mut runs[usize::from(shim)];
             let output = env
                 .command(&workload, shim)?
                 .args(["bench", "--iterations"])
@@ -333,30 +360,36 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
             );
         }
     }
-    let figure = |side: usize, section: &str, key: &str| -> anyhow::Result<f64> {
-        let values = runs[side]
+    // The (without, with) figures of each pair.
+    let pairs = |section: &str, key: &str| -> anyhow::Result<Vec<(f64, f64)>> {
+        let value = |r: &serde_json::Value| {
+            r[section][key]
+                .as_f64()
+                .with_context(|| format!("the bench report lacks {section}.{key}"))
+        };
+        runs[0]
             .iter()
-            .map(|r| {
-                r[section][key]
-                    .as_f64()
-                    .with_context(|| format!("the bench report lacks {section}.{key}"))
-            })
-            .collect::<anyhow::Result<Vec<f64>>>()?;
-        Ok(median(values))
+            .zip(&runs[1])
+            .map(|(without, with)| Ok((value(without)?, value(with)?)))
+            .collect()
     };
     let mut untracked = Vec::new();
-    let (mut without_sum, mut with_sum) = (0.0, 0.0);
+    let mut loop_sums = vec![(0.0, 0.0); args.repetitions];
     for key in UNTRACKED {
-        let (a, b) = (figure(0, "untracked", key)?, figure(1, "untracked", key)?);
-        without_sum += a;
-        with_sum += b;
-        untracked.push(Ratio::new(key.trim_end_matches("_ns"), a, b));
+        let figures = pairs("untracked", key)?;
+        for (sum, (without, with)) in loop_sums.iter_mut().zip(&figures) {
+            sum.0 += without;
+            sum.1 += with;
+        }
+        untracked.push(Ratio::paired(key.trim_end_matches("_ns"), &figures));
     }
-    untracked.push(Ratio::new("untracked loop", without_sum, with_sum));
+    untracked.push(Ratio::paired("untracked loop", &loop_sums));
     let mut tracked = Vec::new();
     for key in TRACKED {
-        let (a, b) = (figure(0, "tracked", key)?, figure(1, "tracked", key)?);
-        tracked.push(Ratio::new(key.trim_end_matches("_ns"), a, b));
+        tracked.push(Ratio::paired(
+            key.trim_end_matches("_ns"),
+            &pairs("tracked", key)?,
+        ));
     }
     let untracked_ratio = untracked.last().map_or(0.0, |r| r.ratio);
     let tracked_ratio = tracked.first().map_or(0.0, |r| r.ratio);
@@ -453,6 +486,7 @@ fn capture_bench(
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
+    config: &ToolConfig,
 ) -> anyhow::Result<Capture> {
     let total = args
         .size
@@ -480,13 +514,13 @@ fn capture_bench(
     let mut cycles = Vec::new();
     for cycle in 1..=args.cycles {
         let state_dir = env.dir().join(format!("state-{cycle}"));
-        let mut suspend_options = SuspendOptions::new(root);
+        let mut suspend_options = SuspendOptions::new(root, config);
         suspend_options.state_dir = state_dir.clone();
         suspend_options.driver = tool_driver.clone();
         let suspend = capture::suspend(&suspend_options, &collector)
             .with_context(|| format!("suspend, cycle {cycle}"))?;
         let save = summarize_copies(collector.take("save"));
-        let mut resume_options = ResumeOptions::new(root);
+        let mut resume_options = ResumeOptions::new(root, config);
         resume_options.state_dir = state_dir;
         resume_options.driver = tool_driver.clone();
         let resume = capture::resume(&resume_options, &collector)
@@ -589,17 +623,19 @@ fn native_baseline(
 fn print_overhead(o: &Overhead) {
     println!();
     println!(
-        "overhead: medians of {} runs each, ns per iteration ({} untracked, {} tracked iterations)",
+        "overhead: {} pairs of runs (order swapped every pair), medians, ns per iteration ({} \
+         untracked, {} tracked iterations); RATIO is the median of the pairs' ratios, SPREAD their \
+         lowest and highest",
         o.repetitions, o.iterations, o.tracked_iterations
     );
     println!(
-        "{:<22} {:>12} {:>12} {:>8}",
-        "CALL", "NO SHIM", "SHIM", "RATIO"
+        "{:<22} {:>12} {:>12} {:>8} {:>17}",
+        "CALL", "NO SHIM", "SHIM", "RATIO", "SPREAD"
     );
     for r in o.untracked.iter().chain(&o.tracked) {
         println!(
-            "{:<22} {:>12.1} {:>12.1} {:>8.3}",
-            r.name, r.without_shim_ns, r.with_shim_ns, r.ratio
+            "{:<22} {:>12.1} {:>12.1} {:>8.3} {:>8.3}-{:<8.3}",
+            r.name, r.without_shim_ns, r.with_shim_ns, r.ratio, r.ratio_spread.0, r.ratio_spread.1
         );
     }
     println!(

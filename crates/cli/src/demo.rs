@@ -13,6 +13,7 @@ use crate::output::{bytes, print_phases};
 use crate::progress::Bars;
 use anyhow::{Context, bail, ensure};
 use control::capture::{self, Report, ResumeOptions, SuspendOptions};
+use control::config::ToolConfig;
 use control::disk::{self, CheckpointOptions, DiskReport, RestoreOptions};
 use control::native::Driver;
 use std::path::{Path, PathBuf};
@@ -35,7 +36,7 @@ pub struct DemoArgs {
     #[arg(long)]
     json: bool,
     /// Through disk: start the group in its own PID namespace, checkpoint it with CRIU, restore it
-    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU or PATH)
+    /// into new processes (CRIU from --criu, $CUINTERPOSE_CRIU, the bundled CRIU, or PATH)
     #[arg(long)]
     to_disk: bool,
     /// The CRIU binary for --to-disk
@@ -56,7 +57,7 @@ struct DemoReport {
     verified: Vec<String>,
 }
 
-pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
+pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     ensure!(
         args.processes >= 2,
         "--processes must be at least 2 to share memory both ways"
@@ -88,7 +89,7 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
 
     let env = TestEnv::new(artifacts, kind, true).context("preparing the demo's directory")?;
     if args.to_disk {
-        return demo_to_disk(&args, &env, &driver, driver_name, on_gpu, size);
+        return demo_to_disk(&args, config, &env, &driver, driver_name, on_gpu, size);
     }
     let group = Group::tree(
         &env,
@@ -105,14 +106,14 @@ pub fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let before = group_memory(&env, &driver, on_gpu, &pids)?;
 
     let state_dir = env.dir().join("state");
-    let mut suspend_options = SuspendOptions::new(root);
+    let mut suspend_options = SuspendOptions::new(root, config);
     suspend_options.state_dir = state_dir.clone();
     suspend_options.driver = (!on_gpu).then(|| driver.path().to_path_buf());
     let progress = Bars::new(!args.json);
     let suspended = capture::suspend(&suspend_options, &progress).context("suspend")?;
     let during = group_memory(&env, &driver, on_gpu, &pids)?;
 
-    let mut resume_options = ResumeOptions::new(root);
+    let mut resume_options = ResumeOptions::new(root, config);
     resume_options.state_dir = state_dir;
     resume_options.driver = suspend_options.driver.clone();
     let resumed = capture::resume(&resume_options, &progress).context("resume")?;
@@ -148,14 +149,17 @@ pub(crate) fn pick_driver(
     force_fake: bool,
 ) -> anyhow::Result<(DriverKind, Driver)> {
     if !force_fake && let Ok(driver) = Driver::load(None) {
-        let fake = std::fs::canonicalize(artifacts.dir().join("libcuda.so")).ok();
+        let fake = artifacts
+            .fake_driver()
+            .ok()
+            .and_then(|f| std::fs::canonicalize(f).ok());
         let is_fake = fake.as_deref() == Some(driver.path());
         if !is_fake && driver.device_count().unwrap_or(0) > 0 {
             return Ok((DriverKind::System, driver));
         }
     }
     let fake: PathBuf = artifacts.fake_driver().context(
-        "the bundled fake driver (libcuda.so next to cuinterpose) is missing; build the workspace",
+        "the bundled fake driver (libcuda.so next to cuinterpose, or lib/cuinterpose/test-driver/ in the release) is missing; build the workspace",
     )?;
     let driver = Driver::load(Some(&fake)).context("loading the fake driver")?;
     Ok((DriverKind::Fake, driver))
@@ -226,6 +230,7 @@ const DISK_DEMO_TIMEOUT: Duration = Duration::from_secs(120);
 /// The demo through disk (`--to-disk`).
 fn demo_to_disk(
     args: &DemoArgs,
+    config: &ToolConfig,
     env: &TestEnv,
     driver: &Driver,
     driver_name: String,
@@ -243,7 +248,7 @@ fn demo_to_disk(
     let before = group_memory(env, driver, on_gpu, &ns_pids)?;
 
     let dir = env.dir().join("checkpoint");
-    let mut capture = SuspendOptions::new(launched.launcher.id());
+    let mut capture = SuspendOptions::new(launched.launcher.id(), config);
     capture.driver = (!on_gpu).then(|| driver.path().to_path_buf());
     let progress = Bars::new(!args.json);
     let checkpoint = disk::checkpoint(
@@ -282,6 +287,7 @@ fn demo_to_disk(
             device_map: Vec::new(),
             criu: args.criu.clone(),
             driver: capture.driver.clone(),
+            config: config.clone(),
         },
         &progress,
     )

@@ -7,6 +7,8 @@
 
 mod bench;
 mod demo;
+mod docs;
+mod doctor;
 mod output;
 mod progress;
 mod run;
@@ -26,7 +28,7 @@ pub enum Exit {
     Success = 0,
     /// Anything unexpected.
     Error = 1,
-    /// Bad arguments (clap's own code).
+    /// Bad arguments (clap's own code) or a setting that does not parse.
     Usage = 2,
     /// Refused before anything changed: the workload runs as before.
     Refused = 3,
@@ -34,20 +36,23 @@ pub enum Exit {
     RolledBack = 4,
     /// Failed after the native lock or while rebuilding: the workload needs attention.
     NeedsAttention = 5,
+    /// `doctor`: a check failed (this machine lacks something the product needs).
+    CheckFailed = 6,
 }
 
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  unexpected error
-  2  bad arguments
+  2  bad arguments or a bad setting (an environment variable of README's table)
   3  refused before anything changed (the workload runs as before)
   4  failed and rolled back (the workload runs as before)
-  5  failed after the native lock or while rebuilding (the workload needs attention)";
+  5  failed after the native lock or while rebuilding (the workload needs attention)
+  6  doctor: a check failed (each failed line says what to fix)";
 
 #[derive(Debug, Parser)]
 #[command(name = "cuinterpose", version, about, after_help = EXIT_CODES)]
-struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     command: Command,
 }
@@ -58,7 +63,7 @@ enum Command {
     Run(run::RunArgs),
     /// Show the CUDA processes under a root, which lack the shim, and who shares what with whom
     Inspect {
-        /// Root of the process tree
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
         /// Print JSON instead of tables
@@ -67,33 +72,44 @@ enum Command {
     },
     /// Free all GPU memory of a running group in place (its processes stay alive)
     Suspend {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
         /// Where the captured topology goes (default: $TMPDIR/cuinterpose-suspended-<pid>)
         #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// Seconds the shims get to finish tracked calls in flight
-        #[arg(long, default_value_t = 30)]
+        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
         freeze_timeout: u64,
         /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Bring a suspended group back with every address, handle, content and sharing intact
     Resume {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
+        /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Bring back the processes still alive when captured ones have exited (their imports
+        /// from the exited ones stay unmapped and are listed)
+        #[arg(long)]
+        allow_lost: bool,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
     Checkpoint {
+        /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
         #[arg(long)]
         pid: u32,
         /// Checkpoint directory (created; must not hold a checkpoint yet)
@@ -102,34 +118,43 @@ enum Command {
         /// Resume the group in place after the dump instead of letting CRIU end it
         #[arg(long)]
         leave_running: bool,
-        /// The CRIU binary (default: $CUINTERPOSE_CRIU, then criu on PATH)
+        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
-        #[arg(long, default_value_t = 30)]
+        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
         freeze_timeout: u64,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Restore a checkpoint into new processes, optionally onto other GPUs
     Restore {
+        /// The checkpoint directory `checkpoint --dir` wrote
         #[arg(long)]
         dir: PathBuf,
         /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
         #[arg(long, value_parser = parse_device_map)]
         device_map: Option<DeviceMap>,
+        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
+        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
     /// Delete a checkpoint on disk with the files it keeps outside its directory (CRIU's link remaps)
     Discard {
+        /// The checkpoint directory to delete
         #[arg(long)]
         dir: PathBuf,
+        /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
     },
@@ -137,6 +162,13 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure the shim's overhead, suspend/resume copy rates and the native checkpoint baseline
     Bench(bench::BenchArgs),
+    /// Check that this machine has what cuinterpose needs (driver, GPUs, CRIU, kernel, privileges,
+    /// memory), one line each with what to fix; exit code 6 when a check fails
+    Doctor(doctor::DoctorArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    Completions(docs::CompletionsArgs),
+    /// Print the manual page (roff), or write every page into a directory
+    Man(docs::ManArgs),
     /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
     #[command(hide = true)]
     AbiLayout,
@@ -144,8 +176,20 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    match execute(cli.command) {
+    // Read once; a setting that does not parse is a bad argument given another way.
+    let config = match control::config::ToolConfig::from_env() {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("cuinterpose: {error}");
+            return ExitCode::from(Exit::Usage as u8);
+        }
+    };
+    if let Err(error) = init_logging(&config) {
+        eprintln!("cuinterpose: {error}");
+        return ExitCode::from(Exit::Usage as u8);
+    }
+    control::runlock::configure(&config);
+    match execute(cli.command, &config) {
         Ok(()) => ExitCode::from(Exit::Success as u8),
         Err(error) => {
             let exit = exit_for(&error);
@@ -155,23 +199,35 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("CUINTERPOSE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+fn init_logging(config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log)
+        .with_context(|| format!("CUINTERPOSE_LOG={:?} is not a log filter", config.log))?;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    Ok(())
 }
 
 /// Maps an error to its documented exit code by what it says about the workload.
 fn exit_for(error: &anyhow::Error) -> Exit {
     match error.downcast_ref::<ControlError>() {
-        Some(ControlError::Refused(_)) | Some(ControlError::NoCudaProcesses(_)) => Exit::Refused,
+        // Nothing was changed: a refusal, a process or driver that is not there, a state file
+        // that cannot be read.
+        Some(
+            ControlError::Refused(_)
+            | ControlError::NoCudaProcesses(_)
+            | ControlError::NoSuchProcess(_)
+            | ControlError::Unchanged { .. }
+            | ControlError::DriverLoad { .. }
+            | ControlError::DriverSymbol { .. },
+        ) => Exit::Refused,
         Some(ControlError::RolledBack { .. }) => Exit::RolledBack,
-        Some(ControlError::RollbackFailed { .. }) | Some(ControlError::Step { .. }) => {
-            Exit::NeedsAttention
-        }
+        Some(
+            ControlError::RollbackFailed { .. }
+            | ControlError::Step { .. }
+            | ControlError::VerifyFailed(_),
+        ) => Exit::NeedsAttention,
         _ => Exit::Error,
     }
 }
@@ -198,18 +254,23 @@ fn parse_device_map(text: &str) -> Result<DeviceMap, String> {
 }
 
 /// What `suspend` and `checkpoint` share: the capture of the group under `pid`.
-fn capture_options(pid: u32, freeze_timeout_s: u64, driver: Option<PathBuf>) -> SuspendOptions {
-    let mut options = SuspendOptions::new(pid);
+fn capture_options(
+    pid: u32,
+    freeze_timeout_s: u64,
+    driver: Option<PathBuf>,
+    config: &control::config::ToolConfig,
+) -> SuspendOptions {
+    let mut options = SuspendOptions::new(pid, config);
     options.freeze_timeout = Duration::from_secs(freeze_timeout_s);
     options.driver = driver;
     options
 }
 
-fn execute(command: Command) -> anyhow::Result<()> {
+fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Result<()> {
     match command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(args, config),
         Command::Inspect { pid, json } => {
-            let report = control::group::inspect(pid, control::group::answer_timeout())?;
+            let report = control::group::inspect(pid, config.answer_timeout)?;
             if json {
                 output::print_json(&report)
             } else {
@@ -224,7 +285,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             driver,
             json,
         } => {
-            let mut options = capture_options(pid, freeze_timeout, driver);
+            let mut options = capture_options(pid, freeze_timeout, driver, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
@@ -234,12 +295,14 @@ fn execute(command: Command) -> anyhow::Result<()> {
         Command::Resume {
             pid,
             state_dir,
+            allow_lost,
             driver,
             json,
         } => {
-            let mut options = ResumeOptions::new(pid);
+            let mut options = ResumeOptions::new(pid, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             options.driver = driver;
+            options.allow_lost = allow_lost;
             let progress = progress::Bars::new(!json);
             let report = capture::resume(&options, &progress)
                 .with_context(|| format!("resuming the group under pid {pid}"))?;
@@ -255,7 +318,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             json,
         } => {
             let options = disk::CheckpointOptions {
-                capture: capture_options(pid, freeze_timeout, driver),
+                capture: capture_options(pid, freeze_timeout, driver, config),
                 dir,
                 leave_running,
                 criu,
@@ -277,6 +340,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 device_map: device_map.unwrap_or_default(),
                 criu,
                 driver,
+                config: config.clone(),
             };
             let progress = progress::Bars::new(!json);
             let report = disk::restore(&options, &progress)
@@ -297,11 +361,23 @@ fn execute(command: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Demo(args) => demo::demo(args),
-        Command::Bench(args) => bench::bench(args),
+        Command::Demo(args) => demo::demo(args, config),
+        Command::Doctor(args) => {
+            if doctor::doctor(args, config)? {
+                Ok(())
+            } else {
+                std::process::exit(Exit::CheckFailed as u8 as i32)
+            }
+        }
+        Command::Completions(args) => docs::completions(args),
+        Command::Man(args) => docs::man(args),
+        Command::Bench(args) => bench::bench(args, config),
         Command::AbiLayout => {
             print!("{}", cuda_abi::layout::report());
             Ok(())
         }
     }
 }
+
+#[cfg(test)]
+mod help_tests;

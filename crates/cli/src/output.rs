@@ -90,6 +90,12 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
         report.total_millis,
         report.state_file.display()
     );
+    for lost in &report.lost {
+        println!("left out (exited): {lost}");
+    }
+    for item in &report.not_rebuilt {
+        println!("not rebuilt: {item}");
+    }
     Ok(())
 }
 

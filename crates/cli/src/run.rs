@@ -23,8 +23,8 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<()> {
-    let shim = locate_shim(args.shim.as_deref())?;
+pub fn run(args: RunArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let shim = locate_shim(args.shim.as_deref(), config.shim.as_deref())?;
     let (program, rest) = args.command.split_first().context("no command given")?;
     let mut command = std::process::Command::new(program);
     command.args(rest);
@@ -44,15 +44,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Err(error).with_context(|| format!("starting {}", Path::new(program).display()))
 }
 
-/// The shim's absolute path: `--shim`, `$CUINTERPOSE_SHIM`, or next to this executable.
-pub fn locate_shim(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// The shim's absolute path: `--shim`, else `configured` (`CUINTERPOSE_SHIM`) when it is a file,
+/// else next to this executable.
+pub fn locate_shim(explicit: Option<&Path>, configured: Option<&Path>) -> anyhow::Result<PathBuf> {
     let candidates: Vec<PathBuf> = match explicit {
         Some(path) => vec![path.to_path_buf()],
         None => {
-            let mut list = Vec::new();
-            if let Some(path) = std::env::var_os("CUINTERPOSE_SHIM") {
-                list.push(PathBuf::from(path));
-            }
+            let mut list: Vec<PathBuf> = configured.map(Path::to_path_buf).into_iter().collect();
             if let Some(dir) = std::env::current_exe()
                 .ok()
                 .and_then(|e| e.parent().map(Path::to_path_buf))

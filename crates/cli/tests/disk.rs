@@ -747,6 +747,32 @@ const DAMAGES: &[Damage] = &[
         message: "is not the shim the checkpoint was taken with",
     },
     Damage {
+        // A checkpoint of another tool version: refused by name (docs/design.md, "Versions").
+        name: "manifest of another version",
+        apply: |d| {
+            edit_manifest(d, |m| {
+                m["version"] = (protocol::manifest::MANIFEST_VERSION + 1).into()
+            })
+        },
+        message: "recreate the checkpoint with this version",
+    },
+    Damage {
+        // The state file of another version, recorded in the manifest with its own digest and
+        // size, so that the version is what refuses.
+        name: "state file of another version",
+        apply: |d| {
+            let path = d.join("cuinterpose.state");
+            let mut bytes = std::fs::read(&path).expect("read");
+            bytes[8..10].copy_from_slice(&(protocol::state::STATE_VERSION + 1).to_le_bytes());
+            std::fs::write(&path, &bytes).expect("write");
+            edit_manifest(d, |m| {
+                m["state"]["sha256"] = protocol::manifest::sha256_hex(&bytes).into();
+                m["state"]["bytes"] = bytes.len().into();
+            });
+        },
+        message: "version mismatch",
+    },
+    Damage {
         name: "state file missing",
         apply: |d| std::fs::remove_file(d.join("cuinterpose.state")).expect("rm"),
         message: "cuinterpose.state",

@@ -72,7 +72,7 @@ fn run_execs_the_command_in_place_with_the_shim_first_in_ld_preload() {
     let info = w.ok("info").unwrap();
     assert_eq!(info.data.get("shim"), Some(&Value::Bool(true)), "{info:?}");
     // The shim serves its control socket in --control-dir.
-    let own = control.join(format!("cuinterpose-{pid}.sock"));
+    let own = control.join(format!("cuinterpose-{}-{pid}.sock", pid_namespace(pid)));
     assert!(own.exists(), "{} missing", own.display());
 
     let report = tool(&env, &["inspect", "--pid", &pid.to_string(), "--json"]);
@@ -293,4 +293,54 @@ fn inspect_names_the_cuda_processes_without_the_shim() {
         "{}",
         table.describe()
     );
+}
+
+#[test]
+fn a_setting_that_does_not_parse_is_refused_with_exit_2_naming_it() {
+    let env = env();
+    let pid = std::process::id().to_string();
+    for (name, value, says) in [
+        (
+            "CUINTERPOSE_ANSWER_TIMEOUT_MS",
+            "ten",
+            "is not a positive number of milliseconds",
+        ),
+        ("CUINTERPOSE_ANSWER_TIMEOUT_MS", "0", "positive"),
+        ("CUINTERPOSE_LOG", "cuinterpose=loud", "is not a log filter"),
+    ] {
+        tool_with(&env, &["inspect", "--pid", &pid], &[(name, value)])
+            .expect_code(2)
+            .stderr_mentions(&[name, value, says]);
+    }
+}
+
+#[test]
+fn a_shim_setting_that_does_not_parse_is_logged_and_the_default_used() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[Member::shim("odd")
+            .env("CUINTERPOSE_STAGING_CHUNK", "3K")
+            .env("CUINTERPOSE_CARRIER", "pinned")],
+    );
+    // The runtime started (it answers) despite the two values it did not understand.
+    let run = tool(
+        &env,
+        &["inspect", "--pid", &tree.root().to_string(), "--json"],
+    );
+    let report = run.ok().json();
+    let status = report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["info"]["host_pid"] == tree.w("odd").pid())
+        .map(|p| p["status"].as_str().unwrap().to_string());
+    assert_eq!(status.as_deref(), Some("cuda+shim"), "{report:#}");
+    let log = read(&env.log_dir().join("odd.log"));
+    for line in [
+        "CUINTERPOSE_STAGING_CHUNK=\"3K\" is not a multiple of 4K from 256K to 64M; using 1M",
+        "CUINTERPOSE_CARRIER=\"pinned\" is not staged or registered; using staged",
+    ] {
+        assert!(log.contains(line), "{line:?} not in the log:\n{log}");
+    }
 }

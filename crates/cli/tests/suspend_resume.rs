@@ -206,6 +206,25 @@ fn round_trip(n: usize, driver: DriverArg) {
         "a refused suspend removed the state file"
     );
 
+    // A state file of another format version (a tool of another version suspended the group) is
+    // refused before anything changes; the group stays suspended for the tool that can read it.
+    let written = std::fs::read(&state_file).unwrap();
+    let mut other = written.clone();
+    let theirs = protocol::state::STATE_VERSION + 1;
+    other[8..10].copy_from_slice(&theirs.to_le_bytes());
+    std::fs::write(&state_file, &other).unwrap();
+    tool(&env, &[&["resume"], &args[..]].concat())
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&[
+            "version mismatch",
+            &format!("theirs {theirs}"),
+            "resume with the tool that suspended the group",
+        ]);
+    for w in &ranks {
+        assert_eq!(usage(&env, w.pid()), 0, "{} was touched", w.name());
+    }
+    std::fs::write(&state_file, &written).unwrap();
+
     let run = tool(&env, &[&["resume"], &args[..]].concat());
     let report = run.ok().json();
     assert_eq!(report["shared_bytes"], shared, "{}", run.describe());

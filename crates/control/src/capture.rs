@@ -14,7 +14,8 @@
 //! recovers a group whose tool was killed at any step: it takes each process from the native state
 //! it finds (checkpointed, locked, or still running) and rebuilds what its shim released.
 
-use crate::group::{Group, Participant, PhaseResult, Snapshot, answer_timeout, check_group};
+use crate::config::ToolConfig;
+use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
 use crate::native::{Driver, ProcessState};
 use crate::{ControlError, Refusal};
 use protocol::state::{CarrierInfo, GroupState, ParticipantState};
@@ -77,16 +78,19 @@ pub struct SuspendOptions {
     pub lock_timeout_ms: u32,
     /// The driver library the tool loads (`None`: `libcuda.so.1` from the search path).
     pub driver: Option<PathBuf>,
+    /// The tool's settings (the answer timeout; CRIU for a checkpoint to disk).
+    pub config: ToolConfig,
 }
 
 impl SuspendOptions {
-    pub fn new(root: u32) -> SuspendOptions {
+    pub fn new(root: u32, config: &ToolConfig) -> SuspendOptions {
         SuspendOptions {
             root,
             state_dir: default_state_dir(root),
             freeze_timeout: Duration::from_secs(30),
             lock_timeout_ms: 10_000,
             driver: None,
+            config: config.clone(),
         }
     }
 }
@@ -111,6 +115,12 @@ pub struct Report {
     pub shared_bytes: u64,
     pub state_file: PathBuf,
     pub total_millis: f64,
+    /// Captured processes that had exited and were left out (`resume --allow-lost`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<String>,
+    /// What could not be rebuilt because its creator is among `lost`: imports left unmapped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_rebuilt: Vec<String>,
 }
 
 pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
@@ -259,19 +269,6 @@ fn thaw_all(group: &mut Group) -> Vec<ControlError> {
         .collect()
 }
 
-/// Whether a process has exited (gone, or a zombie nobody reaped yet).
-fn exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state is the first field after the command name, which may contain anything.
-        Ok(stat) => stat
-            .rfind(')')
-            .and_then(|i| stat.get(i + 1..))
-            .and_then(|rest| rest.split_whitespace().next())
-            .is_none_or(|state| state == "Z" || state == "X"),
-        Err(_) => true,
-    }
-}
-
 /// Rolls back a capture that failed before the native lock: participants that exited are left
 /// out (nothing of theirs can be rebuilt, and waiting for them would fail every survivor's
 /// report), the survivors get `rollback` (the rebuild, or only a thaw when nothing was
@@ -284,7 +281,7 @@ fn roll_back(
 ) -> ControlError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
-        let gone = exited(p.info.host_pid);
+        let gone = crate::procfs::exited(p.info.host_pid);
         if gone {
             lost.push(p.info.label());
         }
@@ -321,7 +318,8 @@ fn thaw_only(group: &mut Group, _clock: &mut Clock<'_>) -> Vec<ControlError> {
 pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
     let start = Instant::now();
     let mut clock = Clock::new(progress);
-    let state_path = prepare_state_dir(&options.state_dir)?;
+    let _lock = lock_tree(options.root)?;
+    let state_path = check_state_dir(&options.state_dir)?;
     let (_group, captured) = capture(options, &state_path, &mut clock)?;
     Ok(Report {
         participants: summarize(&captured),
@@ -329,7 +327,17 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
         shared_bytes: shared_bytes(&captured),
         state_file: state_path,
         total_millis: millis_since(start),
+        lost: Vec::new(),
+        not_rebuilt: Vec::new(),
     })
+}
+
+/// Takes this run's lock on every process of the tree under `root` (crate::runlock): the first
+/// thing every command that changes a group does, so a second run is refused before it reads or
+/// changes anything.
+pub(crate) fn lock_tree(root: u32) -> Result<crate::runlock::RunLock, ControlError> {
+    let tree = crate::discovery::process_tree(root)?;
+    crate::runlock::RunLock::processes(&tree)
 }
 
 /// Everything of a suspend up to and including the native checkpoint of every process: on success
@@ -342,7 +350,7 @@ pub(crate) fn capture(
 ) -> Result<(Group, Vec<Snapshot>), ControlError> {
     let progress = clock.progress;
     let mut group = clock.time("inspect", None, || {
-        let mut group = Group::discover(options.root, answer_timeout())?;
+        let mut group = Group::discover(options.root, options.config.answer_timeout)?;
         let snapshots = group.snapshot()?;
         let refusals = check_group(&snapshots, Phase::Running);
         if !refusals.is_empty() {
@@ -358,8 +366,8 @@ pub(crate) fn capture(
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
     };
     let frozen = clock.time("freeze", None, || {
-        let timeout = options.freeze_timeout + answer_timeout();
-        for p in &group.participants {
+        let timeout = options.freeze_timeout + options.config.answer_timeout;
+        for p in &mut group.participants {
             p.set_timeout(Some(timeout))?;
         }
         phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
@@ -380,16 +388,25 @@ pub(crate) fn capture(
     // The topology is published before anything is released: a tool killed from here on leaves a
     // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
     // same in every phase).
+    let dir_existed = state_path.parent().is_none_or(Path::exists);
     let published = clock.time("state", None, || {
         write_state(state_path, &captured).map(|()| ((), 0, 0.0))
     });
+    // What a rollback removes: the state file, and its directory when this run made it.
+    let unpublish = || {
+        let _ = std::fs::remove_file(state_path);
+        if !dir_existed && let Some(dir) = state_path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    };
     if let Err(e) = published {
+        unpublish();
         return Err(roll_back(&mut group, clock, e, thaw_only));
     }
 
     // Save and release: from here until the native lock, failures are rolled back.
     let destructive = (|| {
-        for p in &group.participants {
+        for p in &mut group.participants {
             // Copies of many GiB take as long as they take; a dead shim still fails the socket
             // at once.
             p.set_timeout(None)?;
@@ -425,7 +442,7 @@ pub(crate) fn capture(
         let error = roll_back(&mut group, clock, e, rebuild);
         // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
         if matches!(error, ControlError::RolledBack { .. }) {
-            let _ = std::fs::remove_file(state_path);
+            unpublish();
         }
         return Err(error);
     }
@@ -502,7 +519,10 @@ fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
     }
 }
 
-fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
+/// Checks, changing nothing (a refused run leaves no directory behind), that `dir` can take the
+/// state of a new capture: no state file in it yet, and a directory (or one that can be made)
+/// this run can write. Returns the state file's path.
+pub(crate) fn check_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
     let path = dir.join(STATE_FILE);
     if path.exists() {
         // Nothing was touched yet: a refusal, like every other reason not to start.
@@ -513,20 +533,68 @@ fn prepare_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
                     .into(),
         }]));
     }
-    std::fs::create_dir_all(dir).map_err(|e| ControlError::State {
-        path: dir.to_path_buf(),
-        message: e.to_string(),
-    })?;
-    Ok(path)
+    // The nearest directory that exists must be writable; a file on the way is refused.
+    let mut existing = dir;
+    let problem = loop {
+        match std::fs::metadata(existing) {
+            Ok(m) if m.is_dir() => {
+                break rustix::fs::access(existing, rustix::fs::Access::WRITE_OK)
+                    .err()
+                    .map(|e| format!("{} cannot be written: {e}", existing.display()));
+            }
+            Ok(_) => break Some(format!("{} is not a directory", existing.display())),
+            Err(_) => match existing.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
+                _ => break None,
+            },
+        }
+    };
+    match problem {
+        None => Ok(path),
+        Some(reason) => Err(ControlError::Refused(vec![Refusal {
+            process: format!("--state-dir {}", dir.display()),
+            reason,
+        }])),
+    }
 }
 
-/// The captured topology, published atomically.
+/// Removes a state file that is of no use any more, and its directory when nothing else is in it.
+pub(crate) fn remove_state(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "removing a state file");
+    }
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// The captured topology, published atomically (its directory made first, mode 0700: the records
+/// describe the application's memory layout).
 fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> {
-    transport::files::write_atomically(path, &protocol::state::encode(&state_of(snapshots)))
-        .map_err(|e| ControlError::State {
+    write_state_of(path, &state_of(snapshots))
+}
+
+/// [`write_state`] of a state at hand.
+pub(crate) fn write_state_of(path: &Path, state: &GroupState) -> Result<(), ControlError> {
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| ControlError::State {
+                path: dir.to_path_buf(),
+                source: e.into(),
+            })?;
+    }
+    transport::files::write_atomically(path, &protocol::state::encode(state)).map_err(|e| {
+        ControlError::State {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })
+            source: e.into(),
+        }
+    })
 }
 
 /// The state a set of snapshots describes.
@@ -564,12 +632,20 @@ pub fn read_state(path: &Path) -> Result<GroupState, ControlError> {
     let bytes = transport::files::read_bounded(path, STATE_FILE_LIMIT).map_err(|e| {
         ControlError::State {
             path: path.to_path_buf(),
-            message: e.to_string(),
+            source: e.into(),
         }
     })?;
-    protocol::state::decode(&bytes).map_err(|e| ControlError::State {
-        path: path.to_path_buf(),
-        message: e.to_string(),
+    protocol::state::decode(&bytes).map_err(|e| match e {
+        // Another tool's state: read before anything changes, so a refusal (docs/design.md,
+        // "Versions").
+        protocol::ProtocolError::VersionMismatch { .. } => ControlError::Refused(vec![Refusal {
+            process: format!("state file {}", path.display()),
+            reason: format!("{e}: resume with the tool that suspended the group"),
+        }]),
+        e => ControlError::State {
+            path: path.to_path_buf(),
+            source: e.into(),
+        },
     })
 }
 
@@ -581,72 +657,209 @@ pub struct ResumeOptions {
     pub driver: Option<PathBuf>,
     /// GPU remapping for the native restore (old UUID, new UUID).
     pub gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
+    /// The tool's settings (the answer timeout).
+    pub config: ToolConfig,
+    /// Bring back the captured processes still alive when others have exited.
+    pub allow_lost: bool,
 }
 
 impl ResumeOptions {
-    pub fn new(root: u32) -> ResumeOptions {
+    pub fn new(root: u32, config: &ToolConfig) -> ResumeOptions {
         ResumeOptions {
             root,
             state_dir: default_state_dir(root),
             driver: None,
             gpu_pairs: Vec::new(),
+            config: config.clone(),
+            allow_lost: false,
         }
     }
 }
 
 /// Resumes a group suspended in place: native restore and unlock of every process, then load,
 /// import, verify and thaw. On success the state file is removed.
+///
+/// The recovery rule: every step of a capture or a rebuild leaves a record of where it got (the
+/// state file from before the first destructive step, each shim's phase, each process's native
+/// state, a tree CRIU left stopped), and resume reads all of them first and goes on from there.
+/// Every step it sends is valid in every phase a previous run can have left, and does only what
+/// is not done yet, so resume can be run again after any failure or kill, its own included.
 pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
     let start = Instant::now();
     let mut clock = Clock::new(progress);
-    let state_path = options.state_dir.join(STATE_FILE);
-    let (state, mut group) = clock.time("inspect", None, || {
-        if !state_path.exists() {
-            return Err(ControlError::Refused(vec![Refusal {
-                process: format!("pid {}", options.root),
-                reason: format!(
-                    "no suspended group: {} does not exist (resumed already, or suspended with \
-                     another --state-dir)",
-                    state_path.display()
-                ),
-            }]));
-        }
-        let state = read_state(&state_path)?;
-        let group = Group::discover(options.root, answer_timeout())?;
+    let _lock = lock_tree(options.root)?;
+    let state_path = find_state(options)?;
+    let (mut state, mut group) = clock.time("inspect", None, || {
+        let state = read_state(&state_path).map_err(unchanged)?;
+        // A checkpoint killed during CRIU's dump leaves the tree stopped; this run holds the
+        // tree's lock, so no dump of it is running now.
+        continue_stopped(options.root, options.config.answer_timeout)?;
+        let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
-    let mut group = match_participants(&mut group, &state).map(|()| group)?;
+    let lost = match_participants(&mut group, &state)?;
+    if !lost.is_empty() && !options.allow_lost {
+        return Err(ControlError::Refused(
+            lost.iter()
+                .map(|p| Refusal {
+                    process: captured_label(p),
+                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost`                              brings back the others without it"
+                        .into(),
+                })
+                .collect(),
+        ));
+    }
+    let lost_labels: Vec<String> = lost.iter().map(captured_label).collect();
+    let not_rebuilt = depends_on_lost(&state, &lost);
+    if !lost.is_empty() {
+        tracing::warn!(lost = %lost_labels.join(", "), "resuming without processes that exited");
+        state
+            .participants
+            .retain(|c| !lost.iter().any(|l| l.host_pid == c.host_pid));
+    }
     let driver = Driver::load(options.driver.as_deref())?;
     clock.time("native-restore", None, || {
         native_resume(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
     })?;
     let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
-    std::fs::remove_file(&state_path).map_err(|e| ControlError::State {
+    std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
-        message: e.to_string(),
+        source: e,
     })?;
+    // A default directory is the tool's own: it goes with its state file.
+    if options.state_dir == default_state_dir(options.root) {
+        remove_state(&state_path);
+    }
     Ok(Report {
         participants,
         phases: clock.phases,
         shared_bytes,
         state_file: state_path,
         total_millis: millis_since(start),
+        lost: lost_labels,
+        not_rebuilt,
     })
 }
 
+/// A captured process as the state file names it.
+fn captured_label(p: &ParticipantState) -> String {
+    if p.host_pid == p.ns_pid {
+        format!("pid {}", p.host_pid)
+    } else {
+        format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid)
+    }
+}
+
+/// A failure before anything changed, as a refusal's exit code says (the cause kept).
+fn unchanged(error: ControlError) -> ControlError {
+    ControlError::Unchanged {
+        source: Box::new(error),
+    }
+}
+
+/// The state file a resume starts from: in `--state-dir`, or in the default directory of the root
+/// given, or in that of the init of the workload's PID namespace under it (where a checkpoint
+/// keeps the state until its directory is complete). A refusal when there is none.
+fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
+    let mut candidates = vec![options.state_dir.join(STATE_FILE)];
+    if options.state_dir == default_state_dir(options.root)
+        && let Ok(init) = crate::disk::namespace_root(options.root)
+        && init != options.root
+    {
+        candidates.push(default_state_dir(init).join(STATE_FILE));
+    }
+    if let Some(found) = candidates.iter().find(|p| p.exists()) {
+        return Ok(found.clone());
+    }
+    Err(ControlError::Refused(vec![Refusal {
+        process: format!("pid {}", options.root),
+        reason: format!(
+            "no suspended group: {} does not exist (resumed already, or suspended with another \
+             --state-dir)",
+            options.state_dir.join(STATE_FILE).display()
+        ),
+    }]))
+}
+
+/// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish
+/// leaves. A tree with none stopped is left alone.
+fn continue_stopped(root: u32, answer_timeout: Duration) -> Result<(), ControlError> {
+    let tree = crate::discovery::process_tree(root)?;
+    let stopped: Vec<u32> = tree
+        .iter()
+        .copied()
+        .filter(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
+        .collect();
+    if stopped.is_empty() {
+        return Ok(());
+    }
+    tracing::warn!(
+        ?stopped,
+        "continuing processes left stopped (an interrupted dump)"
+    );
+    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
+        step: "continuing the stopped tree",
+        process: format!("pid {root}"),
+        source: Box::new(e.into()),
+    })?;
+    // The shims answer once their threads run again.
+    let deadline = Instant::now() + answer_timeout;
+    while stopped
+        .iter()
+        .any(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// The imports of the captured survivors whose creator is among `lost`: what `--allow-lost`
+/// cannot rebuild (they stay unmapped).
+fn depends_on_lost(state: &GroupState, lost: &[ParticipantState]) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in state
+        .participants
+        .iter()
+        .filter(|p| !lost.iter().any(|l| l.host_pid == p.host_pid))
+    {
+        for import in &p.record.imports {
+            if let Some(creator) = lost.iter().find(|l| l.ns_pid == import.creator_ns_pid) {
+                out.push(format!(
+                    "{}: import of allocation {} created by {} (left unmapped)",
+                    captured_label(p),
+                    import.id,
+                    captured_label(creator)
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Checks that the live group is the captured one, participant for participant, none running.
-pub fn match_participants(group: &mut Group, state: &GroupState) -> Result<(), ControlError> {
+/// Returns the captured participants that have exited (the caller decides whether to go on
+/// without them); a captured process still alive but not in the group is refused.
+pub fn match_participants(
+    group: &mut Group,
+    state: &GroupState,
+) -> Result<Vec<ParticipantState>, ControlError> {
     let mut refusals = Vec::new();
+    let mut lost = Vec::new();
     for captured in &state.participants {
         if !group
             .participants
             .iter()
             .any(|p| p.info.host_pid == captured.host_pid)
         {
-            refusals.push(Refusal {
-                process: format!("pid {} [ns pid {}]", captured.host_pid, captured.ns_pid),
-                reason: "was captured but is not part of the group now (exited?)".into(),
-            });
+            if crate::procfs::exited(captured.host_pid) {
+                lost.push(captured.clone());
+            } else {
+                refusals.push(Refusal {
+                    process: captured_label(captured),
+                    reason: "was captured but is not part of the group now".into(),
+                });
+            }
         }
     }
     for p in &mut group.participants {
@@ -679,7 +892,7 @@ pub fn match_participants(group: &mut Group, state: &GroupState) -> Result<(), C
         }
     }
     if refusals.is_empty() {
-        Ok(())
+        Ok(lost)
     } else {
         Err(ControlError::Refused(refusals))
     }
@@ -786,11 +999,7 @@ pub(crate) fn finish_rebuild(
         if refusals.is_empty() {
             Ok((snapshots, 0, 0.0))
         } else {
-            Err(ControlError::Step {
-                step: "verify",
-                process: "group".into(),
-                source: Box::new(ControlError::Refused(refusals)),
-            })
+            Err(ControlError::VerifyFailed(refusals))
         }
     })?;
     clock.time("thaw", None, || {
@@ -817,9 +1026,7 @@ fn verify(snapshots: &[Snapshot], state: &GroupState) -> Vec<Refusal> {
         if let Some(what) = record_difference(&captured.record, &s.record) {
             differences.push(Refusal {
                 process: s.info.label(),
-                reason: format!(
-                    "rebuilt {what} differ from the captured ones (the process is left frozen)"
-                ),
+                reason: format!("rebuilt {what} differ from the captured ones"),
             });
         }
     }
@@ -843,27 +1050,5 @@ pub fn record_difference(
         Some("blockers")
     } else {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn zombies_and_reaped_processes_have_exited() {
-        assert!(!exited(std::process::id()));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        // Not reaped yet: a zombie once it is done, which counts as exited.
-        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.contains(") Z "))
-            .unwrap_or(true)
-        {
-            std::thread::yield_now();
-        }
-        assert!(exited(pid));
-        child.wait().unwrap();
-        assert!(exited(pid));
     }
 }

@@ -3,7 +3,7 @@
 //! them map the CUDA driver and the shim, their namespace PIDs, and the shim's control socket, found
 //! among the process's own descriptors and reached through `/proc/<pid>/root`.
 
-use crate::ControlError;
+use crate::{ControlError, procfs};
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -48,15 +48,6 @@ impl ProcessInfo {
     }
 }
 
-fn proc_path(pid: u32, rest: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/{rest}"))
-}
-
-pub(crate) fn read_proc(pid: u32, rest: &str) -> Result<String, ControlError> {
-    let path = proc_path(pid, rest);
-    fs::read_to_string(&path).map_err(|source| ControlError::Proc { pid, path, source })
-}
-
 /// `root` and all its descendants, root first, then in PID order.
 pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
     // Parent links of every process; /proc/<pid>/task/*/children needs CONFIG_PROC_CHILDREN.
@@ -75,13 +66,11 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
             continue;
         };
         // A process may exit while we look; it is simply not part of the tree any more.
-        if let Ok(stat) = fs::read_to_string(proc_path(pid, "stat"))
-            && let Some(ppid) = parse_ppid(&stat)
-        {
-            children.entry(ppid).or_default().push(pid);
+        if let Some(stat) = procfs::stat(pid) {
+            children.entry(stat.ppid).or_default().push(pid);
         }
     }
-    if !proc_path(root, "stat").exists() {
+    if !procfs::path(root, "stat").exists() {
         return Err(ControlError::NoSuchProcess(root));
     }
     let mut tree = vec![root];
@@ -99,26 +88,20 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
     Ok(tree)
 }
 
-/// The parent PID from `/proc/<pid>/stat`; the command name in parentheses may contain anything.
-fn parse_ppid(stat: &str) -> Option<u32> {
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Everything the tool needs to know about one process.
 pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
-    let status = read_proc(pid, "status")?;
+    let status = procfs::read(pid, "status")?;
     let ns_pid = status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
         .and_then(|v| v.split_whitespace().last())
         .and_then(|v| v.parse().ok())
         .unwrap_or(pid);
-    let pid_namespace = fs::read_link(proc_path(pid, "ns/pid"))
+    let pid_namespace = fs::read_link(procfs::path(pid, "ns/pid"))
         .ok()
         .and_then(|l| namespace_inode(&l.to_string_lossy()))
         .unwrap_or(0);
-    let command = fs::read(proc_path(pid, "cmdline"))
+    let command = fs::read(procfs::path(pid, "cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)
                 .filter(|a| !a.is_empty())
@@ -127,7 +110,7 @@ pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
                 .join(" ")
         })
         .unwrap_or_default();
-    let maps = read_proc(pid, "maps")?;
+    let maps = procfs::read(pid, "maps")?;
     let mut driver = None;
     let mut shim = None;
     for path in mapped_files(&maps) {
@@ -174,17 +157,49 @@ fn mapped_files(maps: &str) -> impl Iterator<Item = PathBuf> + '_ {
 
 /// The shim's listening socket among the process's descriptors: `/proc/<pid>/fd` names socket inodes,
 /// `/proc/<pid>/net/unix` gives their bound paths. Returned as a path under `/proc/<pid>/root`.
+///
+/// The shim names it `cuinterpose-<pid namespace inode>-<ns pid>.sock`; the inode is the one of
+/// the namespace the shim started in (a restored process keeps its name), so any inode is taken.
+/// Only a socket file owned by the process's own user is used: the tool never talks to a
+/// socket someone else put there.
 pub fn control_socket(pid: u32, ns_pid: u32) -> Result<Option<PathBuf>, ControlError> {
-    let wanted = format!("cuinterpose-{ns_pid}.sock");
+    let suffix = format!("-{ns_pid}.sock");
+    let uid = effective_uid(pid)?;
     Ok(listening_sockets(pid)?
         .into_iter()
-        .find(|p| p.file_name().and_then(|n| n.to_str()) == Some(wanted.as_str()))
-        .map(|p| reach_inside(pid, &p)))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| {
+                    n.strip_prefix("cuinterpose-")?
+                        .strip_suffix(suffix.as_str())
+                })
+                .is_some_and(|inode| !inode.is_empty() && inode.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|p| reach_inside(pid, &p))
+        .find(|p| {
+            use std::os::unix::fs::MetadataExt;
+            fs::symlink_metadata(p).is_ok_and(|m| m.uid() == uid)
+        }))
+}
+
+/// The effective uid of a process (`Uid:` of `/proc/<pid>/status`, second field).
+pub fn effective_uid(pid: u32) -> Result<u32, ControlError> {
+    let status = procfs::read(pid, "status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1)?.parse().ok())
+        .ok_or_else(|| ControlError::Proc {
+            pid,
+            path: procfs::path(pid, "status"),
+            source: std::io::Error::other("no Uid line"),
+        })
 }
 
 /// Inodes of the sockets the process holds descriptors for.
 pub fn socket_inodes(pid: u32) -> Result<HashSet<u64>, ControlError> {
-    let fd_dir = proc_path(pid, "fd");
+    let fd_dir = procfs::path(pid, "fd");
     let entries = fs::read_dir(&fd_dir).map_err(|source| ControlError::Proc {
         pid,
         path: fd_dir,
@@ -202,7 +217,7 @@ pub fn socket_inodes(pid: u32) -> Result<HashSet<u64>, ControlError> {
 
 /// Inode of the process's network namespace; socket addresses are only comparable within one.
 pub fn net_namespace(pid: u32) -> Result<u64, ControlError> {
-    let path = proc_path(pid, "ns/net");
+    let path = procfs::path(pid, "ns/net");
     let link = fs::read_link(&path).map_err(|source| ControlError::Proc {
         pid,
         path: path.clone(),
@@ -220,7 +235,7 @@ pub fn net_namespace(pid: u32) -> Result<u64, ControlError> {
 /// Paths of the listening Unix sockets the process holds, as the process names them.
 pub fn listening_sockets(pid: u32) -> Result<Vec<PathBuf>, ControlError> {
     let inodes = socket_inodes(pid)?;
-    let table = read_proc(pid, "net/unix")?;
+    let table = procfs::read(pid, "net/unix")?;
     Ok(parse_unix_table(&table)
         .filter(|s| s.listening && inodes.contains(&s.inode))
         .map(|s| s.path)
@@ -252,7 +267,7 @@ fn parse_unix_table(table: &str) -> impl Iterator<Item = UnixSocketEntry> + '_ {
 /// A path as the process sees it, reached from here: `/proc/<pid>/root/<path>`.
 pub fn reach_inside(pid: u32, path: &Path) -> PathBuf {
     let relative = path.strip_prefix("/").unwrap_or(path);
-    proc_path(pid, "root").join(relative)
+    procfs::path(pid, "root").join(relative)
 }
 
 #[cfg(test)]
@@ -261,8 +276,12 @@ mod tests {
 
     #[test]
     fn ppid_survives_odd_command_names() {
-        assert_eq!(parse_ppid("42 (a) b (c)) S 7 42 42 0"), Some(7));
-        assert_eq!(parse_ppid("garbage"), None);
+        let ppid = |stat: &str| procfs::parse_stat(stat).map(|s| s.ppid);
+        assert_eq!(
+            ppid("42 (a) b (c)) S 7 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99"),
+            Some(7)
+        );
+        assert_eq!(ppid("garbage"), None);
     }
 
     #[test]

@@ -7,27 +7,9 @@ use crate::discovery::{self, ProcessInfo};
 use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
-use std::collections::{BTreeMap, HashMap};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 use transport::Connection;
-
-/// How long the tool waits for a shim to accept and answer a read-only request.
-pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Environment variable of the tool that overrides [`ANSWER_TIMEOUT`] in milliseconds (internal:
-/// lets tests of a participant that does not answer run in seconds instead of tens of seconds).
-pub const ANSWER_TIMEOUT_ENV: &str = "CUINTERPOSE_ANSWER_TIMEOUT_MS";
-
-/// The answer timeout of suspend and resume: [`ANSWER_TIMEOUT`], or [`ANSWER_TIMEOUT_ENV`] when
-/// it holds a positive number of milliseconds.
-pub fn answer_timeout() -> Duration {
-    std::env::var(ANSWER_TIMEOUT_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map(Duration::from_millis)
-        .unwrap_or(ANSWER_TIMEOUT)
-}
 
 /// A connected participant: one CUDA process with the shim.
 #[derive(Debug)]
@@ -35,7 +17,23 @@ pub struct Participant {
     pub info: ProcessInfo,
     pub hello: HelloReply,
     connection: Connection,
+    /// When the connection last carried a request, and the timeout set on it: a shim closes a
+    /// tool connection idle for long (shim-runtime's server), so one idle for
+    /// [`RECONNECT_AFTER`] is made again before the next request.
+    last_used: Instant,
+    timeout: Option<Duration>,
+    /// How long a (re)connect may wait for the shim's greeting.
+    connect_timeout: Duration,
 }
+
+/// Idle time after which the tool connects again before a request: well below the shim's limit
+/// for an idle tool connection (30 s), which keeps idle connections from holding its places.
+pub const RECONNECT_AFTER: Duration = Duration::from_secs(10);
+
+/// Why a process with the shim has no control socket the tool can use.
+const NO_SOCKET: &str = "maps libcuinterpose.so but has no control socket of its user: its CUDA \
+     calls are not tracked (CUDA not initialised yet, or its runtime did not start: its stderr \
+     says why, e.g. a control directory it cannot use)";
 
 impl Participant {
     /// Connects to the shim of `info` and says HELLO.
@@ -43,9 +41,7 @@ impl Participant {
         let socket = info.control_socket.clone().ok_or_else(|| {
             ControlError::Refused(vec![Refusal {
                 process: info.label(),
-                reason:
-                    "maps libcuinterpose.so but has no control socket (CUDA not initialised yet?)"
-                        .into(),
+                reason: NO_SOCKET.into(),
             }])
         })?;
         let mut connection =
@@ -64,12 +60,22 @@ impl Participant {
             info,
             hello,
             connection,
+            last_used: Instant::now(),
+            timeout: Some(timeout),
+            connect_timeout: timeout,
         })
     }
 
     /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
     pub fn request(&mut self, request: &Request) -> Result<Response, ControlError> {
-        call(&mut self.connection, &self.info, request)
+        if self.last_used.elapsed() >= RECONNECT_AFTER {
+            let mut again = Participant::connect(self.info.clone(), self.connect_timeout)?;
+            again.set_timeout(self.timeout)?;
+            self.connection = again.connection;
+        }
+        let answer = call(&mut self.connection, &self.info, request);
+        self.last_used = Instant::now();
+        answer
     }
 
     pub fn inspect(&mut self) -> Result<ProcessRecord, ControlError> {
@@ -97,7 +103,8 @@ impl Participant {
         }
     }
 
-    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), ControlError> {
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ControlError> {
+        self.timeout = timeout;
         self.connection
             .set_timeout(timeout)
             .map_err(|source| ControlError::Participant {
@@ -210,9 +217,7 @@ impl Group {
             let info = match discovery::describe(pid) {
                 Ok(info) => info,
                 // Gone while we looked: not part of the group any more.
-                Err(ControlError::Proc { .. })
-                    if !std::path::Path::new(&format!("/proc/{pid}")).exists() =>
-                {
+                Err(ControlError::Proc { .. }) if crate::procfs::stat(pid).is_none() => {
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -296,6 +301,17 @@ fn no_answer_reason(error: ControlError, timeout: Duration) -> String {
 /// Whole-group checks on records read at one moment. `expected_phase` is the phase every
 /// participant must be in (Running before capture, Frozen once frozen).
 pub fn check_group(snapshots: &[Snapshot], expected_phase: Phase) -> Vec<Refusal> {
+    check_group_except(snapshots, expected_phase, &HashSet::new())
+}
+
+/// [`check_group`] when some processes of the tree (by PID namespace and namespace PID) could
+/// not be read and are refused for that already: an import from one of them is not a second,
+/// misleading reason ("not part of this group").
+fn check_group_except(
+    snapshots: &[Snapshot],
+    expected_phase: Phase,
+    unread: &HashSet<(u64, u32)>,
+) -> Vec<Refusal> {
     let mut refusals = Vec::new();
     // Creators by (PID namespace, namespace PID): namespace PIDs are only unique within one.
     let creators: HashMap<(u64, u32), &Snapshot> = snapshots
@@ -332,6 +348,7 @@ pub fn check_group(snapshots: &[Snapshot], expected_phase: Phase) -> Vec<Refusal
         }
         for import in &s.record.imports {
             match creators.get(&(s.info.pid_namespace, import.creator_ns_pid)) {
+                None if unread.contains(&(s.info.pid_namespace, import.creator_ns_pid)) => {}
                 None => refuse(
                     &mut refusals,
                     format!(
@@ -472,10 +489,15 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
     let mut processes = Vec::new();
     let mut snapshots = Vec::new();
     let mut refusals = Vec::new();
+    let mut unread = HashSet::new();
     for pid in discovery::process_tree(root)? {
         let Ok(info) = discovery::describe(pid) else {
             continue;
         };
+        if info.shim.is_some() {
+            // Taken out again below once its records are read.
+            unread.insert((info.pid_namespace, info.ns_pid));
+        }
         let status = if !info.is_cuda() {
             "no cuda".to_string()
         } else if info.shim.is_none() {
@@ -487,6 +509,12 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
                 ),
             });
             "cuda, no shim".to_string()
+        } else if info.control_socket.is_none() {
+            refusals.push(Refusal {
+                process: info.label(),
+                reason: NO_SOCKET.into(),
+            });
+            "shim loaded, runtime off".to_string()
         } else {
             match Participant::connect(info.clone(), timeout).and_then(|mut p| {
                 Ok(Snapshot {
@@ -496,6 +524,7 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
                 })
             }) {
                 Ok(snapshot) => {
+                    unread.remove(&(info.pid_namespace, info.ns_pid));
                     snapshots.push(snapshot);
                     "cuda+shim".to_string()
                 }
@@ -516,7 +545,7 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
             reason: "no CUDA process in this tree".into(),
         });
     }
-    refusals.extend(check_group(&snapshots, Phase::Running));
+    refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
     Ok(InspectReport {
         root,

@@ -43,6 +43,11 @@ pub enum LaunchError {
     Kill { pid: u32, source: std::io::Error },
     #[error("continuing pid {pid} (SIGCONT): {source}")]
     Continue { pid: u32, source: std::io::Error },
+    #[error("continuing the tree under pid {pid}: {source}")]
+    ContinueTree {
+        pid: u32,
+        source: Box<crate::ControlError>,
+    },
     #[error("pid {pid} was still alive after {seconds} s")]
     StillAlive { pid: u32, seconds: u64 },
 }
@@ -62,7 +67,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
 
 /// Whether `pid` has a handler for `signal` (`SigCgt:` of `/proc/<pid>/status`).
 fn catches(pid: u32, signal: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+    crate::procfs::read(pid, "status")
         .ok()
         .and_then(|status| {
             let mask = status.lines().find_map(|l| l.strip_prefix("SigCgt:"))?;
@@ -185,6 +190,28 @@ unsafe fn reopen_by_path(fd: libc::c_int) -> std::io::Result<()> {
     }
 }
 
+/// Makes the program `command` starts die with this process (SIGKILL when the tool's thread that
+/// started it ends): CRIU, so that a tool killed during a dump or a restore leaves no CRIU working
+/// on the tree behind the back of the next run (whose lock the dead tool's no longer blocks).
+pub fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id() as libc::pid_t;
+    let setup = move || {
+        // SAFETY: a system call without pointers.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // The parent may have died before the prctl: then nothing would deliver the signal.
+        // SAFETY: a system call without arguments.
+        if unsafe { libc::getppid() } != parent {
+            return Err(std::io::Error::other("the tool exited while starting it"));
+        }
+        Ok(())
+    };
+    // SAFETY: `setup` runs in the forked child before exec and only makes system calls (prctl,
+    // getppid) on values captured by copy: async-signal-safe, no allocation.
+    unsafe { command.pre_exec(setup) };
+}
+
 /// Runs `command` as PID 1 of a new PID namespace, in a new session, and waits for it.
 pub fn run_in_pid_namespace(mut command: Command) -> Result<ExitStatus, LaunchError> {
     let child_setup = || {
@@ -287,9 +314,9 @@ pub fn kill_tree(root: u32, timeout: Duration) -> Result<(), LaunchError> {
 /// Continues every process of the tree under `root` (SIGCONT): what a tree that CRIU left stopped
 /// needs before it can run on. A process that is gone already is skipped.
 pub fn continue_tree(root: u32) -> Result<(), LaunchError> {
-    let tree = crate::discovery::process_tree(root).map_err(|e| LaunchError::Continue {
+    let tree = crate::discovery::process_tree(root).map_err(|e| LaunchError::ContinueTree {
         pid: root,
-        source: std::io::Error::other(e.to_string()),
+        source: Box::new(e),
     })?;
     for pid in tree {
         if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {

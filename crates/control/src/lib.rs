@@ -7,14 +7,19 @@
 //! back with the same Load/Import code a resume uses, so the workload keeps running.
 
 pub mod capture;
+pub mod config;
 pub mod criu;
 pub mod discard;
 pub mod discovery;
 pub mod disk;
+pub mod doctor;
 pub mod group;
 pub mod launch;
+pub mod layout;
 pub mod native;
+pub mod procfs;
 pub mod remaps;
+pub mod runlock;
 pub mod tcp;
 
 pub use group::{Group, Refusal};
@@ -78,15 +83,36 @@ pub enum ControlError {
         process: String,
         source: Box<ControlError>,
     },
-    #[error("{path} (a hard link CRIU made for a file deleted while open): {message}")]
-    LinkRemap { path: PathBuf, message: String },
-    #[error("state file {path}: {message}")]
-    State { path: PathBuf, message: String },
+    #[error(
+        "{path} (a hard link CRIU made for a file deleted while open): {}",
+        detail(what, source.as_ref())
+    )]
+    LinkRemap {
+        path: PathBuf,
+        /// What was being done; the cause, when there is one, is `source`.
+        what: String,
+        source: Option<std::io::Error>,
+    },
+    #[error("state file {path}: {source}")]
+    State { path: PathBuf, source: FileError },
+    #[error("state file {path}: removing it: {source}")]
+    Removing {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{} exited during the capture; the others were rolled back without it: {failure}", processes.join(", "))]
     ParticipantsExited {
         processes: Vec<String>,
         failure: Box<ControlError>,
     },
+    #[error("{source}\nnothing was changed")]
+    Unchanged { source: Box<ControlError> },
+    #[error(
+        "verify: the rebuilt group differs from the captured one; its processes are left frozen \
+         (`cuinterpose resume` checks again):\n{}",
+        refusal_lines(.0)
+    )]
+    VerifyFailed(Vec<Refusal>),
     #[error(
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
@@ -96,6 +122,28 @@ pub enum ControlError {
         failure: Box<ControlError>,
         rollback: Vec<ControlError>,
     },
+}
+
+/// Why one of the tool's files (a state file, a checkpoint's files) could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Transport(#[from] transport::TransportError),
+    #[error(transparent)]
+    Decode(#[from] protocol::ProtocolError),
+    #[error("a digest thread panicked")]
+    DigestThreadPanicked,
+}
+
+/// `what: cause`, either part left out when empty.
+fn detail(what: &str, cause: Option<&std::io::Error>) -> String {
+    match (what.is_empty(), cause) {
+        (_, None) => what.to_string(),
+        (true, Some(cause)) => cause.to_string(),
+        (false, Some(cause)) => format!("{what}: {cause}"),
+    }
 }
 
 fn refusal_lines(refusals: &[Refusal]) -> String {
@@ -122,6 +170,8 @@ impl ControlError {
             ControlError::Refused(_)
                 | ControlError::RolledBack { .. }
                 | ControlError::NoCudaProcesses(_)
+                | ControlError::NoSuchProcess(_)
+                | ControlError::Unchanged { .. }
         )
     }
 }

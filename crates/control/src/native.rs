@@ -1,19 +1,15 @@
 //! The driver's own checkpoint API (`cuCheckpointProcess*`), called from the tool on other processes,
 //! and the few device queries the tool needs (UUIDs for device maps, memory info for reports).
 //!
-//! The tool loads `libcuda.so.1` once and keeps it: each `cuInit` costs seconds on large machines
-//! (measurements.md), so one long-lived process makes every native call of a suspend or resume.
-
-#![allow(unsafe_code)] // calls into the dynamically loaded driver; each block says why it is sound
+//! The tool loads `libcuda.so.1` once (through the `cuda` crate's loader) and keeps it: each
+//! `cuInit` costs seconds on large machines (measurements.md), so one long-lived process makes
+//! every native call of a suspend or resume.
 
 use crate::ControlError;
-use cuda_abi::pfn::*;
-use cuda_abi::{
-    CUcheckpointCheckpointArgs, CUcheckpointGpuPair, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
-    CUcheckpointUnlockArgs, CUcontext, CUresult, CUuuid,
-};
-use std::ffi::c_int;
-use std::path::{Path, PathBuf};
+use cuda::owned::PrimaryContext;
+use cuda::{CudaError, DriverTable, LoadError, Resolve};
+use cuda_abi::{CUresult, CUuuid};
+use std::path::Path;
 
 /// `cuCheckpointProcessGetState` values, named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -39,86 +35,77 @@ impl From<u32> for ProcessState {
     }
 }
 
-/// The loaded driver with the entry points the tool uses.
+/// The loaded driver.
 #[derive(Debug)]
 pub struct Driver {
-    path: PathBuf,
-    _library: libloading::Library,
+    loaded: cuda::Loaded,
     version: i32,
-    lock: PFN_cuCheckpointProcessLock,
-    checkpoint: PFN_cuCheckpointProcessCheckpoint,
-    restore: PFN_cuCheckpointProcessRestore,
-    unlock: PFN_cuCheckpointProcessUnlock,
-    get_state: PFN_cuCheckpointProcessGetState,
-    device_get_count: PFN_cuDeviceGetCount,
-    device_get: PFN_cuDeviceGet,
-    device_get_uuid: PFN_cuDeviceGetUuid,
-    primary_ctx_retain: PFN_cuDevicePrimaryCtxRetain,
-    primary_ctx_release: PFN_cuDevicePrimaryCtxRelease_v2,
-    ctx_set_current: PFN_cuCtxSetCurrent,
-    mem_get_info: PFN_cuMemGetInfo_v2,
 }
 
-fn check(call: &'static str, result: CUresult) -> Result<(), ControlError> {
-    if result.is_success() {
-        Ok(())
-    } else {
-        Err(ControlError::Driver { call, result })
+/// The entry points the tool calls: a driver without one is refused at load, as before any
+/// process is touched.
+const REQUIRED: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuCheckpointProcessGetState",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetUuid",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+    "cuMemGetInfo_v2",
+];
+
+fn driver_error(e: CudaError) -> ControlError {
+    ControlError::Driver {
+        call: e.call,
+        result: e.result,
     }
+}
+
+/// A cleanup of the tool's own context that failed (the query it served has its answer).
+fn cleanup_failed(e: &CudaError) {
+    tracing::warn!("releasing the tool's device context: {e}");
 }
 
 impl Driver {
     /// Loads the driver (`libcuda.so.1` from the loader's search path, or `path`) and runs `cuInit`.
     pub fn load(path: Option<&Path>) -> Result<Driver, ControlError> {
         let name = path.map(Path::as_os_str).unwrap_or("libcuda.so.1".as_ref());
-        // SAFETY: loading the CUDA driver runs its initialisers, which have no preconditions on us.
-        let library = unsafe { libloading::Library::new(name) }.map_err(|source| {
-            ControlError::DriverLoad {
-                name: name.to_string_lossy().into_owned(),
+        let loaded = cuda::load(name, Resolve::Dlsym).map_err(|e| match e {
+            LoadError::Open { library, source } => ControlError::DriverLoad {
+                name: library,
                 source,
-            }
+            },
+            // The dlsym route needs no resolver of its own.
+            LoadError::Missing { symbol, .. } => ControlError::Driver {
+                call: symbol,
+                result: CUresult::ERROR_NOT_FOUND,
+            },
         })?;
-        macro_rules! symbol {
-            ($name:ident: $ty:ty) => {{
-                let symbol: Result<libloading::Symbol<'_, $ty>, _> =
-                    // SAFETY: the symbol is the driver's entry point of that name, whose C
-                    // signature `$ty` mirrors (cuda-abi; layout checked against cuda.h on the GPU).
-                    unsafe { library.get(concat!(stringify!($name), "\0").as_bytes()) };
-                *symbol.map_err(|source| ControlError::DriverSymbol { name: stringify!($name), source })?
-            }};
+        if let Some(call) = REQUIRED.iter().find(|name| loaded.is_missing(name)) {
+            return Err(ControlError::Driver {
+                call,
+                result: CUresult::ERROR_NOT_FOUND,
+            });
         }
-        let init = symbol!(cuInit: PFN_cuInit);
-        let driver_get_version = symbol!(cuDriverGetVersion: PFN_cuDriverGetVersion);
-        // SAFETY: cuInit takes flags 0 and has no other preconditions.
-        check("cuInit", unsafe { init(0) })?;
-        let mut version: c_int = 0;
-        // SAFETY: `version` is a valid out-pointer.
-        check("cuDriverGetVersion", unsafe {
-            driver_get_version(&mut version)
-        })?;
-        let driver = Driver {
-            path: resolved_path(&library, name.as_ref()),
-            version,
-            lock: symbol!(cuCheckpointProcessLock: PFN_cuCheckpointProcessLock),
-            checkpoint: symbol!(cuCheckpointProcessCheckpoint: PFN_cuCheckpointProcessCheckpoint),
-            restore: symbol!(cuCheckpointProcessRestore: PFN_cuCheckpointProcessRestore),
-            unlock: symbol!(cuCheckpointProcessUnlock: PFN_cuCheckpointProcessUnlock),
-            get_state: symbol!(cuCheckpointProcessGetState: PFN_cuCheckpointProcessGetState),
-            device_get_count: symbol!(cuDeviceGetCount: PFN_cuDeviceGetCount),
-            device_get: symbol!(cuDeviceGet: PFN_cuDeviceGet),
-            device_get_uuid: symbol!(cuDeviceGetUuid: PFN_cuDeviceGetUuid),
-            primary_ctx_retain: symbol!(cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain),
-            primary_ctx_release: symbol!(cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v2),
-            ctx_set_current: symbol!(cuCtxSetCurrent: PFN_cuCtxSetCurrent),
-            mem_get_info: symbol!(cuMemGetInfo_v2: PFN_cuMemGetInfo_v2),
-            _library: library,
-        };
-        Ok(driver)
+        loaded.init(0).map_err(driver_error)?;
+        let version = loaded.driver_version().map_err(driver_error)?;
+        Ok(Driver { loaded, version })
+    }
+
+    fn table(&self) -> &DriverTable {
+        self.loaded.table()
     }
 
     /// The file the driver was loaded from.
     pub fn path(&self) -> &Path {
-        &self.path
+        self.loaded.path()
     }
 
     /// `cuDriverGetVersion`, e.g. 13000.
@@ -127,67 +114,40 @@ impl Driver {
     }
 
     pub fn lock(&self, pid: u32, timeout_ms: u32) -> Result<(), ControlError> {
-        let mut args = CUcheckpointLockArgs {
-            timeoutMs: timeout_ms,
-            ..Default::default()
-        };
-        // SAFETY: `args` is a valid, zero-reserved argument struct of the header's layout.
-        check("cuCheckpointProcessLock", unsafe {
-            (self.lock)(pid as c_int, &mut args)
-        })
+        self.table()
+            .checkpoint_lock(pid as i32, timeout_ms)
+            .map_err(driver_error)
     }
 
     pub fn checkpoint(&self, pid: u32) -> Result<(), ControlError> {
-        let mut args = CUcheckpointCheckpointArgs::default();
-        // SAFETY: as for lock.
-        check("cuCheckpointProcessCheckpoint", unsafe {
-            (self.checkpoint)(pid as c_int, &mut args)
-        })
+        self.table()
+            .checkpoint_checkpoint(pid as i32)
+            .map_err(driver_error)
     }
 
     /// Restores a checkpointed process, remapping GPUs by UUID where `pairs` says so.
     pub fn restore(&self, pid: u32, pairs: &[(CUuuid, CUuuid)]) -> Result<(), ControlError> {
-        let mut gpu_pairs: Vec<CUcheckpointGpuPair> = pairs
-            .iter()
-            .map(|&(old, new)| CUcheckpointGpuPair {
-                oldUuid: old,
-                newUuid: new,
-            })
-            .collect();
-        let mut args = CUcheckpointRestoreArgs::default();
-        if !gpu_pairs.is_empty() {
-            args.gpuPairs = gpu_pairs.as_mut_ptr();
-            args.gpuPairsCount = gpu_pairs.len() as u32;
-        }
-        // SAFETY: `args` is zero-reserved; `gpuPairs` points at `gpuPairsCount` pairs that outlive the call.
-        check("cuCheckpointProcessRestore", unsafe {
-            (self.restore)(pid as c_int, &mut args)
-        })
+        self.table()
+            .checkpoint_restore(pid as i32, pairs)
+            .map_err(driver_error)
     }
 
     pub fn unlock(&self, pid: u32) -> Result<(), ControlError> {
-        let mut args = CUcheckpointUnlockArgs::default();
-        // SAFETY: as for lock.
-        check("cuCheckpointProcessUnlock", unsafe {
-            (self.unlock)(pid as c_int, &mut args)
-        })
+        self.table()
+            .checkpoint_unlock(pid as i32)
+            .map_err(driver_error)
     }
 
     pub fn state(&self, pid: u32) -> Result<ProcessState, ControlError> {
-        let mut state = 0u32;
-        // SAFETY: `state` is a valid out-pointer.
-        check("cuCheckpointProcessGetState", unsafe {
-            (self.get_state)(pid as c_int, &mut state)
-        })?;
+        let state = self
+            .table()
+            .checkpoint_state(pid as i32)
+            .map_err(driver_error)?;
         Ok(ProcessState::from(state))
     }
 
     pub fn device_count(&self) -> Result<u32, ControlError> {
-        let mut count: c_int = 0;
-        // SAFETY: `count` is a valid out-pointer.
-        check("cuDeviceGetCount", unsafe {
-            (self.device_get_count)(&mut count)
-        })?;
+        let count = self.table().device_count().map_err(driver_error)?;
         Ok(count.max(0) as u32)
     }
 
@@ -195,71 +155,25 @@ impl Driver {
     pub fn device_uuids(&self) -> Result<Vec<CUuuid>, ControlError> {
         (0..self.device_count()?)
             .map(|ordinal| {
-                let mut device = 0;
-                // SAFETY: valid out-pointer; the ordinal is below the device count.
-                check("cuDeviceGet", unsafe {
-                    (self.device_get)(&mut device, ordinal as c_int)
-                })?;
-                let mut uuid = CUuuid::default();
-                // SAFETY: valid out-pointer for a device handle the driver just returned.
-                check("cuDeviceGetUuid", unsafe {
-                    (self.device_get_uuid)(&mut uuid, device)
-                })?;
-                Ok(uuid)
+                let device = self
+                    .table()
+                    .device_get(ordinal as i32)
+                    .map_err(driver_error)?;
+                self.table().device_uuid(device).map_err(driver_error)
             })
             .collect()
     }
 
     /// `(free, total)` bytes of a device, through its primary context (retained only for the query).
     pub fn memory_info(&self, ordinal: u32) -> Result<(u64, u64), ControlError> {
-        let mut device = 0;
-        // SAFETY: valid out-pointer.
-        check("cuDeviceGet", unsafe {
-            (self.device_get)(&mut device, ordinal as c_int)
-        })?;
-        let mut context: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and device handle.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            (self.primary_ctx_retain)(&mut context, device)
-        })?;
-        let mut free = 0usize;
-        let mut total = 0usize;
-        // SAFETY: `context` was just retained.
-        let current = check("cuCtxSetCurrent", unsafe {
-            (self.ctx_set_current)(context)
-        });
-        let result = current.and_then(|()| {
-            // SAFETY: the out-pointers are valid; a context is current.
-            let r = unsafe { (self.mem_get_info)(&mut free, &mut total) };
-            check("cuMemGetInfo", r)
-        });
-        // SAFETY: unbinding the context set above.
-        unsafe { (self.ctx_set_current)(std::ptr::null_mut()) };
-        // SAFETY: releasing the retain taken above.
-        unsafe { (self.primary_ctx_release)(device) };
-        result.map(|()| (free as u64, total as u64))
+        let device = self
+            .table()
+            .device_get(ordinal as i32)
+            .map_err(driver_error)?;
+        let _context =
+            PrimaryContext::enter(self.table(), device, cleanup_failed).map_err(driver_error)?;
+        self.table().mem_get_info().map_err(driver_error)
     }
-}
-
-/// The library's file, as the dynamic loader resolved it (for manifests and messages).
-fn resolved_path(library: &libloading::Library, requested: &Path) -> PathBuf {
-    // SAFETY: looking up a symbol we already resolved; the pointer is only used as an address.
-    let address = unsafe { library.get::<*const std::ffi::c_void>(b"cuInit\0") }.map(|s| *s);
-    let Ok(address) = address else {
-        return requested.to_path_buf();
-    };
-    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
-    // SAFETY: dladdr only reads the address and fills `info`.
-    let found = unsafe { libc::dladdr(address, info.as_mut_ptr()) };
-    if found == 0 {
-        return requested.to_path_buf();
-    }
-    // SAFETY: dladdr succeeded, so it filled `info`.
-    let info = unsafe { info.assume_init() };
-    // SAFETY: dli_fname is a NUL-terminated string owned by the loader for the library's lifetime.
-    let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-    std::fs::canonicalize(name.to_string_lossy().as_ref())
-        .unwrap_or_else(|_| requested.to_path_buf())
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as nvidia-smi prints UUIDs.

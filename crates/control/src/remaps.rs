@@ -21,10 +21,20 @@ use protocol::manifest::LinkRemap;
 
 use crate::ControlError;
 
-fn error(path: &Path, message: impl Into<String>) -> ControlError {
+fn error(path: &Path, what: impl Into<String>) -> ControlError {
     ControlError::LinkRemap {
         path: path.to_path_buf(),
-        message: message.into(),
+        what: what.into(),
+        source: None,
+    }
+}
+
+/// A link remap that could not be handled because of `cause`, while doing `what`.
+fn failed(path: &Path, what: impl Into<String>, cause: impl Into<std::io::Error>) -> ControlError {
+    ControlError::LinkRemap {
+        path: path.to_path_buf(),
+        what: what.into(),
+        source: Some(cause.into()),
     }
 }
 
@@ -36,7 +46,7 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
 fn new_tag() -> Result<String, ControlError> {
     let mut bytes = [0u8; 8];
     rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
-        .map_err(|e| error(Path::new("getrandom"), e.to_string()))?;
+        .map_err(|e| failed(Path::new("getrandom"), "", e))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
@@ -51,14 +61,10 @@ pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlE
     let result = links.iter().try_for_each(|link| {
         let here = Path::new(link);
         let there = PathBuf::from(format!("/proc/{root}/root{link}"));
-        let ours = std::fs::symlink_metadata(here).map_err(|e| {
-            error(
-                here,
-                format!("not reachable from the tool's namespace: {e}"),
-            )
-        })?;
+        let ours = std::fs::symlink_metadata(here)
+            .map_err(|e| failed(here, "not reachable from the tool's namespace", e))?;
         let theirs = std::fs::symlink_metadata(&there)
-            .map_err(|e| error(here, format!("not found in the workload's namespace: {e}")))?;
+            .map_err(|e| failed(here, "not found in the workload's namespace", e))?;
         if !same_file(&ours, &theirs) {
             return Err(error(
                 here,
@@ -71,7 +77,7 @@ pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlE
             kept_as: format!("{link}.cuinterpose-{tag}"),
         };
         std::fs::rename(here, &remap.kept_as)
-            .map_err(|e| error(here, format!("moving it to {}: {e}", remap.kept_as)))?;
+            .map_err(|e| failed(here, format!("moving it to {}", remap.kept_as), e))?;
         taken.push(remap);
         Ok(())
     });
@@ -105,7 +111,7 @@ pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
         match std::fs::remove_file(&remap.kept_as) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(error(Path::new(&remap.kept_as), e.to_string())),
+            Err(e) => return Err(failed(Path::new(&remap.kept_as), "", e)),
         }
     }
     Ok(())
@@ -173,9 +179,10 @@ pub fn link_for_restore(remaps: &[LinkRemap]) -> Result<Linked, ControlError> {
             // check_present found the same file there.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => {
-                return Err(error(
+                return Err(failed(
                     Path::new(&remap.link),
-                    format!("linking {}: {e}", remap.kept_as),
+                    format!("linking {}", remap.kept_as),
+                    e,
                 ));
             }
         }

@@ -57,7 +57,7 @@ pub fn survey(tree: &[u32]) -> Result<TcpSurvey, ControlError> {
         let net_namespace = discovery::net_namespace(pid)?;
         for (table, v6) in [("net/tcp", false), ("net/tcp6", true)] {
             // A kernel without IPv6 has no tcp6 table.
-            let Ok(text) = discovery::read_proc(pid, table) else {
+            let Ok(text) = crate::procfs::read(pid, table) else {
                 continue;
             };
             sockets.extend(

@@ -19,6 +19,7 @@ pub mod layout;
 /// A driver result code. `repr(transparent)` over `u32`, so it is ABI-identical to `CUresult`.
 #[repr(transparent)]
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[must_use = "a driver result says whether the call happened; check it, or say why it does not matter"]
 pub struct CUresult(pub u32);
 
 macro_rules! results {
@@ -371,15 +372,13 @@ const _: () = {
     assert!(size_of::<CUresult>() == 4);
 };
 
-/// Function-pointer types of the driver entry points this project calls, wraps or implements.
-/// Named `PFN_<symbol>` after the ABI variant (`cuMemAlloc_v2`), as `cudaTypedefs.h` does.
+/// Function-pointer types of the driver entry points outside the `cuda` crate's table (the
+/// resolvers the shim implements, and entry points only the fake driver has): those in the table
+/// are `cuda::pfn`, generated from it. Named `PFN_<symbol>` after the ABI variant, as
+/// `cudaTypedefs.h` does.
 pub mod pfn {
     use super::*;
 
-    pub type PFN_cuInit = unsafe extern "C" fn(flags: c_uint) -> CUresult;
-    pub type PFN_cuDriverGetVersion = unsafe extern "C" fn(version: *mut c_int) -> CUresult;
-    pub type PFN_cuGetErrorName =
-        unsafe extern "C" fn(error: CUresult, out: *mut *const c_char) -> CUresult;
     pub type PFN_cuGetErrorString =
         unsafe extern "C" fn(error: CUresult, out: *mut *const c_char) -> CUresult;
     pub type PFN_cuGetProcAddress = unsafe extern "C" fn(
@@ -396,77 +395,25 @@ pub mod pfn {
         status: *mut c_int,
     ) -> CUresult;
 
-    pub type PFN_cuDeviceGet =
-        unsafe extern "C" fn(device: *mut CUdevice, ordinal: c_int) -> CUresult;
-    pub type PFN_cuDeviceGetCount = unsafe extern "C" fn(count: *mut c_int) -> CUresult;
     pub type PFN_cuDeviceGetName =
         unsafe extern "C" fn(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult;
-    pub type PFN_cuDeviceGetUuid =
-        unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
     pub type PFN_cuDeviceGetAttribute =
         unsafe extern "C" fn(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
     pub type PFN_cuDeviceTotalMem_v2 =
         unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
 
-    pub type PFN_cuDevicePrimaryCtxRetain =
-        unsafe extern "C" fn(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-    pub type PFN_cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
     pub type PFN_cuCtxCreate_v2 =
         unsafe extern "C" fn(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult;
     pub type PFN_cuCtxDestroy_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    pub type PFN_cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-    pub type PFN_cuCtxGetCurrent = unsafe extern "C" fn(ctx: *mut CUcontext) -> CUresult;
     pub type PFN_cuCtxGetDevice = unsafe extern "C" fn(dev: *mut CUdevice) -> CUresult;
-    pub type PFN_cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-
-    pub type PFN_cuStreamCreate =
-        unsafe extern "C" fn(stream: *mut CUstream, flags: c_uint) -> CUresult;
-    pub type PFN_cuStreamDestroy_v2 = unsafe extern "C" fn(stream: CUstream) -> CUresult;
-    pub type PFN_cuStreamSynchronize = unsafe extern "C" fn(stream: CUstream) -> CUresult;
-
-    pub type PFN_cuMemGetInfo_v2 =
-        unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
-    pub type PFN_cuMemAlloc_v2 =
-        unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
-    pub type PFN_cuMemFree_v2 = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-    pub type PFN_cuMemGetAddressRange_v2 = unsafe extern "C" fn(
-        base: *mut CUdeviceptr,
-        size: *mut usize,
-        dptr: CUdeviceptr,
-    ) -> CUresult;
-    pub type PFN_cuMemHostAlloc =
-        unsafe extern "C" fn(pp: *mut *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
-    pub type PFN_cuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
-    pub type PFN_cuMemHostRegister_v2 =
-        unsafe extern "C" fn(p: *mut c_void, bytes: usize, flags: c_uint) -> CUresult;
-    pub type PFN_cuMemHostUnregister = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
-
-    pub type PFN_cuMemcpyHtoD_v2 =
-        unsafe extern "C" fn(dst: CUdeviceptr, src: *const c_void, bytes: usize) -> CUresult;
-    pub type PFN_cuMemcpyDtoH_v2 =
-        unsafe extern "C" fn(dst: *mut c_void, src: CUdeviceptr, bytes: usize) -> CUresult;
     pub type PFN_cuMemcpyDtoD_v2 =
         unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize) -> CUresult;
-    pub type PFN_cuMemcpyHtoDAsync_v2 = unsafe extern "C" fn(
-        dst: CUdeviceptr,
-        src: *const c_void,
-        bytes: usize,
-        stream: CUstream,
-    ) -> CUresult;
-    pub type PFN_cuMemcpyDtoHAsync_v2 = unsafe extern "C" fn(
-        dst: *mut c_void,
-        src: CUdeviceptr,
-        bytes: usize,
-        stream: CUstream,
-    ) -> CUresult;
     pub type PFN_cuMemcpyDtoDAsync_v2 = unsafe extern "C" fn(
         dst: CUdeviceptr,
         src: CUdeviceptr,
         bytes: usize,
         stream: CUstream,
     ) -> CUresult;
-    pub type PFN_cuMemsetD8_v2 =
-        unsafe extern "C" fn(dst: CUdeviceptr, value: u8, count: usize) -> CUresult;
     pub type PFN_cuMemsetD32_v2 =
         unsafe extern "C" fn(dst: CUdeviceptr, value: c_uint, count: usize) -> CUresult;
     pub type PFN_cuMemsetD8Async = unsafe extern "C" fn(
@@ -482,135 +429,12 @@ pub mod pfn {
         stream: CUstream,
     ) -> CUresult;
 
-    pub type PFN_cuMemCreate = unsafe extern "C" fn(
-        handle: *mut CUmemGenericAllocationHandle,
-        size: usize,
-        prop: *const CUmemAllocationProp,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMemRelease =
-        unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
-    pub type PFN_cuMemAddressReserve = unsafe extern "C" fn(
-        ptr: *mut CUdeviceptr,
-        size: usize,
-        alignment: usize,
-        addr: CUdeviceptr,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-    pub type PFN_cuMemMap = unsafe extern "C" fn(
-        ptr: CUdeviceptr,
-        size: usize,
-        offset: usize,
-        handle: CUmemGenericAllocationHandle,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-    pub type PFN_cuMemSetAccess = unsafe extern "C" fn(
-        ptr: CUdeviceptr,
-        size: usize,
-        desc: *const CUmemAccessDesc,
-        count: usize,
-    ) -> CUresult;
-    pub type PFN_cuMemGetAccess = unsafe extern "C" fn(
-        flags: *mut c_ulonglong,
-        location: *const CUmemLocation,
-        ptr: CUdeviceptr,
-    ) -> CUresult;
-    pub type PFN_cuMemExportToShareableHandle = unsafe extern "C" fn(
-        shareable: *mut c_void,
-        handle: CUmemGenericAllocationHandle,
-        handle_type: u32,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMemImportFromShareableHandle = unsafe extern "C" fn(
-        handle: *mut CUmemGenericAllocationHandle,
-        os_handle: *mut c_void,
-        handle_type: u32,
-    ) -> CUresult;
-    pub type PFN_cuMemRetainAllocationHandle = unsafe extern "C" fn(
-        handle: *mut CUmemGenericAllocationHandle,
-        addr: *mut c_void,
-    ) -> CUresult;
-    pub type PFN_cuMemGetAllocationPropertiesFromHandle = unsafe extern "C" fn(
-        prop: *mut CUmemAllocationProp,
-        handle: CUmemGenericAllocationHandle,
-    ) -> CUresult;
-    pub type PFN_cuMemGetAllocationGranularity = unsafe extern "C" fn(
-        granularity: *mut usize,
-        prop: *const CUmemAllocationProp,
-        option: u32,
-    ) -> CUresult;
-
-    pub type PFN_cuIpcGetMemHandle =
-        unsafe extern "C" fn(handle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
-    pub type PFN_cuIpcOpenMemHandle_v2 = unsafe extern "C" fn(
-        dptr: *mut CUdeviceptr,
-        handle: CUipcMemHandle,
-        flags: c_uint,
-    ) -> CUresult;
-    pub type PFN_cuIpcCloseMemHandle = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-
-    pub type PFN_cuMulticastCreate = unsafe extern "C" fn(
-        handle: *mut CUmemGenericAllocationHandle,
-        prop: *const CUmulticastObjectProp,
-    ) -> CUresult;
-    pub type PFN_cuMulticastAddDevice =
-        unsafe extern "C" fn(handle: CUmemGenericAllocationHandle, dev: CUdevice) -> CUresult;
-    pub type PFN_cuMulticastBindMem = unsafe extern "C" fn(
-        mc: CUmemGenericAllocationHandle,
-        mc_offset: usize,
-        mem: CUmemGenericAllocationHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMulticastBindMem_v2 = unsafe extern "C" fn(
-        mc: CUmemGenericAllocationHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        mem: CUmemGenericAllocationHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMulticastBindAddr = unsafe extern "C" fn(
-        mc: CUmemGenericAllocationHandle,
-        mc_offset: usize,
-        ptr: CUdeviceptr,
-        size: usize,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMulticastBindAddr_v2 = unsafe extern "C" fn(
-        mc: CUmemGenericAllocationHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        ptr: CUdeviceptr,
-        size: usize,
-        flags: c_ulonglong,
-    ) -> CUresult;
-    pub type PFN_cuMulticastUnbind = unsafe extern "C" fn(
-        mc: CUmemGenericAllocationHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        size: usize,
-    ) -> CUresult;
     pub type PFN_cuMulticastGetGranularity = unsafe extern "C" fn(
         granularity: *mut usize,
         prop: *const CUmulticastObjectProp,
         option: u32,
     ) -> CUresult;
 
-    pub type PFN_cuCheckpointProcessLock =
-        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointLockArgs) -> CUresult;
-    pub type PFN_cuCheckpointProcessCheckpoint =
-        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointCheckpointArgs) -> CUresult;
-    pub type PFN_cuCheckpointProcessRestore =
-        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointRestoreArgs) -> CUresult;
-    pub type PFN_cuCheckpointProcessUnlock =
-        unsafe extern "C" fn(pid: c_int, args: *mut CUcheckpointUnlockArgs) -> CUresult;
-    pub type PFN_cuCheckpointProcessGetState =
-        unsafe extern "C" fn(pid: c_int, state: *mut u32) -> CUresult;
     pub type PFN_cuCheckpointProcessGetRestoreThreadId =
         unsafe extern "C" fn(pid: c_int, tid: *mut c_int) -> CUresult;
 }

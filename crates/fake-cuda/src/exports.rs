@@ -1,9 +1,10 @@
 //! Every exported symbol of the library.
 //!
-//! Each driver entry point is exported twice: under its driver name (`cuMemCreate`), and under
-//! the alias `fake_<name>` (`fake_cuMemCreate`) that holds the implementation. `cuGetProcAddress`
-//! hands out the aliases, so a test can tell the driver's own function from an interposer's
-//! wrapper by address. Besides those, the library exports only [`fakeCudaUsage`].
+//! Each driver entry point is exported once, under its driver name (`cuMemCreate`), and holds the
+//! implementation. `cuGetProcAddress` hands out these same functions: the library is linked with
+//! `-Bsymbolic-functions` (build.rs), so its own references bind to its own definitions and never
+//! to an interposer's export of the same name, as the real driver's resolver hands out its own
+//! functions. Besides those, the library exports only [`fakeCudaUsage`].
 
 #![allow(non_snake_case)]
 
@@ -22,24 +23,14 @@ use crate::{Res, write_out};
 use crate::{accounting, checkpoint, config, device, errors, init, multicast, procaddress};
 
 macro_rules! entry_points {
-    ($( $kind:ident $name:ident / $alias:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr; )*) => {
+    ($( $kind:ident $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) => $body:expr; )*) => {
         $(
-            #[doc = concat!("`", stringify!($name), "`: forwards to [`", stringify!($alias), "`].")]
-            ///
-            /// # Safety
-            /// The driver API contract of this entry point: pointers are null or valid.
-            #[unsafe(no_mangle)]
-            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
-                // SAFETY: the same contract, forwarded unchanged.
-                unsafe { $alias($($arg),*) }
-            }
-
             #[doc = concat!("The fake driver's implementation of `", stringify!($name), "`.")]
             ///
             /// # Safety
             /// The driver API contract of this entry point: pointers are null or valid.
             #[unsafe(no_mangle)]
-            pub unsafe extern "C" fn $alias($($arg: $ty),*) -> CUresult {
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
                 call(stringify!($name), Kind::$kind, || {
                     #[allow(unused_unsafe)]
                     // SAFETY: the caller's pointers follow the driver API contract; the
@@ -49,10 +40,10 @@ macro_rules! entry_points {
             }
         )*
 
-        /// The address of the `fake_` alias of exported entry point `symbol`.
-        pub(crate) fn alias_address(symbol: &[u8]) -> Option<*mut c_void> {
+        /// The address of exported entry point `symbol` (this library's own definition).
+        pub(crate) fn own_address(symbol: &[u8]) -> Option<*mut c_void> {
             $( if symbol == stringify!($name).as_bytes() {
-                return Some($alias as *mut c_void);
+                return Some($name as *mut c_void);
             } )*
             None
         }
@@ -107,207 +98,207 @@ fn mem_get_info(free: *mut usize, total: *mut usize) -> Res {
 }
 
 entry_points! {
-    Init cuInit / fake_cuInit(flags: c_uint) => init::cu_init(flags);
-    Free cuDriverGetVersion / fake_cuDriverGetVersion(version: *mut c_int)
+    Init cuInit(flags: c_uint) => init::cu_init(flags);
+    Free cuDriverGetVersion(version: *mut c_int)
         => errors::driver_get_version(version);
-    Free cuGetErrorName / fake_cuGetErrorName(error: CUresult, out: *mut *const c_char)
+    Free cuGetErrorName(error: CUresult, out: *mut *const c_char)
         => errors::error_text(error, out, true);
-    Free cuGetErrorString / fake_cuGetErrorString(error: CUresult, out: *mut *const c_char)
+    Free cuGetErrorString(error: CUresult, out: *mut *const c_char)
         => errors::error_text(error, out, false);
-    Free cuGetProcAddress / fake_cuGetProcAddress(
+    Free cuGetProcAddress(
         symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t)
         => procaddress::get_proc_address(symbol, pfn, cuda_version, flags);
-    Free cuGetProcAddress_v2 / fake_cuGetProcAddress_v2(
+    Free cuGetProcAddress_v2(
         symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
         status: *mut c_int)
         => procaddress::get_proc_address_v2(symbol, pfn, cuda_version, flags, status);
-    Free cuGetProcAddress_v2_ptsz / fake_cuGetProcAddress_v2_ptsz(
+    Free cuGetProcAddress_v2_ptsz(
         symbol: *const c_char, pfn: *mut *mut c_void, cuda_version: c_int, flags: cuuint64_t,
         status: *mut c_int)
         => procaddress::get_proc_address_v2_ptsz(symbol, pfn, cuda_version, flags, status);
 
-    Gated cuDeviceGet / fake_cuDeviceGet(dev: *mut CUdevice, ordinal: c_int)
+    Gated cuDeviceGet(dev: *mut CUdevice, ordinal: c_int)
         => device::device_get(dev, ordinal);
-    Gated cuDeviceGetCount / fake_cuDeviceGetCount(count: *mut c_int)
+    Gated cuDeviceGetCount(count: *mut c_int)
         => device::device_get_count(count);
-    Gated cuDeviceGetName / fake_cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice)
+    Gated cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice)
         => device::device_get_name(name, len, dev);
-    Gated cuDeviceGetUuid / fake_cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice)
+    Gated cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice)
         => device::device_get_uuid(uuid, dev);
-    Gated cuDeviceGetUuid_v2 / fake_cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice)
+    Gated cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice)
         => device::device_get_uuid(uuid, dev);
-    Gated cuDeviceGetAttribute / fake_cuDeviceGetAttribute(
+    Gated cuDeviceGetAttribute(
         value: *mut c_int, attrib: c_int, dev: CUdevice)
         => device::device_get_attribute(value, attrib, dev);
-    Gated cuDeviceTotalMem_v2 / fake_cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice)
+    Gated cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice)
         => device::device_total_mem(bytes, dev);
 
-    Gated cuDevicePrimaryCtxRetain / fake_cuDevicePrimaryCtxRetain(
+    Gated cuDevicePrimaryCtxRetain(
         ctx: *mut CUcontext, dev: CUdevice)
         => device::primary_ctx_retain(ctx, dev);
-    Gated cuDevicePrimaryCtxRelease_v2 / fake_cuDevicePrimaryCtxRelease_v2(dev: CUdevice)
+    Gated cuDevicePrimaryCtxRelease_v2(dev: CUdevice)
         => device::primary_ctx_release(dev);
-    Gated cuCtxCreate_v2 / fake_cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)
+    Gated cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)
         => device::ctx_create(ctx, flags, dev);
-    Gated cuCtxCreate_v3 / fake_cuCtxCreate_v3(
+    Gated cuCtxCreate_v3(
         ctx: *mut CUcontext, params: *mut c_void, num_params: c_int, flags: c_uint,
         dev: CUdevice)
         => device::ctx_create_with_params(ctx, !params.is_null() && num_params != 0, flags, dev);
-    Gated cuCtxCreate_v4 / fake_cuCtxCreate_v4(
+    Gated cuCtxCreate_v4(
         ctx: *mut CUcontext, params: *mut CtxCreateParams, flags: c_uint, dev: CUdevice)
         => match v4_params_given(params) {
             Ok(given) => device::ctx_create_with_params(ctx, given, flags, dev),
             Err(code) => Err(code),
         };
-    Gated cuCtxDestroy_v2 / fake_cuCtxDestroy_v2(ctx: CUcontext) => device::ctx_destroy(ctx);
-    Gated cuCtxSetCurrent / fake_cuCtxSetCurrent(ctx: CUcontext) => device::ctx_set_current(ctx);
-    Gated cuCtxGetCurrent / fake_cuCtxGetCurrent(ctx: *mut CUcontext)
+    Gated cuCtxDestroy_v2(ctx: CUcontext) => device::ctx_destroy(ctx);
+    Gated cuCtxSetCurrent(ctx: CUcontext) => device::ctx_set_current(ctx);
+    Gated cuCtxGetCurrent(ctx: *mut CUcontext)
         => device::ctx_get_current(ctx);
-    Gated cuCtxGetDevice / fake_cuCtxGetDevice(dev: *mut CUdevice) => device::ctx_get_device(dev);
-    Gated cuCtxSynchronize / fake_cuCtxSynchronize() => device::ctx_synchronize();
+    Gated cuCtxGetDevice(dev: *mut CUdevice) => device::ctx_get_device(dev);
+    Gated cuCtxSynchronize() => device::ctx_synchronize();
 
-    Gated cuStreamCreate / fake_cuStreamCreate(stream: *mut CUstream, flags: c_uint)
+    Gated cuStreamCreate(stream: *mut CUstream, flags: c_uint)
         => device::stream_create(stream, flags);
-    Gated cuStreamDestroy_v2 / fake_cuStreamDestroy_v2(stream: CUstream)
+    Gated cuStreamDestroy_v2(stream: CUstream)
         => device::stream_destroy(stream);
-    Gated cuStreamSynchronize / fake_cuStreamSynchronize(stream: CUstream)
+    Gated cuStreamSynchronize(stream: CUstream)
         => device::stream_synchronize(stream);
 
-    Gated cuMemGetInfo / fake_cuMemGetInfo(free: *mut c_uint, total: *mut c_uint)
+    Gated cuMemGetInfo(free: *mut c_uint, total: *mut c_uint)
         => mem_get_info_v1(free, total);
-    Gated cuMemGetInfo_v2 / fake_cuMemGetInfo_v2(free: *mut usize, total: *mut usize)
+    Gated cuMemGetInfo_v2(free: *mut usize, total: *mut usize)
         => mem_get_info(free, total);
-    Gated cuMemAlloc_v2 / fake_cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize)
+    Gated cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize)
         => legacy::mem_alloc(dptr, bytes);
-    Gated cuMemFree_v2 / fake_cuMemFree_v2(dptr: CUdeviceptr) => legacy::mem_free(dptr);
-    Gated cuMemGetAddressRange_v2 / fake_cuMemGetAddressRange_v2(
+    Gated cuMemFree_v2(dptr: CUdeviceptr) => legacy::mem_free(dptr);
+    Gated cuMemGetAddressRange_v2(
         base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr)
         => legacy::get_address_range(base, size, dptr);
-    Gated cuMemHostAlloc / fake_cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint)
+    Gated cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint)
         => host::host_alloc(pp, bytes, flags);
-    Gated cuMemFreeHost / fake_cuMemFreeHost(p: *mut c_void) => host::free_host(p);
-    Gated cuMemHostRegister_v2 / fake_cuMemHostRegister_v2(
+    Gated cuMemFreeHost(p: *mut c_void) => host::free_host(p);
+    Gated cuMemHostRegister_v2(
         p: *mut c_void, bytes: usize, flags: c_uint)
         => host::host_register(p, bytes, flags);
-    Gated cuMemHostUnregister / fake_cuMemHostUnregister(p: *mut c_void)
+    Gated cuMemHostUnregister(p: *mut c_void)
         => host::host_unregister(p);
 
-    Gated cuMemcpyHtoD_v2 / fake_cuMemcpyHtoD_v2(
+    Gated cuMemcpyHtoD_v2(
         dst: CUdeviceptr, src: *const c_void, bytes: usize)
         => copy::htod(dst, src, bytes, None);
-    Gated cuMemcpyDtoH_v2 / fake_cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize)
+    Gated cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize)
         => copy::dtoh(dst, src, bytes, None);
-    Gated cuMemcpyDtoD_v2 / fake_cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize)
+    Gated cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize)
         => copy::dtod(dst, src, bytes, None);
-    Gated cuMemcpyHtoDAsync_v2 / fake_cuMemcpyHtoDAsync_v2(
+    Gated cuMemcpyHtoDAsync_v2(
         dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream)
         => copy::htod(dst, src, bytes, Some(stream));
-    Gated cuMemcpyDtoHAsync_v2 / fake_cuMemcpyDtoHAsync_v2(
+    Gated cuMemcpyDtoHAsync_v2(
         dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream)
         => copy::dtoh(dst, src, bytes, Some(stream));
-    Gated cuMemcpyDtoDAsync_v2 / fake_cuMemcpyDtoDAsync_v2(
+    Gated cuMemcpyDtoDAsync_v2(
         dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream)
         => copy::dtod(dst, src, bytes, Some(stream));
-    Gated cuMemsetD8_v2 / fake_cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize)
+    Gated cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize)
         => copy::memset_d8(dst, value, count, None);
-    Gated cuMemsetD32_v2 / fake_cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, count: usize)
+    Gated cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, count: usize)
         => copy::memset_d32(dst, value, count, None);
-    Gated cuMemsetD8Async / fake_cuMemsetD8Async(
+    Gated cuMemsetD8Async(
         dst: CUdeviceptr, value: u8, count: usize, stream: CUstream)
         => copy::memset_d8(dst, value, count, Some(stream));
-    Gated cuMemsetD32Async / fake_cuMemsetD32Async(
+    Gated cuMemsetD32Async(
         dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
         => copy::memset_d32(dst, value, count, Some(stream));
 
-    Gated cuMemCreate / fake_cuMemCreate(
+    Gated cuMemCreate(
         handle: *mut CUmemGenericAllocationHandle, size: usize,
         prop: *const CUmemAllocationProp, flags: c_ulonglong)
         => vmm::mem_create(handle, size, prop, flags);
-    Gated cuMemRelease / fake_cuMemRelease(handle: CUmemGenericAllocationHandle)
+    Gated cuMemRelease(handle: CUmemGenericAllocationHandle)
         => vmm::mem_release(handle);
-    Gated cuMemAddressReserve / fake_cuMemAddressReserve(
+    Gated cuMemAddressReserve(
         ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr,
         flags: c_ulonglong)
         => vmm::address_reserve(ptr, size, alignment, addr, flags);
-    Gated cuMemAddressFree / fake_cuMemAddressFree(ptr: CUdeviceptr, size: usize)
+    Gated cuMemAddressFree(ptr: CUdeviceptr, size: usize)
         => vmm::address_free(ptr, size);
-    Gated cuMemMap / fake_cuMemMap(
+    Gated cuMemMap(
         ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle,
         flags: c_ulonglong)
         => vmm::mem_map(ptr, size, offset, handle, flags);
-    Gated cuMemUnmap / fake_cuMemUnmap(ptr: CUdeviceptr, size: usize) => vmm::mem_unmap(ptr, size);
-    Gated cuMemSetAccess / fake_cuMemSetAccess(
+    Gated cuMemUnmap(ptr: CUdeviceptr, size: usize) => vmm::mem_unmap(ptr, size);
+    Gated cuMemSetAccess(
         ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize)
         => vmm::set_access(ptr, size, desc, count);
-    Gated cuMemGetAccess / fake_cuMemGetAccess(
+    Gated cuMemGetAccess(
         flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr)
         => vmm::get_access(flags, location, ptr);
-    Gated cuMemExportToShareableHandle / fake_cuMemExportToShareableHandle(
+    Gated cuMemExportToShareableHandle(
         shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: u32,
         flags: c_ulonglong)
         => vmm::export(shareable, handle, handle_type, flags);
-    Gated cuMemImportFromShareableHandle / fake_cuMemImportFromShareableHandle(
+    Gated cuMemImportFromShareableHandle(
         handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: u32)
         => vmm::import(handle, os_handle, handle_type);
-    Gated cuMemRetainAllocationHandle / fake_cuMemRetainAllocationHandle(
+    Gated cuMemRetainAllocationHandle(
         handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void)
         => vmm::retain(handle, addr);
-    Gated cuMemGetAllocationPropertiesFromHandle / fake_cuMemGetAllocationPropertiesFromHandle(
+    Gated cuMemGetAllocationPropertiesFromHandle(
         prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle)
         => vmm::get_properties(prop, handle);
-    Gated cuMemGetAllocationGranularity / fake_cuMemGetAllocationGranularity(
+    Gated cuMemGetAllocationGranularity(
         granularity: *mut usize, prop: *const CUmemAllocationProp, option: u32)
         => vmm::granularity(granularity, prop, option);
 
-    Gated cuIpcGetMemHandle / fake_cuIpcGetMemHandle(
+    Gated cuIpcGetMemHandle(
         handle: *mut CUipcMemHandle, dptr: CUdeviceptr)
         => legacy::ipc_get_mem_handle(handle, dptr);
-    Gated cuIpcOpenMemHandle / fake_cuIpcOpenMemHandle(
+    Gated cuIpcOpenMemHandle(
         dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
         => legacy::ipc_open_mem_handle(dptr, handle, flags);
-    Gated cuIpcOpenMemHandle_v2 / fake_cuIpcOpenMemHandle_v2(
+    Gated cuIpcOpenMemHandle_v2(
         dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint)
         => legacy::ipc_open_mem_handle(dptr, handle, flags);
-    Gated cuIpcCloseMemHandle / fake_cuIpcCloseMemHandle(dptr: CUdeviceptr)
+    Gated cuIpcCloseMemHandle(dptr: CUdeviceptr)
         => legacy::ipc_close_mem_handle(dptr);
 
-    Gated cuMulticastCreate / fake_cuMulticastCreate(
+    Gated cuMulticastCreate(
         handle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp)
         => multicast::create(handle, prop);
-    Gated cuMulticastAddDevice / fake_cuMulticastAddDevice(
+    Gated cuMulticastAddDevice(
         handle: CUmemGenericAllocationHandle, dev: CUdevice)
         => multicast::add_device(handle, dev);
-    Gated cuMulticastBindMem / fake_cuMulticastBindMem(
+    Gated cuMulticastBindMem(
         mc: CUmemGenericAllocationHandle, mc_offset: usize, mem: CUmemGenericAllocationHandle,
         mem_offset: usize, size: usize, flags: c_ulonglong)
         => multicast::bind_mem(mc, mc_offset, mem, mem_offset, size, flags);
-    Gated cuMulticastBindAddr / fake_cuMulticastBindAddr(
+    Gated cuMulticastBindAddr(
         mc: CUmemGenericAllocationHandle, mc_offset: usize, ptr: CUdeviceptr, size: usize,
         flags: c_ulonglong)
         => multicast::bind_addr(mc, mc_offset, ptr, size, flags);
-    Gated cuMulticastUnbind / fake_cuMulticastUnbind(
+    Gated cuMulticastUnbind(
         mc: CUmemGenericAllocationHandle, dev: CUdevice, mc_offset: usize, size: usize)
         => multicast::unbind(mc, dev, mc_offset, size);
-    Gated cuMulticastGetGranularity / fake_cuMulticastGetGranularity(
+    Gated cuMulticastGetGranularity(
         granularity: *mut usize, prop: *const CUmulticastObjectProp, option: u32)
         => multicast::get_granularity(granularity, prop, option);
 
-    Control cuCheckpointProcessLock / fake_cuCheckpointProcessLock(
+    Control cuCheckpointProcessLock(
         pid: c_int, args: *mut CUcheckpointLockArgs)
         => checkpoint::process_lock(pid, args);
-    Control cuCheckpointProcessCheckpoint / fake_cuCheckpointProcessCheckpoint(
+    Control cuCheckpointProcessCheckpoint(
         pid: c_int, args: *mut CUcheckpointCheckpointArgs)
         => checkpoint::process_checkpoint(pid, args);
-    Control cuCheckpointProcessRestore / fake_cuCheckpointProcessRestore(
+    Control cuCheckpointProcessRestore(
         pid: c_int, args: *mut CUcheckpointRestoreArgs)
         => checkpoint::process_restore(pid, args);
-    Control cuCheckpointProcessUnlock / fake_cuCheckpointProcessUnlock(
+    Control cuCheckpointProcessUnlock(
         pid: c_int, args: *mut CUcheckpointUnlockArgs)
         => checkpoint::process_unlock(pid, args);
-    Control cuCheckpointProcessGetState / fake_cuCheckpointProcessGetState(
+    Control cuCheckpointProcessGetState(
         pid: c_int, state: *mut u32)
         => checkpoint::process_get_state(pid, state);
-    Control cuCheckpointProcessGetRestoreThreadId / fake_cuCheckpointProcessGetRestoreThreadId(
+    Control cuCheckpointProcessGetRestoreThreadId(
         pid: c_int, tid: *mut c_int)
         => checkpoint::process_get_restore_thread_id(pid, tid);
 }

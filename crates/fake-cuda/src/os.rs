@@ -374,3 +374,49 @@ pub(crate) fn open_peer_fd(pid: u32, fd: u32) -> io::Result<File> {
         .write(true)
         .open(Path::new(&format!("/proc/{pid}/fd/{fd}")))
 }
+
+/// Whether process `pid` with start token `start` is alive and not a zombie (a zombie keeps its
+/// `/proc/<pid>/stat`, start time included, but none of its descriptors).
+pub(crate) fn alive(pid: i32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some((_, after)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    let mut fields = after.split_whitespace();
+    let state = fields.next();
+    let token = fields.nth(18).and_then(|s| s.parse::<u64>().ok());
+    token == Some(start) && !matches!(state, Some("Z" | "X" | "x"))
+}
+
+/// An exclusive `flock` on a file, released on drop. Locks of different open file descriptions
+/// exclude each other, so processes that each opened the same memfd can serialise on it.
+#[derive(Debug)]
+pub(crate) struct FileLock<'a> {
+    file: &'a File,
+}
+
+impl<'a> FileLock<'a> {
+    /// Waits for the lock (holders keep it only for a few file reads and writes).
+    pub(crate) fn exclusive(file: &'a File) -> io::Result<FileLock<'a>> {
+        loop {
+            // SAFETY: flock on an open descriptor has no memory effects.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(FileLock { file });
+            }
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EINTR) {
+                return Err(err);
+            }
+        }
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: unlocking a descriptor we locked has no memory effects; a failure leaves the
+        // lock to be dropped with the open file description.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}

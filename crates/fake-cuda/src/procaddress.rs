@@ -12,8 +12,8 @@
 //! - the per-thread-default-stream flag gives the same functions (the fake has no stream
 //!   ordering to distinguish).
 //!
-//! The pointers handed out are the `fake_<symbol>` aliases, not the `cu*` exports, so a test can
-//! tell the driver's own function from an interposer's wrapper by address.
+//! The pointers handed out are the library's own definitions of the exports (bound inside the
+//! library, see exports.rs), never an interposer's function of the same name.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
@@ -209,7 +209,7 @@ unsafe fn resolve(
     // SAFETY: the caller passes a NUL-terminated symbol name (null refused above).
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let (status, ptr) = match select(name, cuda_version) {
-        Lookup::Found(exported) => match exports::alias_address(exported.as_bytes()) {
+        Lookup::Found(exported) => match exports::own_address(exported.as_bytes()) {
             Some(p) => (proc_address_status::SUCCESS, p),
             None => (proc_address_status::SYMBOL_NOT_FOUND, std::ptr::null_mut()),
         },
@@ -321,8 +321,8 @@ mod tests {
         for (base, variants) in TABLE {
             for (_, symbol) in *variants {
                 assert!(
-                    exports::alias_address(symbol.as_bytes()).is_some(),
-                    "{symbol} (for {base}) has no fake_ alias"
+                    exports::own_address(symbol.as_bytes()).is_some(),
+                    "{symbol} (for {base}) is not exported"
                 );
                 assert_eq!(base_name(symbol), *base, "{symbol}");
             }

@@ -1,10 +1,13 @@
 //! The formats cuinterpose speaks and stores, with no I/O: control-socket messages and their frames,
 //! the records a shim reports, the ticket (virtual shareable handle) codec, and the state-file and
-//! manifest formats. Every format starts with a magic and a version; every decoder is bounded and
-//! returns [`ProtocolError`] on any input, never panics (the fuzz targets in `fuzz/` hold it to that).
+//! manifest formats (the manifest behind the default feature `manifest`, which the shim leaves off
+//! so that it links no JSON). Every format starts with a magic and a version; every decoder is
+//! bounded and returns [`ProtocolError`] on any input, never panics (the fuzz targets in `fuzz/`
+//! hold it to that). `tests/wire_format.rs` pins the bytes of each against golden files.
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "manifest")]
 pub mod manifest;
 pub mod message;
 pub mod record;

@@ -5,13 +5,19 @@
 //! byte), and only a [`Response::Fd`] carries one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
+//!
+//! The kinds are explicit numbers ([`Request::kind`], [`Response::kind`]); inside a body, postcard
+//! writes fields and enum variants by their order of declaration, so that order is the format
+//! (append only, with a [`PROTOCOL_VERSION`] bump), pinned by `tests/wire_format.rs`.
 
 use crate::ProtocolError;
 use crate::record::{AllocationId, Phase, ProcessRecord};
 use serde::{Deserialize, Serialize};
 
 pub const MAGIC: [u8; 4] = *b"CUIP";
-/// Bumped on any incompatible change of a message or record; both ends must agree exactly.
+/// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
+/// reordered or retyped); both ends must agree exactly. The compatibility rule is in
+/// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
 pub const PROTOCOL_VERSION: u16 = 1;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
@@ -153,23 +159,25 @@ pub struct HelloReply {
     pub driver_version: i32,
 }
 
-/// Why a request failed. Only ever added to.
+/// Why a request failed. Only ever added to, at the end: postcard encodes a variant as its index in
+/// declaration order (not a discriminant), so the order is the wire format; `tests/wire_format.rs`
+/// pins it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorCode {
     /// The request is not valid in the shim's current phase.
-    WrongPhase = 1,
+    WrongPhase,
     /// Unknown allocation (GetFd) or stale ticket.
-    NotFound = 2,
+    NotFound,
     /// The peer is not allowed (uid check).
-    Denied = 3,
+    Denied,
     /// A driver call failed; the message names it and its CUresult.
-    Driver = 4,
+    Driver,
     /// Freeze could not quiesce in time.
-    Timeout = 5,
+    Timeout,
     /// A peer needed for this step did not answer.
-    Peer = 6,
+    Peer,
     /// Anything else inside the shim.
-    Internal = 7,
+    Internal,
 }
 
 impl Request {

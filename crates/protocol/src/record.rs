@@ -4,6 +4,9 @@
 //! Addresses and sizes are `u64` whatever the host's pointer width; device ordinals are the
 //! process-local ordinals the application used (`CUdevice`), so a device is identified across
 //! processes by (namespace PID, ordinal), never by ordinal alone.
+//!
+//! These types are encoded with postcard in control frames and in the state file: field and variant
+//! order is the wire format ([`Phase`] says how it is guarded).
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -32,21 +35,26 @@ impl fmt::Debug for AllocationId {
     }
 }
 
-/// The phase a shim is in. Only ever added to: the discriminants are part of the wire format.
+/// The phase a shim is in.
+///
+/// postcard encodes a variant as its index in declaration order (a varint), so the order of the
+/// variants is the wire format, here and in every enum of this crate: append only, and bump
+/// [`crate::message::PROTOCOL_VERSION`] and [`crate::state::STATE_VERSION`] when adding one.
+/// `tests/wire_format.rs` pins the encoded bytes of each variant against golden files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     /// Normal operation: tracked calls go to the driver.
-    Running = 0,
+    Running,
     /// Tracked memory calls are held; contexts synchronised.
-    Frozen = 1,
+    Frozen,
     /// Shared bytes are in host carriers.
-    Saved = 2,
+    Saved,
     /// Imports and shared allocations are released; only private memory is left for native checkpoint.
-    Released = 3,
+    Released,
     /// Shared allocations are recreated and refilled (creators).
-    Loaded = 4,
+    Loaded,
     /// Imports are mapped again (importers); ready to thaw.
-    Imported = 5,
+    Imported,
 }
 
 /// `CUmemAllocationProp` as recorded, enum fields as integers (unknown values are kept, not rejected).

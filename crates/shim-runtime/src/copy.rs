@@ -35,75 +35,29 @@
 //! leaked, a registered segment stays registered, the carrier is marked poisoned (never unmapped)
 //! and the phase fails.
 
-#![allow(unsafe_code)] // raw carrier memory and driver calls; each block says why it is sound
+//!
+//! This is the one module of the runtime that allows unsafe code: the carrier and the staging
+//! buffers are raw host memory that the DMA engine reads and writes while a copy is in flight, so
+//! neither Rust's borrows nor the safe driver methods (which take slices for synchronous copies)
+//! can describe them; each block says why it is sound.
+
+#![allow(unsafe_code)]
 
 use crate::Real;
 use crate::log::log_warn;
-use cuda_abi::{CUcontext, CUresult, CUstream};
+use cuda::owned::{PinnedBuffer, Stream};
+use cuda_abi::{CUresult, CUstream};
 pub use protocol::message::CarrierMode;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// The environment variable that picks the [`CarrierMode`].
-pub const CARRIER_ENV: &str = "CUINTERPOSE_CARRIER";
-
-/// The mode a `CUINTERPOSE_CARRIER` value names: `staged` (also the default when unset or empty)
-/// or `registered`; anything else is the default, with a warning. Staged is the default because it
-/// measured faster on the H200 (2026-12-02, 8 GiB over two processes: staged 29-30 GB/s save and
-/// load; registered 16-19 GB/s, its `cuMemHostRegister` of the carrier costing more than the copy).
-pub fn mode_from(value: Option<&str>) -> CarrierMode {
-    match value.map(str::trim) {
-        None | Some("") | Some("staged") => CarrierMode::Staged,
-        Some("registered") => CarrierMode::Registered,
-        Some(other) => {
-            log_warn!("{CARRIER_ENV}={other:?} is not staged or registered; using staged");
-            CarrierMode::Staged
-        }
-    }
-}
-
-/// The environment variable of the staging buffer size.
-pub const STAGING_CHUNK_ENV: &str = "CUINTERPOSE_STAGING_CHUNK";
-
 /// Default size of each of a worker's two staging buffers (one DMA each); see the module docs.
 pub const DEFAULT_CHUNK: usize = 1 << 20;
 
-/// Staging buffer sizes accepted from the environment.
-const CHUNK_RANGE: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
-
-/// The staging buffer size `CUINTERPOSE_STAGING_CHUNK` names (bytes, or with a `K`/`M` suffix,
-/// a multiple of 4 KiB from 256K to 64M); a value that does not parse keeps the default, with a
-/// warning.
-pub fn chunk_from(value: Option<&str>) -> usize {
-    let Some(text) = value.map(str::trim).filter(|t| !t.is_empty()) else {
-        return DEFAULT_CHUNK;
-    };
-    let (digits, unit) = match text.strip_suffix(['K', 'k']) {
-        Some(d) => (d, 1 << 10),
-        None => match text.strip_suffix(['M', 'm']) {
-            Some(d) => (d, 1 << 20),
-            None => (text, 1),
-        },
-    };
-    match digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
-    {
-        Some(n) if CHUNK_RANGE.contains(&n) && n % PAGE == 0 => n,
-        _ => {
-            log_warn!(
-                "{STAGING_CHUNK_ENV}={text:?} is not a multiple of 4K from 256K to 64M; using \
-                 {DEFAULT_CHUNK}"
-            );
-            DEFAULT_CHUNK
-        }
-    }
-}
-
-/// How copies reach the carrier, read from the environment once when the runtime starts.
+/// How copies reach the carrier ([`crate::config::ShimConfig`] reads it from the environment once,
+/// when the runtime starts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyConfig {
     pub mode: CarrierMode,
@@ -120,15 +74,6 @@ impl Default for CopyConfig {
     }
 }
 
-impl CopyConfig {
-    pub fn from_env() -> CopyConfig {
-        let var = |name: &str| std::env::var(name).ok();
-        CopyConfig {
-            mode: mode_from(var(CARRIER_ENV).as_deref()),
-            chunk: chunk_from(var(STAGING_CHUNK_ENV).as_deref()),
-        }
-    }
-}
 /// Work unit size: large allocations are split into segments of this size across workers.
 pub const SEGMENT: usize = 64 << 20;
 const PAGE: usize = 4096;
@@ -307,55 +252,31 @@ pub struct CopyStats {
 }
 
 /// A primary context retained and made current on this thread, released on drop.
-#[derive(Debug)]
-pub struct DeviceContext<'a> {
-    real: &'a Real,
-    device: i32,
+pub type DeviceContext<'a> = cuda::owned::PrimaryContext<'a>;
+
+/// Where a failed cleanup of the shim's own driver objects goes: the log.
+pub fn log_cleanup(e: &cuda::CudaError) {
+    log_warn!("cleanup of a shim-owned driver object failed: {e}");
 }
 
-impl<'a> DeviceContext<'a> {
-    pub fn enter(real: &'a Real, device: i32) -> Result<DeviceContext<'a>, CopyError> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the device ordinal is checked by the driver.
-        let r = unsafe { (real.cuDevicePrimaryCtxRetain)(&mut ctx, device) };
-        if !r.is_success() {
-            return Err(CopyError::Driver {
-                call: "cuDevicePrimaryCtxRetain",
-                device,
-                result: r,
-            });
-        }
-        // SAFETY: the context just retained.
-        let r = unsafe { (real.cuCtxSetCurrent)(ctx) };
-        if !r.is_success() {
-            // SAFETY: undoes the retain above.
-            unsafe { (real.cuDevicePrimaryCtxRelease_v2)(device) };
-            return Err(CopyError::Driver {
-                call: "cuCtxSetCurrent",
-                device,
-                result: r,
-            });
-        }
-        Ok(DeviceContext { real, device })
-    }
+/// Enters `device`'s primary context on this thread.
+pub fn enter(real: &Real, device: i32) -> Result<DeviceContext<'_>, CopyError> {
+    DeviceContext::enter(real, device, log_cleanup).map_err(|e| CopyError::Driver {
+        call: e.call,
+        device,
+        result: e.result,
+    })
 }
 
-impl Drop for DeviceContext<'_> {
-    fn drop(&mut self) {
-        // SAFETY: leaves no context current on this (shim-owned) thread.
-        unsafe { (self.real.cuCtxSetCurrent)(std::ptr::null_mut()) };
-        // SAFETY: drops the retain `enter` made.
-        unsafe { (self.real.cuDevicePrimaryCtxRelease_v2)(self.device) };
-    }
-}
-
-/// A worker's streams, and its staging buffers once a staged copy needs them.
+/// A worker's streams, and its staging buffers once a staged copy needs them. Dropping it frees
+/// the buffers and destroys the streams (fields drop in order: buffers first), unless a copy
+/// could not be confirmed finished.
 struct Lane<'a> {
     real: &'a Real,
     device: i32,
-    streams: [CUstream; 2],
-    /// Null until [`Lane::staging`] allocates them.
-    buffers: [*mut u8; 2],
+    /// Empty until [`Lane::staging`] allocates the two.
+    buffers: Vec<PinnedBuffer<'a>>,
+    streams: Vec<Stream<'a>>,
     /// Size of each staging buffer.
     chunk: usize,
     /// Set when a synchronisation failed: the buffers must not be freed.
@@ -370,19 +291,18 @@ impl<'a> Lane<'a> {
         let mut lane = Lane {
             real,
             device,
-            streams: [std::ptr::null_mut(); 2],
-            buffers: [std::ptr::null_mut(); 2],
+            buffers: Vec::with_capacity(2),
+            streams: Vec::with_capacity(2),
             chunk,
             uncertain: false,
             pin: Duration::ZERO,
             staged_fallbacks: 0,
         };
-        for s in &mut lane.streams {
-            // SAFETY: valid out-pointer; a context is current on this thread.
-            let r = unsafe { (real.cuStreamCreate)(s, STREAM_NON_BLOCKING) };
-            if !r.is_success() {
-                return Err(lane.error("cuStreamCreate", r));
-            }
+        for _ in 0..2 {
+            // A context is current on this thread.
+            let stream = Stream::new(real, STREAM_NON_BLOCKING, log_cleanup)
+                .map_err(|e| lane.error(e.call, e.result))?;
+            lane.streams.push(stream);
         }
         Ok(lane)
     }
@@ -398,19 +318,13 @@ impl<'a> Lane<'a> {
     /// Allocates the two staging buffers on first use.
     fn staging(&mut self) -> Result<(), CopyError> {
         let t = Instant::now();
-        for i in 0..2 {
-            if self.buffers.get(i).is_some_and(|b| !b.is_null()) {
-                continue;
-            }
-            let mut p: *mut core::ffi::c_void = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            let r = unsafe { (self.real.cuMemHostAlloc)(&mut p, self.chunk, 0) };
-            if !r.is_success() || p.is_null() {
-                self.pin += t.elapsed();
-                return Err(self.error("cuMemHostAlloc", r));
-            }
-            if let Some(b) = self.buffers.get_mut(i) {
-                *b = p.cast();
+        while self.buffers.len() < 2 {
+            match PinnedBuffer::new(self.real, self.chunk, 0, log_cleanup) {
+                Ok(buffer) => self.buffers.push(buffer),
+                Err(e) => {
+                    self.pin += t.elapsed();
+                    return Err(self.error(e.call, e.result));
+                }
             }
         }
         self.pin += t.elapsed();
@@ -418,18 +332,30 @@ impl<'a> Lane<'a> {
     }
 
     fn stream(&self, b: usize) -> CUstream {
-        self.streams.get(b).copied().unwrap_or(std::ptr::null_mut())
+        self.streams
+            .get(b)
+            .map_or(std::ptr::null_mut(), Stream::raw)
+    }
+
+    /// Staging buffer `b` (null before [`Lane::staging`]).
+    fn buffer(&mut self, b: usize) -> *mut u8 {
+        self.buffers
+            .get_mut(b)
+            .map_or(std::ptr::null_mut(), PinnedBuffer::as_mut_ptr)
     }
 
     fn sync(&mut self, b: usize) -> Result<(), CopyError> {
-        // SAFETY: a stream of ours.
-        let r = unsafe { (self.real.cuStreamSynchronize)(self.stream(b)) };
-        if r.is_success() {
-            Ok(())
-        } else {
+        let synced = match self.streams.get(b) {
+            Some(stream) => stream.synchronize(),
+            None => Err(cuda::CudaError {
+                call: "cuStreamSynchronize",
+                result: CUresult::ERROR_INVALID_HANDLE,
+            }),
+        };
+        synced.map_err(|e| {
             self.uncertain = true;
-            Err(self.error("cuStreamSynchronize", r))
-        }
+            self.error(e.call, e.result)
+        })
     }
 
     fn run(&mut self, unit: Unit, dir: Direction, mode: CarrierMode) -> Result<(), CopyError> {
@@ -506,7 +432,7 @@ impl<'a> Lane<'a> {
                     self.drain(b, host, len);
                 }
             }
-            let buf = self.buffers.get(b).copied().unwrap_or(std::ptr::null_mut());
+            let buf = self.buffer(b);
             let stream = self.stream(b);
             let dev = unit.dev + off as u64;
             let host = unit.host + off;
@@ -551,8 +477,8 @@ impl<'a> Lane<'a> {
         Ok(())
     }
 
-    fn drain(&self, b: usize, host: usize, len: usize) {
-        let buf = self.buffers.get(b).copied().unwrap_or(std::ptr::null_mut());
+    fn drain(&mut self, b: usize, host: usize, len: usize) {
+        let buf = self.buffer(b);
         // SAFETY: the copy into `buf` is synchronised; `host..host+len` is this unit's part of
         // the carrier, written by no other thread.
         unsafe { std::ptr::copy_nonoverlapping(buf, host as *mut u8, len) };
@@ -567,20 +493,15 @@ impl Drop for Lane<'_> {
                  segment are kept",
                 self.device
             );
-            return;
-        }
-        for b in self.buffers {
-            if !b.is_null() {
-                // SAFETY: our staging buffer; every copy on it is synchronised.
-                unsafe { (self.real.cuMemFreeHost)(b.cast()) };
+            // DMA may still reach them: kept for the life of the process.
+            for buffer in self.buffers.drain(..) {
+                buffer.leak();
+            }
+            for stream in self.streams.drain(..) {
+                stream.leak();
             }
         }
-        for s in self.streams {
-            if !s.is_null() {
-                // SAFETY: our stream, idle.
-                unsafe { (self.real.cuStreamDestroy_v2)(s) };
-            }
-        }
+        // Otherwise every copy is synchronised: the fields' own drops free and destroy them.
     }
 }
 
@@ -628,7 +549,7 @@ pub fn copy_all(
                     (&failed, &pin, &fallbacks, &uncertain, &first_error);
                 let work = move || {
                     let result = (|| {
-                        let _ctx = DeviceContext::enter(real, *device)?;
+                        let _ctx = enter(real, *device)?;
                         let mut lane = Lane::new(real, *device, config.chunk)?;
                         let result = (|| {
                             while !failed.load(Ordering::Relaxed) {
@@ -807,34 +728,5 @@ mod tests {
         let (saved, loaded) = round_trip(&real, config, 3);
         assert_eq!(saved.staged_fallbacks, 2, "both segments went staged");
         assert_eq!(loaded.staged_fallbacks, 2);
-    }
-
-    #[test]
-    fn the_carrier_knob_names_a_mode() {
-        assert_eq!(mode_from(None), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
-        assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("pinned")), CarrierMode::Staged);
-    }
-
-    #[test]
-    fn the_staging_chunk_knob_parses_or_keeps_the_default() {
-        assert_eq!(chunk_from(None), DEFAULT_CHUNK);
-        assert_eq!(chunk_from(Some("")), DEFAULT_CHUNK);
-        assert_eq!(chunk_from(Some("2M")), 2 << 20);
-        assert_eq!(chunk_from(Some("512k")), 512 << 10);
-        assert_eq!(chunk_from(Some("8388608")), 8 << 20);
-        for bad in [
-            "0",
-            "4K",
-            "128M",
-            "1000",
-            "2X",
-            "-1M",
-            "18446744073709551615M",
-        ] {
-            assert_eq!(chunk_from(Some(bad)), DEFAULT_CHUNK, "{bad}");
-        }
     }
 }

@@ -43,8 +43,9 @@ static SUPPRESSED: AtomicU32 = AtomicU32::new(0);
 
 /// Parses a `CUINTERPOSE_LOG` value: a level (`warn`), `off`, or a comma-separated filter list
 /// in which items `cuinterpose=LEVEL` or `shim=LEVEL` count and other targets are ignored. The last
-/// item that counts wins; an unknown value keeps the default.
-pub fn parse_filter(value: &str) -> Option<u8> {
+/// item that counts wins; `Ok(None)` when none counts (a filter meant for other targets), `Err`
+/// with the first item that counts but names no level.
+pub fn parse_filter(value: &str) -> Result<Option<u8>, String> {
     let mut result = None;
     for item in value.split(',').map(str::trim) {
         let level = match item.split_once('=') {
@@ -58,26 +59,23 @@ pub fn parse_filter(value: &str) -> Option<u8> {
             None => item,
         };
         let parsed = match level.to_ascii_lowercase().as_str() {
-            "off" | "none" => Some(0),
-            "error" => Some(Level::Error as u8),
-            "warn" | "warning" => Some(Level::Warn as u8),
-            "info" => Some(Level::Info as u8),
-            "debug" => Some(Level::Debug as u8),
-            "trace" => Some(Level::Trace as u8),
-            _ => None,
+            "off" | "none" => 0,
+            "error" => Level::Error as u8,
+            "warn" | "warning" => Level::Warn as u8,
+            "info" => Level::Info as u8,
+            "debug" => Level::Debug as u8,
+            "trace" => Level::Trace as u8,
+            _ => return Err(item.to_string()),
         };
-        if parsed.is_some() {
-            result = parsed;
-        }
+        result = Some(parsed);
     }
-    result
+    Ok(result)
 }
 
-/// Sets the level from the environment's `CUINTERPOSE_LOG` (called once, at runtime start).
-pub fn configure(value: Option<&str>) {
-    if let Some(level) = value.and_then(parse_filter) {
-        MAX_LEVEL.store(level, Ordering::Relaxed);
-    }
+/// Sets the most verbose level written (from [`crate::config::ShimConfig`], once, at runtime
+/// start).
+pub fn set_max_level(level: u8) {
+    MAX_LEVEL.store(level, Ordering::Relaxed);
 }
 
 /// Whether a line at `level` would be written (before rate limiting).
@@ -129,14 +127,21 @@ mod tests {
 
     #[test]
     fn filters_parse_levels_and_targets() {
-        assert_eq!(parse_filter("debug"), Some(Level::Debug as u8));
-        assert_eq!(parse_filter("off"), Some(0));
+        assert_eq!(parse_filter("debug"), Ok(Some(Level::Debug as u8)));
+        assert_eq!(parse_filter("off"), Ok(Some(0)));
         assert_eq!(
             parse_filter("hyper=trace,cuinterpose=info"),
-            Some(Level::Info as u8)
+            Ok(Some(Level::Info as u8))
         );
-        assert_eq!(parse_filter("hyper=trace"), None);
-        assert_eq!(parse_filter("loud"), None);
-        assert_eq!(parse_filter("warn,shim=error"), Some(Level::Error as u8));
+        assert_eq!(parse_filter("hyper=trace"), Ok(None));
+        assert_eq!(parse_filter("loud"), Err("loud".into()));
+        assert_eq!(
+            parse_filter("hyper=loud,shim=lots"),
+            Err("shim=lots".into())
+        );
+        assert_eq!(
+            parse_filter("warn,shim=error"),
+            Ok(Some(Level::Error as u8))
+        );
     }
 }

@@ -36,42 +36,35 @@
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
 
-use crate::copy::{self, CopyError, DeviceContext, Direction, Unit};
+use crate::copy::{self, CopyError, Direction, Unit};
 use crate::log::{log_debug, log_info, log_warn};
 use crate::registry::{Kind, Mapping, VHandle, driver_props};
 use crate::runtime::Runtime;
 use crate::track::FetchError;
+use crate::track::access_desc;
+use cuda::{CudaError, DriverHandle};
 use cuda_abi::*;
 use protocol::message::CopyStats;
 use protocol::record::{AllocationId, Phase};
 use protocol::{ErrorCode, Request, Response};
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 /// Phase machinery the control worker owns.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Control {
     pub(crate) carrier: copy::Carrier,
-    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, read once when
-    /// the runtime starts).
+    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, from the
+    /// runtime's [`crate::runtime::Config`]).
     pub(crate) copy: copy::CopyConfig,
     /// Figures of the last phase that copied, for the log and for benchmarks.
     pub(crate) last: CopyStats,
     /// This capture's Release started here (so every creator was sent Release too, and may have
     /// recreated its allocations since); until the next successful Import or Thaw.
     pub(crate) release_started: bool,
-}
-
-impl Default for Control {
-    /// Reads the copy settings (the runtime makes its `Control` once, at start).
-    fn default() -> Control {
-        Control {
-            carrier: copy::Carrier::default(),
-            copy: copy::CopyConfig::from_env(),
-            last: CopyStats::default(),
-            release_started: false,
-        }
-    }
+    /// Imports whose creator has exited: they cannot be rebuilt, stay unmapped, and do not keep
+    /// Thaw from bringing back the rest (`cuinterpose resume --allow-lost`).
+    pub(crate) lost_imports: std::collections::HashSet<VHandle>,
 }
 
 impl Control {
@@ -120,23 +113,19 @@ impl PhaseError {
     }
 }
 
-fn check(call: &'static str, what: impl FnOnce() -> String, r: CUresult) -> Result<(), PhaseError> {
-    if r.is_success() {
-        Ok(())
-    } else {
-        Err(PhaseError::Driver {
-            call,
-            what: what(),
-            result: r,
-        })
-    }
+/// The phase error of a failed driver call, naming what it was for.
+fn check<T>(what: impl FnOnce() -> String, r: Result<T, CudaError>) -> Result<T, PhaseError> {
+    r.map_err(|e| PhaseError::Driver {
+        call: e.call,
+        what: what(),
+        result: e.result,
+    })
 }
 
-/// A shim-owned mapping of a whole allocation, for copying.
-struct TempMap {
-    va: u64,
-    size: usize,
-}
+/// A shim-owned mapping of a whole allocation, for copying: unmapped and its range freed on
+/// drop, which happens under the device's context ([`Runtime::drop_temp`]), or leaked while a copy
+/// may still use it.
+type TempMap<'a> = cuda::owned::Mapping<'a>;
 
 /// One import to rebuild: handle, ID, creator, size, surviving driver handle, unmapped mappings.
 type ImportItem = (
@@ -144,7 +133,7 @@ type ImportItem = (
     AllocationId,
     u32,
     u64,
-    Option<u64>,
+    Option<DriverHandle>,
     Vec<(u64, Mapping)>,
 );
 
@@ -156,7 +145,7 @@ struct LoadItem {
     device: i32,
     props: protocol::record::AllocationProps,
     /// The driver handle, if it survived (a Release that failed half way).
-    real: Option<u64>,
+    real: Option<DriverHandle>,
     carrier: Option<u64>,
     unmapped: Vec<(u64, Mapping)>,
     cached: bool,
@@ -248,13 +237,9 @@ impl Runtime {
         }
         let devices = self.lock().devices();
         for device in devices {
-            let synced = DeviceContext::enter(&self.real, device)
+            let synced = copy::enter(&self.real, device)
                 .map_err(PhaseError::from)
-                .and_then(|_ctx| {
-                    // SAFETY: a context is current on this thread.
-                    let r = unsafe { (self.real.cuCtxSynchronize)() };
-                    check("cuCtxSynchronize", || format!("device {device}"), r)
-                });
+                .and_then(|_ctx| check(|| format!("device {device}"), self.real.ctx_synchronize()));
             if let Err(e) = synced {
                 self.gate.thaw();
                 return Err(e);
@@ -264,19 +249,12 @@ impl Runtime {
         Ok(0)
     }
 
-    fn temp_map(&self, real: u64, size: usize, device: i32) -> Result<TempMap, PhaseError> {
-        let what = || format!("a temporary mapping of {size} bytes");
-        let mut va: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        let r = unsafe { (self.real.cuMemAddressReserve)(&mut va, size, 0, 0, 0) };
-        check("cuMemAddressReserve", what, r)?;
-        // SAFETY: our reservation, a live driver handle of at least `size` bytes.
-        let r = unsafe { (self.real.cuMemMap)(va, size, 0, real, 0) };
-        if let Err(e) = check("cuMemMap", what, r) {
-            // SAFETY: our reservation.
-            unsafe { (self.real.cuMemAddressFree)(va, size) };
-            return Err(e);
-        }
+    fn temp_map(
+        &self,
+        real: DriverHandle,
+        size: usize,
+        device: i32,
+    ) -> Result<TempMap<'_>, PhaseError> {
         let desc = CUmemAccessDesc {
             location: CUmemLocation {
                 type_: location_type::DEVICE,
@@ -284,23 +262,23 @@ impl Runtime {
             },
             flags: access_flags::PROT_READWRITE,
         };
-        // SAFETY: our mapping, one descriptor.
-        let r = unsafe { (self.real.cuMemSetAccess)(va, size, &desc, 1) };
-        let map = TempMap { va, size };
-        if let Err(e) = check("cuMemSetAccess", what, r) {
-            self.temp_unmap(map);
-            return Err(e);
-        }
-        Ok(map)
+        check(
+            || format!("a temporary mapping of {size} bytes"),
+            TempMap::whole(&self.real, real, size, &[desc], copy::log_cleanup),
+        )
     }
 
-    fn temp_unmap(&self, map: TempMap) {
-        // SAFETY: our mapping; no copy is pending on it.
-        let u = unsafe { (self.real.cuMemUnmap)(map.va, map.size) };
-        // SAFETY: our reservation, unmapped now.
-        let f = unsafe { (self.real.cuMemAddressFree)(map.va, map.size) };
-        if !u.is_success() || !f.is_success() {
-            log_warn!("temporary mapping not removed: unmap {u}, free {f}");
+    /// Removes temporary mappings under their device's context; one whose context cannot be
+    /// entered is kept (never unmapped without its context).
+    fn drop_temp<'a>(&self, work: impl IntoIterator<Item = (TempMap<'a>, i32, u64)>) {
+        for (map, device, _) in work {
+            match copy::enter(&self.real, device) {
+                Ok(_ctx) => drop(map),
+                Err(e) => {
+                    log_warn!("temporary mapping kept: {e}");
+                    map.leak();
+                }
+            }
         }
     }
 
@@ -308,7 +286,7 @@ impl Runtime {
     /// may still be running.
     fn copy_through(
         &self,
-        work: Vec<(TempMap, i32, u64)>,
+        work: Vec<(TempMap<'_>, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
         let (base, config) = {
@@ -319,22 +297,20 @@ impl Runtime {
         for (map, device, offset) in &work {
             units.extend(copy::segments(
                 *device,
-                map.va,
+                map.va(),
                 base + *offset as usize,
-                map.size,
+                map.size(),
             ));
         }
         let (stats, error) = copy::copy_all(&self.real, units, dir, config);
         if stats.dma_uncertain {
             // Fail-stop on this data: the mappings and the carrier may still be read or written.
             self.control().carrier.poison();
-        } else {
-            for (map, device, _) in work {
-                match DeviceContext::enter(&self.real, device) {
-                    Ok(_ctx) => self.temp_unmap(map),
-                    Err(e) => log_warn!("temporary mapping kept: {e}"),
-                }
+            for (map, ..) in work {
+                map.leak();
             }
+        } else {
+            self.drop_temp(work);
         }
         match error {
             Some(e) => Err(e.into()),
@@ -344,7 +320,7 @@ impl Runtime {
 
     fn save(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
         self.expect_phase("Save", &[Phase::Frozen])?;
-        let items: Vec<(VHandle, u64, usize, i32)> = {
+        let items: Vec<(VHandle, DriverHandle, usize, i32)> = {
             let reg = self.lock();
             let mut v: Vec<_> = reg
                 .objects()
@@ -363,17 +339,13 @@ impl Runtime {
         let mut offsets = Vec::with_capacity(items.len());
         let mut offset = 0u64;
         for (handle, real, size, device) in &items {
-            let mapped = DeviceContext::enter(&self.real, *device)
+            let mapped = copy::enter(&self.real, *device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.temp_map(*real, *size, *device));
             match mapped {
                 Ok(map) => work.push((map, *device, offset)),
                 Err(e) => {
-                    for (map, device, _) in work {
-                        if let Ok(_ctx) = DeviceContext::enter(&self.real, device) {
-                            self.temp_unmap(map);
-                        }
-                    }
+                    self.drop_temp(work);
                     return Err(e);
                 }
             }
@@ -437,15 +409,14 @@ impl Runtime {
             self.exports.remove(&id);
         }
         for (address, m) in mappings.iter().filter(|(_, m)| m.mapped) {
-            // SAFETY: a mapping the shim recorded; the application is frozen.
-            let r = unsafe { (self.real.cuMemUnmap)(*address, m.size as usize) };
-            check("cuMemUnmap", || format!("mapping at {address:#x}"), r)?;
+            check(
+                || format!("mapping at {address:#x}"),
+                self.real.mem_unmap(*address, m.size as usize),
+            )?;
             self.lock().set_mapped(*address, false);
         }
         if let Some(real) = real {
-            // SAFETY: the shim's driver reference of this object.
-            let r = unsafe { (self.real.cuMemRelease)(real) };
-            check("cuMemRelease", || format!("allocation {id:?}"), r)?;
+            check(|| format!("allocation {id:?}"), self.real.mem_release(real))?;
             self.lock().set_real(handle, None);
             return Ok(size);
         }
@@ -488,44 +459,26 @@ impl Runtime {
 
     /// Maps the unmapped recorded mappings of an object at their addresses with their access.
     /// Returns the addresses mapped (for undo).
-    fn map_recorded(&self, real: u64, unmapped: &[(u64, Mapping)]) -> Result<Vec<u64>, PhaseError> {
+    fn map_recorded(
+        &self,
+        real: DriverHandle,
+        unmapped: &[(u64, Mapping)],
+    ) -> Result<Vec<u64>, PhaseError> {
         let mut done = Vec::new();
         for (address, m) in unmapped {
-            // SAFETY: the recorded address range lies in a reservation the application kept.
-            let r = unsafe {
-                (self.real.cuMemMap)(*address, m.size as usize, m.offset as usize, real, 0)
-            };
-            if let Err(e) = check(
-                "cuMemMap",
-                || format!("recorded mapping at {address:#x}"),
-                r,
-            ) {
+            // The recorded address range lies in a reservation the application kept.
+            let mapped = self
+                .real
+                .mem_map(*address, m.size as usize, m.offset as usize, real, 0);
+            if let Err(e) = check(|| format!("recorded mapping at {address:#x}"), mapped) {
                 self.unmap_addresses(&done, unmapped);
                 return Err(e);
             }
             done.push(*address);
             if !m.access.is_empty() {
-                let descs: Vec<CUmemAccessDesc> = m
-                    .access
-                    .iter()
-                    .map(|a| CUmemAccessDesc {
-                        location: CUmemLocation {
-                            type_: a.location_type,
-                            id: a.location_id,
-                        },
-                        flags: a.flags,
-                    })
-                    .collect();
-                // SAFETY: the mapping just made, `descs.len()` descriptors.
-                let r = unsafe {
-                    (self.real.cuMemSetAccess)(
-                        *address,
-                        m.size as usize,
-                        descs.as_ptr(),
-                        descs.len(),
-                    )
-                };
-                if let Err(e) = check("cuMemSetAccess", || format!("mapping at {address:#x}"), r) {
+                let descs: Vec<CUmemAccessDesc> = m.access.iter().map(access_desc).collect();
+                let granted = self.real.mem_set_access(*address, m.size as usize, &descs);
+                if let Err(e) = check(|| format!("mapping at {address:#x}"), granted) {
                     self.unmap_addresses(&done, unmapped);
                     return Err(e);
                 }
@@ -534,18 +487,41 @@ impl Runtime {
         Ok(done)
     }
 
+    /// Undoes mappings this phase made (on its failure path, so a failed unmap is only logged:
+    /// the phase's own error is what the tool gets).
     fn unmap_addresses(&self, addresses: &[u64], all: &[(u64, Mapping)]) {
         for (address, m) in all.iter().filter(|(a, _)| addresses.contains(a)) {
-            // SAFETY: a mapping this phase made.
-            unsafe { (self.real.cuMemUnmap)(*address, m.size as usize) };
+            if let Err(e) = self.real.mem_unmap(*address, m.size as usize) {
+                log_warn!("mapping at {address:#x} not undone: {e}");
+            }
+        }
+    }
+
+    /// Releases driver handles this phase made and never published (failure paths: logged).
+    fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
+        for real in handles {
+            if let Err(e) = self.real.mem_release(real) {
+                log_warn!("an allocation this phase made was not released: {e}");
+            }
         }
     }
 
     fn load(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
-        self.expect_phase(
+        // Imported comes after a Load that completed: a resume that stopped after Import and is
+        // run again finds everything loaded, and the phase stays Imported.
+        if self.expect_phase(
             "Load",
-            &[Phase::Frozen, Phase::Saved, Phase::Released, Phase::Loaded],
-        )?;
+            &[
+                Phase::Frozen,
+                Phase::Saved,
+                Phase::Released,
+                Phase::Loaded,
+                Phase::Imported,
+            ],
+        )? == Phase::Imported
+        {
+            return Ok((0, None));
+        }
         let items: Vec<LoadItem> = {
             let reg = self.lock();
             let mut v = Vec::new();
@@ -588,13 +564,10 @@ impl Runtime {
             })
             .collect();
         // Fresh allocations for those released, filled from the carrier.
-        let mut fresh: Vec<(usize, u64)> = Vec::new();
+        let mut fresh: Vec<(usize, DriverHandle)> = Vec::new();
         let mut work = Vec::new();
-        let undo_fresh = |fresh: &[(usize, u64)]| {
-            for (_, real) in fresh {
-                // SAFETY: a handle this phase created and never published.
-                unsafe { (self.real.cuMemRelease)(*real) };
-            }
+        let undo_fresh = |fresh: &[(usize, DriverHandle)]| {
+            self.release_unpublished(fresh.iter().map(|(_, real)| *real));
         };
         for (index, item) in items.iter().enumerate() {
             if item.real.is_some() {
@@ -607,19 +580,18 @@ impl Runtime {
                     item.id
                 )));
             };
-            let made = DeviceContext::enter(&self.real, item.device)
+            let made = copy::enter(&self.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     let prop = driver_props(&item.props);
-                    let mut real: CUmemGenericAllocationHandle = 0;
-                    // SAFETY: valid out-pointer and props.
-                    let r = unsafe { (self.real.cuMemCreate)(&mut real, item.size, &prop, 0) };
-                    check("cuMemCreate", || format!("allocation {}", item.id), r)?;
+                    let real = check(
+                        || format!("allocation {}", item.id),
+                        self.real.mem_create(item.size, &prop, 0),
+                    )?;
                     match self.temp_map(real, item.size, item.device) {
                         Ok(map) => Ok((real, map)),
                         Err(e) => {
-                            // SAFETY: just created, unpublished.
-                            unsafe { (self.real.cuMemRelease)(real) };
+                            self.release_unpublished([real]);
                             Err(e)
                         }
                     }
@@ -630,11 +602,7 @@ impl Runtime {
                     work.push((map, item.device, offset));
                 }
                 Err(e) => {
-                    for (map, device, _) in work {
-                        if let Ok(_ctx) = DeviceContext::enter(&self.real, device) {
-                            self.temp_unmap(map);
-                        }
-                    }
+                    self.drop_temp(work);
                     undo_fresh(&fresh);
                     return Err(e);
                 }
@@ -659,11 +627,11 @@ impl Runtime {
         for (index, item) in items.iter().enumerate() {
             let is_fresh = fresh.iter().any(|(i, _)| *i == index);
             let Some(real) = item.real else { continue };
-            let published = DeviceContext::enter(&self.real, item.device)
+            let published = copy::enter(&self.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.publish_creation(item, real));
             if let Err(e) = published {
-                let unpublished: Vec<(usize, u64)> =
+                let unpublished: Vec<(usize, DriverHandle)> =
                     fresh.iter().filter(|(i, _)| *i >= index).copied().collect();
                 undo_fresh(&unpublished);
                 return Err(e);
@@ -679,39 +647,20 @@ impl Runtime {
 
     /// Maps a rebuilt creation at its recorded addresses, exports it into the cache and points the
     /// application's virtual handle at it.
-    fn publish_creation(&self, item: &LoadItem, real: u64) -> Result<(), PhaseError> {
+    fn publish_creation(&self, item: &LoadItem, real: DriverHandle) -> Result<(), PhaseError> {
         let mapped = self.map_recorded(real, &item.unmapped)?;
         if !item.cached {
-            let mut fd: core::ffi::c_int = -1;
-            // SAFETY: valid out-pointer for a POSIX descriptor, a live handle.
-            let r = unsafe {
-                (self.real.cuMemExportToShareableHandle)(
-                    (&raw mut fd).cast(),
-                    real,
-                    handle_type::POSIX_FILE_DESCRIPTOR,
-                    0,
-                )
-            };
-            if let Err(e) = check(
-                "cuMemExportToShareableHandle",
+            let exported = check(
                 || format!("allocation {}", item.id),
-                r,
-            )
-            .and_then(|()| {
-                if fd < 0 {
-                    Err(PhaseError::Internal(
-                        "the driver exported no descriptor".into(),
-                    ))
-                } else {
-                    Ok(())
+                self.real.mem_export_fd(real, 0),
+            );
+            match exported {
+                Ok(fd) => self.exports.insert(item.id, fd),
+                Err(e) => {
+                    self.unmap_addresses(&mapped, &item.unmapped);
+                    return Err(e);
                 }
-            }) {
-                self.unmap_addresses(&mapped, &item.unmapped);
-                return Err(e);
             }
-            // SAFETY: a new descriptor the driver handed us.
-            self.exports
-                .insert(item.id, unsafe { OwnedFd::from_raw_fd(fd) });
         }
         let mut reg = self.lock();
         reg.set_real(item.handle, Some(real));
@@ -726,6 +675,8 @@ impl Runtime {
             "Import",
             &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
         )?;
+        // Found again below: whatever is still not live and whose creator is gone.
+        self.control().lost_imports.clear();
         // Once Release began anywhere, creators may have recreated (Load) allocations whose old
         // memory this process still holds through an import its own Release did not finish:
         // mapping that old handle again would split the sharing (each side writing different
@@ -773,23 +724,23 @@ impl Runtime {
             let (real, fresh) = match real {
                 Some(real) => (real, false),
                 None => {
-                    let fd = self.fetch_fd(creator, id)?;
-                    let mut got: CUmemGenericAllocationHandle = 0;
-                    use std::os::fd::AsRawFd;
-                    // SAFETY: valid out-pointer; the OS handle of a POSIX import is the fd value.
-                    let r = unsafe {
-                        (self.real.cuMemImportFromShareableHandle)(
-                            &mut got,
-                            fd.as_fd().as_raw_fd() as usize as *mut core::ffi::c_void,
-                            handle_type::POSIX_FILE_DESCRIPTOR,
-                        )
+                    let fd = match self.fetch_fd(creator, id) {
+                        Ok(fd) => fd,
+                        Err(e) if creator_exited(creator) => {
+                            log_warn!(
+                                "import of allocation {id}: its creator (ns pid {creator}) has \
+                                 exited, it stays unmapped: {e}"
+                            );
+                            self.control().lost_imports.insert(handle);
+                            continue;
+                        }
+                        Err(e) => return Err(e.into()),
                     };
-                    drop(fd);
-                    check(
-                        "cuMemImportFromShareableHandle",
+                    let got = check(
                         || format!("allocation {id} of {creator}"),
-                        r,
+                        self.real.mem_import_fd(fd.as_fd()),
                     )?;
+                    drop(fd);
                     (got, true)
                 }
             };
@@ -797,8 +748,7 @@ impl Runtime {
                 Ok(m) => m,
                 Err(e) => {
                     if fresh {
-                        // SAFETY: imported by this phase, unpublished.
-                        unsafe { (self.real.cuMemRelease)(real) };
+                        self.release_unpublished([real]);
                     }
                     return Err(e);
                 }
@@ -821,8 +771,9 @@ impl Runtime {
     fn not_rebuilt(&self) -> Vec<String> {
         let reg = self.lock();
         let mut out = Vec::new();
+        let lost = self.control().lost_imports.clone();
         for (h, o) in reg.objects() {
-            if !o.is_captured() {
+            if !o.is_captured() || lost.contains(&h) {
                 continue;
             }
             let unmapped = reg.mappings_of(h).iter().filter(|(_, m)| !m.mapped).count();
@@ -861,9 +812,35 @@ impl Runtime {
         }
         self.control().carrier.discard();
         self.control().release_started = false;
+        self.control().lost_imports.clear();
         self.gate.thaw();
         Ok(0)
     }
+}
+
+/// Whether the process with namespace PID `ns_pid` (in ours) has exited: signal 0 finds no such
+/// process, or only a zombie.
+fn creator_exited(ns_pid: u32) -> bool {
+    let Some(pid) = rustix::process::Pid::from_raw(ns_pid as i32) else {
+        return false;
+    };
+    match rustix::process::test_kill_process(pid) {
+        Err(rustix::io::Errno::SRCH) => true,
+        // A zombie still takes signal 0; /proc tells, when it is the /proc of our namespace.
+        _ if !own_proc() => false,
+        _ => std::fs::read_to_string(format!("/proc/{ns_pid}/stat")).is_ok_and(|stat| {
+            stat.rfind(')')
+                .and_then(|i| stat.get(i + 1..))
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X")
+        }),
+    }
+}
+
+/// Whether `/proc` is mounted for our PID namespace (it names us by our own PID).
+fn own_proc() -> bool {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    std::fs::read_link("/proc/self").is_ok_and(|l| l.to_str() == Some(me.to_string().as_str()))
 }
 
 fn reg_is_created(rt: &Runtime, handle: VHandle) -> bool {

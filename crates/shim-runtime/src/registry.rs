@@ -23,7 +23,8 @@ pub const HANDLE_TAG: u64 = 0xc1a5 << 48;
 const HANDLE_COUNTER_MASK: u64 = (1 << 48) - 1;
 
 /// A virtual allocation handle, as the application sees it. Never 0.
-pub type VHandle = u64;
+pub type VHandle = cuda::VirtualHandle;
+use cuda::DriverHandle;
 
 /// What an object is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,7 +63,7 @@ pub struct Object {
     /// Mapping records backed by this object.
     pub mappings: u32,
     /// The shim's one driver reference; `None` while a capture has released it.
-    pub real: Option<u64>,
+    pub real: Option<DriverHandle>,
     /// Offset of the object's bytes in the host carrier, once saved.
     pub carrier: Option<u64>,
 }
@@ -103,7 +104,7 @@ pub struct Mapping {
 pub struct Dead {
     pub handle: VHandle,
     /// The driver reference the shim must release now.
-    pub real: Option<u64>,
+    pub real: Option<DriverHandle>,
     /// The allocation ID of a created object (its export cache entry goes with it).
     pub created_id: Option<AllocationId>,
 }
@@ -113,7 +114,7 @@ pub struct Dead {
 pub struct Registry {
     objects: HashMap<VHandle, Object>,
     by_id: HashMap<AllocationId, VHandle>,
-    by_real: HashMap<u64, VHandle>,
+    by_real: HashMap<DriverHandle, VHandle>,
     mappings: BTreeMap<u64, Mapping>,
     reservations: BTreeMap<u64, ReservationRecord>,
     /// Addresses handed to `cuIpcGetMemHandle`, until freed.
@@ -189,7 +190,7 @@ impl Registry {
     fn new_handle(&mut self) -> VHandle {
         loop {
             self.next_handle = (self.next_handle + 1) & HANDLE_COUNTER_MASK;
-            let handle = HANDLE_TAG | self.next_handle;
+            let handle = cuda::VirtualHandle(HANDLE_TAG | self.next_handle);
             if self.next_handle != 0 && !self.objects.contains_key(&handle) {
                 return handle;
             }
@@ -203,7 +204,13 @@ impl Registry {
     }
 
     /// Adds an object with one application reference and returns its virtual handle.
-    pub fn insert(&mut self, kind: Kind, size: u64, props: AllocationProps, real: u64) -> VHandle {
+    pub fn insert(
+        &mut self,
+        kind: Kind,
+        size: u64,
+        props: AllocationProps,
+        real: DriverHandle,
+    ) -> VHandle {
         let handle = self.new_handle();
         let object = Object {
             kind,
@@ -237,7 +244,7 @@ impl Registry {
     }
 
     /// The driver handle behind a virtual one, if the object exists and is not released.
-    pub fn real_of(&self, handle: VHandle) -> Option<u64> {
+    pub fn real_of(&self, handle: VHandle) -> Option<DriverHandle> {
         self.objects.get(&handle).and_then(|o| o.real)
     }
 
@@ -245,7 +252,7 @@ impl Registry {
         self.by_id.get(id).copied()
     }
 
-    pub fn by_real(&self, real: u64) -> Option<VHandle> {
+    pub fn by_real(&self, real: DriverHandle) -> Option<VHandle> {
         self.by_real.get(&real).copied()
     }
 
@@ -306,7 +313,7 @@ impl Registry {
     }
 
     /// Points an object at a new driver handle (rebuild), or at none (release).
-    pub fn set_real(&mut self, handle: VHandle, real: Option<u64>) {
+    pub fn set_real(&mut self, handle: VHandle, real: Option<DriverHandle>) {
         let Some(o) = self.objects.get_mut(&handle) else {
             return;
         };
@@ -637,6 +644,10 @@ mod tests {
         }
     }
 
+    fn dh(raw: u64) -> DriverHandle {
+        DriverHandle::from_raw(raw)
+    }
+
     fn grant(device: i32, flags: u32) -> AccessRecord {
         AccessRecord {
             location_type: location_type::DEVICE,
@@ -648,22 +659,22 @@ mod tests {
     #[test]
     fn handles_are_tagged_unique_and_never_zero() {
         let mut r = Registry::new();
-        let a = r.insert(created(1), 1 << 21, props(0), 0x10);
-        let b = r.insert(created(2), 1 << 21, props(0), 0x20);
+        let a = r.insert(created(1), 1 << 21, props(0), dh(0x10));
+        let b = r.insert(created(2), 1 << 21, props(0), dh(0x20));
         assert_ne!(a, b);
         for h in [a, b] {
-            assert_ne!(h, 0);
-            assert_eq!(h & !HANDLE_COUNTER_MASK, HANDLE_TAG);
+            assert_ne!(h.0, 0);
+            assert_eq!(h.0 & !HANDLE_COUNTER_MASK, HANDLE_TAG);
         }
-        assert_eq!(r.real_of(a), Some(0x10));
-        assert_eq!(r.by_real(0x20), Some(b));
+        assert_eq!(r.real_of(a), Some(dh(0x10)));
+        assert_eq!(r.by_real(dh(0x20)), Some(b));
         assert_eq!(r.by_id(&AllocationId([2; 16])), Some(b));
     }
 
     #[test]
     fn references_and_mappings_keep_an_object_alive() {
         let mut r = Registry::new();
-        let h = r.insert(created(1), 4 << 20, props(0), 0x10);
+        let h = r.insert(created(1), 4 << 20, props(0), dh(0x10));
         assert!(r.add_ref(h)); // a retain
         assert!(r.insert_mapping(0x1000_0000, 4 << 20, 0, h).is_empty());
         assert_eq!(r.release_would_kill(h), Some(false));
@@ -677,19 +688,19 @@ mod tests {
             dead,
             vec![Dead {
                 handle: h,
-                real: Some(0x10),
+                real: Some(dh(0x10)),
                 created_id: Some(AllocationId([1; 16]))
             }]
         );
         assert!(r.get(h).is_none());
-        assert!(r.by_real(0x10).is_none());
+        assert!(r.by_real(dh(0x10)).is_none());
         assert!(r.by_id(&AllocationId([1; 16])).is_none());
     }
 
     #[test]
     fn partial_unmap_keeps_the_rest_with_its_offset() {
         let mut r = Registry::new();
-        let h = r.insert(created(1), 8 << 20, props(0), 0x10);
+        let h = r.insert(created(1), 8 << 20, props(0), dh(0x10));
         r.insert_mapping(0x2000_0000, 6 << 20, 2 << 20, h);
         assert!(r.remove_range(0x2000_0000 + (2 << 20), 2 << 20).is_empty());
         let left: Vec<(u64, u64, u64)> = r.mappings().map(|(a, m)| (a, m.size, m.offset)).collect();
@@ -708,8 +719,8 @@ mod tests {
     #[test]
     fn unmap_of_several_mappings_at_once() {
         let mut r = Registry::new();
-        let a = r.insert(created(1), 2 << 20, props(0), 0x10);
-        let b = r.insert(created(2), 2 << 20, props(1), 0x20);
+        let a = r.insert(created(1), 2 << 20, props(0), dh(0x10));
+        let b = r.insert(created(2), 2 << 20, props(1), dh(0x20));
         r.insert_mapping(0x4000_0000, 2 << 20, 0, a);
         r.insert_mapping(0x4000_0000 + (2 << 20), 2 << 20, 0, b);
         r.drop_ref(a);
@@ -722,7 +733,7 @@ mod tests {
     #[test]
     fn access_merges_per_location_and_splits_partial_ranges() {
         let mut r = Registry::new();
-        let h = r.insert(created(1), 4 << 20, props(0), 0x10);
+        let h = r.insert(created(1), 4 << 20, props(0), dh(0x10));
         r.insert_mapping(0x3000_0000, 4 << 20, 0, h);
         // One call per GPU, as PyTorch does, then one call with two descriptors.
         r.set_access(
@@ -769,7 +780,7 @@ mod tests {
     #[test]
     fn an_allocation_mapped_twice_is_reported_twice() {
         let mut r = Registry::new();
-        let h = r.insert(created(1), 2 << 20, props(0), 0x10);
+        let h = r.insert(created(1), 2 << 20, props(0), dh(0x10));
         r.insert_mapping(0x5000_0000, 2 << 20, 0, h);
         r.insert_mapping(0x6000_0000, 2 << 20, 0, h);
         let rec = r.report(7, 0);
@@ -793,7 +804,7 @@ mod tests {
             },
             0,
             props(0),
-            0x30,
+            dh(0x30),
         );
         r.insert_mapping(0x7000_0000, 2 << 20, 0, foreign);
         let fabric = r.insert(
@@ -803,7 +814,7 @@ mod tests {
             },
             0,
             props(0),
-            0x40,
+            dh(0x40),
         );
         let mc = r.insert(
             Kind::Multicast {
@@ -812,7 +823,7 @@ mod tests {
             },
             1 << 21,
             UNKNOWN_PROPS,
-            0x50,
+            dh(0x50),
         );
         r.ipc_exported(0x9000);
         r.ipc_opened(0xa000);
@@ -856,7 +867,7 @@ mod tests {
         let mut r = Registry::new();
         let mut handles = Vec::new();
         for n in 0..20u8 {
-            let h = r.insert(created(n), 2 << 20, props(0), 0x100 + u64::from(n));
+            let h = r.insert(created(n), 2 << 20, props(0), dh(0x100 + u64::from(n)));
             r.insert_mapping(0x8000_0000 + (u64::from(n) << 21), 2 << 20, 0, h);
             handles.push(h);
         }
@@ -864,10 +875,10 @@ mod tests {
         // A rebuild points the objects at new driver handles; the records do not change.
         for (i, h) in handles.iter().enumerate() {
             r.set_real(*h, None);
-            r.set_real(*h, Some(0x9000 + i as u64));
+            r.set_real(*h, Some(dh(0x9000 + i as u64)));
         }
         assert_eq!(r.report(1, 0), before);
-        assert_eq!(r.by_real(0x9000), handles.first().copied());
-        assert!(r.by_real(0x100).is_none());
+        assert_eq!(r.by_real(dh(0x9000)), handles.first().copied());
+        assert!(r.by_real(dh(0x100)).is_none());
     }
 }

@@ -1,42 +1,65 @@
 //! The runtime object, the process-global instance, and its start after the first successful
 //! `cuInit`.
 //!
-//! Start: the first `cuInit` that succeeds reads the configuration once (`CUINTERPOSE_CONTROL_DIR`,
-//! `CUINTERPOSE_LOG`), binds `<dir>/cuinterpose-<getpid()>.sock` and starts the listener and the
-//! control worker (with every signal blocked). Never in a library constructor. If the socket cannot
+//! Start: the first `cuInit` that succeeds reads the configuration once ([`ShimConfig`]: control
+//! directory, log level, carrier mode), binds `<dir>/cuinterpose-<pid ns inode>-<getpid()>.sock`
+//! and starts the listener and the control worker (with every signal blocked). Never in a library constructor. If the socket cannot
 //! be bound the runtime stays off: every call passes straight through, the application works as
 //! without the shim, and the tool (finding no socket) refuses to capture it.
 //!
-//! Fork: a `pthread_atfork` child handler (registered at start, touching only atomics) turns the
-//! runtime off in the child. A child forked before the runtime started starts its own at its own
-//! `cuInit`. A child forked after it must exec or exit, as CUDA itself requires: its tracked calls
+//! Fork: a `pthread_atfork` child handler (registered by the shim before the start, calling
+//! [`fork_child`], which touches only atomics) turns the runtime off in the child. A child forked
+//! before the runtime started starts its own at its own `cuInit`. A child forked after it must exec or exit, as CUDA itself requires: its tracked calls
 //! return `CUDA_ERROR_NOT_INITIALIZED` without reaching the driver (the handles it inherited are
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
 use crate::Real;
+use crate::config::ShimConfig;
+use crate::copy::CopyConfig;
 use crate::exports::ExportCache;
 use crate::gate::Gate;
-use crate::log::{log_error, log_info};
+use crate::log::{log_error, log_info, log_warn};
 use crate::phases::Control;
 use crate::registry::Registry;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-/// Where the runtime's sockets live and who it is.
+/// Where the runtime's sockets live, who it is and how it copies.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Directory of control sockets (`CUINTERPOSE_CONTROL_DIR`, default `/tmp`).
+    /// Directory of control sockets ([`ShimConfig::control_dir`], default the user's private
+    /// directory: `transport::files::default_private_dir`).
     pub control_dir: PathBuf,
     /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
     pub ns_pid: u32,
+    /// How copies reach the host carrier ([`ShimConfig::copy`]).
+    pub copy: CopyConfig,
+    /// Inode of our PID namespace when the runtime started: in every socket name, so that
+    /// processes of two PID namespaces sharing a directory never want the same name. Kept from
+    /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
+    pub pid_namespace: u64,
 }
 
 impl Config {
-    /// The control socket of the process with namespace PID `ns_pid`, in our control directory.
+    /// The control socket of the process with namespace PID `ns_pid` in our PID namespace (a
+    /// ticket's creator is always there), in our control directory.
     pub fn socket_of(&self, ns_pid: u32) -> PathBuf {
-        self.control_dir.join(format!("cuinterpose-{ns_pid}.sock"))
+        self.control_dir
+            .join(format!("cuinterpose-{}-{ns_pid}.sock", self.pid_namespace))
     }
+}
+
+/// Inode of this process's PID namespace (`/proc/self/ns/pid` names it `pid:[<inode>]`); 0 when it
+/// cannot be read.
+pub fn own_pid_namespace() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_str()?.to_string();
+            l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
 }
 
 /// Identity reported by HELLO.
@@ -60,27 +83,31 @@ pub struct Runtime {
     pub(crate) identity: OnceLock<Identity>,
     pub(crate) driver_version: i32,
     pub(crate) connections: AtomicUsize,
+    /// Of those, the ones that asked something else than GetFd (the tool, or anyone posing as it):
+    /// limited apart, so they can never take the peers' places (server.rs).
+    pub(crate) tool_connections: AtomicUsize,
 }
 
 impl Runtime {
     /// A runtime over `real`; nothing is bound or started until [`Runtime::serve`].
     pub fn new(real: Real, config: Config) -> Arc<Runtime> {
-        let mut version = 0;
-        // SAFETY: a valid out-pointer to a local.
-        let r = unsafe { (real.cuDriverGetVersion)(&mut version) };
-        if !r.is_success() {
-            version = 0;
-        }
+        // An unknown version is reported as 0 (HELLO); nothing depends on it.
+        let version = real.driver_version().unwrap_or(0);
+        let copy = config.copy;
         Arc::new(Runtime {
             real,
             config,
             state: Mutex::new(Registry::new()),
             gate: Gate::default(),
             exports: ExportCache::default(),
-            control: Mutex::new(Control::default()),
+            control: Mutex::new(Control {
+                copy,
+                ..Control::default()
+            }),
             identity: OnceLock::new(),
             driver_version: version,
             connections: AtomicUsize::new(0),
+            tool_connections: AtomicUsize::new(0),
         })
     }
 
@@ -113,14 +140,16 @@ const FORKED: u8 = 3;
 const DISABLED: u8 = 4;
 
 static STATE: AtomicU8 = AtomicU8::new(OFF);
-static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(std::ptr::null_mut());
-static ATFORK: AtomicU8 = AtomicU8::new(0);
+/// Set once, before RUNNING is published; never released (it lives as long as the process).
+/// Reading it is one atomic load, so a forked child never waits on a lock here.
+static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
 /// The process's socket file, for removal at exit: path, owner PID, device and inode.
 static SOCKET_FILE: OnceLock<(PathBuf, u32, u64, u64)> = OnceLock::new();
 
 /// Removes our socket file at exit, only in the process that bound it and only if the file is
 /// still the one it bound (a forked child that exits, or a file replaced since, is left alone).
-extern "C" fn remove_socket_at_exit() {
+/// The shim registers it with `atexit` when [`start_after_init`] says a socket was bound.
+pub fn remove_socket_at_exit() {
     let Some((path, owner, dev, ino)) = SOCKET_FILE.get() else {
         return;
     };
@@ -134,8 +163,9 @@ extern "C" fn remove_socket_at_exit() {
     }
     if let Ok(st) = rustix::fs::lstat(path)
         && (st.st_dev, st.st_ino) == (*dev, *ino)
+        && let Err(e) = rustix::fs::unlink(path)
     {
-        let _ = rustix::fs::unlink(path);
+        log_error!("cannot remove the control socket {}: {e}", path.display());
     }
 }
 
@@ -151,21 +181,17 @@ pub enum Active {
 
 pub fn active() -> Active {
     match STATE.load(Ordering::Acquire) {
-        RUNNING => {
-            let ptr = RUNTIME.load(Ordering::Acquire);
-            // SAFETY: RUNTIME is set once, before RUNNING is published, from `Arc::into_raw` of a
-            // runtime that is never released (it lives as long as the process).
-            match unsafe { ptr.as_ref() } {
-                Some(rt) => Active::Running(rt),
-                None => Active::Off,
-            }
-        }
+        RUNNING => match RUNTIME.get() {
+            Some(rt) => Active::Running(rt),
+            None => Active::Off,
+        },
         FORKED => Active::Forked,
         _ => Active::Off,
     }
 }
 
-extern "C" fn atfork_child() {
+/// The `pthread_atfork` child handler's work (the shim registers it before the runtime starts).
+pub fn fork_child() {
     // Only atomics here: the child has one thread and the parent's locks may be held.
     let state = STATE.load(Ordering::Relaxed);
     if state == RUNNING || state == STARTING {
@@ -175,30 +201,47 @@ extern "C" fn atfork_child() {
 
 /// Starts the process's runtime once, after a successful `cuInit`. Concurrent first callers wait
 /// for the one that starts it (an atomic, not a lock, so that a child forked in the middle cannot
-/// inherit a held lock).
-pub fn start_after_init(real: &Real) {
+/// inherit a held lock). Returns true to the caller that bound the control socket (which then
+/// registers [`remove_socket_at_exit`]).
+pub fn start_after_init(real: &Real) -> bool {
     match STATE.compare_exchange(OFF, STARTING, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => {}
         Err(STARTING) => {
             while STATE.load(Ordering::Acquire) == STARTING {
                 std::thread::sleep(std::time::Duration::from_millis(1));
             }
-            return;
+            return false;
         }
-        Err(_) => return,
+        Err(_) => return false,
     }
-    crate::log::configure(std::env::var("CUINTERPOSE_LOG").ok().as_deref());
-    if ATFORK.swap(1, Ordering::AcqRel) == 0 {
-        // SAFETY: registers a handler that only touches atomics; no prepare/parent handlers.
-        let rc = unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
-        if rc != 0 {
-            log_error!("pthread_atfork failed ({rc}); a forked child would inherit the runtime");
+    let (settings, invalid) = ShimConfig::from_env();
+    crate::log::set_max_level(settings.log_level);
+    for problem in &invalid {
+        log_warn!("{problem}");
+    }
+    let control_dir = match settings.control_dir {
+        Some(dir) => dir,
+        None => {
+            let dir = transport::files::default_private_dir();
+            // Made private here (its parent too, where it is ours to make): nobody else can take
+            // a name in it.
+            if let Err(e) = dir
+                .parent()
+                .filter(|p| !p.exists())
+                .map_or(Ok(()), transport::files::ensure_private_dir)
+                .and_then(|()| transport::files::ensure_private_dir(&dir))
+            {
+                log_error!(
+                    "runtime not started: CUDA calls of this process are NOT tracked and it cannot \
+                     be checkpointed: {e}"
+                );
+                let _ =
+                    STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+                return false;
+            }
+            dir
         }
-    }
-    let control_dir = std::env::var_os("CUINTERPOSE_CONTROL_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    };
     let ns_pid = rustix::process::getpid()
         .as_raw_nonzero()
         .get()
@@ -208,6 +251,8 @@ pub fn start_after_init(real: &Real) {
         Config {
             control_dir,
             ns_pid,
+            copy: settings.copy,
+            pid_namespace: own_pid_namespace(),
         },
     );
     match runtime.serve() {
@@ -217,20 +262,27 @@ pub fn start_after_init(real: &Real) {
                 runtime.config.socket_of(ns_pid).display()
             );
             let path = runtime.config.socket_of(ns_pid);
-            if let Ok(st) = rustix::fs::lstat(&path)
-                && SOCKET_FILE
+            let recorded = rustix::fs::lstat(&path).is_ok_and(|st| {
+                SOCKET_FILE
                     .set((path, ns_pid, st.st_dev, st.st_ino))
                     .is_ok()
-            {
-                // SAFETY: registers a handler that only reads a set-once static and unlinks a file.
-                unsafe { libc::atexit(remove_socket_at_exit) };
+            });
+            if RUNTIME.set(runtime).is_err() {
+                log_error!("a second runtime was started; the first one stays");
             }
-            RUNTIME.store(Arc::into_raw(runtime).cast_mut(), Ordering::Release);
+            // Fails only if a fork handler moved STARTING to FORKED, and that is the state to keep.
             let _ = STATE.compare_exchange(STARTING, RUNNING, Ordering::AcqRel, Ordering::Acquire);
+            recorded
         }
         Err(e) => {
-            log_error!("runtime not started, calls pass through untracked: {e}");
+            // Loud on purpose: the application runs on, but nothing of it is tracked, and the
+            // tool (finding no control socket among its descriptors) refuses to capture it.
+            log_error!(
+                "runtime not started: CUDA calls of this process are NOT tracked and it cannot be \
+                 checkpointed (`cuinterpose inspect` shows it): {e}"
+            );
             let _ = STATE.compare_exchange(STARTING, DISABLED, Ordering::AcqRel, Ordering::Acquire);
+            false
         }
     }
 }

@@ -11,24 +11,42 @@
 //! - Phase requests go to the control worker through a bounded queue; a full queue is refused
 //!   before anything changes.
 //! - A malformed or oversized frame closes that connection (after one log line); the process goes on.
+//!   A frame of another protocol version is first answered with `Error Denied` in this build's
+//!   version, so that the other side reports the version mismatch.
+//! - The peer descriptor service, which the application's own imports depend on, is never starved
+//!   by other connections: a connection must send its first request within [`FIRST_REQUEST`];
+//!   a peer connection (GetFd only) is closed after [`PEER_IDLE`] without a request and after
+//!   [`PEER_REQUESTS`] requests; the others (the tool, or anyone else) are at most
+//!   [`MAX_TOOL_CONNECTIONS`] at a time and closed after [`TOOL_IDLE`] without a request (the
+//!   tool connects again when it has been idle long: control::group). A refused connection gets
+//!   an `Error` answer that says why.
 //! - All threads run with every signal blocked, so they never take a signal meant for the
 //!   application's own handlers or `sigwait` threads.
 
 use crate::log::{log_debug, log_warn};
 use crate::runtime::{Identity, Runtime};
-use protocol::{ErrorCode, HelloReply, Request, Response};
+use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::time::Duration;
 use transport::{Connection, Listener, TransportError};
 
-/// Connections served at once; more are closed at accept.
-const MAX_CONNECTIONS: usize = 64;
-/// How long a connection may take to send its first request (and between peer requests).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once (one thread each); more are refused at accept.
+const MAX_CONNECTIONS: usize = 128;
+/// Of those, connections that asked anything but GetFd.
+const MAX_TOOL_CONNECTIONS: usize = 8;
+/// How long a new connection may take to send its first request.
+const FIRST_REQUEST: Duration = Duration::from_secs(2);
+/// How long a peer connection may stay without a request (an importer asks at once).
+const PEER_IDLE: Duration = Duration::from_secs(2);
+/// Requests one peer connection may make before it is closed (an importer makes one).
+const PEER_REQUESTS: usize = 64;
+/// How long a tool connection may stay without a request (the tool connects again after
+/// `control::group::RECONNECT_AFTER` of its own silence, which is shorter).
+const TOOL_IDLE: Duration = Duration::from_secs(30);
 /// Phase requests waiting for the control worker.
 const QUEUE: usize = 4;
 
@@ -53,46 +71,50 @@ pub(crate) fn spawn_quiet<F>(name: &str, f: F) -> io::Result<std::thread::JoinHa
 where
     F: FnOnce() + Send + 'static,
 {
-    // SAFETY: sigset_t is plain data, valid all-zero.
-    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: writes only the set given.
-    unsafe { libc::sigfillset(&mut all) };
-    // SAFETY: reads `all`, writes `old`; affects only this thread.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old) };
+    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
+    let mut old = SigSet::empty();
+    // Affects only this thread; the caller's mask is restored below.
+    if let Err(e) = pthread_sigmask(
+        SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::all()),
+        Some(&mut old),
+    ) {
+        return Err(io::Error::from_raw_os_error(e as i32));
+    }
     let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
-    // SAFETY: restores the caller's mask saved above.
-    unsafe {
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None) {
+        log_warn!("cannot restore the signal mask after starting {name}: {e}");
     }
     spawned
+}
+
+/// The file mapped at `address` in this process (`/proc/self/maps`: what `dladdr` would name,
+/// resolved by the kernel).
+fn mapped_file(address: usize) -> Option<std::path::PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_ascii_whitespace();
+        let (from, to) = fields.next()?.split_once('-')?;
+        let from = usize::from_str_radix(from, 16).ok()?;
+        let to = usize::from_str_radix(to, 16).ok()?;
+        // perms, offset, device, inode, then the path (which may hold spaces).
+        let path = fields.nth(4)?;
+        (from <= address && address < to && path.starts_with('/')).then(|| {
+            let start = line.find(path).unwrap_or(0);
+            std::path::PathBuf::from(line.get(start..).unwrap_or(path))
+        })
+    })
 }
 
 /// SHA-256 (hex) of the file holding this code: the shim library in a CUDA process.
 fn own_file_sha256() -> String {
     use sha2::Digest;
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    let anchor = own_file_sha256 as *const () as *const libc::c_void;
-    // SAFETY: dladdr only reads the address and writes the struct.
-    let found = unsafe { libc::dladdr(anchor, &mut info) } != 0;
-    let path = if !found || info.dli_fname.is_null() {
-        None
-    } else {
-        // SAFETY: a NUL-terminated name that lives as long as the object is loaded (ours: for
-        // the life of the process).
-        let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-        Some(name.to_string_lossy().into_owned())
-    };
-    let Some(path) = path else {
-        log_warn!("dladdr found no file for the shim; HELLO reports no hash");
+    let anchor = own_file_sha256 as fn() -> String as usize;
+    let Some(path) = mapped_file(anchor) else {
+        log_warn!("no mapped file holds the shim's code; HELLO reports no hash");
         return String::new();
     };
+    let path = path.display().to_string();
     let mut hasher = sha2::Sha256::new();
     let result = std::fs::File::open(&path).and_then(|mut f| io::copy(&mut f, &mut hasher));
     match result {
@@ -178,6 +200,10 @@ impl Runtime {
             if self.connections.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
                 self.connections.fetch_sub(1, Ordering::AcqRel);
                 log_warn!("too many control connections; one refused");
+                refuse(
+                    conn,
+                    format!("busy: {MAX_CONNECTIONS} connections are open on this control socket"),
+                );
                 continue;
             }
             let rt = self.clone();
@@ -206,27 +232,62 @@ impl Runtime {
             );
             return;
         }
-        if conn.set_timeout(Some(IDLE_TIMEOUT)).is_err() {
+        if conn.set_timeout(Some(FIRST_REQUEST)).is_err() {
             return;
         }
-        let mut coordinator = false;
+        // Set by the first request: a peer's GetFd, or anything else (a tool).
+        let mut class: Option<Class<'_>> = None;
+        let mut served = 0usize;
         loop {
             let request = match conn.recv_request() {
                 Ok(r) => r,
                 Err(TransportError::Closed) => return,
-                Err(TransportError::Timeout) if coordinator => continue,
+                Err(e @ TransportError::Protocol(ProtocolError::VersionMismatch { .. })) => {
+                    // A tool (or peer shim) of another version: answered in ours, so that it
+                    // names the mismatch instead of a connection closed without a word.
+                    log_warn!("control socket: refusing a peer: {e}");
+                    if let Err(e) = conn.refuse_version() {
+                        log_debug!("control socket: cannot answer the refused peer: {e}");
+                    }
+                    return;
+                }
+                Err(TransportError::Timeout) => {
+                    log_debug!("control socket: closing an idle connection");
+                    return;
+                }
                 Err(e) => {
                     log_warn!("control socket: dropping a connection: {e}");
                     return;
                 }
             };
-            if !coordinator && !matches!(request, Request::GetFd { .. }) {
-                coordinator = true;
-                // A coordinator waits between phases for as long as native checkpoint takes; its
-                // connection has no idle limit.
-                if conn.set_timeout(None).is_err() {
+            if class.is_none() {
+                let peer = matches!(request, Request::GetFd { .. });
+                let admitted = if peer {
+                    Some(Class::Peer)
+                } else {
+                    ToolSlot::take(&self.tool_connections).map(|slot| Class::Tool { _slot: slot })
+                };
+                let Some(admitted) = admitted else {
+                    log_warn!("too many tool connections; one refused");
+                    refuse(
+                        conn,
+                        format!(
+                            "busy: {MAX_TOOL_CONNECTIONS} tool connections are open on this \
+                             control socket"
+                        ),
+                    );
+                    return;
+                };
+                let idle = if peer { PEER_IDLE } else { TOOL_IDLE };
+                if conn.set_timeout(Some(idle)).is_err() {
                     return;
                 }
+                class = Some(admitted);
+            }
+            served += 1;
+            if matches!(class, Some(Class::Peer)) && served > PEER_REQUESTS {
+                log_warn!("a peer connection made {PEER_REQUESTS} requests; closed");
+                return;
             }
             let (response, fd) = match request {
                 Request::GetFd { id } => match self.exports.lease(&id) {
@@ -276,4 +337,46 @@ impl Runtime {
             }
         }
     }
+}
+
+/// What a connection turned out to be by its first request.
+enum Class<'a> {
+    Peer,
+    /// Holds its place until the connection ends.
+    Tool {
+        _slot: ToolSlot<'a>,
+    },
+}
+
+/// One of the [`MAX_TOOL_CONNECTIONS`] places, given back on drop.
+struct ToolSlot<'a>(&'a AtomicUsize);
+
+impl<'a> ToolSlot<'a> {
+    fn take(count: &'a AtomicUsize) -> Option<ToolSlot<'a>> {
+        if count.fetch_add(1, Ordering::AcqRel) >= MAX_TOOL_CONNECTIONS {
+            count.fetch_sub(1, Ordering::AcqRel);
+            None
+        } else {
+            Some(ToolSlot(count))
+        }
+    }
+}
+
+impl Drop for ToolSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Answers a connection that is not served with why, briefly (a peer that does not read cannot
+/// hold the thread), and closes it.
+fn refuse(mut conn: Connection, message: String) {
+    let _ = conn.set_timeout(Some(Duration::from_millis(200)));
+    let _ = conn.send_response(
+        &Response::Error {
+            code: ErrorCode::Internal,
+            message,
+        },
+        None,
+    );
 }

@@ -3,8 +3,10 @@
 //! copies go through the recorded VA mappings. Shared by all tests of the process (like one
 //! machine), so tests only assert on what they made.
 
-// Test code: its unsafe blocks all call the test driver or write its out-pointers.
+// Test code, and a driver: it implements the C entry points, so it is `unsafe extern "C"`
+// functions reading and writing its callers' pointers, as every driver does.
 #![allow(
+    unsafe_code,
     clippy::missing_safety_doc,
     clippy::unwrap_used,
     clippy::undocumented_unsafe_blocks,
@@ -562,5 +564,87 @@ pub fn real() -> Real {
         cuMemGetAllocationGranularity: granularity,
         cuMemGetInfo_v2: mem_info,
         cuMemGetAccess: get_access,
+        // Entries only the tool and the workloads call.
+        ..Real::unresolved()
     }
 }
+
+/// A scripted failure: the number of calls to let through before one call fails (then it is off
+/// again); `u32::MAX` is off. Each scripted entry has its own, so a test arms only the runtime
+/// whose table holds that entry.
+#[derive(Debug)]
+pub struct Script(std::sync::atomic::AtomicU32);
+
+impl Script {
+    const OFF: u32 = u32::MAX;
+
+    pub const fn off() -> Script {
+        Script(std::sync::atomic::AtomicU32::new(Script::OFF))
+    }
+
+    /// The call after `pass` more calls fails.
+    pub fn fail_after(&self, pass: u32) {
+        self.0.store(pass, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether this call fails (and counts it).
+    fn fails(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let left = self.0.load(Ordering::SeqCst);
+        match left {
+            Script::OFF => false,
+            0 => {
+                self.0.store(Script::OFF, Ordering::SeqCst);
+                true
+            }
+            n => {
+                self.0.store(n - 1, Ordering::SeqCst);
+                false
+            }
+        }
+    }
+}
+
+/// Every asynchronous device-to-host copy fails (a Save whose copy breaks).
+pub unsafe extern "C" fn dtoh_async_fails(
+    _: *mut c_void,
+    _: CUdeviceptr,
+    _: usize,
+    _: CUstream,
+) -> CUresult {
+    CUresult::ERROR_ILLEGAL_ADDRESS
+}
+
+/// The script of [`release_scripted`].
+pub static RELEASE: Script = Script::off();
+
+/// `cuMemRelease` that fails when [`RELEASE`] says so.
+pub unsafe extern "C" fn release_scripted(h: u64) -> CUresult {
+    if RELEASE.fails() {
+        return CUresult::ERROR_UNKNOWN;
+    }
+    unsafe { mem_release(h) }
+}
+
+/// The script of [`create_scripted`].
+pub static CREATE: Script = Script::off();
+
+/// `cuMemCreate` that fails when [`CREATE`] says so.
+pub unsafe extern "C" fn create_scripted(
+    h: *mut u64,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: c_ulonglong,
+) -> CUresult {
+    if CREATE.fails() {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    }
+    let r = unsafe { mem_create(h, size, prop, flags) };
+    if r == OK {
+        CREATED.lock().unwrap().push(unsafe { h.read() });
+    }
+    r
+}
+
+/// The driver handles [`create_scripted`] made, in order.
+pub static CREATED: Mutex<Vec<u64>> = Mutex::new(Vec::new());

@@ -3,22 +3,18 @@
 //! own namespace PID), sharing the test driver as processes share a GPU. The control sockets,
 //! the fd service and the phase requests are the real ones.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::undocumented_unsafe_blocks,
-    clippy::multiple_unsafe_ops_per_block
-)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::registry::HANDLE_TAG;
 use crate::runtime::{Config, Runtime};
 use crate::testdriver::{self, FAIL_SIZE, fake};
+use crate::track::ExportTo;
+use cuda::{ForeignPtr, VirtualHandle};
 use cuda_abi::*;
 use protocol::record::{Backing, Blocker, Phase};
 use protocol::ticket::Ticket;
 use protocol::{ErrorCode, Request, Response};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,11 +34,18 @@ fn pid() -> u32 {
 
 impl Proc {
     fn new(dir: &Path) -> Proc {
+        Proc::with_driver(dir, testdriver::real())
+    }
+
+    /// A process over `real`: the test driver with scripted entries.
+    fn with_driver(dir: &Path, real: crate::Real) -> Proc {
         let rt = Runtime::new(
-            testdriver::real(),
+            real,
             Config {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
+                copy: crate::copy::CopyConfig::default(),
+                pid_namespace: crate::runtime::own_pid_namespace(),
             },
         );
         rt.serve().unwrap();
@@ -61,9 +64,7 @@ impl Proc {
         };
         prop.location.type_ = location_type::DEVICE;
         prop.location.id = device;
-        let mut h = 0;
-        let r = unsafe { self.rt.mem_create(&mut h, size, &prop, 0) };
-        if r.is_success() { Ok(h) } else { Err(r) }
+        self.rt.mem_create(size, &prop, 0).map(|h| h.0)
     }
 
     fn create(&self, size: usize, device: i32) -> u64 {
@@ -72,15 +73,12 @@ impl Proc {
     }
 
     fn reserve(&self, size: usize) -> u64 {
-        let mut va = 0;
-        let r = unsafe { self.rt.mem_address_reserve(&mut va, size, 0, 0, 0) };
-        assert_eq!(r, CUresult::SUCCESS);
-        va
+        self.rt.mem_address_reserve(size, 0, 0, 0).unwrap()
     }
 
     fn map(&self, va: u64, size: usize, offset: usize, h: u64) {
-        let r = unsafe { self.rt.mem_map(va, size, offset, h, 0) };
-        assert_eq!(r, CUresult::SUCCESS);
+        let r = self.rt.mem_map(va, size, offset, VirtualHandle(h), 0);
+        assert_eq!(r, Ok(()));
     }
 
     fn access(&self, va: u64, size: usize, grants: &[(i32, u32)]) {
@@ -94,11 +92,7 @@ impl Proc {
                 flags,
             })
             .collect();
-        let r = unsafe {
-            self.rt
-                .mem_set_access(va, size, descs.as_ptr(), descs.len())
-        };
-        assert_eq!(r, CUresult::SUCCESS);
+        assert_eq!(self.rt.mem_set_access(va, size, &descs), Ok(()));
     }
 
     /// Reserve, map whole, grant read-write to `device`.
@@ -110,33 +104,24 @@ impl Proc {
     }
 
     fn export(&self, h: u64) -> OwnedFd {
-        let mut fd: i32 = -1;
-        let r = unsafe {
-            self.rt.mem_export(
-                (&raw mut fd).cast(),
-                h,
-                handle_type::POSIX_FILE_DESCRIPTOR,
-                0,
-            )
-        };
-        assert_eq!(r, CUresult::SUCCESS);
-        unsafe { OwnedFd::from_raw_fd(fd) }
+        let r = self.rt.mem_export(
+            VirtualHandle(h),
+            handle_type::POSIX_FILE_DESCRIPTOR,
+            0,
+            ExportTo::Descriptor,
+        );
+        r.unwrap().unwrap()
     }
 
     fn import(&self, fd: &OwnedFd) -> Result<u64, CUresult> {
-        let mut h = 0;
-        let r = unsafe {
-            self.rt.mem_import(
-                &mut h,
-                fd.as_raw_fd() as usize as *mut core::ffi::c_void,
-                handle_type::POSIX_FILE_DESCRIPTOR,
-            )
-        };
-        if r.is_success() { Ok(h) } else { Err(r) }
+        self.rt.mem_import_fd(fd.as_fd()).map(|h| h.0)
     }
 
     fn release(&self, h: u64) -> CUresult {
-        unsafe { self.rt.mem_release(h) }
+        match self.rt.mem_release(VirtualHandle(h)) {
+            Ok(()) => CUresult::SUCCESS,
+            Err(r) => r,
+        }
     }
 
     /// A request through the control socket, as the tool sends it.
@@ -219,17 +204,13 @@ fn repeated_imports_and_retains_alias_one_driver_handle() {
     assert_eq!(h1, h2);
     let rec = b.rt.inspect();
     assert_eq!(rec.imports[0].live_handles, 2);
-    let real = b.rt.lock().real_of(h1).unwrap();
-    let aid = fake().alloc_of(real).unwrap();
+    let real = b.rt.lock().real_of(VirtualHandle(h1)).unwrap();
+    let aid = fake().alloc_of(real.raw()).unwrap();
     // One driver handle in the creator, one in the importer.
     assert_eq!(fake().allocs[&aid].handles, 2);
     let va = b.map_new(h1, MB2, 0);
-    let mut retained = 0;
-    let r = unsafe {
-        b.rt.mem_retain(&mut retained, (va + 100) as *mut core::ffi::c_void)
-    };
-    assert_eq!(r, CUresult::SUCCESS);
-    assert_eq!(retained, h1);
+    let retained = b.rt.mem_retain(va + 100).map(|h| h.0);
+    assert_eq!(retained, Ok(h1));
     assert_eq!(fake().allocs[&aid].handles, 2);
     assert_eq!(b.rt.inspect().imports[0].live_handles, 3);
     for _ in 0..3 {
@@ -238,12 +219,13 @@ fn repeated_imports_and_retains_alias_one_driver_handle() {
     // The mapping keeps it alive; a fourth release is refused like the driver would.
     assert_eq!(b.release(h1), CUresult::ERROR_INVALID_VALUE);
     assert_eq!(fake().allocs[&aid].handles, 2);
-    assert_eq!(unsafe { b.rt.mem_unmap(va, MB2) }, CUresult::SUCCESS);
+    assert_eq!(b.rt.mem_unmap(va, MB2), Ok(()));
     assert_eq!(fake().allocs[&aid].handles, 1);
     assert!(b.rt.inspect().imports.is_empty());
 }
 
 #[test]
+#[allow(unsafe_code)] // hands the driver an out-pointer, as an application does
 fn driver_errors_come_back_unchanged_and_record_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let a = Proc::new(dir.path());
@@ -258,16 +240,13 @@ fn driver_errors_come_back_unchanged_and_record_nothing() {
     assert!(a.rt.inspect().allocations.is_empty());
     // An allocation without POSIX export: export fails with the driver's code, nothing shared.
     let h = a.try_create(MB2, 0, handle_type::NONE).unwrap();
-    let mut fd = -1;
-    let r = unsafe {
-        a.rt.mem_export(
-            (&raw mut fd).cast(),
-            h,
-            handle_type::POSIX_FILE_DESCRIPTOR,
-            0,
-        )
-    };
-    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+    let r = a.rt.mem_export(
+        VirtualHandle(h),
+        handle_type::POSIX_FILE_DESCRIPTOR,
+        0,
+        ExportTo::Descriptor,
+    );
+    assert_eq!(r.err(), Some(CUresult::ERROR_INVALID_VALUE));
     assert!(!a.rt.inspect().allocations[0].shared);
     // Unknown and zero handles.
     assert_eq!(a.release(0), CUresult::ERROR_INVALID_VALUE);
@@ -276,14 +255,16 @@ fn driver_errors_come_back_unchanged_and_record_nothing() {
         CUresult::ERROR_INVALID_VALUE
     );
     assert_eq!(
-        unsafe { a.rt.mem_map(0x1000, MB2, 0, 0, 0) },
-        CUresult::ERROR_INVALID_VALUE
+        a.rt.mem_map(0x1000, MB2, 0, VirtualHandle(0), 0),
+        Err(CUresult::ERROR_INVALID_VALUE)
     );
     // An unsupported export type is passed to the driver; its error comes back.
-    let r = unsafe {
-        a.rt.mem_export((&raw mut fd).cast(), h, handle_type::FABRIC, 0)
-    };
-    assert_eq!(r, CUresult::ERROR_NOT_SUPPORTED);
+    let mut out = CUmemFabricHandle { data: [0; 64] };
+    // SAFETY: a writable fabric handle, what the driver writes for FABRIC.
+    let to = ExportTo::Foreign(unsafe { ForeignPtr::new((&raw mut out).cast()) });
+    let r =
+        a.rt.mem_export(VirtualHandle(h), handle_type::FABRIC, 0, to);
+    assert_eq!(r.err(), Some(CUresult::ERROR_NOT_SUPPORTED));
     assert!(a.rt.inspect().blockers.is_empty());
 }
 
@@ -386,24 +367,53 @@ fn malformed_and_oversized_frames_close_only_their_connection() {
 }
 
 #[test]
+fn a_tool_of_another_protocol_version_gets_an_answer_in_ours() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let mut frame = protocol::message::encode_request(&Request::Hello {
+        tool_version: "9.0.0".into(),
+    });
+    let theirs = protocol::message::PROTOCOL_VERSION + 1;
+    frame[4..6].copy_from_slice(&theirs.to_le_bytes());
+    let mut s = std::os::unix::net::UnixStream::connect(a.rt.config().socket_of(a.pid())).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&frame).unwrap();
+    // A tool of that version reads this header, sees our version and reports the mismatch.
+    let mut header = [0u8; protocol::message::HEADER_LEN];
+    s.read_exact(&mut header).unwrap();
+    let header = protocol::FrameHeader::decode(&header).unwrap();
+    assert_eq!(header.version, protocol::message::PROTOCOL_VERSION);
+    let mut body = vec![0u8; header.length as usize];
+    s.read_exact(&mut body).unwrap();
+    match protocol::message::decode_response(&header, &body).unwrap() {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Denied);
+            assert!(
+                message.contains(&format!("protocol version {theirs}")),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Only that connection was refused.
+    assert!(matches!(
+        a.call(Request::Hello {
+            tool_version: "test".into()
+        }),
+        Response::Hello(_)
+    ));
+}
+
+#[test]
 fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     let dir = tempfile::tempdir().unwrap();
     let a = Proc::new(dir.path());
     let raw_owner = Proc::new(dir.path());
     // A driver descriptor from "a process without the shim": the test driver's export itself.
     let h = raw_owner.create(MB2, 0);
-    let real = raw_owner.rt.lock().real_of(h).unwrap();
-    let mut fd = -1;
-    let r = unsafe {
-        (testdriver::real().cuMemExportToShareableHandle)(
-            (&raw mut fd).cast(),
-            real,
-            handle_type::POSIX_FILE_DESCRIPTOR,
-            0,
-        )
-    };
-    assert_eq!(r, CUresult::SUCCESS);
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let real = raw_owner.rt.lock().real_of(VirtualHandle(h)).unwrap();
+    let fd = testdriver::real().mem_export_fd(real, 0).unwrap();
     let foreign = a.import(&fd).unwrap();
     let va = a.map_new(foreign, MB2, 0);
     assert_eq!(
@@ -415,27 +425,25 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     );
     // The application's descriptor was not closed by the import.
     assert!(rustix::fs::fstat(&fd).is_ok());
-    unsafe {
-        a.rt.mem_unmap(va, MB2);
-    }
-    a.release(foreign);
+    assert_eq!(a.rt.mem_unmap(va, MB2), Ok(()));
+    assert_eq!(a.release(foreign), CUresult::SUCCESS);
     assert!(a.rt.inspect().blockers.is_empty());
     // Legacy IPC and multicast.
-    let mut ipc = CUipcMemHandle::default();
-    assert!(unsafe { a.rt.ipc_get_mem_handle(&mut ipc, 0xabc000) }.is_success());
-    let mut opened = 0;
-    assert!(unsafe { a.rt.ipc_open_mem_handle(&mut opened, ipc, 1) }.is_success());
+    let ipc = a.rt.ipc_get_mem_handle(0xabc000).unwrap();
+    let opened = a.rt.ipc_open_mem_handle(ipc, 1).unwrap();
     let prop = CUmulticastObjectProp {
         numDevices: 2,
         size: MB2,
         handleTypes: 1,
         flags: 0,
     };
-    let mut mc = 0;
-    assert!(unsafe { a.rt.multicast_create(&mut mc, &prop) }.is_success());
-    assert!(unsafe { a.rt.multicast_add_device(mc, 0) }.is_success());
+    let mc = a.rt.multicast_create(&prop).unwrap().0;
+    assert!(a.rt.multicast_add_device(VirtualHandle(mc), 0).is_ok());
     let mem = a.create(MB2, 0);
-    assert!(unsafe { a.rt.multicast_bind_mem(mc, 0, mem, 0, MB2, 0) }.is_success());
+    assert!(
+        a.rt.multicast_bind_mem(VirtualHandle(mc), 0, VirtualHandle(mem), 0, MB2, 0)
+            .is_ok()
+    );
     assert_eq!(
         a.rt.inspect().blockers,
         vec![
@@ -457,8 +465,8 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     }
     assert_eq!(a.rt.inspect().phase, Phase::Running);
     assert!(!a.rt.gate.is_frozen());
-    assert!(unsafe { a.rt.mem_free(0xabc000) }.is_success());
-    assert!(unsafe { a.rt.ipc_close_mem_handle(opened) }.is_success());
+    assert!(a.rt.mem_free(0xabc000).is_ok());
+    assert!(a.rt.ipc_close_mem_handle(opened).is_ok());
     assert_eq!(a.release(mc), CUresult::SUCCESS);
     assert!(a.rt.inspect().blockers.is_empty());
 }
@@ -602,7 +610,7 @@ fn group_round_trip(n: usize) {
     let g = build_group(dir.path(), n);
     check_contents(&g);
     let before: Vec<_> = g.procs.iter().map(|p| p.rt.inspect()).collect();
-    let reals_before: Vec<u64> = g
+    let reals_before: Vec<cuda::DriverHandle> = g
         .procs
         .iter()
         .flat_map(|p| {
@@ -836,32 +844,36 @@ fn uid_probe_client() {
     }
 }
 
+/// The shim's fork child handler (crates/shim/src/process.rs registers the same).
+extern "C" fn fork_child() {
+    crate::runtime::fork_child();
+}
+
 #[test]
+#[allow(unsafe_code)] // the test forks, as an application does
 fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket() {
     let real = testdriver::real();
-    unsafe { crate::hooks::cuInit(&real, 0) };
+    // SAFETY: registers a handler that only touches atomics.
+    let registered = unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
+    assert_eq!(registered, 0);
+    real.init(0).unwrap();
+    crate::runtime::start_after_init(&real);
     let crate::runtime::Active::Running(rt) = crate::runtime::active() else {
         panic!("the global runtime did not start");
     };
     let path = rt.config().socket_of(rt.config().ns_pid);
     assert!(path.exists());
-    let prop = CUmemAllocationProp::default();
-    // SAFETY of the child: it only reads atomics, calls a hook that refuses without locking or
-    // allocating, and leaves with _exit.
+    // SAFETY: the child only reads atomics (what a hook does before it refuses a tracked call
+    // with CUDA_ERROR_NOT_INITIALIZED) and leaves with _exit.
     let child = unsafe { libc::fork() };
     assert!(child >= 0);
     if child == 0 {
-        let mut h = 0u64;
-        let r = unsafe { crate::hooks::cuMemCreate(&real, &mut h, MB2, &prop, 0) };
         let forked = matches!(crate::runtime::active(), crate::runtime::Active::Forked);
-        let code = if r == CUresult::ERROR_NOT_INITIALIZED && forked && h == 0 {
-            0
-        } else {
-            1
-        };
-        unsafe { libc::_exit(code) };
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(if forked { 0 } else { 1 }) };
     }
     let mut status = 0;
+    // SAFETY: waits for our own child, writing a local.
     assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
@@ -873,5 +885,132 @@ fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket
     match conn.call(&Request::Inspect).unwrap().0 {
         Response::Records(r) => assert_eq!(r.ns_pid, rt.config().ns_pid),
         other => panic!("{other:?}"),
+    }
+}
+
+/// The code of a phase request that failed.
+fn refused(p: &Proc, request: Request) -> ErrorCode {
+    match p.call(request.clone()) {
+        Response::Error { code, .. } => code,
+        other => panic!("{request:?} on {} should fail: {other:?}", p.pid()),
+    }
+}
+
+/// One creator with two shared allocations, mapped and filled: (handles, addresses, bytes).
+fn two_shared(p: &Proc) -> Vec<(u64, u64, Vec<u8>)> {
+    (0..2u8)
+        .map(|k| {
+            let h = p.create(MB2, 0);
+            let va = p.map_new(h, MB2, 0);
+            let bytes = pattern(40 + k, MB2);
+            write(va, &bytes);
+            drop(p.export(h));
+            (h, va, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn a_save_whose_copy_fails_leaves_the_process_frozen_with_everything_live_and_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemcpyDtoHAsync_v2: testdriver::dtoh_async_fails,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    a.phase(Request::Freeze { timeout_ms: 10_000 });
+    assert_eq!(refused(&a, Request::Save), ErrorCode::Driver);
+    // Nothing was saved, so nothing may be released; the rollback's Thaw brings it back as it was.
+    assert_eq!(a.rt.inspect().phase, Phase::Frozen);
+    assert!(a.rt.lock().objects().all(|(_, o)| o.carrier.is_none()));
+    assert_eq!(refused(&a, Request::Release), ErrorCode::WrongPhase);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
+    }
+}
+
+#[test]
+fn a_release_that_fails_half_way_is_rebuilt_by_load_and_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemRelease: testdriver::release_scripted,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    a.phase(Request::Freeze { timeout_ms: 10_000 });
+    a.phase(Request::Save);
+    // The first allocation's driver handle goes, the second's release fails.
+    testdriver::RELEASE.fail_after(1);
+    assert_eq!(refused(&a, Request::Release), ErrorCode::Driver);
+    {
+        let reg = a.rt.lock();
+        let live: Vec<bool> = allocs
+            .iter()
+            .map(|(h, ..)| reg.get(VirtualHandle(*h)).unwrap().real.is_some())
+            .collect();
+        assert_eq!(live, [false, true], "released exactly up to the failure");
+    }
+    // Thaw refuses while something released is not rebuilt; Load and Import repair it.
+    assert_eq!(refused(&a, Request::Thaw), ErrorCode::WrongPhase);
+    assert_eq!(a.phase(Request::Load), Phase::Loaded);
+    assert_eq!(a.phase(Request::Import), Phase::Imported);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
+    }
+}
+
+#[test]
+fn a_load_that_fails_changes_nothing_published_and_a_second_load_rebuilds() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = crate::Real {
+        cuMemCreate: testdriver::create_scripted,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), real);
+    let allocs = two_shared(&a);
+    let before = a.rt.inspect();
+    for request in [
+        Request::Freeze { timeout_ms: 10_000 },
+        Request::Save,
+        Request::Release,
+    ] {
+        a.phase(request);
+    }
+    let held_by_driver = |a: &Proc| {
+        let reg = a.rt.lock();
+        allocs
+            .iter()
+            .filter(|(h, ..)| reg.get(VirtualHandle(*h)).unwrap().real.is_some())
+            .count()
+    };
+    // The second allocation cannot be created again: the first, made already, is undone too.
+    let made_before = testdriver::CREATED.lock().unwrap().len();
+    testdriver::CREATE.fail_after(1);
+    assert_eq!(refused(&a, Request::Load), ErrorCode::Driver);
+    assert_eq!(held_by_driver(&a), 0, "nothing half-loaded is published");
+    assert_eq!(a.rt.inspect().phase, Phase::Released);
+    let made: Vec<u64> = testdriver::CREATED.lock().unwrap()[made_before..].to_vec();
+    assert_eq!(made.len(), 1, "the first allocation was made again");
+    assert!(
+        fake().alloc_of(made[0]).is_none(),
+        "and released when the second failed"
+    );
+    assert_eq!(refused(&a, Request::Thaw), ErrorCode::WrongPhase);
+    // The tool's retry rebuilds from the carrier, which the failure left intact.
+    assert_eq!(a.phase(Request::Load), Phase::Loaded);
+    assert_eq!(held_by_driver(&a), 2);
+    assert_eq!(a.phase(Request::Import), Phase::Imported);
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert_eq!(a.rt.inspect(), before);
+    for (_, va, bytes) in &allocs {
+        assert_eq!(&read(*va, MB2), bytes);
     }
 }

@@ -18,12 +18,13 @@ use crate::fdutil::{self, Classified};
 use crate::log::{log_debug, log_warn};
 use crate::registry::{Dead, Kind, UNKNOWN_PROPS, VHandle, record_props};
 use crate::runtime::Runtime;
-use core::ffi::{c_int, c_uint, c_void};
+use core::ffi::c_uint;
+use cuda::{CudaError, DriverHandle, ForeignPtr};
 use cuda_abi::*;
 use protocol::record::{AccessRecord, AllocationId, ReservationRecord};
 use protocol::ticket::Ticket;
 use protocol::{ErrorCode, Request, Response};
-use std::os::fd::{BorrowedFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 use transport::Connection;
 
@@ -62,6 +63,24 @@ impl FetchError {
     }
 }
 
+/// A tracked call's outcome: its value, or the driver's (or the shim's) result code.
+pub type Tracked<T = ()> = Result<T, CUresult>;
+
+/// The driver's code of a failed call, unchanged.
+fn code(e: CudaError) -> CUresult {
+    e.result
+}
+
+/// Where an export goes.
+#[derive(Debug, Clone, Copy)]
+pub enum ExportTo {
+    /// A POSIX descriptor into a non-null `int*`: returned as an owned descriptor.
+    Descriptor,
+    /// Any other case (other handle types, a null out-pointer): the application's own pointer,
+    /// handed to the driver as it is.
+    Foreign(ForeignPtr),
+}
+
 impl Runtime {
     /// Releases driver references of objects that died, and their export cache entries.
     fn bury(&self, dead: Vec<Dead>) {
@@ -69,42 +88,39 @@ impl Runtime {
             if let Some(id) = d.created_id {
                 self.exports.remove(&id);
             }
-            if let Some(real) = d.real {
-                // SAFETY: a driver handle the shim owns and nothing else references.
-                let r = unsafe { (self.real.cuMemRelease)(real) };
-                if !r.is_success() {
-                    log_warn!("cuMemRelease of a finished allocation failed: {r}");
-                }
+            if let Some(real) = d.real
+                && let Err(e) = self.real.mem_release(real)
+            {
+                log_warn!("cuMemRelease of a finished allocation failed: {e}");
             }
         }
     }
 
-    /// # Safety
-    /// The contract of `cuMemCreate`.
-    pub unsafe fn mem_create(
-        &self,
-        handle: *mut CUmemGenericAllocationHandle,
-        size: usize,
-        prop: *const CUmemAllocationProp,
-        flags: u64,
-    ) -> CUresult {
-        let _pass = self.gate.enter();
-        // SAFETY: the caller's arguments, unchanged; the driver reports null pointers.
-        let r = unsafe { (self.real.cuMemCreate)(handle, size, prop, flags) };
-        if !r.is_success() || handle.is_null() || prop.is_null() {
-            return r;
+    /// Gives back a driver reference the shim does not keep (an extra one from a retain or an
+    /// import of what it already holds, or one it could not record); a failure is logged, since
+    /// the call it belongs to succeeded.
+    fn give_back(&self, call: &str, real: DriverHandle) {
+        if let Err(e) = self.real.mem_release(real) {
+            log_warn!("{call}: extra driver reference not released: {e}");
         }
-        // SAFETY: the driver succeeded, so the pointer is valid.
-        let real = unsafe { handle.read() };
-        // SAFETY: as above.
-        let props = record_props(unsafe { &*prop });
+    }
+
+    /// `cuMemCreate`.
+    pub fn mem_create(
+        &self,
+        size: usize,
+        prop: &CUmemAllocationProp,
+        flags: u64,
+    ) -> Tracked<VHandle> {
+        let _pass = self.gate.enter();
+        let real = self.real.mem_create(size, prop, flags).map_err(code)?;
+        let props = record_props(prop);
         let id = match fdutil::random_id() {
             Ok(id) => id,
             Err(e) => {
                 log_warn!("cuMemCreate: no random allocation id ({e}); allocation undone");
-                // SAFETY: the handle the driver just returned, referenced by nobody else.
-                unsafe { (self.real.cuMemRelease)(real) };
-                return CUresult::ERROR_OPERATING_SYSTEM;
+                self.give_back("cuMemCreate", real);
+                return Err(CUresult::ERROR_OPERATING_SYSTEM);
             }
         };
         let kind = Kind::Created {
@@ -112,228 +128,165 @@ impl Runtime {
             shared: false,
             unsupported_exports: Vec::new(),
         };
-        let vh = self.lock().insert(kind, size as u64, props, real);
-        // SAFETY: valid (the driver wrote it).
-        unsafe { handle.write(vh) };
-        CUresult::SUCCESS
+        Ok(self.lock().insert(kind, size as u64, props, real))
     }
 
-    /// # Safety
-    /// The contract of `cuMemRelease`.
-    pub unsafe fn mem_release(&self, handle: CUmemGenericAllocationHandle) -> CUresult {
+    /// `cuMemRelease`.
+    pub fn mem_release(&self, handle: VHandle) -> Tracked {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
         let Some(kills) = reg.release_would_kill(handle) else {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         };
         if reg.get(handle).is_some_and(|o| o.refs == 0) {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         }
         if kills && let Some(real) = reg.real_of(handle) {
-            // SAFETY: the shim's own driver reference of this object.
-            let r = unsafe { (self.real.cuMemRelease)(real) };
-            if !r.is_success() {
-                return r;
-            }
+            self.real.mem_release(real).map_err(code)?;
             reg.set_real(handle, None);
         }
         let dead = reg.drop_ref(handle).flatten();
         drop(reg);
         self.bury(dead.into_iter().collect());
-        CUresult::SUCCESS
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMemMap`.
-    pub unsafe fn mem_map(
+    /// `cuMemMap`.
+    pub fn mem_map(
         &self,
         ptr: CUdeviceptr,
         size: usize,
         offset: usize,
-        handle: CUmemGenericAllocationHandle,
+        handle: VHandle,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
         let Some(real) = reg.real_of(handle) else {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         };
-        // SAFETY: the caller's arguments with the driver's handle behind the virtual one.
-        let r = unsafe { (self.real.cuMemMap)(ptr, size, offset, real, flags) };
-        if !r.is_success() {
-            return r;
-        }
+        self.real
+            .mem_map(ptr, size, offset, real, flags)
+            .map_err(code)?;
         let dead = reg.insert_mapping(ptr, size as u64, offset as u64, handle);
         drop(reg);
         self.bury(dead);
-        CUresult::SUCCESS
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMemUnmap`.
-    pub unsafe fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> CUresult {
+    /// `cuMemUnmap`.
+    pub fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Tracked {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMemUnmap)(ptr, size) };
-        if !r.is_success() {
-            return r;
-        }
+        self.real.mem_unmap(ptr, size).map_err(code)?;
         let dead = reg.remove_range(ptr, size as u64);
         drop(reg);
         self.bury(dead);
-        CUresult::SUCCESS
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMemSetAccess`.
-    pub unsafe fn mem_set_access(
+    /// `cuMemSetAccess` with the application's descriptors.
+    pub fn mem_set_access(
         &self,
         ptr: CUdeviceptr,
         size: usize,
-        desc: *const CUmemAccessDesc,
-        count: usize,
-    ) -> CUresult {
+        descs: &[CUmemAccessDesc],
+    ) -> Tracked {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMemSetAccess)(ptr, size, desc, count) };
-        if !r.is_success() || desc.is_null() {
-            return r;
-        }
-        // SAFETY: the driver read `count` descriptors from `desc` successfully.
-        let descs = unsafe { std::slice::from_raw_parts(desc, count) };
-        let grants: Vec<AccessRecord> = descs
-            .iter()
-            .map(|d| AccessRecord {
-                location_type: d.location.type_,
-                location_id: d.location.id,
-                flags: d.flags,
-            })
-            .collect();
+        self.real.mem_set_access(ptr, size, descs).map_err(code)?;
+        let grants: Vec<AccessRecord> = descs.iter().map(access_record).collect();
         reg.set_access(ptr, size as u64, &grants);
-        CUresult::SUCCESS
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMemAddressReserve`.
-    pub unsafe fn mem_address_reserve(
+    /// `cuMemAddressReserve`.
+    pub fn mem_address_reserve(
         &self,
-        ptr: *mut CUdeviceptr,
         size: usize,
         alignment: usize,
         addr: CUdeviceptr,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked<CUdeviceptr> {
         let _pass = self.gate.enter();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMemAddressReserve)(ptr, size, alignment, addr, flags) };
-        if r.is_success() && !ptr.is_null() {
-            // SAFETY: the driver wrote the reserved address.
-            let address = unsafe { ptr.read() };
-            self.lock().insert_reservation(ReservationRecord {
-                address,
-                size: size as u64,
-                alignment: alignment as u64,
-                flags,
-            });
-        }
-        r
+        let address = self
+            .real
+            .mem_address_reserve(size, alignment, addr, flags)
+            .map_err(code)?;
+        self.lock().insert_reservation(ReservationRecord {
+            address,
+            size: size as u64,
+            alignment: alignment as u64,
+            flags,
+        });
+        Ok(address)
     }
 
-    /// # Safety
-    /// The contract of `cuMemAddressFree`.
-    pub unsafe fn mem_address_free(&self, ptr: CUdeviceptr, size: usize) -> CUresult {
+    /// `cuMemAddressFree`.
+    pub fn mem_address_free(&self, ptr: CUdeviceptr, size: usize) -> Tracked {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMemAddressFree)(ptr, size) };
-        if r.is_success() {
-            reg.remove_reservation(ptr);
-        }
-        r
+        self.real.mem_address_free(ptr, size).map_err(code)?;
+        reg.remove_reservation(ptr);
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMemRetainAllocationHandle`.
-    pub unsafe fn mem_retain(
-        &self,
-        handle: *mut CUmemGenericAllocationHandle,
-        addr: *mut c_void,
-    ) -> CUresult {
+    /// `cuMemRetainAllocationHandle` of the allocation mapped at `addr`.
+    pub fn mem_retain(&self, addr: CUdeviceptr) -> Tracked<VHandle> {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMemRetainAllocationHandle)(handle, addr) };
-        if !r.is_success() || handle.is_null() {
-            return r;
-        }
-        // SAFETY: the driver wrote a handle there.
-        let got = unsafe { handle.read() };
+        let got = self.real.mem_retain_allocation_handle(addr).map_err(code)?;
         let known = reg
-            .mapping_at(addr as u64)
+            .mapping_at(addr)
             .or_else(|| reg.by_real(got))
             .filter(|vh| reg.get(*vh).is_some());
-        let vh = match known {
+        Ok(match known {
             Some(vh) => {
                 // One driver reference per allocation: give back the one the retain added.
-                // SAFETY: the reference the driver just added.
-                let r = unsafe { (self.real.cuMemRelease)(got) };
-                if !r.is_success() {
-                    log_warn!("cuMemRetainAllocationHandle: extra reference not released: {r}");
-                }
+                self.give_back("cuMemRetainAllocationHandle", got);
                 reg.add_ref(vh);
                 vh
             }
             None => {
-                let mut prop = CUmemAllocationProp::default();
-                // SAFETY: valid out-pointer, a live driver handle.
-                let pr =
-                    unsafe { (self.real.cuMemGetAllocationPropertiesFromHandle)(&mut prop, got) };
-                let props = if pr.is_success() {
-                    record_props(&prop)
-                } else {
-                    UNKNOWN_PROPS
-                };
+                let props = self.driver_props(got);
                 reg.insert(Kind::Native, 0, props, got)
             }
-        };
-        // SAFETY: valid (the driver wrote it).
-        unsafe { handle.write(vh) };
-        CUresult::SUCCESS
+        })
     }
 
-    /// # Safety
-    /// The contract of `cuMemGetAllocationPropertiesFromHandle`.
-    pub unsafe fn mem_get_props(
-        &self,
-        prop: *mut CUmemAllocationProp,
-        handle: CUmemGenericAllocationHandle,
-    ) -> CUresult {
+    /// The driver handle behind an application's handle (for a call the shim hands to the driver
+    /// as it is, such as one with a null out-pointer).
+    pub fn driver_handle(&self, handle: VHandle) -> Option<DriverHandle> {
+        let _pass = self.gate.enter();
+        self.lock().real_of(handle)
+    }
+
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    pub fn mem_get_props(&self, handle: VHandle) -> Tracked<CUmemAllocationProp> {
         let _pass = self.gate.enter();
         let Some(real) = self.lock().real_of(handle) else {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         };
-        // SAFETY: the caller's out-pointer, the driver's handle.
-        unsafe { (self.real.cuMemGetAllocationPropertiesFromHandle)(prop, real) }
+        self.real.mem_allocation_properties(real).map_err(code)
     }
 
-    /// # Safety
-    /// The contract of `cuMemExportToShareableHandle`.
-    pub unsafe fn mem_export(
+    /// `cuMemExportToShareableHandle`. A POSIX export of an allocation the shim shares comes back
+    /// as a ticket descriptor; other exports go to the driver (into the application's pointer for
+    /// [`ExportTo::Foreign`], as a descriptor for [`ExportTo::Descriptor`]).
+    pub fn mem_export(
         &self,
-        shareable: *mut c_void,
-        handle: CUmemGenericAllocationHandle,
+        handle: VHandle,
         handle_type: u32,
         flags: u64,
-    ) -> CUresult {
+        to: ExportTo,
+    ) -> Tracked<Option<OwnedFd>> {
         let _pass = self.gate.enter();
         let mut reg = self.lock();
         let Some(object) = reg.get(handle) else {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         };
         let Some(real) = object.real else {
-            return CUresult::ERROR_INVALID_VALUE;
+            return Err(CUresult::ERROR_INVALID_VALUE);
         };
         let posix = handle_type == handle_type::POSIX_FILE_DESCRIPTOR;
         let ticket = match (&object.kind, posix) {
@@ -350,12 +303,17 @@ impl Runtime {
             },
             (kind, _) => {
                 let created = matches!(kind, Kind::Created { .. });
-                // SAFETY: the caller's arguments with the driver's handle.
-                let r = unsafe {
-                    (self.real.cuMemExportToShareableHandle)(shareable, real, handle_type, flags)
-                };
-                if r.is_success()
-                    && created
+                let exported = match to {
+                    ExportTo::Descriptor if posix => self.real.mem_export_fd(real, flags).map(Some),
+                    // A descriptor is what only a POSIX export writes.
+                    ExportTo::Descriptor => return Err(CUresult::ERROR_INVALID_VALUE),
+                    ExportTo::Foreign(out) => self
+                        .real
+                        .mem_export_foreign(out, real, handle_type, flags)
+                        .map(|()| None),
+                }
+                .map_err(code)?;
+                if created
                     && let Some(Kind::Created {
                         unsupported_exports,
                         id,
@@ -368,49 +326,29 @@ impl Runtime {
                         "allocation {id} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives"
                     );
                 }
-                return r;
+                return Ok(exported);
             }
         };
-        if shareable.is_null() {
-            return CUresult::ERROR_INVALID_VALUE;
+        if matches!(to, ExportTo::Foreign(_)) {
+            // A POSIX export of a shared allocation into a null out-pointer.
+            return Err(CUresult::ERROR_INVALID_VALUE);
         }
         // Every export by the application refreshes the cached descriptor: one descriptor taken
         // before a native checkpoint made without the shim's phases would name memory the driver
         // has since replaced, and exports are rare (set-up time), so the extra driver call is free.
         if matches!(object.kind, Kind::Created { .. }) {
-            let mut fd: c_int = -1;
-            // SAFETY: a valid out-pointer for a POSIX descriptor, the driver's handle.
-            let r = unsafe {
-                (self.real.cuMemExportToShareableHandle)(
-                    (&raw mut fd).cast(),
-                    real,
-                    handle_type,
-                    flags,
-                )
-            };
-            if !r.is_success() {
-                return r;
-            }
-            if fd < 0 {
-                return CUresult::ERROR_UNKNOWN;
-            }
-            // SAFETY: the driver handed us this new descriptor; we own it from here.
-            let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-            self.exports.insert(ticket.id, owned);
+            let fd = self.real.mem_export_fd(real, flags).map_err(code)?;
+            self.exports.insert(ticket.id, fd);
         }
         if let Some(Kind::Created { shared, .. }) = reg.get_mut(handle).map(|o| &mut o.kind) {
             *shared = true;
         }
         drop(reg);
         match fdutil::make_ticket(&ticket) {
-            Ok(fd) => {
-                // SAFETY: `shareable` is non-null and points to an int, as for a POSIX export.
-                unsafe { shareable.cast::<c_int>().write(fd.into_raw_fd()) };
-                CUresult::SUCCESS
-            }
+            Ok(fd) => Ok(Some(fd)),
             Err(e) => {
                 log_warn!("cuMemExportToShareableHandle: cannot make a ticket: {e}");
-                CUresult::ERROR_OPERATING_SYSTEM
+                Err(CUresult::ERROR_OPERATING_SYSTEM)
             }
         }
     }
@@ -439,40 +377,22 @@ impl Runtime {
         }
     }
 
-    /// Imports a descriptor with the driver, returning the driver handle.
-    fn driver_import(&self, fd: BorrowedFd<'_>, handle_type: u32) -> Result<u64, CUresult> {
-        use std::os::fd::AsRawFd;
-        let mut got: CUmemGenericAllocationHandle = 0;
-        // SAFETY: a valid out-pointer; for POSIX descriptors the OS handle is the fd's value.
-        let r = unsafe {
-            (self.real.cuMemImportFromShareableHandle)(
-                &mut got,
-                fd.as_raw_fd() as usize as *mut c_void,
-                handle_type,
-            )
-        };
-        if r.is_success() { Ok(got) } else { Err(r) }
-    }
-
-    fn driver_props(&self, real: u64) -> protocol::record::AllocationProps {
-        let mut prop = CUmemAllocationProp::default();
-        // SAFETY: valid out-pointer, a live driver handle.
-        let r = unsafe { (self.real.cuMemGetAllocationPropertiesFromHandle)(&mut prop, real) };
-        if r.is_success() {
-            record_props(&prop)
-        } else {
-            UNKNOWN_PROPS
+    /// The recorded properties of a live driver handle (unknown ones if the driver cannot say).
+    fn driver_props(&self, real: DriverHandle) -> protocol::record::AllocationProps {
+        match self.real.mem_allocation_properties(real) {
+            Ok(prop) => record_props(&prop),
+            Err(_) => UNKNOWN_PROPS,
         }
     }
 
     /// Records a native import (a descriptor that was not a ticket, or another handle type),
     /// aliasing an object the process already holds for the same driver handle.
-    fn adopt_native_import(&self, got: u64, handle_type: u32) -> VHandle {
+    fn adopt_native_import(&self, got: DriverHandle, handle_type: u32) -> VHandle {
         let props = self.driver_props(got);
         let mut reg = self.lock();
         if let Some(vh) = reg.by_real(got).filter(|vh| reg.get(*vh).is_some()) {
-            // SAFETY: the reference the import just added; the object keeps its own.
-            unsafe { (self.real.cuMemRelease)(got) };
+            // The reference the import just added; the object keeps its own.
+            self.give_back("cuMemImportFromShareableHandle", got);
             reg.add_ref(vh);
             return vh;
         }
@@ -489,68 +409,33 @@ impl Runtime {
         )
     }
 
-    /// # Safety
-    /// The contract of `cuMemImportFromShareableHandle`.
-    pub unsafe fn mem_import(
-        &self,
-        handle: *mut CUmemGenericAllocationHandle,
-        os_handle: *mut c_void,
-        handle_type: u32,
-    ) -> CUresult {
+    /// `cuMemImportFromShareableHandle` of a handle type other than a POSIX descriptor (or of
+    /// arguments the driver will refuse): the driver's import, recorded as foreign.
+    pub fn mem_import_other(&self, os_handle: ForeignPtr, handle_type: u32) -> Tracked<VHandle> {
         let _pass = self.gate.enter();
-        let raw = os_handle as usize;
-        let fd_value = i32::try_from(raw).ok().filter(|fd| *fd >= 0);
-        let (true, false, Some(fd_value)) = (
-            handle_type == handle_type::POSIX_FILE_DESCRIPTOR,
-            handle.is_null(),
-            fd_value,
-        ) else {
-            // Other handle types (FABRIC...), or arguments the driver will refuse.
-            // SAFETY: the caller's arguments.
-            let r = unsafe {
-                (self.real.cuMemImportFromShareableHandle)(handle, os_handle, handle_type)
-            };
-            if r.is_success() && !handle.is_null() {
-                // SAFETY: the driver wrote a handle.
-                let got = unsafe { handle.read() };
-                let vh = self.adopt_native_import(got, handle_type);
-                // SAFETY: as above.
-                unsafe { handle.write(vh) };
-            }
-            return r;
-        };
-        // SAFETY: only borrowed for syscalls that report a closed descriptor as EBADF; it is the
-        // application's and is never closed here.
-        let app_fd = unsafe { BorrowedFd::borrow_raw(fd_value) };
+        let got = self
+            .real
+            .mem_import_foreign(os_handle, handle_type)
+            .map_err(code)?;
+        Ok(self.adopt_native_import(got, handle_type))
+    }
+
+    /// `cuMemImportFromShareableHandle` of the application's POSIX descriptor: a ticket is
+    /// imported from its creator, any other descriptor goes to the driver.
+    pub fn mem_import_fd(&self, app_fd: BorrowedFd<'_>) -> Tracked<VHandle> {
+        let _pass = self.gate.enter();
         let ticket = match fdutil::classify(app_fd) {
             Classified::Foreign => {
-                // SAFETY: the caller's arguments.
-                let r = unsafe {
-                    (self.real.cuMemImportFromShareableHandle)(handle, os_handle, handle_type)
-                };
-                if r.is_success() {
-                    // SAFETY: the driver wrote a handle.
-                    let got = unsafe { handle.read() };
-                    let vh = self.adopt_native_import(got, handle_type);
-                    // SAFETY: as above.
-                    unsafe { handle.write(vh) };
-                }
-                return r;
+                let got = self.real.mem_import_fd(app_fd).map_err(code)?;
+                return Ok(self.adopt_native_import(got, handle_type::POSIX_FILE_DESCRIPTOR));
             }
             Classified::BadTicket(why) => {
                 log_warn!("cuMemImportFromShareableHandle: refused a bad ticket: {why}");
-                return CUresult::ERROR_INVALID_VALUE;
+                return Err(CUresult::ERROR_INVALID_VALUE);
             }
             Classified::Ticket(t) => t,
         };
-        match self.import_ticket(&ticket) {
-            Ok(vh) => {
-                // SAFETY: checked non-null above.
-                unsafe { handle.write(vh) };
-                CUresult::SUCCESS
-            }
-            Err(r) => r,
-        }
+        self.import_ticket(&ticket)
     }
 
     /// The import of a well-formed ticket: an alias if the process already holds the allocation,
@@ -577,22 +462,21 @@ impl Runtime {
                 e.cuda()
             })?;
         use std::os::fd::AsFd;
-        let got = self
-            .driver_import(fd.as_fd(), handle_type::POSIX_FILE_DESCRIPTOR)
-            .inspect_err(|r| {
-                log_warn!(
-                    "cuMemImportFromShareableHandle: the driver refused the descriptor of {} from {}: {r}",
-                    ticket.id,
-                    ticket.creator_ns_pid
-                );
-            })?;
+        let got = self.real.mem_import_fd(fd.as_fd()).map_err(|e| {
+            log_warn!(
+                "cuMemImportFromShareableHandle: the driver refused the descriptor of {} from {}: {}",
+                ticket.id,
+                ticket.creator_ns_pid,
+                e.result
+            );
+            e.result
+        })?;
         drop(fd);
         let props = self.driver_props(got);
         let mut reg = self.lock();
         if let Some(vh) = reg.by_id(&ticket.id) {
             // Another thread imported it meanwhile: one driver handle per allocation.
-            // SAFETY: the reference this import added.
-            unsafe { (self.real.cuMemRelease)(got) };
+            self.give_back("cuMemImportFromShareableHandle", got);
             reg.add_ref(vh);
             return Ok(vh);
         }
@@ -607,134 +491,89 @@ impl Runtime {
         ))
     }
 
-    /// # Safety
-    /// The contract of `cuMemFree_v2`. Not gated: it frees private memory; it only ends a legacy
-    /// IPC export record.
-    pub unsafe fn mem_free(&self, dptr: CUdeviceptr) -> CUresult {
-        // SAFETY: the caller's argument.
-        let r = unsafe { (self.real.cuMemFree_v2)(dptr) };
-        if r.is_success() {
-            self.lock().freed(dptr);
-        }
-        r
+    /// `cuMemFree`. Not gated: it frees private memory; it only ends a legacy IPC export record.
+    pub fn mem_free(&self, dptr: CUdeviceptr) -> Tracked {
+        self.real.mem_free(dptr).map_err(code)?;
+        self.lock().freed(dptr);
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuIpcGetMemHandle`.
-    pub unsafe fn ipc_get_mem_handle(
-        &self,
-        handle: *mut CUipcMemHandle,
-        dptr: CUdeviceptr,
-    ) -> CUresult {
+    /// `cuIpcGetMemHandle`.
+    pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
         let _pass = self.gate.enter();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuIpcGetMemHandle)(handle, dptr) };
-        if r.is_success() {
-            self.lock().ipc_exported(dptr);
-            log_debug!("legacy IPC export of {dptr:#x}: checkpoint is blocked until it is freed");
-        }
-        r
+        let handle = self.real.ipc_get_mem_handle(dptr).map_err(code)?;
+        self.lock().ipc_exported(dptr);
+        log_debug!("legacy IPC export of {dptr:#x}: checkpoint is blocked until it is freed");
+        Ok(handle)
     }
 
-    /// # Safety
-    /// The contract of `cuIpcOpenMemHandle_v2`.
-    pub unsafe fn ipc_open_mem_handle(
+    /// `cuIpcOpenMemHandle_v2`.
+    pub fn ipc_open_mem_handle(
         &self,
-        dptr: *mut CUdeviceptr,
         handle: CUipcMemHandle,
         flags: c_uint,
-    ) -> CUresult {
+    ) -> Tracked<CUdeviceptr> {
         let _pass = self.gate.enter();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuIpcOpenMemHandle_v2)(dptr, handle, flags) };
-        if r.is_success() && !dptr.is_null() {
-            // SAFETY: the driver wrote the address.
-            let address = unsafe { dptr.read() };
-            self.lock().ipc_opened(address);
-        }
-        r
+        let address = self.real.ipc_open_mem_handle(handle, flags).map_err(code)?;
+        self.lock().ipc_opened(address);
+        Ok(address)
     }
 
-    /// # Safety
-    /// The contract of `cuIpcCloseMemHandle`.
-    pub unsafe fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> CUresult {
+    /// `cuIpcCloseMemHandle`.
+    pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
         let _pass = self.gate.enter();
-        // SAFETY: the caller's argument.
-        let r = unsafe { (self.real.cuIpcCloseMemHandle)(dptr) };
-        if r.is_success() {
-            self.lock().ipc_closed(dptr);
-        }
-        r
+        self.real.ipc_close_mem_handle(dptr).map_err(code)?;
+        self.lock().ipc_closed(dptr);
+        Ok(())
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastCreate`.
-    pub unsafe fn multicast_create(
-        &self,
-        handle: *mut CUmemGenericAllocationHandle,
-        prop: *const CUmulticastObjectProp,
-    ) -> CUresult {
+    /// `cuMulticastCreate`.
+    pub fn multicast_create(&self, prop: &CUmulticastObjectProp) -> Tracked<VHandle> {
         let _pass = self.gate.enter();
-        // SAFETY: the caller's arguments.
-        let r = unsafe { (self.real.cuMulticastCreate)(handle, prop) };
-        if !r.is_success() || handle.is_null() || prop.is_null() {
-            return r;
-        }
-        // SAFETY: the driver succeeded: the pointer is valid.
-        let got = unsafe { handle.read() };
-        // SAFETY: as above.
-        let size = unsafe { (*prop).size } as u64;
-        let vh = self.lock().insert(
+        let got = self.real.multicast_create(prop).map_err(code)?;
+        let size = prop.size as u64;
+        Ok(self.lock().insert(
             Kind::Multicast { size, devices: 0 },
             size,
             UNKNOWN_PROPS,
             got,
-        );
-        // SAFETY: valid (the driver wrote it).
-        unsafe { handle.write(vh) };
-        CUresult::SUCCESS
+        ))
     }
 
     /// The driver handle of a multicast object (translation only; the call runs unlocked).
-    fn multicast_real(&self, handle: VHandle) -> Option<u64> {
+    fn multicast_real(&self, handle: VHandle) -> Tracked<DriverHandle> {
         let reg = self.lock();
         reg.get(handle)
             .filter(|o| matches!(o.kind, Kind::Multicast { .. }))
             .and_then(|o| o.real)
+            .ok_or(CUresult::ERROR_INVALID_VALUE)
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastAddDevice`.
-    pub unsafe fn multicast_add_device(
-        &self,
-        handle: CUmemGenericAllocationHandle,
-        dev: CUdevice,
-    ) -> CUresult {
+    /// `cuMulticastAddDevice`.
+    pub fn multicast_add_device(&self, handle: VHandle, dev: CUdevice) -> Tracked {
         let _pass = self.gate.enter();
-        let Some(real) = self.multicast_real(handle) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with the driver's handle.
-        let r = unsafe { (self.real.cuMulticastAddDevice)(real, dev) };
-        if r.is_success()
-            && let Some(Kind::Multicast { devices, .. }) =
-                self.lock().get_mut(handle).map(|o| &mut o.kind)
+        let real = self.multicast_real(handle)?;
+        self.real.multicast_add_device(real, dev).map_err(code)?;
+        if let Some(Kind::Multicast { devices, .. }) =
+            self.lock().get_mut(handle).map(|o| &mut o.kind)
         {
             *devices = devices.saturating_add(1);
         }
-        r
+        Ok(())
     }
 
     /// Translates the (multicast, memory) pair of a bind.
-    fn bind_pair(&self, mc: VHandle, mem: VHandle) -> Option<(u64, u64)> {
+    fn bind_pair(&self, mc: VHandle, mem: VHandle) -> Tracked<(DriverHandle, DriverHandle)> {
         let mc = self.multicast_real(mc)?;
-        let mem = self.lock().real_of(mem)?;
-        Some((mc, mem))
+        let mem = self
+            .lock()
+            .real_of(mem)
+            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
+        Ok((mc, mem))
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastBindMem`.
-    pub unsafe fn multicast_bind_mem(
+    /// `cuMulticastBindMem`.
+    pub fn multicast_bind_mem(
         &self,
         mc: VHandle,
         mc_offset: usize,
@@ -742,19 +581,17 @@ impl Runtime {
         mem_offset: usize,
         size: usize,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
-        let Some((mc, mem)) = self.bind_pair(mc, mem) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with driver handles.
-        unsafe { (self.real.cuMulticastBindMem)(mc, mc_offset, mem, mem_offset, size, flags) }
+        let (mc, mem) = self.bind_pair(mc, mem)?;
+        self.real
+            .multicast_bind_mem(mc, mc_offset, mem, mem_offset, size, flags)
+            .map_err(code)
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastBindMem_v2`.
+    /// `cuMulticastBindMem_v2`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn multicast_bind_mem_v2(
+    pub fn multicast_bind_mem_v2(
         &self,
         mc: VHandle,
         dev: CUdevice,
@@ -763,38 +600,32 @@ impl Runtime {
         mem_offset: usize,
         size: usize,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
-        let Some((mc, mem)) = self.bind_pair(mc, mem) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with driver handles.
-        unsafe {
-            (self.real.cuMulticastBindMem_v2)(mc, dev, mc_offset, mem, mem_offset, size, flags)
-        }
+        let (mc, mem) = self.bind_pair(mc, mem)?;
+        self.real
+            .multicast_bind_mem_v2(mc, dev, mc_offset, mem, mem_offset, size, flags)
+            .map_err(code)
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastBindAddr`.
-    pub unsafe fn multicast_bind_addr(
+    /// `cuMulticastBindAddr`.
+    pub fn multicast_bind_addr(
         &self,
         mc: VHandle,
         mc_offset: usize,
         ptr: CUdeviceptr,
         size: usize,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
-        let Some(mc) = self.multicast_real(mc) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with the driver's handle.
-        unsafe { (self.real.cuMulticastBindAddr)(mc, mc_offset, ptr, size, flags) }
+        let mc = self.multicast_real(mc)?;
+        self.real
+            .multicast_bind_addr(mc, mc_offset, ptr, size, flags)
+            .map_err(code)
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastBindAddr_v2`.
-    pub unsafe fn multicast_bind_addr_v2(
+    /// `cuMulticastBindAddr_v2`.
+    pub fn multicast_bind_addr_v2(
         &self,
         mc: VHandle,
         dev: CUdevice,
@@ -802,29 +633,47 @@ impl Runtime {
         ptr: CUdeviceptr,
         size: usize,
         flags: u64,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
-        let Some(mc) = self.multicast_real(mc) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with the driver's handle.
-        unsafe { (self.real.cuMulticastBindAddr_v2)(mc, dev, mc_offset, ptr, size, flags) }
+        let mc = self.multicast_real(mc)?;
+        self.real
+            .multicast_bind_addr_v2(mc, dev, mc_offset, ptr, size, flags)
+            .map_err(code)
     }
 
-    /// # Safety
-    /// The contract of `cuMulticastUnbind`.
-    pub unsafe fn multicast_unbind(
+    /// `cuMulticastUnbind`.
+    pub fn multicast_unbind(
         &self,
         mc: VHandle,
         dev: CUdevice,
         mc_offset: usize,
         size: usize,
-    ) -> CUresult {
+    ) -> Tracked {
         let _pass = self.gate.enter();
-        let Some(mc) = self.multicast_real(mc) else {
-            return CUresult::ERROR_INVALID_VALUE;
-        };
-        // SAFETY: the caller's arguments with the driver's handle.
-        unsafe { (self.real.cuMulticastUnbind)(mc, dev, mc_offset, size) }
+        let mc = self.multicast_real(mc)?;
+        self.real
+            .multicast_unbind(mc, dev, mc_offset, size)
+            .map_err(code)
+    }
+}
+
+/// The record of one access descriptor: the one conversion between the driver's descriptors and
+/// the records (the other way: [`access_desc`]).
+pub fn access_record(d: &CUmemAccessDesc) -> AccessRecord {
+    AccessRecord {
+        location_type: d.location.type_,
+        location_id: d.location.id,
+        flags: d.flags,
+    }
+}
+
+/// The driver's descriptor of one access record.
+pub fn access_desc(a: &AccessRecord) -> CUmemAccessDesc {
+    CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: a.location_type,
+            id: a.location_id,
+        },
+        flags: a.flags,
     }
 }

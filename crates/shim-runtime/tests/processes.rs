@@ -18,8 +18,14 @@ fn env() -> TestEnv {
 }
 
 fn control(env: &TestEnv, w: &Workload) -> PathBuf {
+    let ns = std::fs::read_link(format!("/proc/{}/ns/pid", w.pid())).expect("ns/pid link");
+    let ns = ns.to_string_lossy();
+    let inode = ns
+        .strip_prefix("pid:[")
+        .and_then(|l| l.strip_suffix(']'))
+        .expect("pid:[inode]");
     env.control_dir()
-        .join(format!("cuinterpose-{}.sock", w.pid()))
+        .join(format!("cuinterpose-{inode}-{}.sock", w.pid()))
 }
 
 fn call(env: &TestEnv, w: &Workload, request: Request) -> Response {

@@ -68,7 +68,7 @@ fn registry_bytes_per_allocation() {
             },
             2 << 20,
             props,
-            0x1000 + i,
+            cuda::DriverHandle::from_raw(0x1000 + i),
         );
         let base = 0x7000_0000_0000 + i * (8 << 20);
         reg.insert_mapping(base, 2 << 20, 0, h);

@@ -1,6 +1,7 @@
 //! libcuinterpose.so: the interposer loaded into every CUDA process (`LD_PRELOAD`).
 //!
-//! This crate is interception only; what a wrapped call does is `shim_runtime::hooks`. Every way a
+//! This crate is interception and the FFI boundary: [`hooks`] reads and writes the application's
+//! pointers and calls `shim_runtime`'s tracked calls with Rust values. Every way a
 //! program reaches a driver entry point ends at the same wrappers:
 //!
 //! 1. direct ELF binding (`-lcuda`): the wrappers are exported under the driver's names, and a
@@ -15,7 +16,8 @@
 //! real functions are found at the first wrapper call ([`real`], [`loader`]). Nothing runs in a
 //! library constructor; the `dlsym` path neither allocates nor locks.
 //!
-//! The exported symbol set is exactly `driver_table.rs` (build.rs writes the version script).
+//! The exported symbol set is exactly the table's (`crates/cuda/src/driver_table.rs`; build.rs
+//! writes the version script).
 
 #![deny(
     clippy::unwrap_used,
@@ -35,7 +37,9 @@ compile_error!(
 
 mod cudart;
 mod dlsym;
+mod hooks;
 mod loader;
+mod process;
 mod real;
 mod resolver;
 mod table;

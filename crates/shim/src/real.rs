@@ -11,7 +11,7 @@ use core::ffi::{CStr, c_int, c_void};
 use core::ptr::{self, NonNull};
 use core::sync::atomic::{AtomicPtr, Ordering};
 
-use shim_runtime::Real;
+use cuda::DriverTable as Real;
 
 static REAL: AtomicPtr<Real> = AtomicPtr::new(ptr::null_mut());
 

@@ -9,9 +9,6 @@
 //! shim tracks whose returned ABI it has no wrapper for is reported as not found rather than handed
 //! out with a mismatched signature or untracked; everything else passes through untouched, so an
 //! untracked call costs nothing. `cuGetExportTable` is never touched.
-//!
-//! The fake driver's entry points are aliases named `fake_<name>` (its convention: `dladdr` may
-//! name either alias), so a `fake_` prefix is ignored when matching.
 
 #![allow(unsafe_code)] // exported C entry points writing through the caller's pointers
 #![allow(non_snake_case)] // the entry points carry the CUDA symbol names
@@ -109,8 +106,7 @@ pub(crate) fn choose(requested: &[u8], found: NonNull<c_void>, cuda_version: c_i
     let returned = loader::symbol_at(found.as_ptr());
     let name = returned
         .as_ref()
-        .and_then(|info| info.exact_name(found.as_ptr()))
-        .map(|name| name.strip_prefix(b"fake_").unwrap_or(name));
+        .and_then(|info| info.exact_name(found.as_ptr()));
     if let Some(ours) = name.and_then(exported_for) {
         return Choice::Substitute(ours);
     }
@@ -301,8 +297,7 @@ pub(crate) fn driver_entry(
     let info = loader::symbol_at(found.as_ptr());
     let named = info
         .as_ref()
-        .and_then(|info| info.exact_name(found.as_ptr()))
-        .map(|name| name.strip_prefix(b"fake_").unwrap_or(name));
+        .and_then(|info| info.exact_name(found.as_ptr()));
     match named {
         Some(name) if name != expected.to_bytes() && crate::table::is_table_abi(name) => None,
         _ => Some(found),

@@ -1,47 +1,26 @@
-//! What the table in `driver_table.rs` generates inside the library.
+//! What the table in `crates/cuda/src/driver_table.rs` generates inside the library.
 //!
-//! For each `wrapped` entry: the exported `#[no_mangle]` wrapper (in [`exports`]), its place in the
-//! resolver dispatch ([`wrapper`]), its family in [`is_tracked_family`], and its field of
-//! [`shim_runtime::Real`]. For each `called` entry: its field of `Real` only. A function the driver
-//! lacks becomes a stub returning `CUDA_ERROR_NOT_FOUND`, so the runtime never calls through null.
+//! For each `wrapped` entry: the exported `#[no_mangle]` wrapper (in [`exports`]), which hands its
+//! C arguments to the hook of the same name in `crate::hooks` (the FFI boundary), its place in the
+//! resolver dispatch ([`wrapper`]) and its family in [`is_tracked_family`]. The real table is the
+//! `cuda` crate's [`cuda::DriverTable`], resolved through this library's own lookup
+//! ([`build_real`]); an entry the driver lacks is the `cuda` crate's `CUDA_ERROR_NOT_FOUND` stub, so
+//! the runtime never calls through null.
 //!
-//! To wrap another driver function: add its hook to `shim_runtime::hooks` and its field to
-//! `shim_runtime::Real` (same name, `PFN_<name>` type), then one line in `driver_table.rs`'s
-//! `wrapped` section. The export, the version script, the resolver dispatch and the export test
-//! follow from that line.
+//! To wrap another driver function: move its line to the table's `wrapped` section and write its
+//! hook in `hooks.rs` (reading and writing the application's pointers) and its tracked call in
+//! `shim_runtime` (Rust values). The export, the version script, the resolver dispatch and the
+//! export test follow from the table.
 
-#![allow(unsafe_code)] // the exports are `unsafe extern "C"` and call through driver pointers
+#![allow(unsafe_code)] // the exports are `unsafe extern "C"`
 #![allow(non_snake_case)] // items carry the driver's symbol names
 
-use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use core::ffi::{c_uint, c_ulonglong, c_void};
 use core::ptr::NonNull;
 use cuda_abi::{
-    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmemLocation, CUmulticastObjectProp, CUresult, CUstream, CUuuid,
+    CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult,
 };
-
-/// A `&'static CStr` naming the identifier, built at compile time.
-macro_rules! cstr {
-    ($name:ident) => {
-        const {
-            match core::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes())
-            {
-                Ok(name) => name,
-                Err(_) => unreachable!(),
-            }
-        }
-    };
-}
-
-/// How an entry is found: by its exact name, or through the driver's resolver at a version.
-macro_rules! versioned {
-    () => {
-        None
-    };
-    ($base:ident, $version:literal) => {
-        Some((cstr!($base), $version))
-    };
-}
 
 /// The base name a resolver is asked for (`cuMemFree` for `cuMemFree_v2`).
 macro_rules! family {
@@ -53,20 +32,6 @@ macro_rules! family {
     };
 }
 
-/// One real-table field: the driver's entry point for exactly this ABI, or the stub.
-macro_rules! real_entry {
-    ($name:ident, ($($ty:ty),*), $($base:ident, $version:literal)?) => {{
-        type Entry = unsafe extern "C" fn($($ty),*) -> CUresult;
-        match crate::real::lookup(cstr!($name), versioned!($($base, $version)?)) {
-            // SAFETY: `lookup` returns the driver's entry point of this exact ABI (by its ELF name,
-            // or chosen by the driver's own resolver for the pinned version and checked by symbol
-            // name), whose C signature is `Entry`.
-            Some(found) => unsafe { core::mem::transmute::<*mut c_void, Entry>(found.as_ptr()) },
-            None => missing::$name,
-        }
-    }};
-}
-
 macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
@@ -74,11 +39,11 @@ macro_rules! interposer_table {
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         /// The exported wrappers. Each one fetches the real table (built on the first call) and
-        /// hands its arguments unchanged to the runtime's hook of the same name.
+        /// hands its arguments unchanged to the hook of the same name.
         pub mod exports {
             use super::*;
             $(
-                #[doc = concat!("The interposed `", stringify!($w), "`: runs `shim_runtime::hooks::",
+                #[doc = concat!("The interposed `", stringify!($w), "`: runs `crate::hooks::",
                     stringify!($w), "` with the real driver table.")]
                 ///
                 /// # Safety
@@ -88,33 +53,9 @@ macro_rules! interposer_table {
                     let real = crate::real::get();
                     // SAFETY: the caller upholds the driver function's contract for these
                     // arguments, which is the hook's contract.
-                    unsafe { shim_runtime::hooks::$w(real, $($wa),*) }
+                    unsafe { crate::hooks::$w(real, $($wa),*) }
                 }
             )*
-        }
-
-        /// Stand-ins for entry points the driver does not have.
-        mod missing {
-            use super::*;
-            $(
-                pub(super) unsafe extern "C" fn $w($(_: $wt),*) -> CUresult {
-                    CUresult::ERROR_NOT_FOUND
-                }
-            )*
-            $(
-                pub(super) unsafe extern "C" fn $c($(_: $ct),*) -> CUresult {
-                    CUresult::ERROR_NOT_FOUND
-                }
-            )*
-        }
-
-        /// Resolves every entry of the real table. Loader calls only: never call it under a lock
-        /// or inside a `OnceLock` initialiser (see `real::get`).
-        pub(crate) fn build_real() -> shim_runtime::Real {
-            shim_runtime::Real {
-                $( $w: real_entry!($w, ($($wt),*), $($wb, $wv)?), )*
-                $( $c: real_entry!($c, ($($ct),*), $($cb, $cv)?), )*
-            }
         }
 
         /// The wrapper exported for the driver symbol `name` (an exact ABI name such as
@@ -147,7 +88,16 @@ macro_rules! interposer_table {
     };
 }
 
-include!("driver_table.rs");
+include!("../../cuda/src/driver_table.rs");
+
+/// Resolves every entry of the real table. Loader calls only: never call it under a lock or inside
+/// a `OnceLock` initialiser (see `real::get`).
+pub(crate) fn build_real() -> cuda::DriverTable {
+    // SAFETY: `lookup` returns the driver's entry point of each entry's exact ABI (by its ELF name,
+    // or chosen by the driver's own resolver for the pinned version and checked by symbol name),
+    // whose C signature is the table's; the driver stays loaded for the life of the process.
+    unsafe { cuda::DriverTable::resolve(|entry| crate::real::lookup(entry.name, entry.versioned)) }
+}
 
 #[cfg(test)]
 mod tests {

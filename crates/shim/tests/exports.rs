@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-/// Reads src/driver_table.rs for its names (the same table the library and build.rs read).
+/// Reads crates/cuda/src/driver_table.rs for its names (the same table the library and build.rs read).
 macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
@@ -20,7 +20,7 @@ macro_rules! interposer_table {
     };
 }
 
-include!("../src/driver_table.rs");
+include!("../../cuda/src/driver_table.rs");
 
 /// The highest glibc symbol version the shim may require: what a Debian 12 build gives.
 const GLIBC_MAX: (u32, u32) = (2, 36);

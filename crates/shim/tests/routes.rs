@@ -202,7 +202,7 @@ fn resolvers_found_with_dlsym_return_wrappers() {
 #[test]
 fn own_wrapper_addresses_cannot_be_preempted() {
     // The executable exports its own cuMemCreate, first in the global scope. The addresses the
-    // shim hands out are still its own (-Bsymbolic-functions), and they reach the driver.
+    // shim hands out are still its own (-Bsymbolic), and they reach the driver.
     let work = Work::new();
     let program = work.program("selfdef", &["selfdef.c"], &["-rdynamic"]);
     let (with, without) = both(&work, &program, Launch::new());

@@ -31,6 +31,7 @@ use crate::driver::Resolve;
 use crate::native::{ControlError, Driver};
 use crate::reply::Reply;
 use crate::wire::{self, WireError};
+use control::layout::Layout;
 
 /// How long a workload may take to start listening (driver initialisation included).
 pub const START_TIMEOUT: Duration = Duration::from_secs(180);
@@ -215,21 +216,38 @@ impl Artifacts {
         )
     }
 
-    /// The shim, `libcuinterpose.so`.
+    /// The first of `candidates` that exists.
+    fn first(candidates: Vec<PathBuf>, hint: &'static str) -> Result<PathBuf, HarnessError> {
+        match candidates.iter().find(|c| c.exists()) {
+            Some(found) => Ok(found.clone()),
+            None => Err(HarnessError::Missing {
+                path: candidates.into_iter().next().unwrap_or_default(),
+                hint,
+            }),
+        }
+    }
+
+    /// The shim, `libcuinterpose.so`: next to the binaries (cargo) or in `../lib` (the release
+    /// layout, control::layout).
     pub fn shim(&self) -> Result<PathBuf, HarnessError> {
-        self.existing(
-            "libcuinterpose.so",
+        Self::first(
+            Layout::at(&self.dir).shim_candidates(),
             "build first: cargo build --workspace --all-targets",
         )
     }
 
-    /// The directory holding the fake driver as `libcuda.so.1` (a symlink to `../libcuda.so`,
-    /// created on demand).
+    /// The directory holding the fake driver as `libcuda.so.1`: the release layout's test-driver
+    /// directory, or in a cargo build a symlink to `../libcuda.so` created on demand.
     pub fn fake_driver_dir(&self) -> Result<PathBuf, HarnessError> {
-        self.existing(
-            "libcuda.so",
+        let found = Self::first(
+            Layout::at(&self.dir).fake_driver_candidates(),
             "build first: cargo build --workspace --all-targets (the fake-cuda crate)",
         )?;
+        if found.file_name() == Some(OsStr::new("libcuda.so.1"))
+            && let Some(dir) = found.parent()
+        {
+            return Ok(dir.to_path_buf());
+        }
         let dir = self.dir.join("fake-driver");
         std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
         let link = dir.join("libcuda.so.1");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use protocol::message::{
     self, FrameHeader, HEADER_LEN, MAX_BODY_LEN, decode_request, decode_response,
 };
-use protocol::{ProtocolError, Request, Response};
+use protocol::{ErrorCode, ProtocolError, Request, Response};
 use rustix::io::Errno;
 use rustix::net::sockopt::{self, Timeout};
 use rustix::net::{
@@ -34,6 +34,9 @@ pub struct Connection {
     stream: UnixStream,
     /// Set when an operation failed after part of a frame went through (see the crate docs).
     broken: bool,
+    /// The version of the last frame received, when it was refused for not being ours: what
+    /// [`Connection::refuse_version`] answers.
+    refused_version: Option<u16>,
 }
 
 /// A frame as it came off the socket, with every descriptor that came with it (already owned, so
@@ -81,6 +84,7 @@ impl Connection {
         Connection {
             stream,
             broken: false,
+            refused_version: None,
         }
     }
 
@@ -125,6 +129,27 @@ impl Connection {
             return Err(self.poison(TransportError::UnexpectedFd));
         }
         decode_request(&frame.header, &frame.body).map_err(|e| self.poison(e.into()))
+    }
+
+    /// Answers a peer whose frame was just refused for its protocol version
+    /// ([`ProtocolError::VersionMismatch`]) with one `Error` frame of this build's version, which
+    /// the peer's own header check reports as a version mismatch (a connection closed without a
+    /// word would only say that the other end hung up). Consumes the connection, whose stream is
+    /// out of step; refuses ([`TransportError::Broken`]) when no frame was refused for its version.
+    pub fn refuse_version(self) -> Result<(), TransportError> {
+        let Some(theirs) = self.refused_version else {
+            return Err(TransportError::Broken);
+        };
+        let frame = message::encode_response(&Response::Error {
+            code: ErrorCode::Denied,
+            message: format!(
+                "protocol version {theirs} is not this build's {}: tool and shim must be the same version",
+                message::PROTOCOL_VERSION
+            ),
+        });
+        // `broken` was set by the refused read, which left the peer's body unread; nothing of a
+        // frame of ours went out, so a whole frame of ours is still in step for the peer.
+        self.send_all(&frame, None, &mut 0)
     }
 
     /// Sends one response frame; `fd` must be given exactly when the response is
@@ -263,14 +288,18 @@ impl Connection {
     }
 
     fn recv_frame_inner(
-        &self,
+        &mut self,
         fd_allowed: bool,
         consumed: &mut usize,
     ) -> Result<RawFrame, TransportError> {
         let mut fds = Vec::new();
         let mut header = [0u8; HEADER_LEN];
         self.recv_exact(&mut header, &mut fds, consumed, HEADER_LEN)?;
-        let header = FrameHeader::decode(&header)?;
+        let header = FrameHeader::decode(&header).inspect_err(|e| {
+            if let ProtocolError::VersionMismatch { theirs, .. } = e {
+                self.refused_version = Some(*theirs);
+            }
+        })?;
         if !fd_allowed && !fds.is_empty() {
             return Err(TransportError::UnexpectedFd);
         }

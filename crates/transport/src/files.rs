@@ -135,6 +135,63 @@ fn fill_random(buf: &mut [u8]) {
     }
 }
 
+/// The directory for the project's sockets and locks unless a setting names another: private to
+/// the user, never world-writable, so no other user can take a name in it first.
+/// `$XDG_RUNTIME_DIR/cuinterpose` when the session has one (systemd makes it 0700 for the user),
+/// otherwise `/run/cuinterpose-<uid>`, or `$TMPDIR/cuinterpose-<uid>` where `/run` cannot be
+/// written. It is not created here: [`ensure_private_dir`] does that.
+pub fn default_private_dir() -> PathBuf {
+    let uid = rustix::process::geteuid().as_raw();
+    if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let runtime = PathBuf::from(runtime);
+        // Only a runtime directory of our own: under sudo the variable may name the caller's.
+        if fs::symlink_metadata(&runtime)
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == uid && m.is_dir())
+        {
+            return runtime.join("cuinterpose");
+        }
+    }
+    let run = Path::new("/run");
+    if rustix::fs::access(run, rustix::fs::Access::WRITE_OK).is_ok() {
+        return run.join(format!("cuinterpose-{uid}"));
+    }
+    std::env::temp_dir().join(format!("cuinterpose-{uid}"))
+}
+
+/// Creates `dir` (mode 0700) if it does not exist, and checks that it is a real directory (not a
+/// symlink) owned by us that no other user can write. A directory someone else made first, or one
+/// that others can write, is refused: names in it could be taken by them.
+pub fn ensure_private_dir(dir: &Path) -> Result<(), TransportError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(TransportError::io(format!("create {}", dir.display()), e)),
+    }
+    let meta = fs::symlink_metadata(dir)
+        .map_err(|e| TransportError::io(format!("stat {}", dir.display()), e))?;
+    let uid = rustix::process::geteuid().as_raw();
+    let problem = if !meta.file_type().is_dir() {
+        Some("is not a directory".to_string())
+    } else if meta.uid() != uid {
+        Some(format!("belongs to uid {}, not to uid {uid}", meta.uid()))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "can be written by other users (mode {:o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    };
+    match problem {
+        None => Ok(()),
+        Some(problem) => Err(TransportError::io(
+            format!("use {} as a private directory", dir.display()),
+            std::io::Error::new(std::io::ErrorKind::PermissionDenied, problem),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,5 +290,26 @@ mod tests {
             read_bounded(&dir.path().join("missing"), 1),
             Err(TransportError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound
         ));
+    }
+
+    #[test]
+    fn a_private_dir_is_made_0700_and_one_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = tempfile::tempdir().unwrap();
+        let private = base.path().join("p");
+        super::ensure_private_dir(&private).unwrap();
+        let mode = fs::metadata(&private).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+        // Again: an existing private directory is fine.
+        super::ensure_private_dir(&private).unwrap();
+        let open = base.path().join("o");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = super::ensure_private_dir(&open).unwrap_err().to_string();
+        assert!(err.contains("can be written by other users"), "{err}");
+        let file = base.path().join("f");
+        fs::write(&file, b"x").unwrap();
+        let err = super::ensure_private_dir(&file).unwrap_err().to_string();
+        assert!(err.contains("is not a directory"), "{err}");
     }
 }

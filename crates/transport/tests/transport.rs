@@ -332,6 +332,56 @@ fn another_version_is_refused() {
 }
 
 #[test]
+fn a_request_of_another_version_is_answered_in_ours_then_closed() {
+    use std::io::{Read, Write};
+    let (mut server, mut client) = pair();
+    // Before any refusal there is nothing to answer.
+    let (idle, _other_end) = pair();
+    assert!(matches!(idle.refuse_version(), Err(TransportError::Broken)));
+
+    let mut frame = protocol::message::encode_request(&Request::Hello {
+        tool_version: "9.0.0".into(),
+    });
+    frame[4..6].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes());
+    client.write_all(&frame).unwrap();
+    let e = server.recv_request().unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TransportError::Protocol(ProtocolError::VersionMismatch { ours, theirs })
+                if ours == PROTOCOL_VERSION && theirs == PROTOCOL_VERSION + 1
+        ),
+        "{e}"
+    );
+    server.refuse_version().unwrap();
+
+    // The peer gets one whole frame of our version (its header check reports the mismatch),
+    // then the end of the stream: EOF, or a reset because its own body was left unread.
+    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut head = [0u8; HEADER_LEN];
+    client.read_exact(&mut head).unwrap();
+    let head = FrameHeader::decode(&head).unwrap();
+    assert_eq!(head.version, PROTOCOL_VERSION);
+    let mut body = vec![0u8; head.length as usize];
+    client.read_exact(&mut body).unwrap();
+    match client.read(&mut [0u8; 1]) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the end of the stream, got {other:?}"),
+    }
+    match protocol::message::decode_response(&head, &body).unwrap() {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Denied);
+            assert!(
+                message.contains(&format!("protocol version {}", PROTOCOL_VERSION + 1)),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn a_kind_that_disagrees_with_the_body_is_refused() {
     let frame = response_frame(&hello_reply());
     for kind in [0x104u16, 0x77, 0] {

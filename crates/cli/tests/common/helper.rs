@@ -12,7 +12,7 @@
 
 #![allow(unsafe_code)] // calls into the dynamically loaded driver; each block says why it is sound
 
-use cuda_abi::pfn::*;
+use cuda::pfn;
 use cuda_abi::{CUcontext, CUmemGenericAllocationHandle, CUmulticastObjectProp, handle_type};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -52,7 +52,7 @@ fn driver() -> libloading::Library {
     unsafe { libloading::Library::new("libcuda.so.1") }.expect("dlopen libcuda.so.1")
 }
 
-/// The driver entry point `name`, typed `T` (a `PFN_*` type).
+/// The driver entry point `name`, typed `T` (a `cuda::pfn` type).
 fn entry<T: Copy>(lib: &libloading::Library, name: &str) -> T {
     let symbol = format!("{name}\0");
     // SAFETY: the symbol is the driver's entry point of that name (the shim's wrapper when the
@@ -62,9 +62,9 @@ fn entry<T: Copy>(lib: &libloading::Library, name: &str) -> T {
 }
 
 fn init(lib: &libloading::Library) {
-    let init = entry::<PFN_cuInit>(lib, "cuInit");
-    let retain = entry::<PFN_cuDevicePrimaryCtxRetain>(lib, "cuDevicePrimaryCtxRetain");
-    let set_current = entry::<PFN_cuCtxSetCurrent>(lib, "cuCtxSetCurrent");
+    let init = entry::<pfn::cuInit>(lib, "cuInit");
+    let retain = entry::<pfn::cuDevicePrimaryCtxRetain>(lib, "cuDevicePrimaryCtxRetain");
+    let set_current = entry::<pfn::cuCtxSetCurrent>(lib, "cuCtxSetCurrent");
     // SAFETY: flags 0.
     assert!(unsafe { init(0) }.is_success(), "cuInit");
     let mut ctx: CUcontext = std::ptr::null_mut();
@@ -77,7 +77,7 @@ fn init(lib: &libloading::Library) {
 fn multicast() -> libloading::Library {
     let lib = driver();
     init(&lib);
-    let create = entry::<PFN_cuMulticastCreate>(&lib, "cuMulticastCreate");
+    let create = entry::<pfn::cuMulticastCreate>(&lib, "cuMulticastCreate");
     let prop = CUmulticastObjectProp {
         numDevices: 1,
         size: 2 << 20,
@@ -106,7 +106,7 @@ fn fabric_import(dir: &Path) -> libloading::Library {
     let lib = driver();
     init(&lib);
     let import =
-        entry::<PFN_cuMemImportFromShareableHandle>(&lib, "cuMemImportFromShareableHandle");
+        entry::<pfn::cuMemImportFromShareableHandle>(&lib, "cuMemImportFromShareableHandle");
     let mut handle: CUmemGenericAllocationHandle = 0;
     // SAFETY: for FABRIC the OS handle is a pointer to the 64-byte handle, which lives through
     // the call.
@@ -118,7 +118,11 @@ fn fabric_import(dir: &Path) -> libloading::Library {
 fn old_shim() -> libloading::Library {
     let lib = driver();
     let dir = PathBuf::from(std::env::var("CUINTERPOSE_CONTROL_DIR").expect("control dir"));
-    let path = dir.join(format!("cuinterpose-{}.sock", std::process::id()));
+    let pid = std::process::id();
+    let path = dir.join(format!(
+        "cuinterpose-{}-{pid}.sock",
+        super::pid_namespace(pid)
+    ));
     let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind control socket");
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {

@@ -625,11 +625,26 @@ pub fn mapping(pid: u32, region: &RegionInfo) -> String {
 /// The phase a participant's shim reports, asked directly on its control socket (faster than a
 /// tool run, for the tests that follow a capture step by step).
 pub fn phase_of(env: &TestEnv, pid: u32) -> protocol::Phase {
-    let path = env.control_dir().join(format!("cuinterpose-{pid}.sock"));
+    let path = control_socket(env, pid);
     let mut conn = transport::Connection::connect(&path, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("control socket of pid {pid}: {e}"));
     match conn.call(&protocol::Request::Inspect) {
         Ok((protocol::Response::Records(record), _)) => record.phase,
         other => panic!("inspect of pid {pid}: {other:?}"),
     }
+}
+
+/// Inode of the PID namespace of `pid` (`/proc/<pid>/ns/pid` is `pid:[<inode>]`).
+pub fn pid_namespace(pid: u32) -> u64 {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).expect("ns/pid link");
+    link.to_str()
+        .and_then(|l| l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected ns/pid link {}", link.display()))
+}
+
+/// The control socket the shim of `pid` (a process of the test's own PID namespace) binds:
+/// `cuinterpose-<pid namespace inode>-<pid>.sock` in the environment's control directory.
+pub fn control_socket(env: &TestEnv, pid: u32) -> PathBuf {
+    env.control_dir()
+        .join(format!("cuinterpose-{}-{pid}.sock", pid_namespace(pid)))
 }

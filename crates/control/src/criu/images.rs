@@ -106,8 +106,12 @@ fn read_entries<M: prost::Message + Default>(path: &Path, magic: u32) -> Result<
         path: path.to_path_buf(),
         message,
     };
-    let bytes =
-        transport::files::read_bounded(path, MAX_IMAGE_BYTES).map_err(|e| bad(e.to_string()))?;
+    let bytes = transport::files::read_bounded(path, MAX_IMAGE_BYTES).map_err(|source| {
+        CriuError::ImageRead {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     let mut rest = bytes.as_slice();
     let take_u32 = |rest: &mut &[u8], what: &str| -> Result<u32, CriuError> {
         let (word, tail) = rest
@@ -132,7 +136,12 @@ fn read_entries<M: prost::Message + Default>(path: &Path, magic: u32) -> Result<
             )));
         }
         let (body, tail) = rest.split_at(len);
-        entries.push(M::decode(body).map_err(|e| bad(format!("entry {}: {e}", entries.len())))?);
+        let entry = entries.len();
+        entries.push(M::decode(body).map_err(|source| CriuError::ImageEntry {
+            path: path.to_path_buf(),
+            entry,
+            source,
+        })?);
         rest = tail;
     }
     Ok(entries)

@@ -1,4 +1,5 @@
-//! CRIU, run as a program (`criu dump` / `criu restore`), found on `--criu PATH`, `$CUINTERPOSE_CRIU`
+//! CRIU, run as a program (`criu dump` / `criu restore`), found on `--criu PATH`, `$CUINTERPOSE_CRIU`,
+//! the CRIU bundled with the tool (crate::layout: the release's `libexec/`, a checkout's `.criu/`),
 //! or `PATH`. The command line is used rather than CRIU's RPC: the RPC needs protobuf bindings and
 //! gives nothing this tool uses, while the log files CRIU writes are what a user reads on failure.
 
@@ -11,9 +12,9 @@ use std::process::Command;
 #[derive(Debug, thiserror::Error)]
 pub enum CriuError {
     #[error(
-        "criu not found (pass --criu PATH or set CUINTERPOSE_CRIU; scripts/install-criu.sh installs CRIU 4.1)"
+        "criu not found (looked at {looked}); pass --criu PATH or set CUINTERPOSE_CRIU (in a checkout, scripts/install-criu.sh installs CRIU 4.2 into .criu/)"
     )]
-    NotFound,
+    NotFound { looked: String },
     #[error("running {program}: {source}")]
     Spawn {
         program: PathBuf,
@@ -30,6 +31,17 @@ pub enum CriuError {
     NoPid(&'static str),
     #[error("CRIU image {path}: {message}")]
     Image { path: PathBuf, message: String },
+    #[error("CRIU image {path}: {source}")]
+    ImageRead {
+        path: PathBuf,
+        source: transport::TransportError,
+    },
+    #[error("CRIU image {path}: entry {entry}: {source}")]
+    ImageEntry {
+        path: PathBuf,
+        entry: usize,
+        source: prost::DecodeError,
+    },
 }
 
 /// The workload's mounts are slaves of the host's (control::launch): CRIU treats them as external,
@@ -49,13 +61,20 @@ pub struct Criu {
 }
 
 impl Criu {
-    /// Finds CRIU and asks its version; fails closed before anything is changed.
-    pub fn locate(explicit: Option<&Path>) -> Result<Criu, CriuError> {
+    /// Finds CRIU and asks its version; fails closed before anything is changed. `explicit`
+    /// (`--criu`) is the only candidate when given; otherwise `configured` (`CUINTERPOSE_CRIU`,
+    /// [`crate::config::ToolConfig::criu`]) when it is a file, then `criu` on `PATH`.
+    pub fn locate(explicit: Option<&Path>, configured: Option<&Path>) -> Result<Criu, CriuError> {
         let candidates: Vec<PathBuf> = match explicit {
             Some(path) => vec![path.to_path_buf()],
-            None => std::env::var_os("CUINTERPOSE_CRIU")
-                .map(PathBuf::from)
+            None => configured
+                .map(Path::to_path_buf)
                 .into_iter()
+                .chain(
+                    crate::layout::Layout::current()
+                        .map(|l| l.criu_candidates())
+                        .unwrap_or_default(),
+                )
                 .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
                     std::env::split_paths(&p)
                         .map(|d| d.join("criu"))
@@ -63,7 +82,7 @@ impl Criu {
                 }))
                 .collect(),
         };
-        for program in candidates.into_iter().filter(|c| c.is_file()) {
+        for program in candidates.iter().filter(|c| c.is_file()).cloned() {
             let output = Command::new(&program)
                 .arg("--version")
                 .output()
@@ -79,7 +98,13 @@ impl Criu {
                 });
             }
         }
-        Err(CriuError::NotFound)
+        Err(CriuError::NotFound {
+            looked: candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
     }
 
     pub fn version(&self) -> &str {
@@ -164,6 +189,7 @@ impl Criu {
             .arg("-v4")
             // Not the tool's terminal: nothing CRIU runs may read from it.
             .stdin(std::process::Stdio::null());
+        crate::launch::die_with_parent(&mut command);
         command
     }
 

@@ -16,8 +16,8 @@
 //! - **Restore** (CHECKPOINTED only) brings every allocation back at the same address with its
 //!   bytes, onto the device the GPU pairs name (by UUID), and publishes the usage again; the
 //!   process is LOCKED. A process that was checkpointed holding a live import (a VMM import
-//!   still referenced or mapped, or a multicast object) fails with `CUDA_ERROR_NOT_SUPPORTED`,
-//!   one holding an opened legacy IPC mapping with `CUDA_ERROR_INVALID_VALUE`; it is then
+//!   still referenced or mapped, or a multicast object: assumed, not measured) fails with
+//!   `CUDA_ERROR_NOT_SUPPORTED`, one holding an opened legacy IPC mapping with `CUDA_ERROR_INVALID_VALUE`; it is then
 //!   FAILED: unlock gives `CUDA_ERROR_ILLEGAL_STATE` and every driver call fails.
 //! - **Unlock** (LOCKED only) lets the application's calls run again.
 //!

@@ -2,7 +2,8 @@
 //! (unmapped, inaccessible or read-only-for-a-write ranges are `CUDA_ERROR_INVALID_VALUE`), and
 //! the copy itself goes through `process_vm_writev` on this process, so a bad host pointer is an
 //! error code too, never a fault. Streams are checked and then ignored: every operation is
-//! complete when the call returns.
+//! complete when the call returns. A copy from a multicast mapping reads one bound member, a
+//! copy or memset to one reaches every bound member (see `multicast`).
 
 use std::ffi::{c_uint, c_void};
 
@@ -11,7 +12,7 @@ use cuda_abi::{CUdeviceptr, CUresult, CUstream};
 use super::{Need, check_device, touches_driver_memory};
 use crate::device::{check_stream, current};
 use crate::state::{self, Driver};
-use crate::{Res, os};
+use crate::{Res, multicast, os};
 
 /// A host-side argument may be any memory, but where it is driver memory the driver's rules
 /// apply to it too.
@@ -61,7 +62,10 @@ pub(crate) fn memcpy(dir: Dir, dst: u64, src: u64, len: usize, stream: Option<CU
                 check_device(d, dst, len, Need::Write)?;
             }
         }
-        copy(dst, src, len)
+        // Reads through a multicast mapping see one member; writes reach every member.
+        multicast::gather(d, src, len)?;
+        copy(dst, src, len)?;
+        multicast::broadcast(d, dst, len)
     })
 }
 
@@ -97,7 +101,7 @@ pub(crate) fn memset_d8(
         // SAFETY: the whole range is writable device memory this driver mapped (checked above,
         // under the state lock, so nothing unmaps it meanwhile).
         unsafe { std::ptr::write_bytes(dst as usize as *mut u8, value, count) };
-        Ok(())
+        multicast::broadcast(d, dst, count as u64)
     })
 }
 
@@ -128,6 +132,6 @@ pub(crate) fn memset_d32(
         // (checked above, under the state lock).
         let words = unsafe { std::slice::from_raw_parts_mut(dst as usize as *mut u32, count) };
         words.fill(value);
-        Ok(())
+        multicast::broadcast(d, dst, bytes)
     })
 }

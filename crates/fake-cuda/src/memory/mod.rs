@@ -272,6 +272,7 @@ pub(crate) fn collect(d: &mut Driver, handle: u64) {
             d.usage.uncharge(obj.device, obj.charged);
         }
         if let Some(mc) = obj.multicast {
+            crate::multicast::forget(&obj.backing, &mc, d.pid, d.start_token);
             for bound in mc.bindings {
                 if let Some(o) = d.mem.objects.get_mut(&bound.mem) {
                     o.users = o.users.saturating_sub(1);

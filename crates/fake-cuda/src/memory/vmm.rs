@@ -234,6 +234,8 @@ pub(crate) fn mem_map(
         if !reserved(d, ptr, end) || pieces_in(d, ptr, end).next().is_some() {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
+        // A multicast object maps only once its team is complete (the real driver blocks).
+        crate::multicast::require_team(obj)?;
         os::map_shared(ptr, size, obj.backing.file()?, offset, libc::PROT_NONE)
             .map_err(|_| CUresult::ERROR_OUT_OF_MEMORY)?;
         let map_id = d.mem.next_map_id;

@@ -192,6 +192,12 @@ impl Peer {
         stdin.flush().unwrap();
     }
 
+    /// Kills the peer with SIGKILL and reaps it, as a crash would end it.
+    pub(crate) fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits for the peer to finish its role successfully.
     pub(crate) fn finish(mut self) {
         drop(self.stdin.take());

@@ -1,4 +1,4 @@
-//! The r580 behaviours of `reference/measurements.md`, reproduced:
+//! The r580 behaviours of `docs/measurements.md`, reproduced:
 //!
 //! - an importer checkpointed with a live import (mapped, or unmapped but not released) "succeeds",
 //!   then restore fails with NOT_SUPPORTED, unlock with ILLEGAL_STATE, and it is unusable;

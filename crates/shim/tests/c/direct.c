@@ -16,10 +16,17 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int
 /* Whether this process's control socket exists (the shim's runtime binds it at its start). */
 static int control_socket(void) {
     const char *dir = getenv("CUINTERPOSE_CONTROL_DIR");
-    char path[512];
+    char path[512], ns[64];
     struct stat st;
+    ssize_t n;
+    unsigned long long inode = 0;
     if (!dir) return -1;
-    snprintf(path, sizeof path, "%s/cuinterpose-%d.sock", dir, (int)getpid());
+    /* The shim names its socket cuinterpose-<pid namespace inode>-<pid>.sock. */
+    n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    if (n <= 0) return -1;
+    ns[n] = 0;
+    if (sscanf(ns, "pid:[%llu]", &inode) != 1) return -1;
+    snprintf(path, sizeof path, "%s/cuinterpose-%llu-%d.sock", dir, inode, (int)getpid());
     return stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 

@@ -1,21 +1,22 @@
-// The one table of what libcuinterpose.so intercepts. It is read three times, each time through a
-// different `interposer_table!` macro: by the library (src/table.rs: exports, resolver dispatch,
-// the real-function table), by build.rs (the linker version script), and by tests/exports.rs (the
-// expected dynamic symbol list). It therefore holds no `use` lines and nothing but the invocation.
+// The one table of the driver entry points cuinterpose uses, with their C signatures: the only
+// place a signature is written. It is read four times, each time through a macro of the reader's
+// own: by this crate (src/lib.rs: the raw function-pointer table, the checked calls, the stubs of
+// missing entries, the resolution by the shim's or libloading's lookup), by the shim
+// (crates/shim/src/table.rs: exports, resolver dispatch), by the shim's build.rs (the linker
+// version script) and by crates/shim/tests/exports.rs (the expected dynamic symbol list). It
+// therefore holds no `use` lines and nothing but the invocation.
 //
 // Grammar:
-//   interception { NAME, ... }   hand-written entry points (src/dlsym.rs, src/resolver.rs,
-//                                src/cudart.rs), exported as they are.
-//   wrapped { ENTRY; ... }       exported wrappers: each forwards to `shim_runtime::hooks::NAME`
-//                                with the real table, and is what every resolver hands out for
-//                                the driver's NAME.
-//   called { ENTRY; ... }        driver functions the runtime calls but the shim does not wrap;
-//                                they are only resolved into `shim_runtime::Real`.
+//   interception { NAME, ... }   the shim's hand-written entry points (crates/shim/src/dlsym.rs,
+//                                resolver.rs, cudart.rs), exported as they are; not driver entries.
+//   wrapped { ENTRY; ... }       driver functions the shim intercepts: it exports a wrapper for
+//                                each, and every resolver hands the wrapper out for NAME.
+//   called { ENTRY; ... }        driver functions called but not intercepted (by the shim's
+//                                runtime, the tool, the workloads).
 // ENTRY is `NAME(ARG: TYPE, ...)` (every driver function returns CUresult), found by its exact ELF
 // name, or `NAME = BASE @ VERSION (ARG: TYPE, ...)` for an ABI variant, found through the driver's
 // own `cuGetProcAddress_v2(BASE, VERSION)` (the driver picks the variant; names are never guessed).
-// NAME is both the exported symbol and the field of `shim_runtime::Real`; a field missing here or a
-// signature that disagrees with `cuda_abi::pfn::PFN_NAME` is a compile error.
+// NAME is the exported symbol, the field of `cuda::DriverTable` and its checked call.
 
 interposer_table! {
     interception {
@@ -126,6 +127,7 @@ interposer_table! {
         cuDriverGetVersion(version: *mut c_int);
         cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
         cuDeviceGetCount(count: *mut c_int);
+        cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
         cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
@@ -160,5 +162,18 @@ interposer_table! {
         );
         cuMemGetInfo_v2 = cuMemGetInfo @ 12000 (free: *mut usize, total: *mut usize);
         cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr);
+        cuGetErrorName(error: CUresult, out: *mut *const c_char);
+        cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
+        cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (
+            base: *mut CUdeviceptr,
+            size: *mut usize,
+            dptr: CUdeviceptr,
+        );
+        cuMemsetD8_v2 = cuMemsetD8 @ 12000 (dst: CUdeviceptr, value: u8, count: usize);
+        cuCheckpointProcessLock(pid: c_int, args: *mut CUcheckpointLockArgs);
+        cuCheckpointProcessCheckpoint(pid: c_int, args: *mut CUcheckpointCheckpointArgs);
+        cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgs);
+        cuCheckpointProcessUnlock(pid: c_int, args: *mut CUcheckpointUnlockArgs);
+        cuCheckpointProcessGetState(pid: c_int, state: *mut u32);
     }
 }

@@ -1,0 +1,838 @@
+//! Fault injection against the real binary on the fake driver, with real processes, sockets and
+//! (for checkpoints to disk) the real CRIU: each numbered failure of issue 13 as a test, plus the
+//! smaller ones. Every test checks that the workload is back (or cleaned up) with the documented
+//! command, and what the tool said.
+//!
+//! Steps are held without timing where it matters: the test takes the fake driver's own native
+//! lock on a participant (every driver call of it, its shim's included, waits until the test
+//! unlocks it), as rollback.rs does. Tests with a PID namespace or CRIU need root, as disk.rs.
+
+mod common;
+
+use common::*;
+use protocol::{Phase, Request, Response};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+use testkit::{TestEnv, Workload};
+
+/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`).
+fn pair(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    create_shared(a, "a0", SIZE);
+    create_shared(b, "a1", SIZE);
+    share(a, b, "a0", SIZE);
+    share(b, a, "a1", SIZE);
+    ok(a, &["fill a0 11"]);
+    ok(b, &["fill a1 12"]);
+}
+
+/// The pair kept its contents and shares both ways.
+fn assert_pair(env: &TestEnv, tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    assert!(usage(env, a.pid()) >= SIZE, "a holds no memory");
+    assert!(usage(env, b.pid()) >= SIZE, "b holds no memory");
+    ok(a, &["verify a0 11", "verify a1 12"]);
+    ok(b, &["verify a0 11", "verify a1 12", "fill a0 13"]);
+    ok(a, &["verify a0 13", "fill a1 14"]);
+    ok(b, &["verify a1 14"]);
+    ok(a, &["fill a0 11", "fill a1 12"]);
+}
+
+/// Every shim of the tree runs, nothing is natively locked, no state file is left.
+fn assert_running(env: &TestEnv, tree: &Tree, run: &ToolRun) {
+    assert!(
+        !state_dir(env).join("cuinterpose.state").exists(),
+        "state file left; {}",
+        run.describe()
+    );
+    let native = env.native().unwrap();
+    for w in tree.workloads.values() {
+        assert_eq!(
+            phase_of(env, w.pid()),
+            Phase::Running,
+            "{} is not running; {}",
+            w.name(),
+            run.describe()
+        );
+        assert_eq!(
+            native.state(w.pid()).unwrap(),
+            testkit::native::ProcessState::Running,
+            "{} natively",
+            w.name()
+        );
+    }
+}
+
+fn suspend_args(env: &TestEnv, root: u32) -> Vec<String> {
+    vec![
+        "suspend".into(),
+        "--pid".into(),
+        root.to_string(),
+        "--state-dir".into(),
+        state_dir(env).display().to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ]
+}
+
+fn resume_args(env: &TestEnv, root: u32, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "resume".into(),
+        "--pid".into(),
+        root.to_string(),
+        "--state-dir".into(),
+        state_dir(env).display().to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Sends one phase request to the shim of `pid` directly, as a tool run would before it died.
+fn send_phase(env: &TestEnv, pid: u32, request: Request) -> Phase {
+    let path = control_socket(env, pid);
+    let mut conn = transport::Connection::connect(&path, Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("control socket of pid {pid}: {e}"));
+    match conn.call(&request) {
+        Ok((Response::PhaseDone { phase, .. }, _)) => phase,
+        other => panic!("{request:?} to pid {pid}: {other:?}"),
+    }
+}
+
+// ---- 3: one tool run per group at a time ----
+
+#[test]
+fn a_second_run_on_a_group_is_refused_at_once_naming_the_run_in_progress() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
+    let native = env.native().unwrap();
+    // `a`'s freeze waits for the test's native lock: the first suspend stays in progress.
+    native.lock(a, 60_000).unwrap();
+    let first = start_tool(&env, &strs(&suspend_args(&env, tree.root())), &[]);
+    wait_until("b is frozen", || phase_of(&env, b) == Phase::Frozen);
+    for args in [
+        suspend_args(&env, tree.root()),
+        resume_args(&env, tree.root(), &[]),
+    ] {
+        let started = Instant::now();
+        let second = tool(&env, &strs(&args));
+        second.expect_code(EXIT_REFUSED).stderr_mentions(&[
+            "another cuinterpose run is in progress",
+            &format!("pid {}:", first.pid()),
+            "nothing was changed",
+        ]);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the refusal waited for the first run: {:?}",
+            started.elapsed()
+        );
+        assert!(first.is_running(), "the first run ended meanwhile");
+    }
+    native.unlock(a).unwrap();
+    first.finish().ok();
+
+    // Two resumes at once: one resumes, the other is refused (the run in progress, or no
+    // suspended group once the first is done); never a failure.
+    let runs: Vec<ToolProcess> = (0..2)
+        .map(|_| start_tool(&env, &strs(&resume_args(&env, tree.root(), &[])), &[]))
+        .collect();
+    let mut runs: Vec<ToolRun> = runs.into_iter().map(ToolProcess::finish).collect();
+    runs.sort_by_key(|r| r.code);
+    runs[0].ok();
+    runs[1].expect_code(EXIT_REFUSED);
+    assert!(
+        runs[1]
+            .stderr
+            .contains("another cuinterpose run is in progress")
+            || runs[1].stderr.contains("no suspended group"),
+        "{}",
+        runs[1].describe()
+    );
+    assert_running(&env, &tree, &runs[0]);
+    assert_pair(&env, &tree);
+    // Nothing stale: the next suspend and resume work.
+    tool(&env, &strs(&suspend_args(&env, tree.root()))).ok();
+    tool(&env, &strs(&resume_args(&env, tree.root(), &[]))).ok();
+    assert_pair(&env, &tree);
+}
+
+// ---- 2: resume finishes from any phase a previous run reached ----
+
+#[test]
+fn resume_finishes_a_resume_that_stopped_after_load_or_after_import() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let native = env.native().unwrap();
+    let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
+    for stop_after_import in [false, true] {
+        suspend(&env, tree.root(), &[]).ok();
+        // What a resume killed half way leaves: every process natively running again, the
+        // shims loaded (and imported), still frozen, the state file in place.
+        for pid in [a, b] {
+            native.restore(pid, &[]).unwrap();
+            native.unlock(pid).unwrap();
+        }
+        assert_eq!(send_phase(&env, a, Request::Load), Phase::Loaded);
+        assert_eq!(send_phase(&env, b, Request::Load), Phase::Loaded);
+        if stop_after_import {
+            assert_eq!(send_phase(&env, a, Request::Import), Phase::Imported);
+            assert_eq!(send_phase(&env, b, Request::Import), Phase::Imported);
+        }
+        let run = tool(&env, &strs(&resume_args(&env, tree.root(), &[])));
+        run.ok();
+        assert_running(&env, &tree, &run);
+        assert_pair(&env, &tree);
+    }
+}
+
+// ---- 1: a participant lost while suspended ----
+
+#[test]
+fn a_participant_lost_while_suspended_is_named_and_allow_lost_brings_back_the_others() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[Member::shim("a"), Member::shim("b"), Member::shim("z")],
+    );
+    pair(&tree);
+    let (a, b, z) = (tree.w("a"), tree.w("b"), tree.w("z"));
+    // `z` creates `zz`, imported by both survivors, and imports `a0`.
+    create_shared(z, "zz", SIZE);
+    share(z, a, "zz", SIZE);
+    share(z, b, "zz", SIZE);
+    share(a, z, "a0", SIZE);
+    ok(z, &["fill zz 31"]);
+    suspend(&env, tree.root(), &[]).ok();
+    let z_pid = z.pid();
+    signal(z_pid, rustix::process::Signal::KILL);
+    wait_gone(z_pid);
+
+    let plain = tool(&env, &strs(&resume_args(&env, tree.root(), &[])));
+    plain.expect_code(EXIT_REFUSED).stderr_mentions(&[
+        &format!("pid {z_pid}"),
+        "has exited since",
+        "--allow-lost",
+    ]);
+    assert_eq!(
+        phase_of(&env, a.pid()),
+        Phase::Released,
+        "{}",
+        plain.describe()
+    );
+    assert!(state_dir(&env).join("cuinterpose.state").exists());
+
+    let run = tool(
+        &env,
+        &strs(&resume_args(&env, tree.root(), &["--allow-lost"])),
+    );
+    let report = run.ok().json();
+    let lost: Vec<String> = serde_json::from_value(report["lost"].clone()).unwrap();
+    assert_eq!(lost, vec![format!("pid {z_pid}")], "{}", run.describe());
+    let not_rebuilt: Vec<String> = serde_json::from_value(report["not_rebuilt"].clone()).unwrap();
+    assert_eq!(not_rebuilt.len(), 2, "{not_rebuilt:?}");
+    for who in [a.pid(), b.pid()] {
+        assert!(
+            not_rebuilt
+                .iter()
+                .any(|l| l.starts_with(&format!("pid {who}:"))
+                    && l.contains(&format!("pid {z_pid}"))),
+            "{not_rebuilt:?}"
+        );
+    }
+    let mut survivors = tree;
+    survivors.workloads.remove("z");
+    assert_running(&env, &survivors, &run);
+    assert_pair(&env, &survivors);
+}
+
+// ---- 6: the peer descriptor service under connection floods ----
+
+/// Opens `n` connections to the shim of `pid`, sends `request` on each and keeps them open.
+fn hold_connections(
+    env: &TestEnv,
+    pid: u32,
+    n: usize,
+    request: &Request,
+) -> Vec<transport::Connection> {
+    let path = control_socket(env, pid);
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let Ok(mut conn) = transport::Connection::connect(&path, Duration::from_secs(5)) else {
+            continue;
+        };
+        // Refused ones get an answer (busy) and are closed by the shim; served ones stay.
+        if conn.call(request).is_ok() {
+            held.push(conn);
+        }
+    }
+    held
+}
+
+#[test]
+fn held_connections_never_starve_the_peer_descriptor_service() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    let flood = [
+        Request::Inspect,
+        Request::GetFd {
+            id: protocol::record::AllocationId([0xde; 16]),
+        },
+    ];
+    for (round, request) in flood.iter().enumerate() {
+        let held = hold_connections(&env, a.pid(), 64, request);
+        assert!(!held.is_empty(), "no connection served");
+        // The application's own import from `a` works while they are held.
+        let name = format!("n{round}");
+        create_shared(a, &name, SIZE);
+        ok(a, &[&format!("fill {name} 4{round}")]);
+        share(a, b, &name, SIZE);
+        ok(b, &[&format!("verify {name} 4{round}")]);
+        if matches!(request, Request::Inspect) {
+            // The tool's places are taken: it is refused with that one reason.
+            let run = tool(
+                &env,
+                &["inspect", "--pid", &tree.root().to_string(), "--json"],
+            );
+            let report = run.ok().json();
+            let refusals = report["refusals"].as_array().unwrap();
+            // One reason, for `a` only: `b`'s imports from `a` are not refused as foreign.
+            assert_eq!(refusals.len(), 1, "{report:#}");
+            let reason = refusals[0]["reason"].as_str().unwrap();
+            assert!(reason.contains("busy: 8 tool connections"), "{reason}");
+        }
+        drop(held);
+        // Once they are gone the tool is served again.
+        wait_until("the tool is served", || {
+            let run = tool(
+                &env,
+                &["inspect", "--pid", &tree.root().to_string(), "--json"],
+            );
+            let served = run.code == 0
+                && run.json()["refusals"]
+                    .as_array()
+                    .is_some_and(|r| r.is_empty());
+            if !served {
+                eprintln!("not served yet: {}", run.describe());
+            }
+            served
+        });
+    }
+    // Idle connections that never ask anything are closed by the shim on their own.
+    let path = control_socket(&env, a.pid());
+    let mut idle: Vec<std::os::unix::net::UnixStream> = (0..64)
+        .filter_map(|_| std::os::unix::net::UnixStream::connect(&path).ok())
+        .collect();
+    assert!(!idle.is_empty());
+    let closed_by = Instant::now() + Duration::from_secs(10);
+    for s in &mut idle {
+        s.set_read_timeout(Some(
+            closed_by
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        ))
+        .unwrap();
+        let mut byte = [0u8; 1];
+        assert!(
+            matches!(s.read(&mut byte), Ok(0)),
+            "an idle connection was not closed by the shim"
+        );
+    }
+    let run = suspend(&env, tree.root(), &[]);
+    run.ok();
+    tool(&env, &strs(&resume_args(&env, tree.root(), &[]))).ok();
+    assert_pair(&env, &tree);
+}
+
+// ---- smaller: exit codes and refusals that leave nothing behind ----
+
+#[test]
+fn bad_input_is_refused_with_exit_3_and_leaves_no_directory() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let root = tree.root().to_string();
+    let driver = fake_driver(&env).display().to_string();
+
+    // --pid 0, with the default state directory: refused, and no directory made for it.
+    let default_dir = std::env::temp_dir().join("cuinterpose-suspended-0");
+    let _ = std::fs::remove_dir(&default_dir);
+    tool(&env, &["suspend", "--pid", "0", "--driver", &driver])
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["no process 0"]);
+    assert!(!default_dir.exists(), "{} was made", default_dir.display());
+
+    // A --state-dir that is a file, and one under a file.
+    let file = env.dir().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    for dir in [file.clone(), file.join("below")] {
+        tool(
+            &env,
+            &[
+                "suspend",
+                "--pid",
+                &root,
+                "--state-dir",
+                &dir.display().to_string(),
+                "--driver",
+                &driver,
+            ],
+        )
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["is not a directory"]);
+    }
+    // A --driver that cannot be loaded.
+    let state = state_dir(&env).display().to_string();
+    tool(
+        &env,
+        &[
+            "suspend",
+            "--pid",
+            &root,
+            "--state-dir",
+            &state,
+            "--driver",
+            "/nonexistent/libcuda.so.1",
+        ],
+    )
+    .expect_code(EXIT_REFUSED)
+    .stderr_mentions(&["/nonexistent/libcuda.so.1"]);
+    // A refused suspend (the state directory stays absent).
+    assert!(
+        !state_dir(&env).exists(),
+        "a refused suspend made its state directory"
+    );
+    for w in tree.workloads.values() {
+        assert_eq!(phase_of(&env, w.pid()), Phase::Running);
+    }
+
+    // A corrupt state file: resume refuses it, changing nothing.
+    suspend(&env, tree.root(), &[]).ok();
+    let path = state_dir(&env).join("cuinterpose.state");
+    let good = std::fs::read(&path).unwrap();
+    let mut bad = good.clone();
+    let middle = bad.len() / 2;
+    bad[middle] ^= 0xff;
+    std::fs::write(&path, &bad).unwrap();
+    tool(&env, &strs(&resume_args(&env, tree.root(), &[])))
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["state file", "nothing was changed"]);
+    assert_eq!(phase_of(&env, tree.w("a").pid()), Phase::Released);
+    std::fs::write(&path, &good).unwrap();
+    let run = tool(&env, &strs(&resume_args(&env, tree.root(), &[])));
+    run.ok();
+    assert_running(&env, &tree, &run);
+    assert_pair(&env, &tree);
+}
+
+// ---- 5: control sockets that cannot collide or be squatted ----
+
+#[test]
+fn the_default_control_directory_is_private_and_a_bad_one_is_reported() {
+    let env = env();
+    // Our own runtime directory, as systemd makes it, and one that others could write.
+    let runtime = env.dir().join("xdg");
+    let open = env.dir().join("xdg-open");
+    for dir in [&runtime, &open] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    }
+    std::fs::create_dir(open.join("cuinterpose")).unwrap();
+    std::fs::set_permissions(
+        open.join("cuinterpose"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let tree = Tree::launch(
+        &env,
+        &[
+            // An empty CUINTERPOSE_CONTROL_DIR is no setting: the default applies.
+            Member::shim("p")
+                .env("CUINTERPOSE_CONTROL_DIR", "")
+                .env("XDG_RUNTIME_DIR", &runtime.display().to_string()),
+            Member::shim("q")
+                .env("CUINTERPOSE_CONTROL_DIR", "")
+                .env("XDG_RUNTIME_DIR", &open.display().to_string()),
+        ],
+    );
+    let (p, q) = (tree.w("p"), tree.w("q"));
+    create_shared(p, "x", SIZE);
+    create_shared(q, "y", SIZE);
+    let dir = runtime.join("cuinterpose");
+    let meta = std::fs::metadata(&dir).expect("the default control directory");
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o700
+    );
+    let socket = dir.join(format!(
+        "cuinterpose-{}-{}.sock",
+        pid_namespace(p.pid()),
+        p.pid()
+    ));
+    assert!(socket.exists(), "{} missing", socket.display());
+
+    let report = tool(
+        &env,
+        &["inspect", "--pid", &tree.root().to_string(), "--json"],
+    );
+    let report = report.ok().json();
+    let status = |pid: u32| {
+        report["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["info"]["host_pid"] == pid)
+            .map(|x| x["status"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(status(p.pid()), "cuda+shim", "{report:#}");
+    assert_eq!(status(q.pid()), "shim loaded, runtime off", "{report:#}");
+    let log = std::fs::read_to_string(env.log_dir().join("q.log")).unwrap();
+    assert!(
+        log.contains("runtime not started") && log.contains("NOT tracked"),
+        "the shim did not say it loudly:\n{log}"
+    );
+    // A capture refuses the process whose runtime is off, naming it.
+    suspend(&env, tree.root(), &[])
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&[&label(q.pid()), "no control socket"]);
+}
+
+// ---- with a PID namespace and CRIU (root) ----
+
+fn criu() -> PathBuf {
+    std::env::var_os("CUINTERPOSE_CRIU")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.criu/bin/criu"))
+}
+
+/// `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes 1` with its rank
+/// listening in `dir`; the launcher is our child.
+struct Namespaced {
+    launcher: Child,
+    rank: Workload,
+    dir: PathBuf,
+}
+
+impl Namespaced {
+    fn start(env: &TestEnv, name: &str) -> Namespaced {
+        let dir = env.socket_dir().join(name);
+        let workload = env.artifacts().workload().expect("workload binary");
+        let log = std::fs::File::create(env.log_dir().join(format!("{name}.log"))).unwrap();
+        let mut command = env.command(&tool_path(env), false).unwrap();
+        // The fake driver names its checkpoint agent by namespace PID in its state directory:
+        // each namespace gets its own (the control directory stays the one of the environment).
+        command.env("FAKE_CUDA_STATE_DIR", fake_dir(env, name));
+        command
+            .args(["run", "--pid-namespace", "--"])
+            .arg(&workload)
+            .args(["tree", "--processes", "1", "--devices", "0", "--listen-dir"])
+            .arg(&dir)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut launcher = command.spawn().expect("launcher");
+        testkit::wire::wait_listening(&dir.join("0.sock"), START_TIMEOUT, || {
+            matches!(launcher.try_wait(), Ok(None))
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{name} did not start: {e}\n--- launcher ---\n{}\n--- rank ---\n{}",
+                std::fs::read_to_string(env.log_dir().join(format!("{name}.log")))
+                    .unwrap_or_default(),
+                std::fs::read_to_string(dir.join("0.log")).unwrap_or_default()
+            )
+        });
+        let rank = Workload::attach(
+            format!("{name}-r0"),
+            dir.join("0.sock"),
+            0,
+            dir.join("0.log"),
+        )
+        .expect("attach");
+        create_shared(&rank, "m", SIZE);
+        ok(&rank, &["fill m 51"]);
+        Namespaced {
+            launcher,
+            rank,
+            dir,
+        }
+    }
+
+    /// The init of the namespace (the rank), by host PID.
+    fn init(&self) -> u32 {
+        control::discovery::process_tree(self.launcher.id())
+            .ok()
+            .and_then(|tree| tree.get(1).copied())
+            .expect("the namespace init")
+    }
+}
+
+impl Drop for Namespaced {
+    fn drop(&mut self) {
+        if let Ok(None) = self.launcher.try_wait() {
+            let init = self.init();
+            let _ = control::launch::kill_tree(init, Duration::from_secs(30));
+            let _ = self.launcher.kill();
+            let _ = self.launcher.wait();
+        }
+    }
+}
+
+const START_TIMEOUT: Duration = testkit::harness::START_TIMEOUT;
+
+/// The fake driver's state directory of the namespaced group `name`.
+fn fake_dir(env: &TestEnv, name: &str) -> PathBuf {
+    let dir = env.dir().join(format!("fake-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs the tool on the namespaced group `name` (with its fake driver state).
+fn tool_on(env: &TestEnv, name: &str, args: &[&str]) -> ToolRun {
+    let fake = fake_dir(env, name).display().to_string();
+    tool_with(env, args, &[("FAKE_CUDA_STATE_DIR", &fake)])
+}
+
+#[test]
+fn two_pid_namespace_workloads_sharing_a_control_directory_are_both_capturable() {
+    let env = env();
+    let one = Namespaced::start(&env, "one");
+    let two = Namespaced::start(&env, "two");
+    let driver = fake_driver(&env).display().to_string();
+    for (name, group) in [("one", &one), ("two", &two)] {
+        let pid = group.launcher.id().to_string();
+        let report = tool_on(&env, name, &["inspect", "--pid", &pid, "--json"])
+            .ok()
+            .json();
+        let refusals = report["refusals"].as_array().unwrap();
+        assert!(refusals.is_empty(), "{report:#}");
+        let state = env.dir().join(format!("state-{pid}")).display().to_string();
+        tool_on(
+            &env,
+            name,
+            &[
+                "suspend",
+                "--pid",
+                &pid,
+                "--state-dir",
+                &state,
+                "--driver",
+                &driver,
+            ],
+        )
+        .ok();
+        tool_on(
+            &env,
+            name,
+            &[
+                "resume",
+                "--pid",
+                &pid,
+                "--state-dir",
+                &state,
+                "--driver",
+                &driver,
+            ],
+        )
+        .ok();
+        ok(&group.rank, &["verify m 51"]);
+    }
+    // Both inits are ns pid 1, with two names in the one directory.
+    let names: Vec<String> = std::fs::read_dir(env.control_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with("-1.sock"))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?} ({})", two.dir.display());
+}
+
+#[test]
+fn sigkill_of_the_launcher_leaves_the_workload_running_as_documented() {
+    let env = env();
+    let mut group = Namespaced::start(&env, "orphan");
+    let init = group.init();
+    signal(group.launcher.id(), rustix::process::Signal::KILL);
+    let _ = group.launcher.wait();
+    // Documented (README, `run --pid-namespace`): the workload runs on, like a container whose
+    // runtime was killed; it stays reachable and capturable by its init's pid, and ends with it.
+    ok(&group.rank, &["verify m 51"]);
+    let report = tool_on(
+        &env,
+        "orphan",
+        &["inspect", "--pid", &init.to_string(), "--json"],
+    )
+    .ok()
+    .json();
+    assert!(
+        report["refusals"].as_array().unwrap().is_empty(),
+        "{report:#}"
+    );
+    control::launch::kill_tree(init, Duration::from_secs(30)).unwrap();
+    assert!(!alive(init));
+}
+
+/// A CRIU that answers `--version` like the real one and fails every dump after writing part of
+/// an image: a dump that fails half way (a full disk).
+fn failing_criu(env: &TestEnv) -> PathBuf {
+    let path = env.dir().join("failing-criu");
+    std::fs::write(
+        &path,
+        "#!/bin/sh\n\
+         case \"$1\" in\n\
+         --version) echo 'Version: 4.2'; exit 0;;\n\
+         dump) shift; while [ $# -gt 0 ]; do [ \"$1\" = --images-dir ] && d=\"$2\"; shift; done;\n\
+               head -c 65536 /dev/zero > \"$d/pages-1.img\"; echo 'Error (fake): No space left on device' > \"$d/dump.log\"; exit 1;;\n\
+         esac\n\
+         exit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+fn checkpoint_args(
+    pid: u32,
+    dir: &Path,
+    criu: &Path,
+    driver: &Path,
+    leave_running: bool,
+) -> Vec<String> {
+    let mut args = vec![
+        "checkpoint".to_string(),
+        "--pid".into(),
+        pid.to_string(),
+        "--dir".into(),
+        dir.display().to_string(),
+        "--criu".into(),
+        criu.display().to_string(),
+        "--driver".into(),
+        driver.display().to_string(),
+    ];
+    if leave_running {
+        args.push("--leave-running".into());
+    }
+    args
+}
+
+#[test]
+fn a_failed_or_killed_checkpoint_leaves_nothing_that_resume_discard_or_a_new_checkpoint_cannot_handle()
+ {
+    let env = env();
+    let group = Namespaced::start(&env, "ck");
+    let pid = group.launcher.id();
+    let driver = fake_driver(&env);
+    let dir = env.dir().join("ck");
+
+    // A dump that fails half way: rolled back, an incomplete checkpoint left that discard removes.
+    let bad = failing_criu(&env);
+    tool_on(
+        &env,
+        "ck",
+        &strs(&checkpoint_args(pid, &dir, &bad, &driver, false)),
+    )
+    .expect_code(EXIT_ROLLED_BACK)
+    .stderr_mentions(&["No space left on device", "rolled back"]);
+    ok(&group.rank, &["verify m 51"]);
+    assert!(dir.join("cuinterpose.incomplete").exists());
+    tool_on(
+        &env,
+        "ck",
+        &[
+            "restore",
+            "--dir",
+            &dir.display().to_string(),
+            "--criu",
+            &criu().display().to_string(),
+        ],
+    )
+    .expect_code(EXIT_REFUSED)
+    .stderr_mentions(&["incomplete checkpoint", "discard"]);
+    tool_on(
+        &env,
+        "ck",
+        &["discard", "--dir", &dir.display().to_string()],
+    )
+    .ok();
+    assert!(!dir.exists(), "discard left {}", dir.display());
+
+    // Failed again, then a checkpoint into the same directory takes its place.
+    tool_on(
+        &env,
+        "ck",
+        &strs(&checkpoint_args(pid, &dir, &bad, &driver, false)),
+    )
+    .expect_code(EXIT_ROLLED_BACK);
+    tool_on(
+        &env,
+        "ck",
+        &strs(&checkpoint_args(pid, &dir, &criu(), &driver, true)),
+    )
+    .ok();
+    assert!(dir.join("manifest.json").exists());
+    assert!(!dir.join("cuinterpose.incomplete").exists());
+    ok(&group.rank, &["verify m 51"]);
+    tool_on(
+        &env,
+        "ck",
+        &["discard", "--dir", &dir.display().to_string()],
+    )
+    .ok();
+
+    // Killed during CRIU's dump: `resume` brings the workload back (the tree continued, the
+    // state found where the checkpoint kept it), and the directory is taken by the next one.
+    let args = checkpoint_args(pid, &dir, &criu(), &driver, false);
+    let fake = fake_dir(&env, "ck").display().to_string();
+    let mut killed = start_tool(&env, &strs(&args), &[("FAKE_CUDA_STATE_DIR", &fake)]);
+    wait_until("CRIU dumps", || {
+        dir.join("images").join("dump.log").exists()
+    });
+    signal(killed.pid(), rustix::process::Signal::KILL);
+    let status = killed.child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the checkpoint finished before it was killed"
+    );
+    let run = tool(
+        &env,
+        &[
+            "resume",
+            "--pid",
+            &pid.to_string(),
+            "--driver",
+            &driver.display().to_string(),
+            "--json",
+        ],
+    );
+    run.ok();
+    ok(&group.rank, &["verify m 51", "fill m 52"]);
+    tool_on(
+        &env,
+        "ck",
+        &strs(&checkpoint_args(pid, &dir, &criu(), &driver, true)),
+    )
+    .ok();
+    ok(&group.rank, &["verify m 52"]);
+    tool_on(
+        &env,
+        "ck",
+        &["discard", "--dir", &dir.display().to_string()],
+    )
+    .ok();
+    assert!(!dir.exists());
+}

@@ -1,0 +1,294 @@
+//! The tool's configuration: every environment variable it reads, read once at start into one
+//! [`ToolConfig`] that the commands are given (the tool never reads a workload's environment; see
+//! `discovery`).
+//!
+//! [`ToolConfig::SETTINGS`] lists the variables with their defaults as README.md's "Settings" table
+//! states them; the parser reads each variable through that list, and tests hold the list, the
+//! table and the parsed defaults to each other. A value that does not parse is an error
+//! ([`ConfigError`]; the CLI exits 2, as for a bad argument) rather than a silent default. An empty
+//! value counts as unset. `PATH` (where CRIU is looked for) and `LD_PRELOAD` (which `run` extends)
+//! are the system's, not settings.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// An environment variable, with its default as the README's settings table states it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Setting {
+    pub name: &'static str,
+    /// The default in the table's words (its first word or words, before any parenthesis).
+    pub default: &'static str,
+}
+
+const LOG: Setting = Setting {
+    name: "CUINTERPOSE_LOG",
+    default: "warn",
+};
+const SHIM: Setting = Setting {
+    name: "CUINTERPOSE_SHIM",
+    default: "libcuinterpose.so next to the tool, or in ../lib",
+};
+const CRIU: Setting = Setting {
+    name: "CUINTERPOSE_CRIU",
+    default: "the bundled one",
+};
+const LOCK_DIR: Setting = Setting {
+    name: "CUINTERPOSE_LOCK_DIR",
+    default: "locks/ in the same private directory",
+};
+/// Internal: lets tests of a participant that does not answer run in seconds instead of tens of
+/// seconds.
+const ANSWER_TIMEOUT_MS: Setting = Setting {
+    name: "CUINTERPOSE_ANSWER_TIMEOUT_MS",
+    default: "10000",
+};
+
+/// How long the tool waits for a shim to accept and answer a read-only request, unless
+/// `CUINTERPOSE_ANSWER_TIMEOUT_MS` says otherwise.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything the tool takes from its environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolConfig {
+    /// The log filter (`tracing` directives), for the CLI's subscriber.
+    pub log: String,
+    /// The shim `cuinterpose run` preloads when `--shim` is not given; `None`: the one next to the
+    /// tool or in the release's `lib/` (crate::layout).
+    pub shim: Option<PathBuf>,
+    /// The CRIU binary when `--criu` is not given; `None` (or a path that is not a file): the
+    /// bundled one (crate::layout), then `criu` on `PATH`.
+    pub criu: Option<PathBuf>,
+    /// How long a shim may take to accept and answer a read-only request.
+    pub answer_timeout: Duration,
+    /// Where the run locks go; `None`: `locks/` in the user's private directory.
+    pub lock_dir: Option<PathBuf>,
+}
+
+/// A variable whose value the tool does not understand.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?} is not {expected}")]
+pub struct ConfigError {
+    pub name: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl Default for ToolConfig {
+    /// The configuration of an empty environment.
+    fn default() -> ToolConfig {
+        ToolConfig {
+            log: LOG.default.to_string(),
+            shim: None,
+            criu: None,
+            answer_timeout: ANSWER_TIMEOUT,
+            lock_dir: None,
+        }
+    }
+}
+
+impl ToolConfig {
+    /// Every variable the tool reads.
+    pub const SETTINGS: &'static [Setting] = &[LOG, SHIM, CRIU, LOCK_DIR, ANSWER_TIMEOUT_MS];
+
+    /// The configuration of this process's environment.
+    pub fn from_env() -> Result<ToolConfig, ConfigError> {
+        ToolConfig::from_lookup(|name| std::env::var_os(name))
+    }
+
+    /// The configuration `lookup` gives (a variable's value, `None` when unset); the first value
+    /// that is not understood is an error.
+    pub fn from_lookup(
+        lookup: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<ToolConfig, ConfigError> {
+        let value = |setting: &Setting| lookup(setting.name).filter(|v| !v.is_empty());
+        let text = |setting: &Setting, expected: &'static str| {
+            value(setting)
+                .map(|v| {
+                    v.into_string().map_err(|v| ConfigError {
+                        name: setting.name,
+                        value: v.to_string_lossy().into_owned(),
+                        expected,
+                    })
+                })
+                .transpose()
+        };
+        let defaults = ToolConfig::default();
+        let log = text(&LOG, "UTF-8 text")?.unwrap_or(defaults.log);
+        let answer_timeout = match text(&ANSWER_TIMEOUT_MS, ANSWER_TIMEOUT_EXPECTED)? {
+            None => defaults.answer_timeout,
+            Some(ms) => ms
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis)
+                .ok_or(ConfigError {
+                    name: ANSWER_TIMEOUT_MS.name,
+                    value: ms,
+                    expected: ANSWER_TIMEOUT_EXPECTED,
+                })?,
+        };
+        Ok(ToolConfig {
+            log,
+            shim: value(&SHIM).map(PathBuf::from),
+            criu: value(&CRIU).map(PathBuf::from),
+            answer_timeout,
+            lock_dir: value(&LOCK_DIR).map(PathBuf::from),
+        })
+    }
+}
+
+const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<ToolConfig, ConfigError> {
+        let vars: BTreeMap<String, OsString> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        ToolConfig::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn values_are_parsed_and_an_invalid_one_is_an_error_naming_it() {
+        assert_eq!(with(&[]).unwrap(), ToolConfig::default());
+        assert_eq!(
+            with(&[
+                ("CUINTERPOSE_LOG", "cuinterpose=debug"),
+                ("CUINTERPOSE_SHIM", "/opt/lib/libcuinterpose.so"),
+                ("CUINTERPOSE_CRIU", "/opt/criu/sbin/criu"),
+                ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
+                ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
+            ])
+            .unwrap(),
+            ToolConfig {
+                log: "cuinterpose=debug".into(),
+                shim: Some("/opt/lib/libcuinterpose.so".into()),
+                criu: Some("/opt/criu/sbin/criu".into()),
+                answer_timeout: Duration::from_millis(1500),
+                lock_dir: Some("/run/locks".into()),
+            }
+        );
+        // Empty counts as unset.
+        assert_eq!(
+            with(&[
+                ("CUINTERPOSE_ANSWER_TIMEOUT_MS", ""),
+                ("CUINTERPOSE_CRIU", "")
+            ])
+            .unwrap(),
+            ToolConfig::default()
+        );
+        for bad in ["0", "-5", "ten", "1.5", "18446744073709551616"] {
+            let e = with(&[("CUINTERPOSE_ANSWER_TIMEOUT_MS", bad)]).unwrap_err();
+            assert_eq!(e.name, "CUINTERPOSE_ANSWER_TIMEOUT_MS", "{bad}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "CUINTERPOSE_ANSWER_TIMEOUT_MS={bad:?} is not a positive number of milliseconds"
+                )
+            );
+        }
+        use std::os::unix::ffi::OsStringExt;
+        let odd = OsString::from_vec(vec![b'x', 0xff]);
+        let e = ToolConfig::from_lookup(|name| (name == "CUINTERPOSE_LOG").then(|| odd.clone()))
+            .unwrap_err();
+        assert_eq!(e.name, "CUINTERPOSE_LOG");
+        // Paths need not be UTF-8.
+        let config =
+            ToolConfig::from_lookup(|name| (name == "CUINTERPOSE_CRIU").then(|| odd.clone()))
+                .unwrap();
+        assert_eq!(config.criu, Some(PathBuf::from(odd)));
+    }
+
+    #[test]
+    fn the_listed_defaults_are_the_defaults_and_only_listed_variables_are_read() {
+        let asked = RefCell::new(Vec::new());
+        let unset = ToolConfig::from_lookup(|name| {
+            asked.borrow_mut().push(name.to_string());
+            None
+        })
+        .unwrap();
+        let mut asked = asked.into_inner();
+        asked.sort();
+        asked.dedup();
+        let mut listed: Vec<String> = ToolConfig::SETTINGS
+            .iter()
+            .map(|s| s.name.to_string())
+            .collect();
+        listed.sort();
+        assert_eq!(asked, listed);
+        // The defaults that are values: setting them changes nothing. The shim's, CRIU's and the
+        // locks' are searches or rules ("next to the tool", "on PATH", "the private directory"),
+        // which an unset variable leaves to the caller.
+        for setting in [LOG, ANSWER_TIMEOUT_MS] {
+            let explicit = ToolConfig::from_lookup(|name| {
+                (name == setting.name).then(|| OsString::from(setting.default))
+            })
+            .unwrap();
+            assert_eq!(explicit, unset, "{}", setting.name);
+        }
+        assert_eq!((unset.shim, unset.criu, unset.lock_dir), (None, None, None));
+    }
+
+    /// README.md's "### Settings" table: per variable, who reads it and its default (backticks
+    /// removed, up to any parenthesis).
+    fn readme_settings() -> Vec<(String, Vec<String>, String)> {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+                .unwrap();
+        let table = readme
+            .split("\n### Settings\n")
+            .nth(1)
+            .expect("README.md has a ### Settings section");
+        let rows: Vec<Vec<String>> = table
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .skip(2)
+            .map(|l| {
+                l.trim_matches('|')
+                    .split('|')
+                    .map(|c| c.replace('`', "").trim().to_string())
+                    .collect()
+            })
+            .collect();
+        assert!(!rows.is_empty(), "the settings table has no rows");
+        rows.into_iter()
+            .map(|cells| {
+                assert_eq!(cells.len(), 4, "{cells:?}");
+                let readers = cells[1].split(',').map(|r| r.trim().to_string()).collect();
+                let default = cells[3].split(" (").next().unwrap().trim().to_string();
+                (cells[0].clone(), readers, default)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_settings_table_lists_what_the_tool_reads() {
+        let mut documented = Vec::new();
+        for (name, readers, default) in readme_settings() {
+            for reader in &readers {
+                assert!(
+                    reader == "shim" || reader == "tool",
+                    "{name}: reader {reader:?}"
+                );
+            }
+            if readers.iter().any(|r| r == "tool") {
+                documented.push((name, default));
+            }
+        }
+        documented.sort();
+        let mut ours: Vec<(String, String)> = ToolConfig::SETTINGS
+            .iter()
+            .map(|s| (s.name.to_string(), s.default.to_string()))
+            .collect();
+        ours.sort();
+        assert_eq!(documented, ours);
+    }
+}

@@ -1,0 +1,231 @@
+//! `cuinterpose checkpoint`: the capture of a suspend, then a CRIU dump of the process tree.
+
+use super::devices::gpu_list;
+use super::digests::{IMAGE_DIGESTS, digest_images};
+use super::manifest::build_manifest;
+use super::preflight::namespace_root;
+use super::preflight::{check_new_dir, has_terminal, replaced_mappings, tree_sockets};
+use super::{
+    CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
+};
+use crate::ControlError;
+use crate::capture::{self, Clock, Progress, Report, SuspendOptions};
+use crate::criu;
+use crate::discovery;
+use crate::group::{Group, Snapshot};
+use crate::native::Driver;
+use protocol::manifest::{self, CriuInfo};
+use std::time::Instant;
+
+/// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
+///
+/// Everything CRIU cannot handle is refused before the capture starts (no CRIU, no PID namespace
+/// of its own, a controlling terminal, a large deleted mapping, a TCP connection to a peer outside
+/// the tree, a used directory). A dump that fails is rolled back: CRIU
+/// leaves the tree running, and the shims rebuild what they released.
+pub fn checkpoint(
+    options: &CheckpointOptions,
+    progress: &dyn Progress,
+) -> Result<DiskReport, ControlError> {
+    let start = Instant::now();
+    let criu = locate_criu(options.criu.as_deref(), &options.capture.config)?;
+    let root = namespace_root(options.capture.root)?;
+    let dir = &options.dir;
+    let tree = discovery::process_tree(root)?;
+    let _tree_lock = crate::runlock::RunLock::processes(&tree)?;
+    let _dir_lock = crate::runlock::RunLock::directory(dir)?;
+    // The state lives in the group's own state directory until the checkpoint is complete: a
+    // checkpoint that fails or is killed half way leaves it where `cuinterpose resume` looks.
+    let work_state = capture::check_state_dir(&capture::default_state_dir(root))?;
+    check_new_dir(dir)?;
+    if let Some(&pid) = tree.iter().find(|&&pid| has_terminal(pid)) {
+        // With a terminal CRIU needs --shell-job and the restore the same terminal; a workload
+        // started by `cuinterpose run --pid-namespace` runs in a new session without one.
+        let label = discovery::describe(pid)
+            .map(|i| i.label())
+            .unwrap_or_else(|_| format!("pid {pid}"));
+        return Err(refuse(
+            &label,
+            "has a controlling terminal, which a restore cannot bring back; start the workload \
+             with `cuinterpose run --pid-namespace` (a new session) with stdio on files"
+                .into(),
+        ));
+    }
+    let replaced = replaced_mappings(&tree);
+    if !replaced.is_empty() {
+        return Err(ControlError::Refused(replaced));
+    }
+    let sockets = tree_sockets(&tree);
+    let tcp = crate::tcp::survey(&tree)?;
+    let tcp_established = tcp.connected_within > 0;
+    let images = dir.join(IMAGES_DIR);
+    // The marker goes first and leaves last: until it is gone the directory is an incomplete
+    // checkpoint, which restore refuses and discard (or the next checkpoint here) removes.
+    std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
+    write_marker(dir, &[])?;
+    std::fs::create_dir_all(&images).map_err(|e| state_error(&images, e))?;
+    let state_path = dir.join(protocol::state::STATE_FILE_NAME);
+
+    let mut clock = Clock::new(progress);
+    let capture_options = SuspendOptions {
+        root,
+        ..options.capture.clone()
+    };
+    let (group, captured) = capture::capture(&capture_options, &work_state, &mut clock)?;
+    let driver = Driver::load(capture_options.driver.as_deref())?;
+    let gpus = gpu_list(&driver)?;
+    // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
+    // to the shims go first (the shims keep none of their own between requests).
+    drop(group);
+
+    // CRIU leaves the dumped tree stopped (criu::Criu::dump); the tool ends it only once the
+    // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
+    // writing the digests or the manifest) can still be rolled back and the workload runs on.
+    let dumped = clock.time("criu-dump", None, || {
+        criu.dump(root, &images, tcp_established)
+            .map_err(ControlError::Criu)?;
+        Ok(((), criu::directory_bytes(&images), 0.0))
+    });
+    let mut link_remaps = Vec::new();
+    let published = dumped.and_then(|()| {
+        let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
+        link_remaps = crate::remaps::take_over(root, &links)?;
+        // Listed at once: a checkpoint killed from here on leaves them to discard.
+        write_marker(dir, &link_remaps)?;
+        let image_bytes = criu::directory_bytes(&images);
+        clock.time("image-digest", Some(image_bytes), || {
+            let list = digest_images(&images)?;
+            transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
+                .map_err(|e| state_error(dir, e))?;
+            Ok(((), image_bytes, 0.0))
+        })?;
+        let state_bytes = transport::files::read_bounded(&work_state, capture::STATE_FILE_LIMIT)
+            .map_err(|e| state_error(&work_state, e))?;
+        transport::files::write_atomically(&state_path, &state_bytes)
+            .map_err(|e| state_error(&state_path, e))?;
+        let criu_info = CriuInfo {
+            version: criu.version().to_string(),
+            image_bytes,
+            link_remaps: link_remaps.clone(),
+            tcp_established,
+        };
+        let manifest = build_manifest(
+            &captured,
+            &sockets,
+            &gpus,
+            &driver,
+            criu_info,
+            &clock,
+            &state_path,
+        )?;
+        transport::files::write_atomically(
+            &dir.join(manifest::MANIFEST_FILE_NAME),
+            &manifest::encode(&manifest),
+        )
+        .map_err(|e| state_error(dir, e))?;
+        let marker = dir.join(INCOMPLETE_MARKER);
+        std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
+        Ok((manifest, image_bytes))
+    });
+    let (manifest, image_bytes) = match published {
+        Ok(done) => done,
+        Err(e) => {
+            // No manifest, no restorable checkpoint: the state file and CRIU's link remaps go;
+            // the images stay with CRIU's dump log for diagnosis. The workload runs on after the
+            // rollback.
+            let _ = std::fs::remove_file(&state_path);
+            let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
+            let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
+            if let Err(e) = crate::remaps::discard(&link_remaps) {
+                tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
+            }
+            let rollback = continue_dumped(root)
+                .and_then(|()| resume_in_place(&capture_options, &captured, &driver, &mut clock));
+            return Err(match rollback {
+                Ok(()) => {
+                    capture::remove_state(&work_state);
+                    ControlError::RolledBack {
+                        failure: Box::new(e),
+                    }
+                }
+                Err(r) => ControlError::RollbackFailed {
+                    failure: Box::new(e),
+                    rollback: vec![r],
+                },
+            });
+        }
+    };
+
+    if options.leave_running {
+        // The link remaps stay: the checkpoint is restored through them once this tree is gone.
+        continue_dumped(root)?;
+        resume_in_place(&capture_options, &captured, &driver, &mut clock)?;
+    } else {
+        // What CRIU does after a dump without --leave-running; the checkpoint is complete.
+        clock.time("stop", None, || {
+            crate::launch::kill_tree(root, KILL_TIMEOUT)
+                .map(|()| ((), 0, 0.0))
+                .map_err(|e| ControlError::Step {
+                    step: "stopping the dumped tree (the checkpoint is complete)",
+                    process: format!("pid {root}"),
+                    source: Box::new(e.into()),
+                })
+        })?;
+    }
+    // The checkpoint holds its own copy; the group's is of no use any more.
+    capture::remove_state(&work_state);
+    let shared_bytes = manifest.bytes.shared_saved;
+    Ok(DiskReport {
+        report: Report {
+            participants: capture::summarize(&captured),
+            phases: clock.phases,
+            shared_bytes,
+            state_file: state_path,
+            total_millis: start.elapsed().as_secs_f64() * 1e3,
+            lost: Vec::new(),
+            not_rebuilt: Vec::new(),
+        },
+        dir: dir.clone(),
+        image_bytes,
+        root,
+    })
+}
+
+/// Continues the tree CRIU left stopped after its dump, so the shims can answer again.
+fn continue_dumped(root: u32) -> Result<(), ControlError> {
+    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
+        step: "continuing the dumped tree",
+        process: format!("pid {root}"),
+        source: Box::new(e.into()),
+    })
+}
+
+/// After a dump with `--leave-running` (or a failed one): native restore and rebuild in place.
+fn resume_in_place(
+    options: &SuspendOptions,
+    captured: &[Snapshot],
+    driver: &Driver,
+    clock: &mut Clock<'_>,
+) -> Result<(), ControlError> {
+    let mut group = Group::discover(options.root, options.config.answer_timeout)?;
+    clock.time("native-restore", None, || {
+        capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
+    })?;
+    let state = capture::state_of(captured);
+    capture::finish_rebuild(&mut group, &state, clock).map(|_| ())
+}
+
+/// Name of the marker of an incomplete checkpoint: written before anything else, removed once the
+/// manifest is complete. It lists the link remaps the checkpoint already keeps outside its
+/// directory (JSON), so that discarding it removes those too.
+pub const INCOMPLETE_MARKER: &str = "cuinterpose.incomplete";
+
+fn write_marker(
+    dir: &std::path::Path,
+    remaps: &[protocol::manifest::LinkRemap],
+) -> Result<(), ControlError> {
+    let path = dir.join(INCOMPLETE_MARKER);
+    let text =
+        serde_json::to_vec(remaps).map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+    transport::files::write_atomically(&path, &text).map_err(|e| state_error(&path, e))
+}

@@ -1,0 +1,82 @@
+//! Checkpoint to disk and restore into new processes: the capture of a suspend, then a CRIU dump of
+//! the process tree; on restore, CRIU brings the tree back, then native restore (optionally onto other
+//! GPUs) and the same rebuild a resume does.
+//!
+//! A checkpoint directory holds `manifest.json`, `cuinterpose.state` and `images/` (CRIU's). Restore
+//! checks all of it before it changes anything, and never writes into the directory except CRIU's own
+//! restore log.
+//!
+//! One module per job: what is refused before a dump ([`preflight`]), the dump ([`checkpoint`]),
+//! the image digests ([`digests`]), the manifest ([`manifest`]), the GPUs and the device map
+//! ([`devices`]), and the restore ([`restore`]).
+
+mod checkpoint;
+mod devices;
+mod digests;
+mod manifest;
+mod preflight;
+mod restore;
+
+pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
+pub use digests::IMAGE_DIGESTS;
+pub(crate) use manifest::read_manifest;
+pub use preflight::namespace_root;
+pub use restore::{RestoreOptions, restore};
+
+use crate::capture::{Report, SuspendOptions};
+use crate::criu::Criu;
+use crate::{ControlError, Refusal};
+use std::path::{Path, PathBuf};
+
+/// Sub-directory of CRIU's images in a checkpoint directory.
+pub const IMAGES_DIR: &str = "images";
+
+/// Options of `cuinterpose checkpoint`.
+#[derive(Debug, Clone)]
+pub struct CheckpointOptions {
+    pub capture: SuspendOptions,
+    pub dir: PathBuf,
+    pub leave_running: bool,
+    pub criu: Option<PathBuf>,
+}
+
+/// What a checkpoint or restore did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DiskReport {
+    #[serde(flatten)]
+    pub report: Report,
+    pub dir: PathBuf,
+    pub image_bytes: u64,
+    /// Host PID of the tree's root: the dumped one, or the restored one.
+    pub root: u32,
+}
+
+pub(crate) fn state_error(path: &Path, e: impl Into<crate::FileError>) -> ControlError {
+    ControlError::State {
+        path: path.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+pub(crate) fn refuse(process: &str, reason: String) -> ControlError {
+    ControlError::Refused(vec![Refusal {
+        process: process.to_string(),
+        reason,
+    }])
+}
+
+/// A checkpoint directory that cannot be restored: a refusal, since nothing was changed yet.
+pub(crate) fn damaged(path: &Path, e: impl std::fmt::Display) -> ControlError {
+    refuse(&format!("checkpoint {}", path.display()), e.to_string())
+}
+
+/// CRIU, or a refusal (nothing has changed when it is looked for).
+pub(crate) fn locate_criu(
+    explicit: Option<&Path>,
+    config: &crate::config::ToolConfig,
+) -> Result<Criu, ControlError> {
+    Criu::locate(explicit, config.criu.as_deref()).map_err(|e| refuse("criu", e.to_string()))
+}
+
+/// How long the restored tree gets to disappear after SIGKILL.
+pub(crate) const KILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -1,0 +1,330 @@
+//! `cuinterpose restore`: everything checked before anything changes, then CRIU brings the tree
+//! back, then native restore (optionally onto other GPUs) and the rebuild a resume does.
+
+use super::devices::gpu_pairs;
+use super::digests::verify_images;
+use super::manifest::read_manifest;
+use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse, state_error};
+use crate::capture::{self, Clock, Progress, Report};
+use crate::criu::{self, Criu};
+use crate::discovery;
+use crate::group::Group;
+use crate::native::Driver;
+use crate::{ControlError, Refusal};
+use protocol::manifest::{self, LinkRemap, Manifest};
+use protocol::state::GroupState;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Options of `cuinterpose restore`.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub dir: PathBuf,
+    /// `OLD=NEW` device ordinals: the GPU recorded as OLD is restored onto the current GPU NEW.
+    pub device_map: Vec<(u32, u32)>,
+    pub criu: Option<PathBuf>,
+    pub driver: Option<PathBuf>,
+    /// The tool's settings (CRIU when `criu` is not given, the answer timeout).
+    pub config: crate::config::ToolConfig,
+}
+
+/// Everything a restore checks before it changes anything.
+struct Verified {
+    manifest: Manifest,
+    state: GroupState,
+    criu: Criu,
+    driver: Driver,
+    gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
+    /// How long each restored shim may take to answer (the tool's settings).
+    answer_timeout: std::time::Duration,
+}
+
+fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
+    let dir = &options.dir;
+    let manifest = read_manifest(dir)?;
+    let state_path = dir.join(&manifest.state.file);
+    let state_bytes = transport::files::read_bounded(&state_path, capture::STATE_FILE_LIMIT)
+        .map_err(|e| damaged(&state_path, e))?;
+    let state = manifest
+        .verify_state(&state_bytes)
+        .map_err(|e| damaged(&state_path, e))?;
+    let criu = locate_criu(options.criu.as_deref(), &options.config)?;
+
+    // The shim must be the same bytes at the same path: CRIU maps it back from there.
+    let shim_path = Path::new(&manifest.shim.path);
+    let shim_bytes = std::fs::read(shim_path).map_err(|e| {
+        refuse(
+            "checkpoint",
+            format!("the shim {} cannot be read: {e}", shim_path.display()),
+        )
+    })?;
+    if manifest::sha256_hex(&shim_bytes) != manifest.shim.sha256 {
+        return Err(refuse(
+            "checkpoint",
+            format!(
+                "{} is not the shim the checkpoint was taken with (SHA-256 differs)",
+                shim_path.display()
+            ),
+        ));
+    }
+    let driver = Driver::load(options.driver.as_deref())?;
+    if driver.version() != manifest.driver_version {
+        return Err(refuse(
+            "checkpoint",
+            format!(
+                "was taken on CUDA driver API {}, this machine has {}",
+                manifest.driver_version,
+                driver.version()
+            ),
+        ));
+    }
+    let gpu_pairs = gpu_pairs(&manifest, &driver, &options.device_map)?;
+    for p in &manifest.participants {
+        if let Ok(info) = discovery::describe(p.host_pid) {
+            let command: Vec<String> = info.command.split(' ').map(str::to_string).collect();
+            if command == p.command_line {
+                return Err(refuse(
+                    &info.label(),
+                    "the checkpointed process is still running; stop the original group first"
+                        .into(),
+                ));
+            }
+        }
+    }
+    check_sockets_stale(&manifest)?;
+    Ok(Verified {
+        manifest,
+        state,
+        criu,
+        driver,
+        gpu_pairs,
+        answer_timeout: options.config.answer_timeout,
+    })
+}
+
+/// Refuses while any socket the checkpoint recorded still answers (the original group, or a
+/// restored copy of it, is running), or names something that is not a socket. Read-only.
+fn check_sockets_stale(manifest: &Manifest) -> Result<(), ControlError> {
+    use std::os::unix::fs::FileTypeExt;
+    let mut refusals = Vec::new();
+    for p in &manifest.participants {
+        for path in &p.sockets {
+            let path = Path::new(path);
+            let label = format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid);
+            match std::fs::symlink_metadata(path) {
+                Err(_) => {}
+                Ok(m) if !m.file_type().is_socket() => refusals.push(Refusal {
+                    process: label,
+                    reason: format!(
+                        "{} is not a socket; CRIU cannot bind the process's socket there",
+                        path.display()
+                    ),
+                }),
+                Ok(_) => {
+                    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                        refusals.push(Refusal {
+                            process: label,
+                            reason: format!(
+                                "{} is answered by a running process: the checkpointed group \
+                                 (or a restored copy) still runs; stop it first",
+                                path.display()
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(ControlError::Refused(refusals))
+    }
+}
+
+/// Removes the recorded sockets that nothing listens on any more, so that CRIU can bind them.
+fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
+    for p in &manifest.participants {
+        for path in &p.sockets {
+            let path = Path::new(path);
+            // Only a socket nothing answers on is removed; a live one, or anything that is not a
+            // socket, is refused, so a tampered manifest cannot make the tool delete other files.
+            transport::remove_stale_socket(path).map_err(|e| {
+                refuse(
+                    &format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid),
+                    format!("socket {}: {e}", path.display()),
+                )
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The link remaps the (verified) images restore through: the manifest must list the same, and
+/// each must be kept and CRIU's name for it free (crate::remaps).
+fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRemap>, ControlError> {
+    let in_images = criu::images::link_remaps(images).map_err(|e| damaged(images, e))?;
+    let listed = manifest
+        .criu
+        .as_ref()
+        .map(|c| c.link_remaps.clone())
+        .unwrap_or_default();
+    let listed_links: Vec<&str> = listed.iter().map(|r| r.link.as_str()).collect();
+    if in_images != listed_links {
+        return Err(damaged(
+            images,
+            format!(
+                "the images restore through the link remaps {in_images:?}, the manifest lists \
+                 {listed_links:?}"
+            ),
+        ));
+    }
+    crate::remaps::check_present(&listed).map_err(|e| refuse("checkpoint", e.to_string()))?;
+    Ok(listed)
+}
+
+/// A private directory for what CRIU writes during a restore (log, statistics, pid file).
+fn restore_work_dir() -> Result<PathBuf, ControlError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "cuinterpose-restore-{}-{nanos:x}",
+        std::process::id()
+    ));
+    std::fs::create_dir(&dir).map_err(|e| state_error(&dir, e))?;
+    Ok(dir)
+}
+
+/// Restores the checkpoint in `options.dir` into new processes.
+///
+/// Everything is checked before anything changes (manifest, state file, image digests, shim bytes,
+/// driver version, GPUs and the device map, that the original group is not running): a failure
+/// there is a refusal. After CRIU restored the tree, a failure kills the restored tree, so nothing
+/// half-restored is left running. The checkpoint directory is never written.
+pub fn restore(
+    options: &RestoreOptions,
+    progress: &dyn Progress,
+) -> Result<DiskReport, ControlError> {
+    let start = Instant::now();
+    let _lock = crate::runlock::RunLock::directory(&options.dir)?;
+    let mut clock = Clock::new(progress);
+    let verified = clock.time("verify-checkpoint", None, || {
+        verify_checkpoint(options).map(|v| (v, 0, 0.0))
+    })?;
+    let images = options.dir.join(IMAGES_DIR);
+    let image_bytes = criu::directory_bytes(&images);
+    clock.time("verify-images", Some(image_bytes), || {
+        verify_images(&options.dir).map(|()| ((), image_bytes, 0.0))
+    })?;
+    let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
+    remove_stale_sockets(&verified.manifest)?;
+    let work_dir = restore_work_dir()?;
+    // CRIU's files of this restore (log, statistics, pid file) go with it, whatever its end: a
+    // failure names CRIU's log tail in its error already.
+    let result = restore_into(options, &verified, &link_remaps, &work_dir, &mut clock);
+    let _ = std::fs::remove_dir_all(&work_dir);
+    let (root, participants, shared_bytes) = result?;
+    Ok(DiskReport {
+        report: Report {
+            participants,
+            phases: clock.phases,
+            shared_bytes,
+            state_file: options.dir.join(protocol::state::STATE_FILE_NAME),
+            total_millis: start.elapsed().as_secs_f64() * 1e3,
+            lost: Vec::new(),
+            not_rebuilt: Vec::new(),
+        },
+        dir: options.dir.clone(),
+        image_bytes,
+        root,
+    })
+}
+
+/// CRIU's restore into `work_dir`, then the rebuild; a failure after CRIU kills the tree.
+fn restore_into(
+    options: &RestoreOptions,
+    verified: &Verified,
+    link_remaps: &[LinkRemap],
+    work_dir: &Path,
+    clock: &mut Clock<'_>,
+) -> Result<(u32, Vec<capture::ParticipantSummary>, u64), ControlError> {
+    let images = options.dir.join(IMAGES_DIR);
+    let image_bytes = criu::directory_bytes(&images);
+    let root = clock.time("criu-restore", Some(image_bytes), || {
+        // Under CRIU's names only while CRIU runs (crate::remaps).
+        let _linked = crate::remaps::link_for_restore(link_remaps)?;
+        let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
+        verified
+            .criu
+            .restore(&images, work_dir, tcp)
+            .map(|pid| (pid, image_bytes, 0.0))
+            .map_err(ControlError::Criu)
+    })?;
+    // From here on a failure must not leave a half-restored tree running.
+    let rebuilt = rebuild_restored(root, verified, clock);
+    match rebuilt {
+        Ok((participants, shared_bytes)) => Ok((root, participants, shared_bytes)),
+        Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
+            Ok(()) => ControlError::Step {
+                step: "restore (the restored processes were killed; the checkpoint is unchanged)",
+                process: format!("the restored tree (root pid {root})"),
+                source: Box::new(e),
+            },
+            Err(kill) => {
+                tracing::error!(root, error = %kill, "killing the restored tree");
+                ControlError::Step {
+                    step: "restore (killing the restored processes failed too: they need attention)",
+                    process: format!("the restored tree (root pid {root})"),
+                    source: Box::new(e),
+                }
+            }
+        }),
+    }
+}
+
+fn rebuild_restored(
+    root: u32,
+    verified: &Verified,
+    clock: &mut Clock<'_>,
+) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
+    // The restored tree is a group like any other from here: no other run may act on it.
+    let _lock = capture::lock_tree(root)?;
+    let mut group = Group::discover(root, verified.answer_timeout)?;
+    // Host PIDs are new; namespace PIDs are what CRIU kept.
+    let mut state = verified.state.clone();
+    for captured in &mut state.participants {
+        let restored = group
+            .participants
+            .iter()
+            .find(|p| p.info.ns_pid == captured.ns_pid)
+            .ok_or_else(|| {
+                refuse(
+                    &format!("ns pid {}", captured.ns_pid),
+                    "was checkpointed but is missing after restore".into(),
+                )
+            })?;
+        captured.host_pid = restored.info.host_pid;
+    }
+    let lost = capture::match_participants(&mut group, &state)?;
+    if let Some(gone) = lost.first() {
+        return Err(refuse(
+            &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
+            "exited right after CRIU restored it".into(),
+        ));
+    }
+    // Where this restore got is recorded as for a suspended group: a restore killed from here on
+    // is finished by `cuinterpose resume --pid <restored root>`.
+    let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
+    capture::write_state_of(&state_path, &state)?;
+    let rebuilt = clock
+        .time("native-restore", None, || {
+            capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
+                .map(|()| ((), 0, 0.0))
+        })
+        .and_then(|()| capture::finish_rebuild(&mut group, &state, clock));
+    // Done, or the tree is killed by the caller: the record has no use either way.
+    capture::remove_state(&state_path);
+    rebuilt
+}

@@ -1,0 +1,526 @@
+//! One safe method per table entry, in Rust values: out-parameters are return values, slices carry
+//! their lengths, allocation handles are [`DriverHandle`]s, and every result goes through
+//! [`crate::check`]. Addresses of device memory (`CUdeviceptr`), contexts and streams are values
+//! the driver validates; host memory a copy reads or writes while the call is running is a slice.
+//! Calls whose memory outlives the call (asynchronous copies, host registration) are the
+//! `unsafe` ones, and the owned types of [`crate::owned`] wrap them.
+
+use crate::{CudaError, DriverHandle, DriverTable, ForeignPtr};
+use core::ffi::{CStr, c_char, c_int, c_void};
+use cuda_abi::*;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+type Result<T> = core::result::Result<T, CudaError>;
+
+impl DriverTable {
+    /// `cuInit`.
+    pub fn init(&self, flags: u32) -> Result<()> {
+        // SAFETY: no pointers.
+        unsafe { self.cuInit(flags) }
+    }
+
+    /// `cuDriverGetVersion`, e.g. 13000.
+    pub fn driver_version(&self) -> Result<i32> {
+        let mut v: c_int = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDriverGetVersion(&mut v) }?;
+        Ok(v)
+    }
+
+    /// The driver's own name for a result (`cuGetErrorName`), else this crate's, else `CUresult(N)`.
+    pub fn error_name(&self, result: CUresult) -> String {
+        let mut out: *const c_char = core::ptr::null();
+        // SAFETY: a valid out-pointer; the driver returns a static NUL-terminated string.
+        if unsafe { self.cuGetErrorName(result, &mut out) }.is_ok() && !out.is_null() {
+            // SAFETY: the driver returned a NUL-terminated static string.
+            return unsafe { CStr::from_ptr(out) }
+                .to_string_lossy()
+                .into_owned();
+        }
+        match result.name() {
+            Some(name) => name.to_owned(),
+            None => format!("CUresult({})", result.0),
+        }
+    }
+
+    /// `cuDeviceGet`.
+    pub fn device_get(&self, ordinal: i32) -> Result<CUdevice> {
+        let mut d: CUdevice = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDeviceGet(&mut d, ordinal) }?;
+        Ok(d)
+    }
+
+    /// `cuDeviceGetCount`.
+    pub fn device_count(&self) -> Result<i32> {
+        let mut n: c_int = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDeviceGetCount(&mut n) }?;
+        Ok(n)
+    }
+
+    /// `cuDeviceGetName`, e.g. "NVIDIA H200".
+    pub fn device_name(&self, device: CUdevice) -> Result<String> {
+        let mut name = [0 as c_char; 256];
+        // SAFETY: the buffer holds `len + 1` bytes and the driver writes at most `len`, NUL
+        // included, so the last byte stays 0.
+        unsafe { self.cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int - 1, device) }?;
+        // SAFETY: NUL-terminated within the buffer (above).
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) };
+        Ok(name.to_string_lossy().into_owned())
+    }
+
+    /// `cuDeviceGetUuid`.
+    pub fn device_uuid(&self, device: CUdevice) -> Result<CUuuid> {
+        let mut u = CUuuid::default();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDeviceGetUuid(&mut u, device) }?;
+        Ok(u)
+    }
+
+    /// `cuDevicePrimaryCtxRetain` (see [`crate::owned::PrimaryContext`] for the owned form).
+    pub fn primary_ctx_retain(&self, device: CUdevice) -> Result<CUcontext> {
+        let mut ctx: CUcontext = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDevicePrimaryCtxRetain(&mut ctx, device) }?;
+        Ok(ctx)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    pub fn primary_ctx_release(&self, device: CUdevice) -> Result<()> {
+        // SAFETY: no pointers.
+        unsafe { self.cuDevicePrimaryCtxRelease_v2(device) }
+    }
+
+    /// `cuCtxGetCurrent`.
+    pub fn ctx_current(&self) -> Result<CUcontext> {
+        let mut ctx: CUcontext = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCtxGetCurrent(&mut ctx) }?;
+        Ok(ctx)
+    }
+
+    /// `cuCtxSetCurrent` of a context this crate retained (see [`crate::owned::PrimaryContext`]).
+    pub(crate) fn ctx_set_current(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the context is passed by value; the driver never dereferences it for us.
+        unsafe { self.cuCtxSetCurrent(ctx) }
+    }
+
+    /// `cuCtxSynchronize`.
+    pub fn ctx_synchronize(&self) -> Result<()> {
+        // SAFETY: no pointers.
+        unsafe { self.cuCtxSynchronize() }
+    }
+
+    /// `cuMemGetInfo`: `(free, total)` bytes of the current context's device.
+    pub fn mem_get_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        unsafe { self.cuMemGetInfo_v2(&mut free, &mut total) }?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// `cuMemAlloc`.
+    pub fn mem_alloc(&self, bytes: usize) -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuMemAlloc_v2(&mut p, bytes) }?;
+        Ok(p)
+    }
+
+    /// `cuMemFree`.
+    pub fn mem_free(&self, ptr: CUdeviceptr) -> Result<()> {
+        // SAFETY: a device address; the driver validates it.
+        unsafe { self.cuMemFree_v2(ptr) }
+    }
+
+    /// `cuMemGetAddressRange`: `(base, size)` of the allocation holding `ptr`.
+    pub fn mem_address_range(&self, ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
+        let (mut base, mut size): (CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { self.cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }?;
+        Ok((base, size))
+    }
+
+    /// `cuMemcpyHtoD`: the whole of `src` to `dst`.
+    pub fn memcpy_htod(&self, dst: CUdeviceptr, src: &[u8]) -> Result<()> {
+        // SAFETY: `src` is readable for its length during this synchronous copy.
+        unsafe { self.cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) }
+    }
+
+    /// `cuMemcpyDtoH`: fills the whole of `dst` from `src`.
+    pub fn memcpy_dtoh(&self, dst: &mut [u8], src: CUdeviceptr) -> Result<()> {
+        // SAFETY: `dst` is writable for its length during this synchronous copy.
+        unsafe { self.cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) }
+    }
+
+    /// `cuMemsetD8`.
+    pub fn memset_d8(&self, dst: CUdeviceptr, value: u8, count: usize) -> Result<()> {
+        // SAFETY: device addresses only; the driver validates them.
+        unsafe { self.cuMemsetD8_v2(dst, value, count) }
+    }
+
+    /// `cuMemCreate`.
+    pub fn mem_create(
+        &self,
+        size: usize,
+        prop: &CUmemAllocationProp,
+        flags: u64,
+    ) -> Result<DriverHandle> {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: a valid out-pointer and property struct.
+        unsafe { self.cuMemCreate(&mut h, size, prop, flags) }?;
+        Ok(DriverHandle::from_raw(h))
+    }
+
+    /// `cuMemRelease`.
+    pub fn mem_release(&self, handle: DriverHandle) -> Result<()> {
+        // SAFETY: a handle value; the driver validates it.
+        unsafe { self.cuMemRelease(handle.raw()) }
+    }
+
+    /// `cuMemAddressReserve`.
+    pub fn mem_address_reserve(
+        &self,
+        size: usize,
+        alignment: usize,
+        addr: CUdeviceptr,
+        flags: u64,
+    ) -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuMemAddressReserve(&mut p, size, alignment, addr, flags) }?;
+        Ok(p)
+    }
+
+    /// `cuMemAddressFree`.
+    pub fn mem_address_free(&self, ptr: CUdeviceptr, size: usize) -> Result<()> {
+        // SAFETY: device addresses only.
+        unsafe { self.cuMemAddressFree(ptr, size) }
+    }
+
+    /// `cuMemMap`.
+    pub fn mem_map(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        offset: usize,
+        handle: DriverHandle,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: values only; the driver validates them.
+        unsafe { self.cuMemMap(ptr, size, offset, handle.raw(), flags) }
+    }
+
+    /// `cuMemUnmap`.
+    pub fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMemUnmap(ptr, size) }
+    }
+
+    /// `cuMemSetAccess` with every descriptor of `desc`.
+    pub fn mem_set_access(
+        &self,
+        ptr: CUdeviceptr,
+        size: usize,
+        desc: &[CUmemAccessDesc],
+    ) -> Result<()> {
+        // SAFETY: `desc` is valid for `desc.len()` elements.
+        unsafe { self.cuMemSetAccess(ptr, size, desc.as_ptr(), desc.len()) }
+    }
+
+    /// `cuMemGetAccess` of `location` on `ptr`.
+    pub fn mem_get_access(&self, location: &CUmemLocation, ptr: CUdeviceptr) -> Result<u64> {
+        let mut flags: u64 = 0;
+        // SAFETY: a valid location and out-pointer.
+        unsafe { self.cuMemGetAccess(&mut flags, location, ptr) }?;
+        Ok(flags)
+    }
+
+    /// `cuMemRetainAllocationHandle` of the allocation mapped at `addr`.
+    pub fn mem_retain_allocation_handle(&self, addr: CUdeviceptr) -> Result<DriverHandle> {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: the address is passed by value as the driver's `void*` (a device address it
+        // only looks up).
+        unsafe { self.cuMemRetainAllocationHandle(&mut h, addr as usize as *mut c_void) }?;
+        Ok(DriverHandle::from_raw(h))
+    }
+
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    pub fn mem_allocation_properties(&self, handle: DriverHandle) -> Result<CUmemAllocationProp> {
+        let mut prop = CUmemAllocationProp::default();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuMemGetAllocationPropertiesFromHandle(&mut prop, handle.raw()) }?;
+        Ok(prop)
+    }
+
+    /// `cuMemGetAllocationGranularity`.
+    pub fn mem_allocation_granularity(
+        &self,
+        prop: &CUmemAllocationProp,
+        option: u32,
+    ) -> Result<usize> {
+        let mut g: usize = 0;
+        // SAFETY: a valid out-pointer and property struct.
+        unsafe { self.cuMemGetAllocationGranularity(&mut g, prop, option) }?;
+        Ok(g)
+    }
+
+    /// `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`: the one export to a descriptor,
+    /// owned (closed on drop) and made close-on-exec, since a descriptor the driver made
+    /// inheritable would keep device memory alive in every program exec'd later.
+    pub fn mem_export_fd(&self, handle: DriverHandle, flags: u64) -> Result<OwnedFd> {
+        const CALL: &str = "cuMemExportToShareableHandle";
+        let mut fd: c_int = -1;
+        // SAFETY: for POSIX_FILE_DESCRIPTOR the out-pointer is an `int*`.
+        unsafe {
+            self.cuMemExportToShareableHandle(
+                (&raw mut fd).cast(),
+                handle.raw(),
+                handle_type::POSIX_FILE_DESCRIPTOR,
+                flags,
+            )
+        }?;
+        if fd < 0 {
+            return Err(CudaError {
+                call: CALL,
+                result: CUresult::ERROR_UNKNOWN,
+            });
+        }
+        // SAFETY: the driver handed over a new descriptor that nothing else owns.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Best effort, ignored on failure: the descriptor works either way, and the one holder
+        // that keeps descriptors for long (the shim's export cache) sets and logs it itself.
+        let _ = rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC);
+        Ok(owned)
+    }
+
+    /// `cuMemExportToShareableHandle(FABRIC)`.
+    pub fn mem_export_fabric(&self, handle: DriverHandle) -> Result<CUmemFabricHandle> {
+        let mut out = CUmemFabricHandle { data: [0; 64] };
+        // SAFETY: for FABRIC the out-pointer is a `CUmemFabricHandle*`.
+        unsafe {
+            self.cuMemExportToShareableHandle(
+                (&raw mut out).cast(),
+                handle.raw(),
+                handle_type::FABRIC,
+                0,
+            )
+        }?;
+        Ok(out)
+    }
+
+    /// `cuMemExportToShareableHandle` into the application's own out-argument, for handle types
+    /// the shim passes through.
+    pub fn mem_export_foreign(
+        &self,
+        out: ForeignPtr,
+        handle: DriverHandle,
+        handle_type: u32,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: `out` came with this call from the application, which owes the driver's
+        // contract for it (ForeignPtr::new).
+        unsafe { self.cuMemExportToShareableHandle(out.get(), handle.raw(), handle_type, flags) }
+    }
+
+    /// `cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)`: the one import of a descriptor,
+    /// which stays the caller's.
+    pub fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> Result<DriverHandle> {
+        self.mem_import_raw_fd(fd.as_raw_fd())
+    }
+
+    /// The import of a descriptor number that may be closed or foreign (error paths): the driver
+    /// only reads the number.
+    pub fn mem_import_raw_fd(&self, fd: c_int) -> Result<DriverHandle> {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: for POSIX_FILE_DESCRIPTOR the OS handle is the descriptor number cast to a
+        // pointer (cuda.h), never dereferenced.
+        unsafe {
+            self.cuMemImportFromShareableHandle(
+                &mut h,
+                fd as isize as *mut c_void,
+                handle_type::POSIX_FILE_DESCRIPTOR,
+            )
+        }?;
+        Ok(DriverHandle::from_raw(h))
+    }
+
+    /// `cuMemImportFromShareableHandle` of the application's own OS handle.
+    pub fn mem_import_foreign(
+        &self,
+        os_handle: ForeignPtr,
+        handle_type: u32,
+    ) -> Result<DriverHandle> {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: `os_handle` came with this call from the application (ForeignPtr::new).
+        unsafe { self.cuMemImportFromShareableHandle(&mut h, os_handle.get(), handle_type) }?;
+        Ok(DriverHandle::from_raw(h))
+    }
+
+    /// `cuIpcGetMemHandle`.
+    pub fn ipc_get_mem_handle(&self, ptr: CUdeviceptr) -> Result<CUipcMemHandle> {
+        let mut h = CUipcMemHandle::default();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuIpcGetMemHandle(&mut h, ptr) }?;
+        Ok(h)
+    }
+
+    /// `cuIpcOpenMemHandle`.
+    pub fn ipc_open_mem_handle(&self, handle: CUipcMemHandle, flags: u32) -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the handle is passed by value.
+        unsafe { self.cuIpcOpenMemHandle_v2(&mut p, handle, flags) }?;
+        Ok(p)
+    }
+
+    /// `cuIpcCloseMemHandle`.
+    pub fn ipc_close_mem_handle(&self, ptr: CUdeviceptr) -> Result<()> {
+        // SAFETY: a value only.
+        unsafe { self.cuIpcCloseMemHandle(ptr) }
+    }
+
+    /// `cuMulticastCreate`.
+    pub fn multicast_create(&self, prop: &CUmulticastObjectProp) -> Result<DriverHandle> {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: a valid out-pointer and property struct.
+        unsafe { self.cuMulticastCreate(&mut h, prop) }?;
+        Ok(DriverHandle::from_raw(h))
+    }
+
+    /// `cuMulticastAddDevice`.
+    pub fn multicast_add_device(&self, mc: DriverHandle, device: CUdevice) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMulticastAddDevice(mc.raw(), device) }
+    }
+
+    /// `cuMulticastBindMem`.
+    pub fn multicast_bind_mem(
+        &self,
+        mc: DriverHandle,
+        mc_offset: usize,
+        mem: DriverHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMulticastBindMem(mc.raw(), mc_offset, mem.raw(), mem_offset, size, flags) }
+    }
+
+    /// `cuMulticastBindMem_v2`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn multicast_bind_mem_v2(
+        &self,
+        mc: DriverHandle,
+        device: CUdevice,
+        mc_offset: usize,
+        mem: DriverHandle,
+        mem_offset: usize,
+        size: usize,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: values only.
+        unsafe {
+            self.cuMulticastBindMem_v2(
+                mc.raw(),
+                device,
+                mc_offset,
+                mem.raw(),
+                mem_offset,
+                size,
+                flags,
+            )
+        }
+    }
+
+    /// `cuMulticastBindAddr`.
+    pub fn multicast_bind_addr(
+        &self,
+        mc: DriverHandle,
+        mc_offset: usize,
+        ptr: CUdeviceptr,
+        size: usize,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMulticastBindAddr(mc.raw(), mc_offset, ptr, size, flags) }
+    }
+
+    /// `cuMulticastBindAddr_v2`.
+    pub fn multicast_bind_addr_v2(
+        &self,
+        mc: DriverHandle,
+        device: CUdevice,
+        mc_offset: usize,
+        ptr: CUdeviceptr,
+        size: usize,
+        flags: u64,
+    ) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMulticastBindAddr_v2(mc.raw(), device, mc_offset, ptr, size, flags) }
+    }
+
+    /// `cuMulticastUnbind`.
+    pub fn multicast_unbind(
+        &self,
+        mc: DriverHandle,
+        device: CUdevice,
+        mc_offset: usize,
+        size: usize,
+    ) -> Result<()> {
+        // SAFETY: values only.
+        unsafe { self.cuMulticastUnbind(mc.raw(), device, mc_offset, size) }
+    }
+
+    /// `cuCheckpointProcessLock` of process `pid`.
+    pub fn checkpoint_lock(&self, pid: i32, timeout_ms: u32) -> Result<()> {
+        let mut args = CUcheckpointLockArgs {
+            timeoutMs: timeout_ms,
+            ..Default::default()
+        };
+        // SAFETY: a valid, zero-reserved argument struct of the header's layout.
+        unsafe { self.cuCheckpointProcessLock(pid, &mut args) }
+    }
+
+    /// `cuCheckpointProcessCheckpoint`.
+    pub fn checkpoint_checkpoint(&self, pid: i32) -> Result<()> {
+        let mut args = CUcheckpointCheckpointArgs::default();
+        // SAFETY: as for the lock.
+        unsafe { self.cuCheckpointProcessCheckpoint(pid, &mut args) }
+    }
+
+    /// `cuCheckpointProcessRestore`, remapping GPUs as `pairs` says (old UUID, new UUID).
+    pub fn checkpoint_restore(&self, pid: i32, pairs: &[(CUuuid, CUuuid)]) -> Result<()> {
+        let mut gpu_pairs: Vec<CUcheckpointGpuPair> = pairs
+            .iter()
+            .map(|&(old, new)| CUcheckpointGpuPair {
+                oldUuid: old,
+                newUuid: new,
+            })
+            .collect();
+        let mut args = CUcheckpointRestoreArgs::default();
+        if !gpu_pairs.is_empty() {
+            args.gpuPairs = gpu_pairs.as_mut_ptr();
+            args.gpuPairsCount = u32::try_from(gpu_pairs.len()).unwrap_or(u32::MAX);
+        }
+        // SAFETY: `args` is zero-reserved; `gpuPairs` points at `gpuPairsCount` pairs that outlive
+        // the call.
+        unsafe { self.cuCheckpointProcessRestore(pid, &mut args) }
+    }
+
+    /// `cuCheckpointProcessUnlock`.
+    pub fn checkpoint_unlock(&self, pid: i32) -> Result<()> {
+        let mut args = CUcheckpointUnlockArgs::default();
+        // SAFETY: as for the lock.
+        unsafe { self.cuCheckpointProcessUnlock(pid, &mut args) }
+    }
+
+    /// `cuCheckpointProcessGetState`: a [`cuda_abi::process_state`] value.
+    pub fn checkpoint_state(&self, pid: i32) -> Result<u32> {
+        let mut state = 0u32;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCheckpointProcessGetState(pid, &mut state) }?;
+        Ok(state)
+    }
+}
