@@ -44,3 +44,25 @@ timed scripts/test-release.sh old-userland
 
 step "release: the Debian package in a clean chroot (--version, doctor, demo)"
 timed scripts/test-release.sh deb
+
+step "Kubernetes: kustomize renders deploy/kubernetes offline"
+# kubectl's built-in kustomize, Debian's kubectl fetched by the script (cached in .k8s-test); every
+# kind the deployment needs.
+kubectl=$(scripts/k8s-test-server.sh kubectl)
+rendered=$("$kubectl" kustomize deploy/kubernetes)
+for kind in CustomResourceDefinition MutatingWebhookConfiguration DaemonSet Deployment Service \
+    ClusterRole ClusterRoleBinding ServiceAccount Namespace; do
+    grep -qx "kind: $kind" <<<"$rendered" || { echo "kustomize output lacks a $kind" >&2; exit 1; }
+done
+"$kubectl" kustomize deploy/kubernetes/example >/dev/null
+echo "rendered $(grep -c '^kind:' <<<"$rendered") objects"
+
+step "Kubernetes: webhook and agent against real Kubernetes server code"
+# Debian's Kubernetes 1.36 source: the CRD API server on etcd, and the kube-apiserver's mutating
+# admission plugin in a harness (scripts/k8s-test-server.sh; built once, cached in .k8s-test).
+k8s_state=$(mktemp -d)
+trap 'scripts/k8s-test-server.sh stop "$k8s_state"; rm -rf "$k8s_state"' EXIT
+timed scripts/k8s-test-server.sh start "$k8s_state"
+# shellcheck disable=SC1091
+. "$k8s_state/env"
+cargo test -p cuinterpose-kube --locked --test admission --test apiserver -- --ignored --test-threads=1

@@ -1,0 +1,208 @@
+//! The agent's whole call surface into `cuinterpose-control` (checkpoint, restore, discard), and the
+//! mapping of its errors to the outcomes the `Checkpoint` conditions carry. Kept in this one module
+//! so that a change of the control crate's API touches nothing else here.
+
+use control::ControlError;
+use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
+use control::disk::{self, CheckpointOptions, RestoreOptions};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How the agent runs the tool on its node.
+#[derive(Debug, Clone)]
+pub struct ToolOptions {
+    /// The CRIU binary (None: `$CUINTERPOSE_CRIU`, then `criu` on PATH, as the tool looks it up).
+    pub criu: Option<PathBuf>,
+    /// The CUDA driver library (None: `libcuda.so.1` from the loader's path).
+    pub driver: Option<PathBuf>,
+    /// Time the shims get to finish tracked calls in flight.
+    pub freeze_timeout: Duration,
+}
+
+/// What the tool said about the workload when it did not succeed (the CLI's exit codes 3, 4, 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Refused before anything changed.
+    Refused,
+    /// Failed and rolled back: the workload runs as before.
+    RolledBack,
+    /// Failed after the native lock or while rebuilding, or unexpectedly.
+    NeedsAttention,
+}
+
+/// A run that did not succeed: its kind and the tool's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolFailure {
+    pub failure: Failure,
+    pub message: String,
+}
+
+/// One phase of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    pub name: String,
+    pub millis: f64,
+    pub bytes: Option<u64>,
+}
+
+/// What a successful checkpoint or restore reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolReport {
+    pub phases: Vec<Phase>,
+    pub image_bytes: u64,
+    /// Host PID of the dumped or the restored tree's root.
+    pub root: u32,
+    pub total_millis: f64,
+}
+
+/// Classifies an error of the tool as the CLI's exit codes do.
+fn classify(error: &ControlError) -> Failure {
+    match error {
+        ControlError::Refused(_) | ControlError::NoCudaProcesses(_) => Failure::Refused,
+        ControlError::RolledBack { .. } => Failure::RolledBack,
+        _ if error.workload_untouched() => Failure::RolledBack,
+        _ => Failure::NeedsAttention,
+    }
+}
+
+fn failure(error: ControlError) -> ToolFailure {
+    ToolFailure {
+        failure: classify(&error),
+        message: error.to_string(),
+    }
+}
+
+fn phases(phases: &[ControlPhase]) -> Vec<Phase> {
+    phases
+        .iter()
+        .map(|p| Phase {
+            name: p.name.to_string(),
+            millis: p.millis,
+            bytes: (p.bytes > 0).then_some(p.bytes),
+        })
+        .collect()
+}
+
+fn report(report: disk::DiskReport) -> ToolReport {
+    ToolReport {
+        phases: phases(&report.report.phases),
+        image_bytes: report.image_bytes,
+        root: report.root,
+        total_millis: report.report.total_millis,
+    }
+}
+
+/// Checkpoints the tree under `root` into `dir` (blocking).
+pub fn checkpoint(
+    options: &ToolOptions,
+    root: u32,
+    dir: &Path,
+    leave_running: bool,
+) -> Result<ToolReport, ToolFailure> {
+    let mut capture = SuspendOptions::new(root);
+    capture.freeze_timeout = options.freeze_timeout;
+    capture.driver = options.driver.clone();
+    let options = CheckpointOptions {
+        capture,
+        dir: dir.to_path_buf(),
+        leave_running,
+        criu: options.criu.clone(),
+    };
+    disk::checkpoint(&options, &Quiet)
+        .map(report)
+        .map_err(failure)
+}
+
+/// Restores the checkpoint in `dir` into new processes (blocking).
+pub fn restore(
+    options: &ToolOptions,
+    dir: &Path,
+    device_map: Vec<(u32, u32)>,
+) -> Result<ToolReport, ToolFailure> {
+    let options = RestoreOptions {
+        dir: dir.to_path_buf(),
+        device_map,
+        criu: options.criu.clone(),
+        driver: options.driver.clone(),
+    };
+    disk::restore(&options, &Quiet).map(report).map_err(failure)
+}
+
+/// Deletes the checkpoint in `dir` with the files it keeps outside it (blocking); the message
+/// says what went.
+pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
+    control::discard::discard(dir)
+        .map(|r| {
+            format!(
+                "discarded {}: {} bytes of CRIU images, {} link remap(s)",
+                r.dir.display(),
+                r.image_bytes,
+                r.link_remaps.len()
+            )
+        })
+        .map_err(failure)
+}
+
+/// The processes of the tree under `root` (to move a restored tree into its pod's cgroup).
+pub fn process_tree(root: u32) -> Result<Vec<u32>, ToolFailure> {
+    control::discovery::process_tree(root).map_err(failure)
+}
+
+/// `0=1,1=0` → [(0, 1), (1, 0)], as `cuinterpose restore --device-map` reads it.
+pub fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
+    text.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|pair| {
+            let (old, new) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not OLD=NEW"))?;
+            let parse = |s: &str| {
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("{s:?} is not a device ordinal"))
+            };
+            Ok((parse(old)?, parse(new)?))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use control::Refusal;
+
+    #[test]
+    fn outcomes_follow_the_cli_exit_codes() {
+        let refused = ControlError::Refused(vec![Refusal {
+            process: "pid 7".into(),
+            reason: "no shim".into(),
+        }]);
+        assert_eq!(classify(&refused), Failure::Refused);
+        assert_eq!(
+            classify(&ControlError::NoCudaProcesses(7)),
+            Failure::Refused
+        );
+        let rolled = ControlError::RolledBack {
+            failure: Box::new(ControlError::NoSuchProcess(7)),
+        };
+        assert_eq!(classify(&rolled), Failure::RolledBack);
+        let attention = ControlError::RollbackFailed {
+            failure: Box::new(ControlError::NoSuchProcess(7)),
+            rollback: vec![],
+        };
+        assert_eq!(classify(&attention), Failure::NeedsAttention);
+        let message = failure(refused).message;
+        assert!(
+            message.contains("pid 7") && message.contains("no shim"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn device_maps() {
+        assert_eq!(parse_device_map("0=1,1=0"), Ok(vec![(0, 1), (1, 0)]));
+        assert_eq!(parse_device_map(""), Ok(vec![]));
+        assert!(parse_device_map("0:1").is_err());
+        assert!(parse_device_map("a=1").is_err());
+    }
+}
