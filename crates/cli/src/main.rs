@@ -145,6 +145,10 @@ enum Command {
         /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
+        /// back, if one still runs, and remove its work files); the checkpoint is not touched
+        #[arg(long, conflicts_with_all = ["device_map", "criu", "driver"])]
+        cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
@@ -330,9 +334,41 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         }
         Command::Restore {
             dir,
+            cleanup: true,
+            json,
+            ..
+        } => {
+            let report = disk::leftovers::cleanup(&dir)
+                .with_context(|| format!("cleaning up after a restore of {}", dir.display()))?;
+            if json {
+                return output::print_json(&report);
+            }
+            match (&report.work_dir, report.killed_root) {
+                (None, _) => println!(
+                    "nothing to clean up: no restore of {} was interrupted",
+                    dir.display()
+                ),
+                (Some(work_dir), killed) => {
+                    if let Some(root) = killed {
+                        println!(
+                            "killed the tree an interrupted restore brought back (root pid {root})"
+                        );
+                    }
+                    println!(
+                        "removed {}; the checkpoint {} is unchanged",
+                        work_dir.display(),
+                        dir.display()
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Restore {
+            dir,
             device_map,
             criu,
             driver,
+            cleanup: false,
             json,
         } => {
             let options = disk::RestoreOptions {

@@ -612,6 +612,89 @@ fn a_failure_after_criu_restore_kills_the_restored_tree() {
     assert!(disk.holds_file(restored.0));
 }
 
+/// A restore killed while CRIU restores (here a CRIU that never finishes its restore) leaves its
+/// work files beside the run locks, never in the checkpoint: `restore --cleanup` removes them, and
+/// a restore after another kill clears them by itself and brings the group back.
+#[test]
+fn a_restore_killed_during_criu_is_cleaned_up_and_the_next_restore_works() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let hashes = hash_dir(&dir);
+    let marker = disk.env.dir().join("criu-restoring");
+    let stuck = disk.env.dir().join("stuck-criu");
+    std::fs::write(
+        &stuck,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in restore) touch '{}'; exec sleep 300;; esac\nexec '{}' \"$@\"\n",
+            marker.display(),
+            disk.criu.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&stuck, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let kill_during_criu = || {
+        let _ = std::fs::remove_file(&marker);
+        let mut command = disk.env.command(&disk.tool, false).expect("tool command");
+        command
+            .args([
+                "restore",
+                "--dir",
+                dir_arg,
+                "--criu",
+                stuck.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut tool = command.spawn().expect("starting cuinterpose");
+        let start = std::time::Instant::now();
+        while !marker.exists() {
+            assert!(
+                start.elapsed() < TOOL_TIMEOUT,
+                "CRIU's restore never started"
+            );
+            assert!(
+                tool.try_wait().unwrap().is_none(),
+                "the restore ended before CRIU ran"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tool.kill().unwrap();
+        assert!(!tool.wait().unwrap().success());
+    };
+
+    kill_during_criu();
+    assert_eq!(
+        hash_dir(&dir),
+        hashes,
+        "a killed restore never writes the checkpoint"
+    );
+    let report = disk.tool_json(&["restore", "--dir", dir_arg, "--cleanup"]);
+    let work_dir = PathBuf::from(
+        report["work_dir"]
+            .as_str()
+            .expect("a work directory was left"),
+    );
+    assert!(report["killed_root"].is_null(), "{report}");
+    assert!(!work_dir.exists(), "{} was not removed", work_dir.display());
+    let again = disk.tool_json(&["restore", "--dir", dir_arg, "--cleanup"]);
+    assert!(
+        again["work_dir"].is_null(),
+        "nothing is left to clean up: {again}"
+    );
+
+    kill_during_criu();
+    let (_report, _restored) = restore(&disk, &[]);
+    verify_sharing(&disk.attach(), 1);
+    assert!(
+        !work_dir.exists(),
+        "the restore cleared the earlier one's work files"
+    );
+    assert_eq!(hash_dir(&dir), hashes);
+}
+
 #[test]
 fn restore_onto_swapped_devices_moves_the_memory() {
     let disk = Disk::new();

@@ -63,10 +63,8 @@ impl RunLock {
 
     /// Locks the checkpoint directory `dir` (which need not exist yet).
     pub fn directory(dir: &Path) -> Result<RunLock, ControlError> {
-        let absolute = absolute(dir);
-        let digest = protocol::manifest::sha256_hex(absolute.as_os_str().as_encoded_bytes());
-        let name = format!("dir-{}.lock", digest.get(..32).unwrap_or(&digest));
-        RunLock::take(&[(name, format!("checkpoint {}", absolute.display()))])
+        let name = format!("dir-{}.lock", directory_key(dir));
+        RunLock::take(&[(name, format!("checkpoint {}", absolute(dir).display()))])
     }
 
     fn take(names: &[(String, String)]) -> Result<RunLock, ControlError> {
@@ -117,6 +115,13 @@ fn lock_error(path: &Path, e: impl Into<crate::FileError>) -> ControlError {
         path: path.to_path_buf(),
         source: e.into(),
     }
+}
+
+/// One name per checkpoint directory, however it is spelled (its real path, hashed): the name of
+/// its lock and of what a restore of it keeps beside the locks (crate::disk::leftovers).
+pub fn directory_key(dir: &Path) -> String {
+    let digest = protocol::manifest::sha256_hex(absolute(dir).as_os_str().as_encoded_bytes());
+    digest.get(..32).unwrap_or(&digest).to_string()
 }
 
 fn absolute(dir: &Path) -> PathBuf {

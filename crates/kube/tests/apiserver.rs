@@ -415,6 +415,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         criu: Some(test.criu.clone()),
         driver: Some(test.env.artifacts().fake_driver().expect("fake driver")),
         freeze_timeout: Duration::from_secs(30),
+        config: control::config::ToolConfig::default(),
     };
     let context = Arc::new(agent::Context::new(
         client.clone(),

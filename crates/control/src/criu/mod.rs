@@ -157,7 +157,7 @@ impl Criu {
     ///
     /// `tcp`: the images hold established TCP connections (the dump's `tcp`).
     pub fn restore(&self, images: &Path, work_dir: &Path, tcp: bool) -> Result<u32, CriuError> {
-        let pid_file = work_dir.join("restore.pid");
+        let pid_file = work_dir.join(crate::disk::leftovers::CRIU_PID_FILE);
         let mut command = self.command("restore", images);
         command
             .arg("--work-dir")

@@ -8,11 +8,12 @@
 //!
 //! One module per job: what is refused before a dump ([`preflight`]), the dump ([`checkpoint`]),
 //! the image digests ([`digests`]), the manifest ([`manifest`]), the GPUs and the device map
-//! ([`devices`]), and the restore ([`restore`]).
+//! ([`devices`]), the restore ([`restore`]) and what an interrupted restore leaves ([`leftovers`]).
 
 mod checkpoint;
 mod devices;
 mod digests;
+pub mod leftovers;
 mod manifest;
 mod preflight;
 mod restore;

@@ -4,7 +4,7 @@
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::read_manifest;
-use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse, state_error};
+use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
 use crate::capture::{self, Clock, Progress, Report};
 use crate::criu::{self, Criu};
 use crate::discovery;
@@ -183,20 +183,6 @@ fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRema
     Ok(listed)
 }
 
-/// A private directory for what CRIU writes during a restore (log, statistics, pid file).
-fn restore_work_dir() -> Result<PathBuf, ControlError> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!(
-        "cuinterpose-restore-{}-{nanos:x}",
-        std::process::id()
-    ));
-    std::fs::create_dir(&dir).map_err(|e| state_error(&dir, e))?;
-    Ok(dir)
-}
-
 /// Restores the checkpoint in `options.dir` into new processes.
 ///
 /// Everything is checked before anything changes (manifest, state file, image digests, shim bytes,
@@ -209,6 +195,9 @@ pub fn restore(
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
     let _lock = crate::runlock::RunLock::directory(&options.dir)?;
+    // What an interrupted restore of this checkpoint left: cleared, or a refusal while a tree it
+    // brought back still runs.
+    super::leftovers::check(&options.dir)?;
     let mut clock = Clock::new(progress);
     let verified = clock.time("verify-checkpoint", None, || {
         verify_checkpoint(options).map(|v| (v, 0, 0.0))
@@ -220,9 +209,10 @@ pub fn restore(
     })?;
     let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
-    let work_dir = restore_work_dir()?;
+    let work_dir = super::leftovers::create_work_dir(&options.dir)?;
     // CRIU's files of this restore (log, statistics, pid file) go with it, whatever its end: a
-    // failure names CRIU's log tail in its error already.
+    // failure names CRIU's log tail in its error already. A restore killed before this line
+    // leaves them to the next restore or `restore --cleanup` (super::leftovers).
     let result = restore_into(options, &verified, &link_remaps, &work_dir, &mut clock);
     let _ = std::fs::remove_dir_all(&work_dir);
     let (root, participants, shared_bytes) = result?;

@@ -4,6 +4,7 @@
 
 use control::ControlError;
 use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
+use control::config::ToolConfig;
 use control::disk::{self, CheckpointOptions, RestoreOptions};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,12 +12,15 @@ use std::time::Duration;
 /// How the agent runs the tool on its node.
 #[derive(Debug, Clone)]
 pub struct ToolOptions {
-    /// The CRIU binary (None: `$CUINTERPOSE_CRIU`, then `criu` on PATH, as the tool looks it up).
+    /// The CRIU binary (None: as the tool looks it up: `$CUINTERPOSE_CRIU`, the bundled one, then
+    /// `criu` on PATH).
     pub criu: Option<PathBuf>,
     /// The CUDA driver library (None: `libcuda.so.1` from the loader's path).
     pub driver: Option<PathBuf>,
     /// Time the shims get to finish tracked calls in flight.
     pub freeze_timeout: Duration,
+    /// The tool's settings, read once at the agent's start (`ToolConfig::from_env`).
+    pub config: ToolConfig,
 }
 
 /// What the tool said about the workload when it did not succeed (the CLI's exit codes 3, 4, 5).
@@ -99,7 +103,7 @@ pub fn checkpoint(
     dir: &Path,
     leave_running: bool,
 ) -> Result<ToolReport, ToolFailure> {
-    let mut capture = SuspendOptions::new(root);
+    let mut capture = SuspendOptions::new(root, &options.config);
     capture.freeze_timeout = options.freeze_timeout;
     capture.driver = options.driver.clone();
     let options = CheckpointOptions {
@@ -124,6 +128,7 @@ pub fn restore(
         device_map,
         criu: options.criu.clone(),
         driver: options.driver.clone(),
+        config: options.config.clone(),
     };
     disk::restore(&options, &Quiet).map(report).map_err(failure)
 }

@@ -58,10 +58,14 @@ async fn main() -> anyhow::Result<()> {
             let client = kube::Client::try_default()
                 .await
                 .context("connecting to the Kubernetes API")?;
+            let config = control::config::ToolConfig::from_env()
+                .context("reading the tool's settings (README's settings table)")?;
+            control::runlock::configure(&config);
             let tool = ToolOptions {
                 criu,
                 driver,
                 freeze_timeout: Duration::from_secs(freeze_timeout),
+                config,
             };
             let pods = Arc::new(ApiPods {
                 client: client.clone(),
