@@ -387,6 +387,23 @@ if wants keep; then
     # and resumed plainly (round 1), then with --keep-contexts (round 2); checksums and a matmul
     # must be unchanged after each. Until the shim owns cuMemAlloc memory, that memory goes through
     # the native checkpoint in round 1 and stays resident in round 2 (inspect's list says which).
+    log "keep: bench's whole-process case (16 GiB of cuMemAlloc, plain, --keep-contexts, native)"
+    if timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --json-out "$logs/bench-whole.json" \
+            >"$logs/bench-whole.txt" 2>"$logs/bench-whole.err"; then
+        cat "$logs/bench-whole.txt"
+        row "bench whole process" "-" "$(python3 - "$logs/bench-whole.json" <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1]))["whole"]
+p, k, n = w["plain"], w["keep_contexts"], w["native"]
+print("%d GiB %s: plain %.0f+%.0f ms (%.2fx native %.0f+%.0f ms); keep-contexts %.0f+%.0f ms, %.1f/%.1f GB/s" % (
+    w["bytes"] >> 30, w["memory"], p["suspend_millis"], p["resume_millis"], w["speedup_vs_native"],
+    n["lock_millis"] + n["checkpoint_millis"], n["restore_millis"] + n["unlock_millis"],
+    k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]))
+PY
+)" measured
+    else
+        row "bench whole process" "-" "$(tail -2 "$logs/bench-whole.err" | tr '\n\t' '  ')" FAIL
+    fi
     log "keep: JAX process suspended and resumed natively and with --keep-contexts"
     barrier=$(mktemp -d /tmp/jax-keep.XXXXXX)
     "$bin/cuinterpose" run -- python3 "$repo/scripts/gpu/jax_hold.py" --barrier-dir "$barrier" --require-shim \
