@@ -183,8 +183,8 @@ if wants bench; then
     for variant in "staged" "registered CUINTERPOSE_CARRIER=registered" \
             "staged-8M CUINTERPOSE_STAGING_CHUNK=8M"; do
         read -r carrier settings <<<"$variant"
-        extra=()
-        [ "$carrier" = staged ] || extra=(--no-overhead)
+        extra=(--no-whole)  # the whole-process case runs once, in the step keep
+        [ "$carrier" = staged ] || extra+=(--no-overhead)
         # shellcheck disable=SC2086 # settings are VAR=value words
         if env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
             --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
