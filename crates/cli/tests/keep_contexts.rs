@@ -144,8 +144,23 @@ fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
         assert_eq!(phase_of(&env, w.pid()), Phase::Released, "{}", w.name());
     }
 
+    // The application's tracked calls wait at the shim's gate while suspended, as after a plain
+    // suspend, and go through once the group is resumed.
+    let socket = a.socket().to_path_buf();
+    let held = std::thread::spawn(move || {
+        testkit::wire::call_one(&socket, "create late 2M", Duration::from_secs(60))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !held.is_finished(),
+        "a tracked call ran while the group was suspended with --keep-contexts"
+    );
+
     let run = resume(&env, tree.root());
     run.ok();
+    let late = held.join().unwrap().expect("the held call's reply");
+    assert!(late.ok, "the held call failed after resume: {late:?}");
+    ok(a, &["release late"]);
     let names = phases(&run);
     assert!(names.iter().any(|n| n == "load"), "{names:?}");
     assert!(!names.iter().any(|n| n == "native-restore"), "{names:?}");
