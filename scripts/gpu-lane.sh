@@ -4,7 +4,7 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
+#                                          shim-scenarios demo torch bench disk torch-disk nccl keep unlock hang)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -23,7 +23,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl keep unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -183,8 +183,8 @@ if wants bench; then
     for variant in "staged" "registered CUINTERPOSE_CARRIER=registered" \
             "staged-8M CUINTERPOSE_STAGING_CHUNK=8M"; do
         read -r carrier settings <<<"$variant"
-        extra=()
-        [ "$carrier" = staged ] || extra=(--no-overhead)
+        extra=(--no-whole)  # the whole-process case runs once, in the step keep
+        [ "$carrier" = staged ] || extra+=(--no-overhead)
         # shellcheck disable=SC2086 # settings are VAR=value words
         if env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
             --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
@@ -380,6 +380,72 @@ print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'),
     pkill -9 -f "nccl_tp.py --mode barrier --barrier-dir $nccl_barrier" 2>/dev/null
     wait "$native_launcher" 2>/dev/null
     [ "$nccl_world" -ge 2 ] || row "nccl two ranks: peer sharing, --device-map 0=1,1=0" "-" "skipped: one GPU (needs nvidia-h200-x2)" "not run"
+fi
+
+if wants keep; then
+    # A JAX process holding ~8 GiB of cuMemAlloc memory (XLA's allocator) under the shim: suspended
+    # and resumed plainly (round 1), then with --keep-contexts (round 2); checksums and a matmul
+    # must be unchanged after each. Until the shim owns cuMemAlloc memory, that memory goes through
+    # the native checkpoint in round 1 and stays resident in round 2 (inspect's list says which).
+    log "keep: bench's whole-process case (16 GiB of cuMemAlloc, plain, --keep-contexts, native)"
+    if timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --json-out "$logs/bench-whole.json" \
+            >"$logs/bench-whole.txt" 2>"$logs/bench-whole.err"; then
+        cat "$logs/bench-whole.txt"
+        row "bench whole process" "-" "$(python3 - "$logs/bench-whole.json" <<'PY'
+import json, sys
+w = json.load(open(sys.argv[1]))["whole"]
+p, k, n = w["plain"], w["keep_contexts"], w["native"]
+print("%d GiB %s: plain %.0f+%.0f ms (%.2fx native %.0f+%.0f ms); keep-contexts %.0f+%.0f ms, %.1f/%.1f GB/s" % (
+    w["bytes"] >> 30, w["memory"], p["suspend_millis"], p["resume_millis"], w["speedup_vs_native"],
+    n["lock_millis"] + n["checkpoint_millis"], n["restore_millis"] + n["unlock_millis"],
+    k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]))
+PY
+)" measured
+    else
+        row "bench whole process" "-" "$(tail -2 "$logs/bench-whole.err" | tr '\n\t' '  ')" FAIL
+    fi
+    log "keep: JAX process suspended and resumed natively and with --keep-contexts"
+    barrier=$(mktemp -d /tmp/jax-keep.XXXXXX)
+    "$bin/cuinterpose" run -- python3 "$repo/scripts/gpu/jax_hold.py" --barrier-dir "$barrier" --require-shim \
+        --size-gb 8 --rounds 2 >"$logs/jax-keep.jsonl" 2>"$logs/jax-keep.err" &
+    jax_pid=$!
+    for _ in $(seq 300); do [ -f "$barrier/ready.json" ] && break; sleep 1; done
+    if [ -f "$barrier/ready.json" ]; then
+        jax=$(python3 -c "import json;print(json.load(open('$barrier/ready.json'))['pid'])")
+        "$bin/cuinterpose" inspect --pid "$jax" --json >"$logs/jax-inspect.json" 2>&1
+        for round in 1 2; do
+            mode=$([ "$round" = 1 ] && echo native || echo keep-contexts)
+            flag=$([ "$round" = 1 ] || echo --keep-contexts)
+            used_before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+            # shellcheck disable=SC2086 # an empty flag is no word
+            if "$bin/cuinterpose" suspend --pid "$jax" $flag --json >"$logs/jax-suspend-$round.json" 2>"$logs/jax-suspend-$round.err"; then
+                used_suspended=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+                if "$bin/cuinterpose" resume --pid "$jax" --json >"$logs/jax-resume-$round.json" 2>"$logs/jax-resume-$round.err"; then
+                    touch "$barrier/go-$round"
+                    for _ in $(seq 120); do [ -f "$barrier/checked-$round" ] && break; sleep 1; done
+                    verdict=$(grep -q '^ok' "$barrier/checked-$round" 2>/dev/null && echo ok || echo FAIL)
+                    row "jax ${mode} suspend/resume" "-" "$(python3 - "$logs/jax-suspend-$round.json" "$logs/jax-resume-$round.json" <<PY
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print("suspend %.0f ms, resume %.0f ms, GPU used ${used_before}->${used_suspended} MiB, shim moved %d MiB" % (
+    s["total_millis"], r["total_millis"], s["shared_bytes"] >> 20))
+PY
+)" "$verdict"
+                else
+                    row "jax ${mode} resume" "-" "$(tail -2 "$logs/jax-resume-$round.err" | tr '\n\t' '  ')" FAIL
+                    touch "$barrier/go-$round"
+                fi
+            else
+                row "jax ${mode} suspend" "-" "$(tail -2 "$logs/jax-suspend-$round.err" | tr '\n\t' '  ')" FAIL
+                touch "$barrier/go-$round"
+            fi
+        done
+        timeout 120 tail --pid="$jax_pid" -f /dev/null
+    else
+        row "jax keep" "-" "never ready: $(tail -1 "$logs/jax-keep.err")" FAIL
+    fi
+    kill "$jax_pid" 2>/dev/null; wait "$jax_pid" 2>/dev/null
+    rm -rf "$barrier"
 fi
 
 if wants unlock; then

@@ -87,6 +87,13 @@ pub struct BenchArgs {
     /// Leave out the capture benchmark and its native baseline
     #[arg(long)]
     no_capture: bool,
+    /// Bytes of cuMemAlloc memory the whole-process case holds (default: 16G on a GPU, 64M on the
+    /// fake driver)
+    #[arg(long, value_parser = parse_size)]
+    whole_size: Option<u64>,
+    /// Leave out the whole-process case (plain and --keep-contexts, against native)
+    #[arg(long)]
+    no_whole: bool,
     /// Use the bundled fake driver even when a GPU is present
     #[arg(long)]
     fake: bool,
@@ -126,6 +133,41 @@ pub struct BenchReport {
     pub on_gpu: bool,
     pub overhead: Option<Overhead>,
     pub capture: Option<Capture>,
+    pub whole: Option<Whole>,
+}
+
+/// One process holding `bytes` of `cuMemAlloc` memory, suspended and resumed under the shim
+/// plainly and with `--keep-contexts`, against the driver's own checkpoint of a process without
+/// the shim holding the same bytes.
+#[derive(Debug, serde::Serialize)]
+pub struct Whole {
+    pub bytes: u64,
+    /// `owned` when the shim's records hold the allocation (it moves through the carriers),
+    /// `native` when they do not (it goes through the driver's checkpoint, or stays resident with
+    /// `--keep-contexts`), read from inspect before the first suspend.
+    pub memory: String,
+    /// Bytes of the process's allocations the shim's records hold.
+    pub owned_bytes: u64,
+    pub plain: WholeRun,
+    pub keep_contexts: WholeRun,
+    pub native: Native,
+    /// Native lock+checkpoint+restore+unlock time over the plain suspend+resume time (target on
+    /// the H200: at least 10).
+    pub speedup_vs_native: f64,
+    pub verified: Vec<String>,
+}
+
+/// One suspend and resume of the whole-process case.
+#[derive(Debug, serde::Serialize)]
+pub struct WholeRun {
+    pub suspend_millis: f64,
+    pub resume_millis: f64,
+    /// The held bytes over each step's time (target with --keep-contexts on the H200: at least
+    /// 40 GB/s each).
+    pub suspend_gb_per_s: f64,
+    pub resume_gb_per_s: f64,
+    /// What the shim moved through its carriers.
+    pub shim_bytes: u64,
 }
 
 /// Medians of the overhead runs, nanoseconds per iteration.
@@ -285,11 +327,22 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
         }
         Some(c)
     };
+    let whole = if args.no_whole {
+        None
+    } else {
+        let w = whole_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+            .context("whole-process benchmark")?;
+        if tables {
+            print_whole(&w);
+        }
+        Some(w)
+    };
     let report = BenchReport {
         driver: driver_name,
         on_gpu,
         overhead,
         capture,
+        whole,
     };
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.json_out {
@@ -577,6 +630,139 @@ fn capture_bench(
         native,
         verified,
     })
+}
+
+/// The whole-process case: one workload under the shim holding a filled `cuMemAlloc` of the size
+/// asked, suspended and resumed plainly, then with `--keep-contexts`, contents verified after
+/// each; then the native baseline of the same bytes.
+fn whole_bench(
+    artifacts: &Artifacts,
+    kind: DriverKind,
+    driver: &Driver,
+    on_gpu: bool,
+    args: &BenchArgs,
+    config: &ToolConfig,
+) -> anyhow::Result<Whole> {
+    let size = args
+        .whole_size
+        .unwrap_or(if on_gpu { 16 << 30 } else { 64 << 20 });
+    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let w = env.spawn(
+        WorkloadOptions::new("whole")
+            .shim(true)
+            .timeout(COMMAND_TIMEOUT),
+    )?;
+    w.ok(&format!("malloc m {size}"))?;
+    w.ok("fill m 77")?;
+    let pid = w.pid();
+    let inspected = control::group::inspect(pid, None, config.answer_timeout)
+        .context("inspecting the process")?;
+    let owned_bytes: u64 = inspected
+        .snapshots
+        .iter()
+        .flat_map(|s| &s.record.allocations)
+        .map(|a| a.size)
+        .sum();
+    let memory = if owned_bytes >= size {
+        "owned"
+    } else {
+        "native"
+    };
+    let tool_driver = (!on_gpu).then(|| driver.path().to_path_buf());
+    let mut verified = Vec::new();
+    let mut run = |mode: protocol::state::SuspendMode, tag: &str| -> anyhow::Result<WholeRun> {
+        let state_dir = env.dir().join(format!("whole-{tag}"));
+        let mut suspend_options = SuspendOptions::new(pid, config);
+        suspend_options.state_dir = state_dir.clone();
+        suspend_options.driver = tool_driver.clone();
+        suspend_options.mode = mode;
+        let suspend = capture::suspend(&suspend_options, &capture::Quiet)
+            .with_context(|| format!("suspend ({tag})"))?;
+        let mut resume_options = ResumeOptions::new(pid, config);
+        resume_options.state_dir = state_dir;
+        resume_options.driver = tool_driver.clone();
+        let resume = capture::resume(&resume_options, &capture::Quiet)
+            .with_context(|| format!("resume ({tag})"))?;
+        w.assert_pattern("m", 77)
+            .with_context(|| format!("contents after the {tag} resume"))?;
+        verified.push(format!(
+            "whole ({tag}): {} of cuMemAlloc memory kept",
+            bytes(size)
+        ));
+        Ok(WholeRun {
+            suspend_gb_per_s: gb_per_s(size, suspend.total_millis),
+            resume_gb_per_s: gb_per_s(size, resume.total_millis),
+            suspend_millis: suspend.total_millis,
+            resume_millis: resume.total_millis,
+            shim_bytes: suspend.shared_bytes,
+        })
+    };
+    let plain = run(protocol::state::SuspendMode::Native, "plain")?;
+    let keep_contexts = run(protocol::state::SuspendMode::KeepContexts, "keep-contexts")?;
+    // The process's memory is freed before the baseline so both fit on a small device.
+    drop(w);
+    let native = native_baseline(&env, driver, size, &mut verified).context("native baseline")?;
+    let native_millis = native.lock_millis
+        + native.checkpoint_millis
+        + native.restore_millis
+        + native.unlock_millis;
+    let ours = plain.suspend_millis + plain.resume_millis;
+    Ok(Whole {
+        bytes: size,
+        memory: memory.to_string(),
+        owned_bytes,
+        speedup_vs_native: if ours > 0.0 {
+            native_millis / ours
+        } else {
+            0.0
+        },
+        plain,
+        keep_contexts,
+        native,
+        verified,
+    })
+}
+
+fn print_whole(w: &Whole) {
+    println!();
+    println!(
+        "whole process: {} of cuMemAlloc memory, {} (the shim's records hold {})",
+        bytes(w.bytes),
+        w.memory,
+        bytes(w.owned_bytes)
+    );
+    println!(
+        "{:<14} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "RUN", "SUSPEND MS", "RESUME MS", "SUSP GB/S", "RES GB/S", "SHIM MOVED"
+    );
+    for (name, r) in [("plain", &w.plain), ("keep-contexts", &w.keep_contexts)] {
+        println!(
+            "{name:<14} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>11}",
+            r.suspend_millis,
+            r.resume_millis,
+            r.suspend_gb_per_s,
+            r.resume_gb_per_s,
+            bytes(r.shim_bytes)
+        );
+    }
+    let n = &w.native;
+    println!(
+        "{:<14} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>11}",
+        "native",
+        n.lock_millis + n.checkpoint_millis,
+        n.restore_millis + n.unlock_millis,
+        n.checkpoint_gb_per_s,
+        n.restore_gb_per_s,
+        "-"
+    );
+    println!(
+        "plain suspend+resume: {:.2}x native; targets on the H200: >= 10x native, keep-contexts \
+         suspend and resume each >= 40 GB/s",
+        w.speedup_vs_native
+    );
+    for v in &w.verified {
+        println!("ok  {v}");
+    }
 }
 
 /// One process without the shim, a filled `cuMemAlloc` of `size` bytes, checkpointed and

@@ -66,6 +66,10 @@ enum Command {
         /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
         #[arg(long)]
         pid: u32,
+        /// Where `suspend` put a suspended group's state, to show how it was suspended (default:
+        /// $TMPDIR/cuinterpose-suspended-<pid>)
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
         /// Print JSON instead of tables
         #[arg(long)]
         json: bool,
@@ -84,6 +88,10 @@ enum Command {
         /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
         #[arg(long)]
         driver: Option<PathBuf>,
+        /// Free the shim's memory but skip the driver's checkpoint (and, at resume, its restore):
+        /// contexts, modules and streams stay resident (a few hundred MiB per process)
+        #[arg(long)]
+        keep_contexts: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
@@ -273,8 +281,12 @@ fn capture_options(
 fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::run(args, config),
-        Command::Inspect { pid, json } => {
-            let report = control::group::inspect(pid, config.answer_timeout)?;
+        Command::Inspect {
+            pid,
+            state_dir,
+            json,
+        } => {
+            let report = control::group::inspect(pid, state_dir.as_deref(), config.answer_timeout)?;
             if json {
                 output::print_json(&report)
             } else {
@@ -287,10 +299,14 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             state_dir,
             freeze_timeout,
             driver,
+            keep_contexts,
             json,
         } => {
             let mut options = capture_options(pid, freeze_timeout, driver, config);
             options.state_dir = state_dir.unwrap_or(options.state_dir);
+            if keep_contexts {
+                options.mode = protocol::state::SuspendMode::KeepContexts;
+            }
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
                 .with_context(|| format!("suspending the group under pid {pid}"))?;

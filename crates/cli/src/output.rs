@@ -2,6 +2,7 @@
 
 use control::capture::Report;
 use control::group::InspectReport;
+use protocol::state::SuspendMode;
 
 pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
@@ -63,6 +64,13 @@ pub fn print_inspect(report: &InspectReport) {
         }
     }
     println!();
+    if let Some(s) = &report.suspended {
+        let mode = match s.mode {
+            SuspendMode::Native => "native checkpoint (contexts saved by the driver)",
+            SuspendMode::KeepContexts => "keep-contexts (contexts resident, no native checkpoint)",
+        };
+        println!("suspended: {mode}, state {}", s.state_file.display());
+    }
     if report.refusals.is_empty() {
         println!("capture: possible (every CUDA process has the shim and nothing blocks)");
     } else {

@@ -31,6 +31,8 @@ fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
             "200",
             "--tracked-iterations",
             "20",
+            "--whole-size",
+            "8M",
         ])
         .arg("--json-out")
         .arg(json_out)
@@ -112,6 +114,66 @@ fn bench_reports_positive_figures_in_both_carrier_modes() {
         positive(&native["checkpoint_gb_per_s"], "the native checkpoint rate");
         positive(&native["restore_gb_per_s"], "the native restore rate");
         assert_eq!(capture["verified"].as_array().map(Vec::len), Some(3));
+
+        // The whole-process case: one cuMemAlloc process, plain and --keep-contexts, and native.
+        let whole = &report["whole"];
+        assert_eq!(whole["bytes"], 8 << 20);
+        let owned = whole["owned_bytes"].as_u64().expect("owned bytes");
+        let memory = if owned >= 8 << 20 { "owned" } else { "native" };
+        assert_eq!(
+            whole["memory"], memory,
+            "the way the memory went, from inspect"
+        );
+        for run in ["plain", "keep_contexts"] {
+            let r = &whole[run];
+            positive(&r["suspend_millis"], "a whole-process suspend time");
+            positive(&r["resume_millis"], "a whole-process resume time");
+            positive(&r["suspend_gb_per_s"], "a whole-process suspend rate");
+            positive(&r["resume_gb_per_s"], "a whole-process resume rate");
+            let moved = if memory == "owned" { 8 << 20 } else { 0 };
+            assert_eq!(r["shim_bytes"], moved, "{run}: what the shim moved");
+        }
+        assert_eq!(whole["native"]["bytes"], 8 << 20);
+        positive(
+            &whole["speedup_vs_native"],
+            "the whole-process ratio to native",
+        );
+        assert_eq!(whole["verified"].as_array().map(Vec::len), Some(3));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_prints_the_whole_process_table() {
+    let output = Command::new(tool())
+        .args([
+            "bench",
+            "--fake",
+            "--no-overhead",
+            "--no-capture",
+            "--whole-size",
+            "4M",
+        ])
+        .output()
+        .expect("running cuinterpose bench");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "cuinterpose bench failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for line in [
+        "whole process: 4.00 MiB of cuMemAlloc memory,",
+        "RUN",
+        "plain ",
+        "keep-contexts ",
+        "native ",
+        "x native; targets on the H200: >= 10x native",
+        "ok  whole (plain): 4.00 MiB of cuMemAlloc memory kept",
+        "ok  whole (keep-contexts): 4.00 MiB of cuMemAlloc memory kept",
+        "ok  native: 4.00 MiB of cuMemAlloc memory kept across checkpoint and restore",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
 }

@@ -18,7 +18,7 @@ use crate::config::ToolConfig;
 use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
 use crate::native::{Driver, ProcessState};
 use crate::{ControlError, Refusal};
-use protocol::state::{CarrierInfo, GroupState, ParticipantState};
+use protocol::state::{CarrierInfo, GroupState, ParticipantState, SuspendMode};
 use protocol::{Phase, ProcessRecord, Request};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -80,6 +80,9 @@ pub struct SuspendOptions {
     pub driver: Option<PathBuf>,
     /// The tool's settings (the answer timeout; CRIU for a checkpoint to disk).
     pub config: ToolConfig,
+    /// Whether the native lock and checkpoint follow the release (`KeepContexts`: they do not,
+    /// and the contexts stay resident). A checkpoint to disk always captures `Native`.
+    pub mode: SuspendMode,
 }
 
 impl SuspendOptions {
@@ -91,6 +94,7 @@ impl SuspendOptions {
             lock_timeout_ms: 10_000,
             driver: None,
             config: config.clone(),
+            mode: SuspendMode::Native,
         }
     }
 }
@@ -358,8 +362,12 @@ pub(crate) fn capture(
         }
         Ok((group, 0, 0.0))
     })?;
-    // Load the driver before anything changes: without a checkpoint API nothing may start.
-    let driver = Driver::load(options.driver.as_deref())?;
+    // Load the driver before anything changes: without a checkpoint API nothing may start. The
+    // keep mode makes no native call, so it needs none.
+    let driver = match options.mode {
+        SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
+        SuspendMode::KeepContexts => None,
+    };
 
     // Freeze: a failure here thaws whoever froze and changes nothing else.
     let freeze = Request::Freeze {
@@ -390,7 +398,7 @@ pub(crate) fn capture(
     // same in every phase).
     let dir_existed = state_path.parent().is_none_or(Path::exists);
     let published = clock.time("state", None, || {
-        write_state(state_path, &captured).map(|()| ((), 0, 0.0))
+        write_state(state_path, &captured, options.mode).map(|()| ((), 0, 0.0))
     });
     // What a rollback removes: the state file, and its directory when this run made it.
     let unpublish = || {
@@ -433,10 +441,13 @@ pub(crate) fn capture(
             Err(ControlError::Refused(refusals))
         }
     })();
-    let destructive = destructive.and_then(|()| {
-        clock.time("native-checkpoint", None, || {
-            native_checkpoint(&driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
-        })
+    let destructive = destructive.and_then(|()| match &driver {
+        Some(driver) => clock.time("native-checkpoint", None, || {
+            native_checkpoint(driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
+        }),
+        // The shims hold their gate closed from the freeze on, so the application's tracked calls
+        // block as in a native suspend; contexts, modules and streams stay where they are.
+        None => Ok(()),
     });
     if let Err(e) = destructive {
         let error = roll_back(&mut group, clock, e, rebuild);
@@ -572,8 +583,8 @@ pub(crate) fn remove_state(path: &Path) {
 
 /// The captured topology, published atomically (its directory made first, mode 0700: the records
 /// describe the application's memory layout).
-fn write_state(path: &Path, snapshots: &[Snapshot]) -> Result<(), ControlError> {
-    write_state_of(path, &state_of(snapshots))
+fn write_state(path: &Path, snapshots: &[Snapshot], mode: SuspendMode) -> Result<(), ControlError> {
+    write_state_of(path, &state_of(snapshots, mode))
 }
 
 /// [`write_state`] of a state at hand.
@@ -598,13 +609,14 @@ pub(crate) fn write_state_of(path: &Path, state: &GroupState) -> Result<(), Cont
 }
 
 /// The state a set of snapshots describes.
-pub(crate) fn state_of(snapshots: &[Snapshot]) -> GroupState {
+pub(crate) fn state_of(snapshots: &[Snapshot], mode: SuspendMode) -> GroupState {
     GroupState {
         created_unix_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0),
         tool_version: crate::VERSION.to_string(),
+        mode,
         participants: snapshots
             .iter()
             .map(|s| ParticipantState {
@@ -717,10 +729,17 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             .participants
             .retain(|c| !lost.iter().any(|l| l.host_pid == c.host_pid));
     }
-    let driver = Driver::load(options.driver.as_deref())?;
-    clock.time("native-restore", None, || {
-        native_resume(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
-    })?;
+    match state.mode {
+        SuspendMode::Native => {
+            let driver = Driver::load(options.driver.as_deref())?;
+            clock.time("native-restore", None, || {
+                native_resume(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
+            })?;
+        }
+        // Nothing native was done, so nothing native is undone: the contexts stayed resident and
+        // the shims rebuild into them (from any phase a suspend or an earlier resume left).
+        SuspendMode::KeepContexts => {}
+    }
     let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
@@ -761,15 +780,11 @@ fn unchanged(error: ControlError) -> ControlError {
 /// given, or in that of the init of the workload's PID namespace under it (where a checkpoint
 /// keeps the state until its directory is complete). A refusal when there is none.
 fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
-    let mut candidates = vec![options.state_dir.join(STATE_FILE)];
-    if options.state_dir == default_state_dir(options.root)
-        && let Ok(init) = crate::disk::namespace_root(options.root)
-        && init != options.root
+    if let Some(found) = state_candidates(options.root, &options.state_dir)
+        .into_iter()
+        .find(|p| p.exists())
     {
-        candidates.push(default_state_dir(init).join(STATE_FILE));
-    }
-    if let Some(found) = candidates.iter().find(|p| p.exists()) {
-        return Ok(found.clone());
+        return Ok(found);
     }
     Err(ControlError::Refused(vec![Refusal {
         process: format!("pid {}", options.root),
@@ -779,6 +794,32 @@ fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
             options.state_dir.join(STATE_FILE).display()
         ),
     }]))
+}
+
+/// Where resume looks for the state file of `root`, in order.
+fn state_candidates(root: u32, state_dir: &Path) -> Vec<PathBuf> {
+    let mut candidates = vec![state_dir.join(STATE_FILE)];
+    if state_dir == default_state_dir(root)
+        && let Ok(init) = crate::disk::namespace_root(root)
+        && init != root
+    {
+        candidates.push(default_state_dir(init).join(STATE_FILE));
+    }
+    candidates
+}
+
+/// The suspension `resume --pid root [--state-dir]` would take up, read for `inspect`: `None`
+/// when there is no state file there or it cannot be read (inspect reports, it does not judge).
+pub fn suspended_state(root: u32, state_dir: Option<&Path>) -> Option<crate::group::Suspension> {
+    let dir = state_dir.map_or_else(|| default_state_dir(root), Path::to_path_buf);
+    let path = state_candidates(root, &dir)
+        .into_iter()
+        .find(|p| p.exists())?;
+    let state = read_state(&path).ok()?;
+    Some(crate::group::Suspension {
+        state_file: path,
+        mode: state.mode,
+    })
 }
 
 /// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish

@@ -475,6 +475,17 @@ pub struct InspectReport {
     pub shared: Vec<SharedAllocation>,
     /// Empty when the group can be captured now.
     pub refusals: Vec<Refusal>,
+    /// The suspension in progress, when a state file for this root is where `resume` looks for
+    /// it: how the group was suspended (the shims know their phase, not the mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub suspended: Option<Suspension>,
+}
+
+/// A suspended group's state file and the mode it records.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Suspension {
+    pub state_file: std::path::PathBuf,
+    pub mode: protocol::state::SuspendMode,
 }
 
 /// One process of the tree and what the tool could learn from it.
@@ -485,7 +496,11 @@ pub struct ProcessStatus {
     pub status: String,
 }
 
-pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlError> {
+pub fn inspect(
+    root: u32,
+    state_dir: Option<&std::path::Path>,
+    timeout: Duration,
+) -> Result<InspectReport, ControlError> {
     let mut processes = Vec::new();
     let mut snapshots = Vec::new();
     let mut refusals = Vec::new();
@@ -547,11 +562,13 @@ pub fn inspect(root: u32, timeout: Duration) -> Result<InspectReport, ControlErr
     }
     refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
+    let suspended = crate::capture::suspended_state(root, state_dir);
     Ok(InspectReport {
         root,
         processes,
         snapshots,
         shared,
         refusals,
+        suspended,
     })
 }

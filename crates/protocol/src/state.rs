@@ -35,7 +35,7 @@ pub const STATE_FILE_NAME: &str = "cuinterpose.state";
 pub const STATE_MAGIC: [u8; 8] = *b"CUISTATE";
 /// The state format this build writes and reads. Bumped on any change of the layout or of a type
 /// in the body (records included); older files are refused, not migrated.
-pub const STATE_VERSION: u16 = 1;
+pub const STATE_VERSION: u16 = 2;
 /// Length of the header before the body.
 pub const STATE_HEADER_LEN: usize = 24;
 /// Largest body accepted: bounds what a reader allocates before the checksum is known. A group of
@@ -51,8 +51,25 @@ pub struct GroupState {
     pub created_unix_ms: u64,
     /// Version of the tool that took it.
     pub tool_version: String,
+    /// Whether the native checkpoint was taken after the shims released their memory: what
+    /// resume (and resume after a fault) must undo.
+    pub mode: SuspendMode,
     /// Every process of the group, each once.
     pub participants: Vec<ParticipantState>,
+}
+
+/// How a group was suspended.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SuspendMode {
+    /// The shims released their memory, then the driver checkpointed every process natively
+    /// (lock, checkpoint): resume restores and unlocks natively before the shims rebuild.
+    #[default]
+    Native,
+    /// The shims released their memory and nothing native was done (`suspend --keep-contexts`):
+    /// contexts, modules, streams and memory the shim does not own stay resident on the GPU, and
+    /// resume makes no native call either. Never written by a checkpoint to disk.
+    KeepContexts,
 }
 
 /// One process of a captured group.
@@ -361,6 +378,7 @@ pub(crate) mod tests {
         GroupState {
             created_unix_ms: 1_767_225_600_000,
             tool_version: "0.1.0".into(),
+            mode: Default::default(),
             participants: vec![
                 ParticipantState {
                     host_pid: 1041,
@@ -430,7 +448,7 @@ pub(crate) mod tests {
             bytes[i] ^= 1;
             assert_eq!(decode(&bytes), Err(ProtocolError::BadMagic));
         }
-        for version in [0u16, 2, u16::MAX] {
+        for version in [0u16, STATE_VERSION - 1, STATE_VERSION + 1, u16::MAX] {
             let mut bytes = good.clone();
             bytes[8..10].copy_from_slice(&version.to_le_bytes());
             assert_eq!(

@@ -16,7 +16,7 @@ use cuinterpose_protocol::manifest::{self, Manifest};
 use cuinterpose_protocol::message::{
     self, CarrierMode, CopyStats, FrameHeader, HEADER_LEN, PROTOCOL_VERSION,
 };
-use cuinterpose_protocol::state::{self, CarrierInfo, GroupState, ParticipantState};
+use cuinterpose_protocol::state::{self, CarrierInfo, GroupState, ParticipantState, SuspendMode};
 use cuinterpose_protocol::ticket::Ticket;
 use cuinterpose_protocol::*;
 use serde::Serialize;
@@ -181,6 +181,13 @@ fn carrier_modes() -> Vec<(&'static str, CarrierMode)> {
     vec![
         ("staged", CarrierMode::Staged),
         ("registered", CarrierMode::Registered),
+    ]
+}
+
+fn suspend_modes() -> Vec<(&'static str, SuspendMode)> {
+    vec![
+        ("native", SuspendMode::Native),
+        ("keep_contexts", SuspendMode::KeepContexts),
     ]
 }
 
@@ -421,6 +428,8 @@ fn group() -> GroupState {
     GroupState {
         created_unix_ms: 1_767_225_600_000,
         tool_version: "0.1.0".into(),
+        // The mode that is not the default, so the golden file pins its position and tag.
+        mode: SuspendMode::KeepContexts,
         participants: vec![
             ParticipantState {
                 host_pid: 1041,
@@ -546,6 +555,7 @@ fn every_enum_variant_encodes_as_pinned() {
     entries.extend(variant_entries("carrier_mode", carrier_modes()));
     entries.extend(variant_entries("backing", backings()));
     entries.extend(variant_entries("blocker", blockers()));
+    entries.extend(variant_entries("suspend_mode", suspend_modes()));
     let golden = check_golden("variants.hex", &entries);
 
     // And the pinned bytes decode to the values they were made from.
@@ -567,6 +577,9 @@ fn every_enum_variant_encodes_as_pinned() {
     }
     for (name, v) in blockers() {
         back(decoded(&format!("blocker.{name}")), &v);
+    }
+    for (name, v) in suspend_modes() {
+        back(decoded(&format!("suspend_mode.{name}")), &v);
     }
 }
 

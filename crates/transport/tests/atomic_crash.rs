@@ -56,6 +56,7 @@ fn state_of(tag: u8) -> GroupState {
     GroupState {
         created_unix_ms: u64::from(tag),
         tool_version: format!("writer-{tag}"),
+        mode: Default::default(),
         participants: vec![ParticipantState {
             host_pid: 1041,
             ns_pid: 41,

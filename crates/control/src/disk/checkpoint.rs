@@ -67,8 +67,10 @@ pub fn checkpoint(
     let state_path = dir.join(protocol::state::STATE_FILE_NAME);
 
     let mut clock = Clock::new(progress);
+    // CRIU can only dump a process whose driver state was checkpointed natively.
     let capture_options = SuspendOptions {
         root,
+        mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
     let (group, captured) = capture::capture(&capture_options, &work_state, &mut clock)?;
@@ -211,7 +213,7 @@ fn resume_in_place(
     clock.time("native-restore", None, || {
         capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
     })?;
-    let state = capture::state_of(captured);
+    let state = capture::state_of(captured, options.mode);
     capture::finish_rebuild(&mut group, &state, clock).map(|_| ())
 }
 

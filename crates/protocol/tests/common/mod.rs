@@ -139,6 +139,7 @@ pub fn group() -> GroupState {
     GroupState {
         created_unix_ms: 1_767_225_600_000,
         tool_version: "0.1.0".into(),
+        mode: Default::default(),
         participants: vec![
             ParticipantState {
                 host_pid: 1041,
