@@ -3,6 +3,7 @@
 
 use super::{IMAGES_DIR, damaged, state_error};
 use crate::ControlError;
+use crate::capture::Progress;
 use crate::criu;
 use std::path::Path;
 
@@ -16,8 +17,12 @@ pub const IMAGE_DIGESTS: &str = "images.b3";
 /// few KiB, so hashing files per thread alone leaves one thread on the big page image.
 const PARALLEL_HASH_BYTES: u64 = 64 << 20;
 
-/// The digest list of every CRIU image file in `images`.
-pub(super) fn digest_images(images: &Path) -> Result<String, ControlError> {
+/// The digest list of every CRIU image file in `images`; each file's bytes go to `progress` once
+/// it is hashed.
+pub(super) fn digest_images(
+    images: &Path,
+    progress: &dyn Progress,
+) -> Result<String, ControlError> {
     let mut files: Vec<(String, u64)> = Vec::new();
     for entry in std::fs::read_dir(images).map_err(|e| state_error(images, e))? {
         let entry = entry.map_err(|e| state_error(images, e))?;
@@ -38,13 +43,14 @@ pub(super) fn digest_images(images: &Path) -> Result<String, ControlError> {
     let (big, small): (Vec<_>, Vec<_>) = files
         .iter()
         .partition(|(_, bytes)| *bytes >= PARALLEL_HASH_BYTES);
-    for (name, _) in big {
+    for (name, bytes) in big {
         let path = images.join(name);
         let mut hasher = blake3::Hasher::new();
         hasher
             .update_mmap_rayon(&path)
             .map_err(|e| state_error(&path, e))?;
         digests.insert(name, hasher.finalize().to_hex().to_string());
+        progress.advance(*bytes);
     }
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -58,7 +64,12 @@ pub(super) fn digest_images(images: &Path) -> Result<String, ControlError> {
                 scope.spawn(move || {
                     (t..small.len())
                         .step_by(threads)
-                        .map(|i| (i, file_blake3(&images.join(&small[i].0))))
+                        .map(|i| {
+                            let (name, bytes) = small[i];
+                            let digest = file_blake3(&images.join(name));
+                            progress.advance(*bytes);
+                            (i, digest)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -96,13 +107,13 @@ fn file_blake3(path: &Path) -> Result<String, ControlError> {
 
 /// Checks the images against the digest list written at checkpoint: the same set of image files,
 /// each with its recorded BLAKE3 digest. CRIU itself does not notice a truncated or edited page image.
-pub(super) fn verify_images(dir: &Path) -> Result<(), ControlError> {
+pub(super) fn verify_images(dir: &Path, progress: &dyn Progress) -> Result<(), ControlError> {
     let list_path = dir.join(IMAGE_DIGESTS);
     let recorded =
         transport::files::read_bounded(&list_path, 16 << 20).map_err(|e| damaged(&list_path, e))?;
     let recorded = String::from_utf8(recorded).map_err(|e| damaged(&list_path, e))?;
     let images = dir.join(IMAGES_DIR);
-    let found = digest_images(&images).map_err(|e| damaged(&images, e))?;
+    let found = digest_images(&images, progress).map_err(|e| damaged(&images, e))?;
     if found == recorded {
         return Ok(());
     }
@@ -141,6 +152,16 @@ mod tests {
     use super::*;
     use std::io::{Seek, SeekFrom, Write};
 
+    /// Counts the bytes reported as hashed.
+    #[derive(Debug, Default)]
+    struct Counted(std::sync::atomic::AtomicU64);
+    impl Progress for Counted {
+        fn advance(&self, bytes: u64) {
+            self.0
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
     /// A checkpoint directory with one page image above [`PARALLEL_HASH_BYTES`] (sparse, one byte
     /// written near its end) and two small images, plus a file that is not an image.
     fn checkpoint_dir() -> tempfile::TempDir {
@@ -162,7 +183,13 @@ mod tests {
     fn the_list_is_b3sum_format_with_every_image_digested_by_both_paths() {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
-        let list = digest_images(&images).expect("digest");
+        let counted = Counted::default();
+        let list = digest_images(&images, &counted).expect("digest");
+        assert_eq!(
+            counted.0.load(std::sync::atomic::Ordering::Relaxed),
+            crate::criu::directory_bytes(&images),
+            "every image's bytes reach the progress bar"
+        );
         let expected: String = ["core-1.img", "mm-1.img", "pages-1.img"]
             .iter()
             .map(|name| {
@@ -177,16 +204,16 @@ mod tests {
     fn a_changed_byte_in_the_big_image_is_refused_by_name() {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
-        let list = digest_images(&images).expect("digest");
+        let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
         std::fs::write(dir.path().join(IMAGE_DIGESTS), &list).expect("list");
-        verify_images(dir.path()).expect("intact checkpoint verifies");
+        verify_images(dir.path(), &crate::capture::Quiet).expect("intact checkpoint verifies");
         let mut big = std::fs::OpenOptions::new()
             .write(true)
             .open(images.join("pages-1.img"))
             .expect("open");
         big.seek(SeekFrom::Start(3)).expect("seek");
         big.write_all(b"x").expect("write");
-        let refusal = verify_images(dir.path())
+        let refusal = verify_images(dir.path(), &crate::capture::Quiet)
             .expect_err("damage refused")
             .to_string();
         assert!(
