@@ -212,7 +212,7 @@ fi
 if wants disk; then
     log "checkpoint to disk with CRIU and restore"
     if timeout 400 "$bin/cuinterpose" demo --to-disk --json >"$logs/demo-disk.json" 2>"$logs/demo-disk.err"; then
-        row "demo --to-disk" "-" "$(python3 -c "import json;r=json.load(open('$logs/demo-disk.json'));print(' '.join('%s=%.0fms'%(p['name'],p['millis']) for p in r['checkpoint']['phases']+r['restore']['phases'] if p['millis']>=1), 'images=%dMiB'%(r['checkpoint']['image_bytes']>>20))")" ok
+        row "demo --to-disk" "-" "$(python3 -c "import json;r=json.load(open('$logs/demo-disk.json'));print(' '.join('%s=%.0fms'%(p['name'],p['millis'])+('(%dMiB@%.2fGB/s)'%(p['bytes']>>20,p['bytes']/p['millis']/1e6) if p['bytes'] else '') for p in r['checkpoint']['phases']+r['restore']['phases'] if p['millis']>=1), 'images=%dMiB'%(r['checkpoint']['image_bytes']>>20))")" ok
     else
         row "demo --to-disk" "-" "$(tail -3 "$logs/demo-disk.err" | tr '\n\t' '  ')" FAIL
     fi
@@ -238,7 +238,9 @@ if wants torch-disk; then
             row "torch checkpoint/restore" "-" "$(python3 - "$logs/torch-checkpoint.json" "$logs/torch-restore.json" "$gone" <<'PY'
 import json, sys
 c, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-ph = lambda rep: " ".join("%s=%.0f" % (p["name"], p["millis"]) for p in rep["phases"] if p["millis"] >= 1)
+# Phase times in ms; phases that move bytes add how many and at what rate.
+rate = lambda p: "(%dMiB@%.2fGB/s)" % (p["bytes"] >> 20, p["bytes"] / p["millis"] / 1e6) if p["bytes"] else ""
+ph = lambda rep: " ".join("%s=%.0f%s" % (p["name"], p["millis"], rate(p)) for p in rep["phases"] if p["millis"] >= 1)
 print("left after dump: %s; checkpoint %s; restore %s; images %d MiB" % (sys.argv[3], ph(c), ph(r), c["image_bytes"] >> 20))
 PY
 )" "$verdict"

@@ -872,8 +872,8 @@ const DAMAGES: &[Damage] = &[
     },
     Damage {
         name: "image digests missing",
-        apply: |d| std::fs::remove_file(d.join("images.sha256")).expect("rm"),
-        message: "images.sha256",
+        apply: |d| std::fs::remove_file(d.join("images.b3")).expect("rm"),
+        message: "images.b3",
     },
     Damage {
         name: "page image missing",

@@ -151,6 +151,11 @@ pub(crate) struct Clock<'a> {
 }
 
 impl<'a> Clock<'a> {
+    /// Where the phases report the bytes they move, for the phases timed outside this module.
+    pub(crate) fn progress(&self) -> &'a dyn Progress {
+        self.progress
+    }
+
     pub(crate) fn new(progress: &'a dyn Progress) -> Clock<'a> {
         Clock {
             progress,

@@ -16,8 +16,10 @@ use crate::state::{self, GroupState};
 pub const MANIFEST_FILE_NAME: &str = "manifest.json";
 /// Value of the `format` field.
 pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
-/// The manifest version this build writes and reads; bumped on any change of its fields.
-pub const MANIFEST_VERSION: u32 = 3;
+/// The manifest version this build writes and reads; bumped on any change of its fields, and on a
+/// change of the checkpoint directory it describes (4: the image digest list became BLAKE3,
+/// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage).
+pub const MANIFEST_VERSION: u32 = 4;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).

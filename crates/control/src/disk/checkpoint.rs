@@ -95,8 +95,9 @@ pub fn checkpoint(
         // Listed at once: a checkpoint killed from here on leaves them to discard.
         write_marker(dir, &link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);
+        let progress = clock.progress();
         clock.time("image-digest", Some(image_bytes), || {
-            let list = digest_images(&images)?;
+            let list = digest_images(&images, progress)?;
             transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
                 .map_err(|e| state_error(dir, e))?;
             Ok(((), image_bytes, 0.0))

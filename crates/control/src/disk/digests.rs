@@ -3,90 +3,117 @@
 
 use super::{IMAGES_DIR, damaged, state_error};
 use crate::ControlError;
+use crate::capture::Progress;
 use crate::criu;
 use std::path::Path;
 
-/// Name of the image digest list in a checkpoint directory: `sha256sum` format
-/// (`<64 hex>  images/<file>` per image file, sorted), so `sha256sum -c` checks it too.
-pub const IMAGE_DIGESTS: &str = "images.sha256";
+/// Name of the image digest list in a checkpoint directory: `b3sum` format
+/// (`<64 hex>  images/<file>` per image file, sorted, BLAKE3), so `b3sum -c` checks it too.
+pub const IMAGE_DIGESTS: &str = "images.b3";
 
-/// The digest list of every CRIU image file in `images`.
-pub(super) fn digest_images(images: &Path) -> Result<String, ControlError> {
-    let mut names: Vec<String> = std::fs::read_dir(images)
-        .map_err(|e| state_error(images, e))?
-        .flatten()
-        .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| criu::is_image(n))
-        .collect();
-    names.sort();
-    // The page images (one or more per process) hold gigabytes on a GPU: hash them on as many
-    // threads as there are cores.
+/// Files at least this large are hashed one at a time by BLAKE3's own parallel hashing over a
+/// memory map (all cores on one file); smaller ones are hashed whole files per thread. A process's
+/// page image holds its memory (gigabytes next to pinned host memory) while most other images are a
+/// few KiB, so hashing files per thread alone leaves one thread on the big page image.
+const PARALLEL_HASH_BYTES: u64 = 64 << 20;
+
+/// The digest list of every CRIU image file in `images`; each file's bytes go to `progress` once
+/// it is hashed.
+pub(super) fn digest_images(
+    images: &Path,
+    progress: &dyn Progress,
+) -> Result<String, ControlError> {
+    let mut files: Vec<(String, u64)> = Vec::new();
+    for entry in std::fs::read_dir(images).map_err(|e| state_error(images, e))? {
+        let entry = entry.map_err(|e| state_error(images, e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !criu::is_image(&name) {
+            continue;
+        }
+        let bytes = entry
+            .metadata()
+            .map_err(|e| state_error(&entry.path(), e))?
+            .len();
+        files.push((name, bytes));
+    }
+    files.sort();
+    let mut digests: std::collections::BTreeMap<&str, String> = std::collections::BTreeMap::new();
+    let (big, small): (Vec<_>, Vec<_>) = files
+        .iter()
+        .partition(|(_, bytes)| *bytes >= PARALLEL_HASH_BYTES);
+    for (name, bytes) in big {
+        let path = images.join(name);
+        let mut hasher = blake3::Hasher::new();
+        hasher
+            .update_mmap_rayon(&path)
+            .map_err(|e| state_error(&path, e))?;
+        digests.insert(name, hasher.finalize().to_hex().to_string());
+        progress.advance(*bytes);
+    }
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(names.len().max(1));
-    let mut digests: Vec<Option<Result<String, ControlError>>> =
-        (0..names.len()).map(|_| None).collect();
+        .min(small.len().max(1));
+    let mut hashed: Vec<Option<Result<String, ControlError>>> =
+        (0..small.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
-        // Round robin, so that the page images (adjacent once sorted) land on different threads.
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let names = &names;
+                let small = &small;
                 scope.spawn(move || {
-                    (t..names.len())
+                    (t..small.len())
                         .step_by(threads)
-                        .map(|i| (i, file_sha256(&images.join(&names[i]))))
+                        .map(|i| {
+                            let (name, bytes) = small[i];
+                            let digest = file_blake3(&images.join(name));
+                            progress.advance(*bytes);
+                            (i, digest)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
             .collect();
         for handle in handles {
             for (i, digest) in handle.join().unwrap_or_default() {
-                if let Some(slot) = digests.get_mut(i) {
+                if let Some(slot) = hashed.get_mut(i) {
                     *slot = Some(digest);
                 }
             }
         }
     });
-    let mut list = String::new();
-    for (name, digest) in names.iter().zip(digests) {
+    for ((name, _), digest) in small.iter().zip(hashed) {
         // A slot left empty is a thread that panicked.
         let digest = digest
             .unwrap_or_else(|| Err(state_error(images, crate::FileError::DigestThreadPanicked)))?;
+        digests.insert(name, digest);
+    }
+    let mut list = String::new();
+    for (name, digest) in digests {
         list.push_str(&format!("{digest}  {IMAGES_DIR}/{name}\n"));
     }
     Ok(list)
 }
 
-/// SHA-256 of a file, read in pieces (images hold the processes' memory: gigabytes on a GPU).
-fn file_sha256(path: &Path) -> Result<String, ControlError> {
-    use sha2::Digest;
-    use std::io::Read;
+/// BLAKE3 of a small file, read through in one thread.
+fn file_blake3(path: &Path) -> Result<String, ControlError> {
     let mut file = std::fs::File::open(path).map_err(|e| state_error(path, e))?;
-    let mut hasher = sha2::Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buffer).map_err(|e| state_error(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(buffer.get(..n).unwrap_or_default());
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    let mut hasher = blake3::Hasher::new();
+    hasher
+        .update_reader(&mut file)
+        .map_err(|e| state_error(path, e))?;
+    Ok(hasher.finalize().to_hex().to_string())
 }
 
 /// Checks the images against the digest list written at checkpoint: the same set of image files,
-/// each with its recorded SHA-256. CRIU itself does not notice a truncated or edited page image.
-pub(super) fn verify_images(dir: &Path) -> Result<(), ControlError> {
+/// each with its recorded BLAKE3 digest. CRIU itself does not notice a truncated or edited page image.
+pub(super) fn verify_images(dir: &Path, progress: &dyn Progress) -> Result<(), ControlError> {
     let list_path = dir.join(IMAGE_DIGESTS);
     let recorded =
         transport::files::read_bounded(&list_path, 16 << 20).map_err(|e| damaged(&list_path, e))?;
     let recorded = String::from_utf8(recorded).map_err(|e| damaged(&list_path, e))?;
     let images = dir.join(IMAGES_DIR);
-    let found = digest_images(&images).map_err(|e| damaged(&images, e))?;
+    let found = digest_images(&images, progress).map_err(|e| damaged(&images, e))?;
     if found == recorded {
         return Ok(());
     }
@@ -118,4 +145,80 @@ pub(super) fn verify_images(dir: &Path) -> Result<(), ControlError> {
             problems.join(", ")
         ),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, SeekFrom, Write};
+
+    /// Counts the bytes reported as hashed.
+    #[derive(Debug, Default)]
+    struct Counted(std::sync::atomic::AtomicU64);
+    impl Progress for Counted {
+        fn advance(&self, bytes: u64) {
+            self.0
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A checkpoint directory with one page image above [`PARALLEL_HASH_BYTES`] (sparse, one byte
+    /// written near its end) and two small images, plus a file that is not an image.
+    fn checkpoint_dir() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let images = dir.path().join(IMAGES_DIR);
+        std::fs::create_dir(&images).expect("images dir");
+        let mut big = std::fs::File::create(images.join("pages-1.img")).expect("big image");
+        big.set_len(PARALLEL_HASH_BYTES + 4096 + 17).expect("size");
+        big.seek(SeekFrom::Start(PARALLEL_HASH_BYTES + 100))
+            .expect("seek");
+        big.write_all(b"page bytes").expect("write");
+        std::fs::write(images.join("core-1.img"), b"core").expect("small image");
+        std::fs::write(images.join("mm-1.img"), b"").expect("empty image");
+        std::fs::write(images.join("dump.log"), b"not an image").expect("log");
+        dir
+    }
+
+    #[test]
+    fn the_list_is_b3sum_format_with_every_image_digested_by_both_paths() {
+        let dir = checkpoint_dir();
+        let images = dir.path().join(IMAGES_DIR);
+        let counted = Counted::default();
+        let list = digest_images(&images, &counted).expect("digest");
+        assert_eq!(
+            counted.0.load(std::sync::atomic::Ordering::Relaxed),
+            crate::criu::directory_bytes(&images),
+            "every image's bytes reach the progress bar"
+        );
+        let expected: String = ["core-1.img", "mm-1.img", "pages-1.img"]
+            .iter()
+            .map(|name| {
+                let bytes = std::fs::read(images.join(name)).expect("read");
+                format!("{}  images/{name}\n", blake3::hash(&bytes).to_hex())
+            })
+            .collect();
+        assert_eq!(list, expected);
+    }
+
+    #[test]
+    fn a_changed_byte_in_the_big_image_is_refused_by_name() {
+        let dir = checkpoint_dir();
+        let images = dir.path().join(IMAGES_DIR);
+        let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
+        std::fs::write(dir.path().join(IMAGE_DIGESTS), &list).expect("list");
+        verify_images(dir.path(), &crate::capture::Quiet).expect("intact checkpoint verifies");
+        let mut big = std::fs::OpenOptions::new()
+            .write(true)
+            .open(images.join("pages-1.img"))
+            .expect("open");
+        big.seek(SeekFrom::Start(3)).expect("seek");
+        big.write_all(b"x").expect("write");
+        let refusal = verify_images(dir.path(), &crate::capture::Quiet)
+            .expect_err("damage refused")
+            .to_string();
+        assert!(
+            refusal.contains("images/pages-1.img differs from its digest"),
+            "{refusal}"
+        );
+    }
 }

@@ -204,8 +204,9 @@ pub fn restore(
     })?;
     let images = options.dir.join(IMAGES_DIR);
     let image_bytes = criu::directory_bytes(&images);
+    let progress = clock.progress();
     clock.time("verify-images", Some(image_bytes), || {
-        verify_images(&options.dir).map(|()| ((), image_bytes, 0.0))
+        verify_images(&options.dir, progress).map(|()| ((), image_bytes, 0.0))
     })?;
     let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
