@@ -106,6 +106,14 @@ impl DriverTable {
         unsafe { self.cuCtxSetCurrent(ctx) }
     }
 
+    /// `cuCtxGetDevice`: the device of the current context.
+    pub fn ctx_device(&self) -> Result<CUdevice> {
+        let mut dev: CUdevice = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCtxGetDevice(&mut dev) }?;
+        Ok(dev)
+    }
+
     /// `cuCtxSynchronize`.
     pub fn ctx_synchronize(&self) -> Result<()> {
         // SAFETY: no pointers.

@@ -86,6 +86,8 @@ pub struct Runtime {
     /// Of those, the ones that asked something else than GetFd (the tool, or anyone posing as it):
     /// limited apart, so they can never take the peers' places (server.rs).
     pub(crate) tool_connections: AtomicUsize,
+    /// The `cuMemAlloc` allocations the shim made on VMM (owned_alloc.rs).
+    pub(crate) owned: crate::owned_alloc::OwnedAllocs,
 }
 
 impl Runtime {
@@ -108,6 +110,7 @@ impl Runtime {
             driver_version: version,
             connections: AtomicUsize::new(0),
             tool_connections: AtomicUsize::new(0),
+            owned: crate::owned_alloc::OwnedAllocs::default(),
         })
     }
 

@@ -434,6 +434,10 @@ unsafe extern "C" fn ctx_get(c: *mut CUcontext) -> CUresult {
 unsafe extern "C" fn ctx_set(_: CUcontext) -> CUresult {
     OK
 }
+unsafe extern "C" fn ctx_device(d: *mut CUdevice) -> CUresult {
+    unsafe { d.write(0) };
+    OK
+}
 unsafe extern "C" fn ctx_sync() -> CUresult {
     OK
 }
@@ -550,6 +554,7 @@ pub fn real() -> Real {
         cuCtxGetCurrent: ctx_get,
         cuCtxSetCurrent: ctx_set,
         cuCtxSynchronize: ctx_sync,
+        cuCtxGetDevice: ctx_device,
         cuMemcpyDtoH_v2: dtoh,
         cuMemcpyHtoD_v2: htod,
         cuMemcpyDtoHAsync_v2: dtoh_async,
@@ -613,6 +618,16 @@ pub unsafe extern "C" fn dtoh_async_fails(
     _: CUstream,
 ) -> CUresult {
     CUresult::ERROR_ILLEGAL_ADDRESS
+}
+
+/// `cuMemSetAccess` that always fails (an owned cuMemAlloc undone at its last step).
+pub unsafe extern "C" fn set_access_fails(
+    _: u64,
+    _: usize,
+    _: *const CUmemAccessDesc,
+    _: usize,
+) -> CUresult {
+    CUresult::ERROR_INVALID_DEVICE
 }
 
 /// The script of [`release_scripted`].
