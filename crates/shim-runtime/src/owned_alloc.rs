@@ -17,6 +17,16 @@ use cuda_abi::*;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
+/// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocMode {
+    /// The shim, on VMM: saved through carriers at capture.
+    Vmm,
+    /// The driver: left to the native checkpoint, legacy IPC refused at capture.
+    #[default]
+    Native,
+}
+
 /// One owned allocation: its base address is its key in [`OwnedAllocs`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnedAlloc {
@@ -82,8 +92,12 @@ fn alloc_prop(device: CUdevice) -> CUmemAllocationProp {
 }
 
 impl Runtime {
-    /// `cuMemAlloc` on owned VMM memory in the current context's device.
+    /// `cuMemAlloc`: on owned VMM memory in the current context's device, or the driver's own
+    /// with [`AllocMode::Native`].
     pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
+        if self.config.alloc == AllocMode::Native {
+            return self.real.mem_alloc(bytes).map_err(|e| e.result);
+        }
         // The driver refuses a zero-byte cuMemAlloc with INVALID_VALUE; so does this.
         if bytes == 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);

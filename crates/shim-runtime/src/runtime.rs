@@ -39,6 +39,8 @@ pub struct Config {
     /// processes of two PID namespaces sharing a directory never want the same name. Kept from
     /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
     pub pid_namespace: u64,
+    /// Who makes `cuMemAlloc` memory ([`ShimConfig::alloc`]).
+    pub alloc: crate::owned_alloc::AllocMode,
 }
 
 impl Config {
@@ -256,6 +258,7 @@ pub fn start_after_init(real: &Real) -> bool {
             ns_pid,
             copy: settings.copy,
             pid_namespace: own_pid_namespace(),
+            alloc: settings.alloc,
         },
     );
     match runtime.serve() {

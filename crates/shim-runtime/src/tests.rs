@@ -46,6 +46,7 @@ impl Proc {
                 ns_pid: pid(),
                 copy: crate::copy::CopyConfig::default(),
                 pid_namespace: crate::runtime::own_pid_namespace(),
+                alloc: crate::owned_alloc::AllocMode::Vmm,
             },
         );
         rt.serve().unwrap();
