@@ -195,6 +195,16 @@ impl Runtime {
         Ok(())
     }
 
+    /// `cuMemRetainAllocationHandle`: refused for owned memory with the driver's code for
+    /// cuMemAlloc memory (INVALID_VALUE), since libraries (NCCL, torchcomms) pick their sharing
+    /// path by whether it succeeds; the tracked retain otherwise.
+    pub fn mem_retain_any(&self, addr: CUdeviceptr) -> Tracked<VirtualHandle> {
+        if self.owned.containing(addr).is_some() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        self.mem_retain(addr)
+    }
+
     /// `cuMemGetAddressRange`: for owned memory the base and the requested size, as the driver
     /// answers for its own cuMemAlloc memory; the driver's answer otherwise.
     pub fn mem_address_range(&self, dptr: CUdeviceptr) -> Tracked<(CUdeviceptr, usize)> {

@@ -1056,6 +1056,11 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
     check_contents(&g);
     let p = &g.procs[0];
     assert_eq!(p.rt.mem_address_range(base).unwrap(), (base, requested));
+    // No allocation handle, as for the driver's cuMemAlloc memory.
+    assert_eq!(
+        p.rt.mem_retain_any(base + 4096),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
     // cuMemFree undoes everything: no record, no driver allocation at the address.
     p.rt.mem_free_any(base).unwrap();
     assert!(p.rt.owned.is_empty());

@@ -177,7 +177,7 @@ pub(crate) unsafe fn cuMemRetainAllocationHandle(
             return unsafe { (real.cuMemRetainAllocationHandle)(handle, addr) };
         }
         // `addr` is a device address in a `void*`, never dereferenced.
-        answer(rt.mem_retain(addr as usize as CUdeviceptr), |vh| {
+        answer(rt.mem_retain_any(addr as usize as CUdeviceptr), |vh| {
             // SAFETY: non-null and writable (the driver's contract).
             unsafe { handle.write(vh.0) }
         })
