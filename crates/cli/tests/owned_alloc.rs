@@ -15,6 +15,10 @@ fn suspend_and_resume_private_malloc(alloc: &str, carried: u64) {
     let a = tree.w("a");
     // 3 MiB: backed by 4 MiB of 2 MiB granularity when owned.
     ok(a, &["malloc m 3M", "fill m 41"]);
+    // No allocation handle behind cuMemAlloc memory, owned or not: the same INVALID_VALUE.
+    let retained = a.cmd("retain-from-address rh m").unwrap();
+    assert!(!retained.ok, "{}", retained.outcome());
+    assert_eq!(retained.code, Some(1), "{}", retained.outcome());
     let before = regions(a);
     let run = suspend(&env, tree.root(), &[]);
     let report = run.ok().json();
