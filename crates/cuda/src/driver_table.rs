@@ -135,6 +135,7 @@ interposer_table! {
         cuDeviceGetCount(count: *mut c_int);
         cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
         cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+        cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice);
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
         cuCtxGetCurrent(ctx: *mut CUcontext);

@@ -79,8 +79,9 @@ impl OwnedAllocs {
 }
 
 /// The property of an owned allocation on `device`: pinned device memory exportable to a POSIX
-/// descriptor, so that it can be shared and saved like any created allocation.
-fn alloc_prop(device: CUdevice) -> CUmemAllocationProp {
+/// descriptor, so that it can be shared and saved like any created allocation, and RDMA-capable
+/// where VMM memory can be (cuMemAlloc memory is implicitly; gdrcopy and UCX rely on it).
+fn alloc_prop(device: CUdevice, rdma: bool) -> CUmemAllocationProp {
     let mut prop = CUmemAllocationProp {
         type_: allocation_type::PINNED,
         requestedHandleTypes: handle_type::POSIX_FILE_DESCRIPTOR,
@@ -88,6 +89,7 @@ fn alloc_prop(device: CUdevice) -> CUmemAllocationProp {
     };
     prop.location.type_ = location_type::DEVICE;
     prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma);
     prop
 }
 
@@ -105,7 +107,15 @@ impl Runtime {
         // Without a current context the driver answers INVALID_CONTEXT (or NOT_INITIALIZED):
         // its own code, unchanged.
         let device = self.real.ctx_device().map_err(|e| e.result)?;
-        let prop = alloc_prop(device);
+        // A driver that cannot say is taken as not supporting it: the creation then still works.
+        let rdma = self
+            .real
+            .device_attribute(
+                device_attribute::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                device,
+            )
+            .is_ok_and(|v| v == 1);
+        let prop = alloc_prop(device, rdma);
         let granularity = self
             .real
             .mem_allocation_granularity(&prop, granularity_flags::MINIMUM)

@@ -1038,6 +1038,14 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
         assert_eq!(objects[0].1.size, 2 * MB2 as u64);
         assert_eq!(objects[0].1.refs, 0);
         assert!(objects[0].1.is_shared_creation());
+        let real = objects[0].1.real.unwrap();
+        let f = fake();
+        let aid = f.alloc_of(real.raw()).unwrap();
+        assert_eq!(
+            f.allocs[&aid].rdma, 1,
+            "RDMA-capable where the device says so"
+        );
+        drop(f);
         let maps: Vec<_> = reg.mappings().collect();
         assert_eq!(maps.len(), 1);
         assert_eq!(maps[0].0, base);
