@@ -151,6 +151,7 @@ pub mod device_attribute {
     pub const HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: i32 = 103;
     pub const GENERIC_COMPRESSION_SUPPORTED: i32 = 106;
     pub const MEMORY_POOLS_SUPPORTED: i32 = 115;
+    pub const GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: i32 = 116;
     pub const HANDLE_TYPE_FABRIC_SUPPORTED: i32 = 128;
     pub const MULTICAST_SUPPORTED: i32 = 132;
 }

@@ -71,7 +71,13 @@ interposer_table! {
             os_handle: *mut c_void,
             handle_type: u32,
         );
+        cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
         cuMemFree_v2 = cuMemFree @ 12000 (dptr: CUdeviceptr);
+        cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (
+            base: *mut CUdeviceptr,
+            size: *mut usize,
+            dptr: CUdeviceptr,
+        );
         cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr);
         cuIpcOpenMemHandle_v2 = cuIpcOpenMemHandle @ 12000 (
             dptr: *mut CUdeviceptr,
@@ -129,11 +135,13 @@ interposer_table! {
         cuDeviceGetCount(count: *mut c_int);
         cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
         cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+        cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice);
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
         cuCtxGetCurrent(ctx: *mut CUcontext);
         cuCtxSetCurrent(ctx: CUcontext);
         cuCtxSynchronize();
+        cuCtxGetDevice(device: *mut CUdevice);
         cuMemcpyDtoH_v2 = cuMemcpyDtoH @ 12000 (dst: *mut c_void, src: CUdeviceptr, bytes: usize);
         cuMemcpyHtoD_v2 = cuMemcpyHtoD @ 12000 (dst: CUdeviceptr, src: *const c_void, bytes: usize);
         cuMemcpyDtoHAsync_v2 = cuMemcpyDtoHAsync @ 12000 (
@@ -163,12 +171,6 @@ interposer_table! {
         cuMemGetInfo_v2 = cuMemGetInfo @ 12000 (free: *mut usize, total: *mut usize);
         cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr);
         cuGetErrorName(error: CUresult, out: *mut *const c_char);
-        cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
-        cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (
-            base: *mut CUdeviceptr,
-            size: *mut usize,
-            dptr: CUdeviceptr,
-        );
         cuMemsetD8_v2 = cuMemsetD8 @ 12000 (dst: CUdeviceptr, value: u8, count: usize);
         cuCheckpointProcessLock(pid: c_int, args: *mut CUcheckpointLockArgs);
         cuCheckpointProcessCheckpoint(pid: c_int, args: *mut CUcheckpointCheckpointArgs);

@@ -106,6 +106,22 @@ impl DriverTable {
         unsafe { self.cuCtxSetCurrent(ctx) }
     }
 
+    /// `cuDeviceGetAttribute`.
+    pub fn device_attribute(&self, attrib: i32, device: CUdevice) -> Result<i32> {
+        let mut v: c_int = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuDeviceGetAttribute(&mut v, attrib, device) }?;
+        Ok(v)
+    }
+
+    /// `cuCtxGetDevice`: the device of the current context.
+    pub fn ctx_device(&self) -> Result<CUdevice> {
+        let mut dev: CUdevice = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCtxGetDevice(&mut dev) }?;
+        Ok(dev)
+    }
+
     /// `cuCtxSynchronize`.
     pub fn ctx_synchronize(&self) -> Result<()> {
         // SAFETY: no pointers.

@@ -267,6 +267,8 @@ pub(crate) fn attribute(d: &Driver, attrib: c_int, ordinal: usize) -> Res<c_int>
         83 | 89 => 1,
         attr::VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
         attr::HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
+        // The H200 (r580) supports GPUDirect RDMA on VMM memory.
+        attr::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED => 1,
         attr::HANDLE_TYPE_FABRIC_SUPPORTED => c_int::from(d.config.fabric),
         attr::MULTICAST_SUPPORTED => c_int::from(d.config.multicast),
         _ => 0,

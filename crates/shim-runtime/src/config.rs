@@ -9,6 +9,7 @@
 
 use crate::copy::{CarrierMode, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
+use crate::owned_alloc::AllocMode;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -37,6 +38,11 @@ const STAGING_CHUNK: Setting = Setting {
     default: "1M",
 };
 
+const ALLOC: Setting = Setting {
+    name: "CUINTERPOSE_ALLOC",
+    default: "native",
+};
+
 /// Staging buffer sizes accepted: a multiple of 4 KiB from 256 KiB to 64 MiB.
 const CHUNK_RANGE: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
 const CHUNK_ALIGN: usize = 4096;
@@ -51,6 +57,8 @@ pub struct ShimConfig {
     pub log_level: u8,
     /// How copies reach the host carrier.
     pub copy: CopyConfig,
+    /// Who makes `cuMemAlloc` memory.
+    pub alloc: AllocMode,
 }
 
 /// A variable whose value was not understood; its default was used.
@@ -65,7 +73,7 @@ pub struct Invalid {
 
 impl ShimConfig {
     /// Every variable the shim reads.
-    pub const SETTINGS: &'static [Setting] = &[CONTROL_DIR, LOG, CARRIER, STAGING_CHUNK];
+    pub const SETTINGS: &'static [Setting] = &[CONTROL_DIR, LOG, CARRIER, STAGING_CHUNK, ALLOC];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> (ShimConfig, Vec<Invalid>) {
@@ -94,6 +102,9 @@ impl ShimConfig {
                     .parse(&STAGING_CHUNK, CHUNK_EXPECTED, staging_chunk)
                     .unwrap_or(DEFAULT_CHUNK),
             },
+            alloc: reader
+                .parse(&ALLOC, ALLOC_EXPECTED, alloc_mode)
+                .unwrap_or_default(),
         };
         (config, reader.invalid)
     }
@@ -135,6 +146,7 @@ impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
 
 const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a filter list";
 const CARRIER_EXPECTED: &str = "staged or registered";
+const ALLOC_EXPECTED: &str = "vmm or native";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
 /// `staged` or `registered`. Staged is the default because it measured faster on the H200
@@ -144,6 +156,17 @@ fn carrier_mode(value: &str) -> Option<CarrierMode> {
     match value.trim() {
         "staged" => Some(CarrierMode::Staged),
         "registered" => Some(CarrierMode::Registered),
+        _ => None,
+    }
+}
+
+/// `vmm` or `native`. Native is the default until legacy CUDA IPC of owned memory is served by
+/// the shim: the driver's `cuIpcGetMemHandle` refuses VMM memory, and PyTorch's default
+/// allocator shares its `cudaMalloc` blocks that way.
+fn alloc_mode(value: &str) -> Option<AllocMode> {
+    match value.trim() {
+        "vmm" => Some(AllocMode::Vmm),
+        "native" => Some(AllocMode::Native),
         _ => None,
     }
 }
@@ -240,6 +263,7 @@ mod tests {
             ("CUINTERPOSE_LOG", "hyper=trace,cuinterpose=debug"),
             ("CUINTERPOSE_CARRIER", "registered"),
             ("CUINTERPOSE_STAGING_CHUNK", "8M"),
+            ("CUINTERPOSE_ALLOC", "vmm"),
         ]);
         assert!(invalid.is_empty(), "{invalid:?}");
         assert_eq!(
@@ -251,6 +275,7 @@ mod tests {
                     mode: CarrierMode::Registered,
                     chunk: 8 << 20,
                 },
+                alloc: AllocMode::Vmm,
             }
         );
 
@@ -258,6 +283,7 @@ mod tests {
             ("CUINTERPOSE_LOG", "loud"),
             ("CUINTERPOSE_CARRIER", "pinned"),
             ("CUINTERPOSE_STAGING_CHUNK", "3K"),
+            ("CUINTERPOSE_ALLOC", "both"),
         ]);
         assert_eq!(config, with(&[]).0);
         let names: Vec<&str> = invalid.iter().map(|i| i.name).collect();
@@ -266,7 +292,8 @@ mod tests {
             [
                 "CUINTERPOSE_LOG",
                 "CUINTERPOSE_CARRIER",
-                "CUINTERPOSE_STAGING_CHUNK"
+                "CUINTERPOSE_STAGING_CHUNK",
+                "CUINTERPOSE_ALLOC"
             ]
         );
         assert_eq!(

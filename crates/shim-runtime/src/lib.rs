@@ -16,7 +16,7 @@
 //! and in the test-only driver and tests.
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
-//! `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
+//! `owned_alloc` (cuMemAlloc on owned VMM), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
 //! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
 
 #![deny(unsafe_code)]
@@ -31,6 +31,7 @@ pub mod exports;
 pub mod fdutil;
 pub mod gate;
 pub mod log;
+pub mod owned_alloc;
 pub mod phases;
 pub mod registry;
 pub mod runtime;

@@ -39,6 +39,8 @@ pub struct Config {
     /// processes of two PID namespaces sharing a directory never want the same name. Kept from
     /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
     pub pid_namespace: u64,
+    /// Who makes `cuMemAlloc` memory ([`ShimConfig::alloc`]).
+    pub alloc: crate::owned_alloc::AllocMode,
 }
 
 impl Config {
@@ -86,6 +88,8 @@ pub struct Runtime {
     /// Of those, the ones that asked something else than GetFd (the tool, or anyone posing as it):
     /// limited apart, so they can never take the peers' places (server.rs).
     pub(crate) tool_connections: AtomicUsize,
+    /// The `cuMemAlloc` allocations the shim made on VMM (owned_alloc.rs).
+    pub(crate) owned: crate::owned_alloc::OwnedAllocs,
 }
 
 impl Runtime {
@@ -108,6 +112,7 @@ impl Runtime {
             driver_version: version,
             connections: AtomicUsize::new(0),
             tool_connections: AtomicUsize::new(0),
+            owned: crate::owned_alloc::OwnedAllocs::default(),
         })
     }
 
@@ -253,6 +258,7 @@ pub fn start_after_init(real: &Real) -> bool {
             ns_pid,
             copy: settings.copy,
             pid_namespace: own_pid_namespace(),
+            alloc: settings.alloc,
         },
     );
     match runtime.serve() {

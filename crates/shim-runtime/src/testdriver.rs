@@ -50,6 +50,8 @@ pub struct Alloc {
     pub handles: u32,
     pub maps: u32,
     pub prop: (u32, u32, u32, i32),
+    /// `allocFlags.gpuDirectRDMACapable` of the creation.
+    pub rdma: u8,
 }
 
 #[derive(Debug)]
@@ -179,6 +181,7 @@ unsafe extern "C" fn mem_create(
                 p.location.type_,
                 p.location.id,
             ),
+            rdma: p.allocFlags.gpuDirectRDMACapable,
         },
     );
     f.handles.insert(handle, aid);
@@ -353,6 +356,7 @@ unsafe extern "C" fn mc_create(h: *mut u64, _: *const CUmulticastObjectProp) -> 
             handles: 1,
             maps: 0,
             prop: (0, 0, 0, 0),
+            rdma: 0,
         },
     );
     f.handles.insert(handle, aid);
@@ -432,6 +436,16 @@ unsafe extern "C" fn ctx_get(c: *mut CUcontext) -> CUresult {
     OK
 }
 unsafe extern "C" fn ctx_set(_: CUcontext) -> CUresult {
+    OK
+}
+/// Device 0 supports RDMA on VMM memory (as the H200 does); other attributes are 0.
+unsafe extern "C" fn device_attribute(v: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+    let rdma = attrib == device_attribute::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED && dev == 0;
+    unsafe { v.write(c_int::from(rdma)) };
+    OK
+}
+unsafe extern "C" fn ctx_device(d: *mut CUdevice) -> CUresult {
+    unsafe { d.write(0) };
     OK
 }
 unsafe extern "C" fn ctx_sync() -> CUresult {
@@ -550,6 +564,8 @@ pub fn real() -> Real {
         cuCtxGetCurrent: ctx_get,
         cuCtxSetCurrent: ctx_set,
         cuCtxSynchronize: ctx_sync,
+        cuCtxGetDevice: ctx_device,
+        cuDeviceGetAttribute: device_attribute,
         cuMemcpyDtoH_v2: dtoh,
         cuMemcpyHtoD_v2: htod,
         cuMemcpyDtoHAsync_v2: dtoh_async,
@@ -613,6 +629,16 @@ pub unsafe extern "C" fn dtoh_async_fails(
     _: CUstream,
 ) -> CUresult {
     CUresult::ERROR_ILLEGAL_ADDRESS
+}
+
+/// `cuMemSetAccess` that always fails (an owned cuMemAlloc undone at its last step).
+pub unsafe extern "C" fn set_access_fails(
+    _: u64,
+    _: usize,
+    _: *const CUmemAccessDesc,
+    _: usize,
+) -> CUresult {
+    CUresult::ERROR_INVALID_DEVICE
 }
 
 /// The script of [`release_scripted`].

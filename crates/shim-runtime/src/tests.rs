@@ -46,6 +46,7 @@ impl Proc {
                 ns_pid: pid(),
                 copy: crate::copy::CopyConfig::default(),
                 pid_namespace: crate::runtime::own_pid_namespace(),
+                alloc: crate::owned_alloc::AllocMode::Vmm,
             },
         );
         rt.serve().unwrap();
@@ -1013,4 +1014,80 @@ fn a_load_that_fails_changes_nothing_published_and_a_second_load_rebuilds() {
     for (_, va, bytes) in &allocs {
         assert_eq!(&read(*va, MB2), bytes);
     }
+}
+
+#[test]
+fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proc::new(dir.path());
+    // 3 MiB + 5 bytes: backed by 4 MiB (the test driver's granularity is 2 MiB).
+    let requested = 3 * (1 << 20) + 5;
+    let base = p.rt.mem_alloc(requested).unwrap();
+    assert_eq!(p.rt.owned.len(), 1);
+    // The range is the requested one, from the base and from inside.
+    assert_eq!(p.rt.mem_address_range(base).unwrap(), (base, requested));
+    assert_eq!(
+        p.rt.mem_address_range(base + requested as u64 - 1).unwrap(),
+        (base, requested)
+    );
+    // A shared created allocation (in the export cache), mapped whole, with no application handle.
+    {
+        let reg = p.rt.lock();
+        let objects: Vec<_> = reg.objects().collect();
+        assert_eq!(objects.len(), 1);
+        assert_eq!(objects[0].1.size, 2 * MB2 as u64);
+        assert_eq!(objects[0].1.refs, 0);
+        assert!(objects[0].1.is_shared_creation());
+        let real = objects[0].1.real.unwrap();
+        let f = fake();
+        let aid = f.alloc_of(real.raw()).unwrap();
+        assert_eq!(
+            f.allocs[&aid].rdma, 1,
+            "RDMA-capable where the device says so"
+        );
+        drop(f);
+        let maps: Vec<_> = reg.mappings().collect();
+        assert_eq!(maps.len(), 1);
+        assert_eq!(maps[0].0, base);
+    }
+    let bytes = pattern(7, requested);
+    write(base, &bytes);
+    // Saved through carriers, released and rebuilt at the same address.
+    let before = p.rt.inspect();
+    let g = Group {
+        procs: vec![p],
+        regions: vec![(0, base, requested, bytes)],
+        links: Vec::new(),
+    };
+    suspend_and_resume(&g);
+    assert_eq!(g.procs[0].rt.inspect(), before);
+    check_contents(&g);
+    let p = &g.procs[0];
+    assert_eq!(p.rt.mem_address_range(base).unwrap(), (base, requested));
+    // No allocation handle, as for the driver's cuMemAlloc memory.
+    assert_eq!(
+        p.rt.mem_retain_any(base + 4096),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    // cuMemFree undoes everything: no record, no driver allocation at the address.
+    p.rt.mem_free_any(base).unwrap();
+    assert!(p.rt.owned.is_empty());
+    assert_eq!(p.rt.lock().objects().count(), 0);
+    assert!(fake().read(base, 1).is_none());
+    // Zero bytes is refused as the driver refuses it; nothing is made.
+    assert_eq!(p.rt.mem_alloc(0), Err(CUresult::ERROR_INVALID_VALUE));
+    // A step the driver refuses (access here, the last one) is undone whole; its code comes back.
+    let q = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuMemSetAccess: testdriver::set_access_fails,
+            ..testdriver::real()
+        },
+    );
+    let mapped_before = fake().maps.len();
+    assert_eq!(q.rt.mem_alloc(MB2), Err(CUresult::ERROR_INVALID_DEVICE));
+    assert!(q.rt.owned.is_empty());
+    assert_eq!(q.rt.lock().objects().count(), 0);
+    assert!(q.rt.inspect().reservations.is_empty());
+    assert_eq!(fake().maps.len(), mapped_before);
 }

@@ -177,7 +177,7 @@ pub(crate) unsafe fn cuMemRetainAllocationHandle(
             return unsafe { (real.cuMemRetainAllocationHandle)(handle, addr) };
         }
         // `addr` is a device address in a `void*`, never dereferenced.
-        answer(rt.mem_retain(addr as usize as CUdeviceptr), |vh| {
+        answer(rt.mem_retain_any(addr as usize as CUdeviceptr), |vh| {
             // SAFETY: non-null and writable (the driver's contract).
             unsafe { handle.write(vh.0) }
         })
@@ -272,8 +272,44 @@ pub(crate) unsafe fn cuMemImportFromShareableHandle(
     )
 }
 
+pub(crate) unsafe fn cuMemAlloc_v2(
+    real: &'static DriverTable,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+) -> CUresult {
+    dispatch!(real.cuMemAlloc_v2(dptr, bytes), |rt| {
+        if dptr.is_null() {
+            // SAFETY: as the caller gave them; the driver reports the null.
+            return unsafe { (real.cuMemAlloc_v2)(dptr, bytes) };
+        }
+        // SAFETY: non-null and writable (the driver's contract).
+        answer(rt.mem_alloc(bytes), |p| unsafe { dptr.write(p) })
+    })
+}
+
 pub(crate) unsafe fn cuMemFree_v2(real: &'static DriverTable, dptr: CUdeviceptr) -> CUresult {
-    dispatch!(real.cuMemFree_v2(dptr), |rt| done(rt.mem_free(dptr)))
+    dispatch!(real.cuMemFree_v2(dptr), |rt| done(rt.mem_free_any(dptr)))
+}
+
+pub(crate) unsafe fn cuMemGetAddressRange_v2(
+    real: &'static DriverTable,
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    dispatch!(real.cuMemGetAddressRange_v2(base, size, dptr), |rt| {
+        // Either out-pointer may be null (the driver then skips it).
+        answer(rt.mem_address_range(dptr), |(b, s)| {
+            // SAFETY: each is null or writable (the driver's contract).
+            if let Some(out) = unsafe { base.as_mut() } {
+                *out = b;
+            }
+            // SAFETY: as above.
+            if let Some(out) = unsafe { size.as_mut() } {
+                *out = s;
+            }
+        })
+    })
 }
 
 pub(crate) unsafe fn cuIpcGetMemHandle(

@@ -1,0 +1,42 @@
+//! `cuMemAlloc` owned by the shim (`CUINTERPOSE_ALLOC=vmm`), in real processes over the fake
+//! driver: the memory is carried through the suspend like shared memory (the suspend report counts
+//! its granularity-rounded backing), none is held while suspended, and it comes back at the same
+//! address with the same bytes, writable; with the native setting the driver's checkpoint keeps it.
+
+mod common;
+
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+fn suspend_and_resume_private_malloc(alloc: &str, carried: u64) {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a").env("CUINTERPOSE_ALLOC", alloc)]);
+    let a = tree.w("a");
+    // 3 MiB: backed by 4 MiB of 2 MiB granularity when owned.
+    ok(a, &["malloc m 3M", "fill m 41"]);
+    // No allocation handle behind cuMemAlloc memory, owned or not: the same INVALID_VALUE.
+    let retained = a.cmd("retain-from-address rh m").unwrap();
+    assert!(!retained.ok, "{}", retained.outcome());
+    assert_eq!(retained.code, Some(1), "{}", retained.outcome());
+    let before = regions(a);
+    let run = suspend(&env, tree.root(), &[]);
+    let report = run.ok().json();
+    assert_eq!(report["shared_bytes"], carried, "{}", run.describe());
+    assert_eq!(usage(&env, a.pid()), 0, "memory held while suspended");
+    let run = resume(&env, tree.root());
+    let report = run.ok().json();
+    assert_eq!(report["shared_bytes"], carried, "{}", run.describe());
+    assert_eq!(regions(a), before, "addresses changed");
+    ok(a, &["verify m 41", "fill m 42", "verify m 42", "free m"]);
+}
+
+#[test]
+fn owned_cu_mem_alloc_is_carried_and_comes_back_at_its_address() {
+    suspend_and_resume_private_malloc("vmm", 4 * MIB);
+}
+
+#[test]
+fn native_cu_mem_alloc_is_left_to_the_native_checkpoint() {
+    suspend_and_resume_private_malloc("native", 0);
+}

@@ -1,0 +1,226 @@
+//! `cuMemAlloc` owned by the shim: each allocation is made of the same tracked VMM calls an
+//! application would make itself (`cuMemCreate` with POSIX descriptors, `cuMemAddressReserve`,
+//! `cuMemMap`, `cuMemSetAccess` for the context's device, then `cuMemRelease` of the handle, which
+//! the mapping keeps alive), and one POSIX export into the shim's export cache, which makes it a
+//! shared creation: the capture path saves it through carriers and releases it before the native
+//! checkpoint, and rebuild recreates it at the same address, with no code of its own.
+//!
+//! What only this module knows is the size the application asked for, apart from the
+//! granularity-rounded backing: `cuMemGetAddressRange` answers with the requested size, as it does
+//! for native `cuMemAlloc` memory, and `cuMemFree` finds the whole reservation to undo.
+
+use crate::log::log_warn;
+use crate::runtime::Runtime;
+use crate::track::{ExportTo, Tracked};
+use cuda::VirtualHandle;
+use cuda_abi::*;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocMode {
+    /// The shim, on VMM: saved through carriers at capture.
+    Vmm,
+    /// The driver: left to the native checkpoint, legacy IPC refused at capture.
+    #[default]
+    Native,
+}
+
+/// One owned allocation: its base address is its key in [`OwnedAllocs`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnedAlloc {
+    /// The size the application asked for.
+    pub requested: u64,
+    /// The reserved and mapped size (the request rounded up to the granularity).
+    pub backing: u64,
+}
+
+/// The owned `cuMemAlloc` allocations by base address. Its lock is never held across a driver
+/// call, nor while the state lock is taken.
+#[derive(Debug, Default)]
+pub struct OwnedAllocs(Mutex<BTreeMap<CUdeviceptr, OwnedAlloc>>);
+
+impl OwnedAllocs {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<CUdeviceptr, OwnedAlloc>> {
+        // A panic while holding it leaves the map consistent (single inserts and removes).
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The allocation whose requested range holds `ptr`: `(base, allocation)`.
+    pub fn containing(&self, ptr: CUdeviceptr) -> Option<(CUdeviceptr, OwnedAlloc)> {
+        let map = self.lock();
+        let (&base, &a) = map.range(..=ptr).next_back()?;
+        (ptr - base < a.requested).then_some((base, a))
+    }
+
+    /// The allocation based at `base`.
+    pub fn at(&self, base: CUdeviceptr) -> Option<OwnedAlloc> {
+        self.lock().get(&base).copied()
+    }
+
+    fn insert(&self, base: CUdeviceptr, a: OwnedAlloc) {
+        self.lock().insert(base, a);
+    }
+
+    fn remove(&self, base: CUdeviceptr) -> Option<OwnedAlloc> {
+        self.lock().remove(&base)
+    }
+
+    /// How many allocations are owned.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is.
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// The property of an owned allocation on `device`: pinned device memory exportable to a POSIX
+/// descriptor, so that it can be shared and saved like any created allocation, and RDMA-capable
+/// where VMM memory can be (cuMemAlloc memory is implicitly; gdrcopy and UCX rely on it).
+fn alloc_prop(device: CUdevice, rdma: bool) -> CUmemAllocationProp {
+    let mut prop = CUmemAllocationProp {
+        type_: allocation_type::PINNED,
+        requestedHandleTypes: handle_type::POSIX_FILE_DESCRIPTOR,
+        ..CUmemAllocationProp::default()
+    };
+    prop.location.type_ = location_type::DEVICE;
+    prop.location.id = device;
+    prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma);
+    prop
+}
+
+impl Runtime {
+    /// `cuMemAlloc`: on owned VMM memory in the current context's device, or the driver's own
+    /// with [`AllocMode::Native`].
+    pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
+        if self.config.alloc == AllocMode::Native {
+            return self.real.mem_alloc(bytes).map_err(|e| e.result);
+        }
+        // The driver refuses a zero-byte cuMemAlloc with INVALID_VALUE; so does this.
+        if bytes == 0 {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        // Without a current context the driver answers INVALID_CONTEXT (or NOT_INITIALIZED):
+        // its own code, unchanged.
+        let device = self.real.ctx_device().map_err(|e| e.result)?;
+        // A driver that cannot say is taken as not supporting it: the creation then still works.
+        let rdma = self
+            .real
+            .device_attribute(
+                device_attribute::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                device,
+            )
+            .is_ok_and(|v| v == 1);
+        let prop = alloc_prop(device, rdma);
+        let granularity = self
+            .real
+            .mem_allocation_granularity(&prop, granularity_flags::MINIMUM)
+            .map_err(|e| e.result)?;
+        let backing = bytes
+            .checked_next_multiple_of(granularity.max(1))
+            .ok_or(CUresult::ERROR_OUT_OF_MEMORY)?;
+        let handle = self.mem_create(backing, &prop, 0)?;
+        let base = match self.mem_address_reserve(backing, granularity, 0, 0) {
+            Ok(base) => base,
+            Err(e) => {
+                self.undo_alloc(handle, None, false);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.mem_map(base, backing, 0, handle, 0) {
+            self.undo_alloc(handle, Some((base, backing)), false);
+            return Err(e);
+        }
+        let access = CUmemAccessDesc {
+            location: prop.location,
+            flags: access_flags::PROT_READWRITE,
+        };
+        if let Err(e) = self.mem_set_access(base, backing, &[access]) {
+            self.undo_alloc(handle, Some((base, backing)), true);
+            return Err(e);
+        }
+        // Exported once into the export cache (the ticket it returns is not needed): a shared
+        // creation is what capture saves through carriers and rebuilds, and what the fd service
+        // hands to peers. One descriptor per allocation stays open in the shim.
+        if let Err(e) = self.mem_export(
+            handle,
+            handle_type::POSIX_FILE_DESCRIPTOR,
+            0,
+            ExportTo::Descriptor,
+        ) {
+            self.undo_alloc(handle, Some((base, backing)), true);
+            return Err(e);
+        }
+        // The mapping holds the allocation from here on, as the driver's own cuMemAlloc memory
+        // has no handle for the application to release.
+        if let Err(e) = self.mem_release(handle) {
+            log_warn!("cuMemAlloc: the handle of an owned allocation was not released: {e:?}");
+        }
+        self.owned.insert(
+            base,
+            OwnedAlloc {
+                requested: bytes as u64,
+                backing: backing as u64,
+            },
+        );
+        Ok(base)
+    }
+
+    /// Undoes a partly made owned allocation; each step is logged if it fails, since the
+    /// application sees the error of the step that failed.
+    fn undo_alloc(
+        &self,
+        handle: VirtualHandle,
+        reserved: Option<(CUdeviceptr, usize)>,
+        mapped: bool,
+    ) {
+        if let Some((base, size)) = reserved {
+            if mapped && let Err(e) = self.mem_unmap(base, size) {
+                log_warn!("cuMemAlloc undo: cuMemUnmap failed: {e:?}");
+            }
+            if let Err(e) = self.mem_address_free(base, size) {
+                log_warn!("cuMemAlloc undo: cuMemAddressFree failed: {e:?}");
+            }
+        }
+        if let Err(e) = self.mem_release(handle) {
+            log_warn!("cuMemAlloc undo: cuMemRelease failed: {e:?}");
+        }
+    }
+
+    /// `cuMemFree` of an owned allocation (synchronised first, as the driver's cuMemFree is), or
+    /// the driver's own of any other pointer.
+    pub fn mem_free_any(&self, dptr: CUdeviceptr) -> Tracked {
+        let Some(a) = self.owned.at(dptr) else {
+            return self.mem_free(dptr);
+        };
+        // cuMemFree waits for the device's work on the memory; an unmap does not.
+        self.real.ctx_synchronize().map_err(|e| e.result)?;
+        self.mem_unmap(dptr, a.backing as usize)?;
+        self.owned.remove(dptr);
+        self.mem_address_free(dptr, a.backing as usize)?;
+        Ok(())
+    }
+
+    /// `cuMemRetainAllocationHandle`: refused for owned memory with the driver's code for
+    /// cuMemAlloc memory (INVALID_VALUE), since libraries (NCCL, torchcomms) pick their sharing
+    /// path by whether it succeeds; the tracked retain otherwise.
+    pub fn mem_retain_any(&self, addr: CUdeviceptr) -> Tracked<VirtualHandle> {
+        if self.owned.containing(addr).is_some() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        self.mem_retain(addr)
+    }
+
+    /// `cuMemGetAddressRange`: for owned memory the base and the requested size, as the driver
+    /// answers for its own cuMemAlloc memory; the driver's answer otherwise.
+    pub fn mem_address_range(&self, dptr: CUdeviceptr) -> Tracked<(CUdeviceptr, usize)> {
+        match self.owned.containing(dptr) {
+            Some((base, a)) => Ok((base, a.requested as usize)),
+            None => self.real.mem_address_range(dptr).map_err(|e| e.result),
+        }
+    }
+}
