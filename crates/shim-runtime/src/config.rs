@@ -134,7 +134,7 @@ impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
 }
 
 const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a filter list";
-const CARRIER_EXPECTED: &str = "staged or registered";
+const CARRIER_EXPECTED: &str = "staged, registered or pinned";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
 /// `staged` or `registered`. Staged is the default because it measured faster on the H200
@@ -144,6 +144,7 @@ fn carrier_mode(value: &str) -> Option<CarrierMode> {
     match value.trim() {
         "staged" => Some(CarrierMode::Staged),
         "registered" => Some(CarrierMode::Registered),
+        "pinned" => Some(CarrierMode::Pinned),
         _ => None,
     }
 }
@@ -210,7 +211,8 @@ mod tests {
         assert_eq!(mode_from(Some("")), CarrierMode::Staged);
         assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
         assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("pinned")), CarrierMode::Staged);
+        assert_eq!(mode_from(Some("pinned")), CarrierMode::Pinned);
+        assert_eq!(mode_from(Some("mapped")), CarrierMode::Staged);
     }
 
     #[test]

@@ -289,9 +289,13 @@ impl Runtime {
         work: Vec<(TempMap<'_>, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
-        let (base, config) = {
+        let (base, mut config, pinned) = {
             let control = self.control();
-            (control.carrier.base(), control.copy)
+            (
+                control.carrier.base(),
+                control.copy,
+                control.carrier.pinned(),
+            )
         };
         let mut units: Vec<Unit> = Vec::new();
         for (map, device, offset) in &work {
@@ -301,6 +305,11 @@ impl Runtime {
                 base + *offset as usize,
                 map.size(),
             ));
+        }
+        let needed = units.iter().map(|u| u.host + u.len).max().unwrap_or(base) - base;
+        if config.mode == copy::CarrierMode::Pinned && pinned < needed {
+            // Pinning was refused (logged once by the carrier): the staged path.
+            config.mode = copy::CarrierMode::Staged;
         }
         let (stats, error) = copy::copy_all(&self.real, units, dir, config);
         if stats.dma_uncertain {
@@ -334,7 +343,18 @@ impl Runtime {
                 .collect()
         };
         let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
-        let carrier = self.control().carrier.ensure(total)?;
+        let carrier = {
+            let mut control = self.control();
+            if control.copy.mode == copy::CarrierMode::Pinned {
+                let (took, reused, _pinned) =
+                    control
+                        .carrier
+                        .ensure_pinned(&self.real, total, copy::PIN_PIECE)?;
+                (took, reused)
+            } else {
+                control.carrier.ensure(total)?
+            }
+        };
         let mut work = Vec::with_capacity(items.len());
         let mut offsets = Vec::with_capacity(items.len());
         let mut offset = 0u64;
