@@ -7,7 +7,7 @@
 //! must never break the application): the default is used and [`Invalid`] says so, which the
 //! runtime logs as a warning. An empty value counts as unset.
 
-use crate::copy::{CarrierMode, CopyConfig, DEFAULT_CHUNK};
+use crate::copy::{CarrierMode, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -35,6 +35,10 @@ const CARRIER: Setting = Setting {
 const STAGING_CHUNK: Setting = Setting {
     name: "CUINTERPOSE_STAGING_CHUNK",
     default: "1M",
+};
+const CARRIER_RELEASE: Setting = Setting {
+    name: "CUINTERPOSE_CARRIER_RELEASE",
+    default: "never",
 };
 
 /// Staging buffer sizes accepted: a multiple of 4 KiB from 256 KiB to 64 MiB.
@@ -65,7 +69,8 @@ pub struct Invalid {
 
 impl ShimConfig {
     /// Every variable the shim reads.
-    pub const SETTINGS: &'static [Setting] = &[CONTROL_DIR, LOG, CARRIER, STAGING_CHUNK];
+    pub const SETTINGS: &'static [Setting] =
+        &[CONTROL_DIR, LOG, CARRIER, STAGING_CHUNK, CARRIER_RELEASE];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> (ShimConfig, Vec<Invalid>) {
@@ -93,6 +98,9 @@ impl ShimConfig {
                 chunk: reader
                     .parse(&STAGING_CHUNK, CHUNK_EXPECTED, staging_chunk)
                     .unwrap_or(DEFAULT_CHUNK),
+                release: reader
+                    .parse(&CARRIER_RELEASE, RELEASE_EXPECTED, carrier_release)
+                    .unwrap_or_default(),
             },
         };
         (config, reader.invalid)
@@ -135,6 +143,7 @@ impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
 
 const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a filter list";
 const CARRIER_EXPECTED: &str = "staged, registered or pinned";
+const RELEASE_EXPECTED: &str = "never or after-resume";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
 /// `staged` or `registered`. Staged is the default because it measured faster on the H200
@@ -145,6 +154,15 @@ fn carrier_mode(value: &str) -> Option<CarrierMode> {
         "staged" => Some(CarrierMode::Staged),
         "registered" => Some(CarrierMode::Registered),
         "pinned" => Some(CarrierMode::Pinned),
+        _ => None,
+    }
+}
+
+/// When a pinned carrier is given back: `never` or `after-resume`.
+fn carrier_release(value: &str) -> Option<CarrierRelease> {
+    match value.trim() {
+        "never" => Some(CarrierRelease::Never),
+        "after-resume" => Some(CarrierRelease::AfterResume),
         _ => None,
     }
 }
@@ -242,6 +260,7 @@ mod tests {
             ("CUINTERPOSE_LOG", "hyper=trace,cuinterpose=debug"),
             ("CUINTERPOSE_CARRIER", "registered"),
             ("CUINTERPOSE_STAGING_CHUNK", "8M"),
+            ("CUINTERPOSE_CARRIER_RELEASE", "after-resume"),
         ]);
         assert!(invalid.is_empty(), "{invalid:?}");
         assert_eq!(
@@ -252,14 +271,16 @@ mod tests {
                 copy: CopyConfig {
                     mode: CarrierMode::Registered,
                     chunk: 8 << 20,
+                    release: CarrierRelease::AfterResume,
                 },
             }
         );
 
         let (config, invalid) = with(&[
             ("CUINTERPOSE_LOG", "loud"),
-            ("CUINTERPOSE_CARRIER", "pinned"),
+            ("CUINTERPOSE_CARRIER", "mapped"),
             ("CUINTERPOSE_STAGING_CHUNK", "3K"),
+            ("CUINTERPOSE_CARRIER_RELEASE", "sometimes"),
         ]);
         assert_eq!(config, with(&[]).0);
         let names: Vec<&str> = invalid.iter().map(|i| i.name).collect();
@@ -268,12 +289,13 @@ mod tests {
             [
                 "CUINTERPOSE_LOG",
                 "CUINTERPOSE_CARRIER",
-                "CUINTERPOSE_STAGING_CHUNK"
+                "CUINTERPOSE_STAGING_CHUNK",
+                "CUINTERPOSE_CARRIER_RELEASE"
             ]
         );
         assert_eq!(
             invalid[1].to_string(),
-            "CUINTERPOSE_CARRIER=\"pinned\" is not staged or registered; using staged"
+            "CUINTERPOSE_CARRIER=\"mapped\" is not staged, registered or pinned; using staged"
         );
 
         // A value that is not UTF-8 is invalid too; a control directory need not be UTF-8.

@@ -61,8 +61,10 @@ pub const DEFAULT_CHUNK: usize = 1 << 20;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyConfig {
     pub mode: CarrierMode,
-    /// Staging buffer size (staged mode, and registered mode's fallback).
+    /// Staging buffer size (staged mode, and the fallbacks of the other two).
     pub chunk: usize,
+    /// When a pinned carrier is given back (`CUINTERPOSE_CARRIER_RELEASE`).
+    pub release: CarrierRelease,
 }
 
 impl Default for CopyConfig {
@@ -70,8 +72,22 @@ impl Default for CopyConfig {
         CopyConfig {
             mode: CarrierMode::default(),
             chunk: DEFAULT_CHUNK,
+            release: CarrierRelease::default(),
         }
     }
+}
+
+/// When a pinned carrier's registration and pages are given back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CarrierRelease {
+    /// Kept pinned for the life of the process: every later cycle copies at once, with no
+    /// registration (the reason to choose pinned carriers; a process suspended once pays for it
+    /// in pinned host memory the size of its shared allocations).
+    #[default]
+    Never,
+    /// Unregistered and its pages offered back (`MADV_FREE`) when the group is thawed: the next
+    /// cycle registers again.
+    AfterResume,
 }
 
 /// Work unit size: large allocations are split into segments of this size across workers.
@@ -798,6 +814,7 @@ mod tests {
         let staged = |chunk| CopyConfig {
             mode: CarrierMode::Staged,
             chunk,
+            ..CopyConfig::default()
         };
         let registered = CopyConfig {
             mode: CarrierMode::Registered,

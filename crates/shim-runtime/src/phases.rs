@@ -830,7 +830,16 @@ impl Runtime {
             }
             reg.phase = Some(Phase::Running);
         }
-        self.control().carrier.discard();
+        {
+            let mut control = self.control();
+            if control.copy.release == copy::CarrierRelease::AfterResume
+                && let Err(e) = control.carrier.unpin(&self.real)
+            {
+                // The group runs again either way; the carrier stays (poisoned: never unmapped).
+                log_warn!("cannot give the pinned carrier back after resume: {e}");
+            }
+            control.carrier.discard();
+        }
         self.control().release_started = false;
         self.control().lost_imports.clear();
         self.gate.thaw();
