@@ -736,7 +736,7 @@ pub fn copy_all(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::testdriver;
     use cuda_abi::{CUmemAllocationProp, CUmemLocation, location_type};
@@ -839,7 +839,9 @@ mod tests {
         }
     }
 
-    unsafe extern "C" fn refuse_register(
+    /// A `cuMemHostRegister` that refuses every range (also used by the runtime's tests, whose
+    /// module may not declare unsafe functions).
+    pub(crate) unsafe extern "C" fn refuse_register(
         _: *mut core::ffi::c_void,
         _: usize,
         _: core::ffi::c_uint,
