@@ -93,6 +93,8 @@ pub enum CarrierRelease {
 /// Work unit size: large allocations are split into segments of this size across workers.
 pub const SEGMENT: usize = 64 << 20;
 const PAGE: usize = 4096;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: registered memory counts as pinned in every context.
+const HOST_REGISTER_PORTABLE: u32 = 1;
 /// `CU_STREAM_NON_BLOCKING`: our streams never wait for the application's legacy stream.
 const STREAM_NON_BLOCKING: u32 = 1;
 
@@ -130,6 +132,8 @@ pub struct Carrier {
     pin_refused: bool,
     /// Size of each registered piece (every piece but the last).
     piece: usize,
+    /// The device whose primary context registered the pieces (and unregisters them).
+    pin_device: i32,
     /// A copy could not be confirmed finished: never unmap or shrink.
     poisoned: bool,
 }
@@ -184,6 +188,7 @@ impl Carrier {
         real: &Real,
         len: usize,
         piece: usize,
+        device: i32,
     ) -> Result<(Duration, bool, bool), CopyError> {
         let start = Instant::now();
         if len > self.len && self.pinned > 0 {
@@ -195,12 +200,19 @@ impl Carrier {
         }
         let want = round_up(len, PAGE).min(self.len);
         let piece = round_up(piece.max(PAGE), PAGE);
+        if self.pinned >= want {
+            return Ok((start.elapsed(), reused, true));
+        }
+        // The driver registers host memory for a context: one must be current on this thread.
+        let _ctx = enter(real, device)?;
+        self.pin_device = device;
         while self.pinned < want {
             let n = piece.min(self.len - self.pinned);
             let at = (self.base + self.pinned) as *mut core::ffi::c_void;
             // SAFETY: `at..at+n` lies inside the carrier mapping, which stays mapped while any
-            // piece is registered (grown only after `unpin`); pieces never overlap.
-            let r = unsafe { (real.cuMemHostRegister_v2)(at, n, 0) };
+            // piece is registered (grown only after `unpin`); pieces never overlap. Portable:
+            // pinned for every context, so the workers of every device DMA into it directly.
+            let r = unsafe { (real.cuMemHostRegister_v2)(at, n, HOST_REGISTER_PORTABLE) };
             if !r.is_success() {
                 log_warn!(
                     "cuMemHostRegister of {n} bytes of the carrier failed: {r}; copying staged \
@@ -223,6 +235,10 @@ impl Carrier {
             // A copy may still reach it: it stays registered and mapped.
             return Ok(());
         }
+        if self.pinned == 0 {
+            return Ok(());
+        }
+        let _ctx = enter(real, self.pin_device)?;
         let mut at = 0;
         while at < self.pinned {
             let n = self.piece.min(self.pinned - at);
@@ -233,7 +249,7 @@ impl Carrier {
                 self.poisoned = true;
                 return Err(CopyError::Driver {
                     call: "cuMemHostUnregister",
-                    device: -1,
+                    device: self.pin_device,
                     result: r,
                 });
             }
@@ -916,7 +932,9 @@ pub(crate) mod tests {
         let before = read_device(&real, va, len);
         let mut carrier = Carrier::default();
         for cycle in 0..3 {
-            let (_, reused, pinned) = carrier.ensure_pinned(&real, len, piece).expect("carrier");
+            let (_, reused, pinned) = carrier
+                .ensure_pinned(&real, len, piece, 0)
+                .expect("carrier");
             assert!(pinned);
             assert_eq!(reused, cycle > 0, "cycle {cycle}");
             assert_eq!(
@@ -951,7 +969,7 @@ pub(crate) mod tests {
         }
         // Growing unregisters the old pieces and registers the new carrier in pieces.
         let (_, reused, pinned) = carrier
-            .ensure_pinned(&real, len + piece, piece)
+            .ensure_pinned(&real, len + piece, piece, 0)
             .expect("grow");
         assert!(pinned && !reused);
         assert_eq!(UNREGISTERED.load(Ordering::SeqCst), 4);
@@ -974,7 +992,7 @@ pub(crate) mod tests {
         let mut carrier = Carrier::default();
         for _ in 0..2 {
             let (_, _, pinned) = carrier
-                .ensure_pinned(&real, SEGMENT, PIN_PIECE)
+                .ensure_pinned(&real, SEGMENT, PIN_PIECE, 0)
                 .expect("carrier");
             assert!(!pinned);
             assert_eq!(carrier.pinned(), 0);

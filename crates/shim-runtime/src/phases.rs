@@ -343,13 +343,17 @@ impl Runtime {
                 .collect()
         };
         let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
+        // The carrier is registered through the context of the first allocation's device.
+        let pin_device = items.first().map_or(0, |(.., device)| *device);
         let carrier = {
             let mut control = self.control();
             if control.copy.mode == copy::CarrierMode::Pinned {
-                let (took, reused, _pinned) =
-                    control
-                        .carrier
-                        .ensure_pinned(&self.real, total, copy::PIN_PIECE)?;
+                let (took, reused, _pinned) = control.carrier.ensure_pinned(
+                    &self.real,
+                    total,
+                    copy::PIN_PIECE,
+                    pin_device,
+                )?;
                 (took, reused)
             } else {
                 control.carrier.ensure(total)?
