@@ -2,7 +2,7 @@
 //!
 //! The carrier is ordinary anonymous memory (CRIU and native checkpoint see it as process memory),
 //! mapped once and reused across cycles: it grows when a capture needs more, and after Thaw its
-//! pages are given back lazily (`MADV_FREE`: kept unless the host needs them, so a next capture
+//! pages are given back lazily unless it is pinned (`MADV_FREE`: kept unless the host needs them, so a next capture
 //! usually finds them resident). Transparent huge pages are requested to cut first-touch faults.
 //! First touch runs on one thread per core (up to 16) and is timed apart from the copies: on the
 //! GPU machine's VM, first touch of fresh memory costs more than the copy itself.
@@ -15,6 +15,12 @@
 //!   worker overlaps the transfers of the others. Every segment is unregistered before the phase
 //!   answers, so native checkpoint never meets registered carrier memory. A segment whose
 //!   registration fails is copied staged instead (counted in the statistics).
+//! - `pinned`: the carrier itself is registered once, in [`PIN_PIECE`] pieces, when Save first
+//!   needs it or needs it bigger ([`Carrier::ensure_pinned`]), and kept registered across cycles
+//!   and native checkpoint (measured to survive it); each worker DMAs one 64 MiB unit straight to
+//!   or from it. When the driver refuses a registration the carrier is unregistered and the process
+//!   copies staged from then on (logged once). `CUINTERPOSE_CARRIER_RELEASE` ([`CarrierRelease`])
+//!   says whether Thaw gives it back.
 //! - `staged` (default): device → small pinned staging buffer (`cuMemcpyDtoHAsync`) → carrier (`memcpy`),
 //!   and back. Each worker owns two streams and two staging buffers and double-buffers: while the
 //!   DMA of chunk i runs, the CPU moves chunk i-1. The CPU copy caps each worker's rate (about
