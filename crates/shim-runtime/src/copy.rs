@@ -2,8 +2,8 @@
 //!
 //! The carrier is ordinary anonymous memory (CRIU and native checkpoint see it as process memory),
 //! mapped once and reused across cycles: it grows when a capture needs more, and after Thaw its
-//! pages are given back lazily unless it is pinned (`MADV_FREE`: kept unless the host needs them, so a next capture
-//! usually finds them resident). Transparent huge pages are requested to cut first-touch faults.
+//! pages are given back lazily unless it is pinned (`MADV_FREE`: kept unless the host needs them,
+//! so a next capture usually finds them resident). Transparent huge pages are requested to cut first-touch faults.
 //! First touch runs on one thread per core (up to 16) and is timed apart from the copies: on the
 //! GPU machine's VM, first touch of fresh memory costs more than the copy itself.
 //!
