@@ -178,9 +178,11 @@ fi
 
 if wants bench; then
     log "benchmarks"
-    # The default first (with the overhead figures), then the other carrier and the former default
-    # staging buffer size (8 MiB) for comparison.
-    for variant in "staged" "registered CUINTERPOSE_CARRIER=registered" \
+    # The default first (with the overhead figures), then the other carriers and the former default
+    # staging buffer size (8 MiB) for comparison. The pinned carrier shows cycle 1 (pinning) and the
+    # last cycle (carriers kept pinned) apart.
+    for variant in "staged" "pinned CUINTERPOSE_CARRIER=pinned" \
+            "registered CUINTERPOSE_CARRIER=registered" \
             "staged-8M CUINTERPOSE_STAGING_CHUNK=8M"; do
         read -r carrier settings <<<"$variant"
         extra=(--no-whole)  # the whole-process case runs once, in the step keep
@@ -192,11 +194,14 @@ if wants bench; then
             row "bench ($carrier carrier)" "-" "$(python3 - "$logs/bench-$carrier.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-cy = r["capture"]["cycles"][-1]
+cycles = r["capture"]["cycles"]
 n = r["capture"]["native"]
-line = "cycle %d: save %.1f GB/s, load %.1f GB/s, suspend %.0f ms, resume %.0f ms; native %.0f+%.0f ms; %.2fx native" % (
-    cy["cycle"], cy["save"]["copy_gb_per_s"], cy["load"]["copy_gb_per_s"], cy["suspend"]["total_millis"],
-    cy["resume"]["total_millis"], n["checkpoint_millis"], n["restore_millis"], cy["speedup_vs_native"])
+parts = []
+for cy in ([cycles[0]] if len(cycles) > 1 else []) + [cycles[-1]]:
+    parts.append("cycle %d: save %.1f GB/s (pin %.0f ms), load %.1f GB/s, suspend %.0f ms, resume %.0f ms, %.2fx native" % (
+        cy["cycle"], cy["save"]["copy_gb_per_s"], cy["save"]["carrier_millis"], cy["load"]["copy_gb_per_s"],
+        cy["suspend"]["total_millis"], cy["resume"]["total_millis"], cy["speedup_vs_native"]))
+line = "; ".join(parts) + "; native %.0f+%.0f ms" % (n["checkpoint_millis"], n["restore_millis"])
 o = r.get("overhead")
 if o:
     line += "; overhead untracked %.3f tracked %.3f" % (o["untracked_ratio"], o["tracked_ratio"])

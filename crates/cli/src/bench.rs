@@ -57,6 +57,8 @@ CUINTERPOSE_CARRIER (read by each shim when its runtime starts; the group inheri
               (faster on the H200: registering 8 GiB costs more than copying it)
   registered  each carrier segment is registered (cuMemHostRegister) for its copy and DMA goes
               straight into it; unregistered before the phase answers
+  pinned      the carrier is registered once in 256 MiB pieces and kept registered; DMA goes
+              straight into it (cycle 1 pays the pinning in its carrier time, later cycles none)
 The report says which mode ran. Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]

@@ -67,10 +67,14 @@ fn positive(v: &serde_json::Value, what: &str) -> f64 {
 }
 
 #[test]
-fn bench_reports_positive_figures_in_both_carrier_modes() {
+fn bench_reports_positive_figures_in_every_carrier_mode() {
     let dir = std::env::temp_dir().join(format!("cuinterpose-bench-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temporary directory");
-    for (carrier, mode) in [("registered", "Registered"), ("staged", "Staged")] {
+    for (carrier, mode) in [
+        ("registered", "Registered"),
+        ("staged", "Staged"),
+        ("pinned", "Pinned"),
+    ] {
         let report = run_bench(carrier, &dir.join(format!("{carrier}.json")));
         assert_eq!(report["on_gpu"], false);
         let overhead = &report["overhead"];

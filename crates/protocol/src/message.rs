@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -125,6 +125,9 @@ pub enum CarrierMode {
     /// DMA straight to or from the carrier, each segment registered (`cuMemHostRegister`) for its
     /// copy and unregistered after it.
     Registered,
+    /// DMA straight to or from the carrier, which is registered once, in pieces, when it is
+    /// made or grown, and kept registered across cycles.
+    Pinned,
 }
 
 /// What a copying phase (Save, Load) measured inside one shim. Times in microseconds.

@@ -181,6 +181,7 @@ fn carrier_modes() -> Vec<(&'static str, CarrierMode)> {
     vec![
         ("staged", CarrierMode::Staged),
         ("registered", CarrierMode::Registered),
+        ("pinned", CarrierMode::Pinned),
     ]
 }
 

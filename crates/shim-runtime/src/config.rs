@@ -7,7 +7,7 @@
 //! must never break the application): the default is used and [`Invalid`] says so, which the
 //! runtime logs as a warning. An empty value counts as unset.
 
-use crate::copy::{CarrierMode, CopyConfig, DEFAULT_CHUNK};
+use crate::copy::{CarrierMode, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
 use crate::owned_alloc::AllocMode;
 use std::ffi::OsString;
@@ -36,6 +36,10 @@ const CARRIER: Setting = Setting {
 const STAGING_CHUNK: Setting = Setting {
     name: "CUINTERPOSE_STAGING_CHUNK",
     default: "1M",
+};
+const CARRIER_RELEASE: Setting = Setting {
+    name: "CUINTERPOSE_CARRIER_RELEASE",
+    default: "never",
 };
 
 const ALLOC: Setting = Setting {
@@ -73,7 +77,14 @@ pub struct Invalid {
 
 impl ShimConfig {
     /// Every variable the shim reads.
-    pub const SETTINGS: &'static [Setting] = &[CONTROL_DIR, LOG, CARRIER, STAGING_CHUNK, ALLOC];
+    pub const SETTINGS: &'static [Setting] = &[
+        CONTROL_DIR,
+        LOG,
+        CARRIER,
+        STAGING_CHUNK,
+        CARRIER_RELEASE,
+        ALLOC,
+    ];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> (ShimConfig, Vec<Invalid>) {
@@ -101,6 +112,9 @@ impl ShimConfig {
                 chunk: reader
                     .parse(&STAGING_CHUNK, CHUNK_EXPECTED, staging_chunk)
                     .unwrap_or(DEFAULT_CHUNK),
+                release: reader
+                    .parse(&CARRIER_RELEASE, RELEASE_EXPECTED, carrier_release)
+                    .unwrap_or_default(),
             },
             alloc: reader
                 .parse(&ALLOC, ALLOC_EXPECTED, alloc_mode)
@@ -145,7 +159,8 @@ impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
 }
 
 const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a filter list";
-const CARRIER_EXPECTED: &str = "staged or registered";
+const CARRIER_EXPECTED: &str = "staged, registered or pinned";
+const RELEASE_EXPECTED: &str = "never or after-resume";
 const ALLOC_EXPECTED: &str = "vmm or native";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
@@ -156,6 +171,16 @@ fn carrier_mode(value: &str) -> Option<CarrierMode> {
     match value.trim() {
         "staged" => Some(CarrierMode::Staged),
         "registered" => Some(CarrierMode::Registered),
+        "pinned" => Some(CarrierMode::Pinned),
+        _ => None,
+    }
+}
+
+/// When a pinned carrier is given back: `never` or `after-resume`.
+fn carrier_release(value: &str) -> Option<CarrierRelease> {
+    match value.trim() {
+        "never" => Some(CarrierRelease::Never),
+        "after-resume" => Some(CarrierRelease::AfterResume),
         _ => None,
     }
 }
@@ -233,7 +258,8 @@ mod tests {
         assert_eq!(mode_from(Some("")), CarrierMode::Staged);
         assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
         assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("pinned")), CarrierMode::Staged);
+        assert_eq!(mode_from(Some("pinned")), CarrierMode::Pinned);
+        assert_eq!(mode_from(Some("mapped")), CarrierMode::Staged);
     }
 
     #[test]
@@ -263,6 +289,7 @@ mod tests {
             ("CUINTERPOSE_LOG", "hyper=trace,cuinterpose=debug"),
             ("CUINTERPOSE_CARRIER", "registered"),
             ("CUINTERPOSE_STAGING_CHUNK", "8M"),
+            ("CUINTERPOSE_CARRIER_RELEASE", "after-resume"),
             ("CUINTERPOSE_ALLOC", "vmm"),
         ]);
         assert!(invalid.is_empty(), "{invalid:?}");
@@ -274,6 +301,7 @@ mod tests {
                 copy: CopyConfig {
                     mode: CarrierMode::Registered,
                     chunk: 8 << 20,
+                    release: CarrierRelease::AfterResume,
                 },
                 alloc: AllocMode::Vmm,
             }
@@ -281,8 +309,9 @@ mod tests {
 
         let (config, invalid) = with(&[
             ("CUINTERPOSE_LOG", "loud"),
-            ("CUINTERPOSE_CARRIER", "pinned"),
+            ("CUINTERPOSE_CARRIER", "mapped"),
             ("CUINTERPOSE_STAGING_CHUNK", "3K"),
+            ("CUINTERPOSE_CARRIER_RELEASE", "sometimes"),
             ("CUINTERPOSE_ALLOC", "both"),
         ]);
         assert_eq!(config, with(&[]).0);
@@ -293,12 +322,13 @@ mod tests {
                 "CUINTERPOSE_LOG",
                 "CUINTERPOSE_CARRIER",
                 "CUINTERPOSE_STAGING_CHUNK",
+                "CUINTERPOSE_CARRIER_RELEASE",
                 "CUINTERPOSE_ALLOC"
             ]
         );
         assert_eq!(
             invalid[1].to_string(),
-            "CUINTERPOSE_CARRIER=\"pinned\" is not staged or registered; using staged"
+            "CUINTERPOSE_CARRIER=\"mapped\" is not staged, registered or pinned; using staged"
         );
 
         // A value that is not UTF-8 is invalid too; a control directory need not be UTF-8.

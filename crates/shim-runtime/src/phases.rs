@@ -289,9 +289,13 @@ impl Runtime {
         work: Vec<(TempMap<'_>, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
-        let (base, config) = {
+        let (base, mut config, pinned) = {
             let control = self.control();
-            (control.carrier.base(), control.copy)
+            (
+                control.carrier.base(),
+                control.copy,
+                control.carrier.pinned(),
+            )
         };
         let mut units: Vec<Unit> = Vec::new();
         for (map, device, offset) in &work {
@@ -301,6 +305,11 @@ impl Runtime {
                 base + *offset as usize,
                 map.size(),
             ));
+        }
+        let needed = units.iter().map(|u| u.host + u.len).max().unwrap_or(base) - base;
+        if config.mode == copy::CarrierMode::Pinned && pinned < needed {
+            // Pinning was refused (logged once by the carrier): the staged path.
+            config.mode = copy::CarrierMode::Staged;
         }
         let (stats, error) = copy::copy_all(&self.real, units, dir, config);
         if stats.dma_uncertain {
@@ -334,7 +343,22 @@ impl Runtime {
                 .collect()
         };
         let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
-        let carrier = self.control().carrier.ensure(total)?;
+        // The carrier is registered through the context of the first allocation's device.
+        let pin_device = items.first().map_or(0, |(.., device)| *device);
+        let carrier = {
+            let mut control = self.control();
+            if control.copy.mode == copy::CarrierMode::Pinned {
+                let (took, reused, _pinned) = control.carrier.ensure_pinned(
+                    &self.real,
+                    total,
+                    copy::PIN_PIECE,
+                    pin_device,
+                )?;
+                (took, reused)
+            } else {
+                control.carrier.ensure(total)?
+            }
+        };
         let mut work = Vec::with_capacity(items.len());
         let mut offsets = Vec::with_capacity(items.len());
         let mut offset = 0u64;
@@ -810,7 +834,16 @@ impl Runtime {
             }
             reg.phase = Some(Phase::Running);
         }
-        self.control().carrier.discard();
+        {
+            let mut control = self.control();
+            if control.copy.release == copy::CarrierRelease::AfterResume
+                && let Err(e) = control.carrier.unpin(&self.real)
+            {
+                // The group runs again either way; the carrier stays (poisoned: never unmapped).
+                log_warn!("cannot give the pinned carrier back after resume: {e}");
+            }
+            control.carrier.discard();
+        }
         self.control().release_started = false;
         self.control().lost_imports.clear();
         self.gate.thaw();

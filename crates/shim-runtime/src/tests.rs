@@ -1091,3 +1091,81 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
     assert!(q.rt.inspect().reservations.is_empty());
     assert_eq!(fake().maps.len(), mapped_before);
 }
+
+/// Pinned carriers through whole suspend/resume cycles of a group of two: contents intact every
+/// cycle; with `never` the carrier stays pinned after thaw and the next cycle reuses it, with
+/// `after-resume` it is unpinned at thaw and pinned again by the next Save.
+#[test]
+fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
+    use crate::copy::{CarrierMode, CarrierRelease, CopyConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let g = build_group(dir.path(), 2);
+    let policies = [CarrierRelease::Never, CarrierRelease::AfterResume];
+    for (p, release) in g.procs.iter().zip(policies) {
+        p.rt.control().copy = CopyConfig {
+            mode: CarrierMode::Pinned,
+            release,
+            ..CopyConfig::default()
+        };
+    }
+    // Each process created 2 + 3 allocations of 2 MiB: 10 MiB of carrier.
+    let shared = 10 << 20;
+    let mut bases = Vec::new();
+    for cycle in 0..3 {
+        suspend_and_resume(&g);
+        check_contents(&g);
+        for (i, (p, release)) in g.procs.iter().zip(policies).enumerate() {
+            let control = p.rt.control();
+            assert_eq!(control.last.mode, CarrierMode::Pinned, "cycle {cycle}");
+            assert_eq!(control.last.staged_fallbacks, 0);
+            // Load's statistics are the last; the carrier of cycle 0 is the one used again.
+            if cycle == 0 {
+                bases.push(control.carrier.base());
+            }
+            assert_eq!(bases[i], control.carrier.base(), "cycle {cycle}");
+            let expected = match release {
+                CarrierRelease::Never => shared,
+                CarrierRelease::AfterResume => 0,
+            };
+            assert_eq!(
+                control.carrier.pinned(),
+                expected,
+                "cycle {cycle} {release:?}"
+            );
+        }
+    }
+}
+
+/// A refused registration in pinned mode: the cycle copies staged (contents intact) and the
+/// carrier holds nothing pinned.
+#[test]
+fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
+    use crate::copy::{CarrierMode, CopyConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = testdriver::real();
+    real.cuMemHostRegister_v2 = crate::copy::tests::refuse_register;
+    let p = Proc::with_driver(dir.path(), real);
+    let q = Proc::new(dir.path());
+    let h = p.create(4 * MB2, 0);
+    let va = p.map_new(h, 4 * MB2, 0);
+    let bytes = pattern(77, 4 * MB2);
+    write(va, &bytes);
+    let imported = q.import(&p.export(h)).unwrap();
+    let qva = q.map_new(imported, 4 * MB2, 0);
+    p.rt.control().copy = CopyConfig {
+        mode: CarrierMode::Pinned,
+        ..CopyConfig::default()
+    };
+    let g = Group {
+        procs: vec![p, q],
+        regions: vec![(0, va, 4 * MB2, bytes.clone()), (1, qva, 4 * MB2, bytes)],
+        links: Vec::new(),
+    };
+    for _ in 0..2 {
+        suspend_and_resume(&g);
+        check_contents(&g);
+        let control = g.procs[0].rt.control();
+        assert_eq!(control.last.mode, CarrierMode::Staged);
+        assert_eq!(control.carrier.pinned(), 0);
+    }
+}
