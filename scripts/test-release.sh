@@ -121,7 +121,10 @@ if wants old-userland; then
 set -eu
 ldd --version | head -1
 export LD_LIBRARY_PATH=/opt/cuinterpose/lib/cuinterpose/test-driver FAKE_CUDA_STATE_DIR=/tmp/fake
-mkdir -p /tmp/fake
+# A control directory of its own, so the socket is found by name below (the default is the user's
+# private directory; the name carries the PID namespace's inode).
+export CUINTERPOSE_CONTROL_DIR=/tmp/control
+mkdir -p /tmp/fake /tmp/control
 mkfifo /tmp/hold
 LD_PRELOAD=/opt/cuinterpose/lib/libcuinterpose.so /opt/shim-probe </tmp/hold >/tmp/probe.out 2>&1 &
 probe=$!
@@ -129,7 +132,8 @@ exec 3>/tmp/hold
 for _ in $(seq 100); do grep -q '^pid=' /tmp/probe.out && break; sleep 0.1; done
 cat /tmp/probe.out
 grep -q "^pid=$probe cuInit=0 cuInit_from=/opt/cuinterpose/lib/libcuinterpose.so" /tmp/probe.out
-[ -S "/tmp/cuinterpose-$probe.sock" ] || { echo "no control socket: the shim's runtime did not start"; exit 1; }
+socket=$(ls /tmp/control/cuinterpose-*-"$probe".sock 2>/dev/null | head -1)
+[ -S "$socket" ] || { echo "no control socket: the shim's runtime did not start"; exit 1; }
 /opt/cuinterpose/bin/cuinterpose inspect --pid "$probe" --json >/tmp/inspect.json
 grep -q '"status": "cuda+shim"' /tmp/inspect.json || { cat /tmp/inspect.json; exit 1; }
 echo "the shim started in pid $probe and answered cuinterpose inspect"
