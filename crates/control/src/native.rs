@@ -61,7 +61,7 @@ const REQUIRED: &[&str] = &[
     "cuMemGetInfo_v2",
 ];
 
-fn driver_error(e: CudaError) -> ControlError {
+pub(crate) fn driver_error(e: CudaError) -> ControlError {
     ControlError::Driver {
         call: e.call,
         result: e.result,
@@ -73,21 +73,27 @@ fn cleanup_failed(e: &CudaError) {
     tracing::warn!("releasing the tool's device context: {e}");
 }
 
+/// Opens the driver library (`libcuda.so.1` from the loader's search path, or `path`) and
+/// resolves the table by `dlsym`, without calling it; entries it lacks are noted in the result.
+pub(crate) fn open(path: Option<&Path>) -> Result<cuda::Loaded, ControlError> {
+    let name = path.map(Path::as_os_str).unwrap_or("libcuda.so.1".as_ref());
+    cuda::load(name, Resolve::Dlsym).map_err(|e| match e {
+        LoadError::Open { library, source } => ControlError::DriverLoad {
+            name: library,
+            source,
+        },
+        // The dlsym route needs no resolver of its own.
+        LoadError::Missing { symbol, .. } => ControlError::Driver {
+            call: symbol,
+            result: CUresult::ERROR_NOT_FOUND,
+        },
+    })
+}
+
 impl Driver {
     /// Loads the driver (`libcuda.so.1` from the loader's search path, or `path`) and runs `cuInit`.
     pub fn load(path: Option<&Path>) -> Result<Driver, ControlError> {
-        let name = path.map(Path::as_os_str).unwrap_or("libcuda.so.1".as_ref());
-        let loaded = cuda::load(name, Resolve::Dlsym).map_err(|e| match e {
-            LoadError::Open { library, source } => ControlError::DriverLoad {
-                name: library,
-                source,
-            },
-            // The dlsym route needs no resolver of its own.
-            LoadError::Missing { symbol, .. } => ControlError::Driver {
-                call: symbol,
-                result: CUresult::ERROR_NOT_FOUND,
-            },
-        })?;
+        let loaded = open(path)?;
         if let Some(call) = REQUIRED.iter().find(|name| loaded.is_missing(name)) {
             return Err(ControlError::Driver {
                 call,

@@ -4,9 +4,7 @@
 
 use super::Gpu;
 use crate::ControlError;
-use crate::native::{Driver, format_uuid};
-use cuda::{CudaError, LoadError, Resolve};
-use cuda_abi::CUresult;
+use crate::native::{self, Driver, driver_error, format_uuid};
 use std::path::{Path, PathBuf};
 
 /// The driver's checkpoint API, every entry point the tool calls.
@@ -26,27 +24,10 @@ pub struct DriverProbe {
     full: Option<Driver>,
 }
 
-fn driver_error(e: CudaError) -> ControlError {
-    ControlError::Driver {
-        call: e.call,
-        result: e.result,
-    }
-}
-
 impl DriverProbe {
     /// Loads `path` (default `libcuda.so.1`) and runs `cuInit`.
     pub fn load(path: Option<&Path>) -> Result<DriverProbe, ControlError> {
-        let name = path.map(Path::as_os_str).unwrap_or("libcuda.so.1".as_ref());
-        let loaded = cuda::load(name, Resolve::Dlsym).map_err(|e| match e {
-            LoadError::Open { library, source } => ControlError::DriverLoad {
-                name: library,
-                source,
-            },
-            LoadError::Missing { symbol, .. } => ControlError::Driver {
-                call: symbol,
-                result: CUresult::ERROR_NOT_FOUND,
-            },
-        })?;
+        let loaded = native::open(path)?;
         loaded.init(0).map_err(driver_error)?;
         let mut probe = DriverProbe { loaded, full: None };
         if probe.missing_checkpoint_api().is_empty() {
