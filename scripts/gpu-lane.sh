@@ -4,7 +4,7 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk nccl keep unlock hang; bench-all adds two carriers)
+#                                          shim-scenarios demo torch bench disk torch-disk nccl keep hold unlock hang; bench-all adds two carriers)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -23,7 +23,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl keep unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl keep hold unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -313,7 +313,7 @@ print('%d shared allocations, %d MiB, %d with importers' % (len(s), sum(a.get('s
             times=$(python3 - "$logs/nccl-suspend.json" "$logs/nccl-resume.json" <<'PY'
 import json, sys
 s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print("suspend %.0f ms, resume %.0f ms, shared %d MiB" % (s["total_millis"], r["total_millis"], s.get("shared_bytes", 0) >> 20))
+print("suspend %.0f ms, resume %.0f ms, carried %d MiB" % (s["total_millis"], r["total_millis"], s.get("saved_bytes", 0) >> 20))
 PY
 )
             verdict=$(nccl_finish inplace)
@@ -392,10 +392,6 @@ print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'),
 fi
 
 if wants keep; then
-    # A JAX process holding ~8 GiB of cuMemAlloc memory (XLA's allocator) under the shim: suspended
-    # and resumed plainly (round 1), then with --keep-contexts (round 2); checksums and a matmul
-    # must be unchanged after each. Until the shim owns cuMemAlloc memory, that memory goes through
-    # the native checkpoint in round 1 and stays resident in round 2 (inspect's list says which).
     # The whole-process case with cuMemAlloc left to the driver (the default) and owned by the shim
     # (CUINTERPOSE_ALLOC=vmm).
     for alloc in native vmm; do
@@ -417,50 +413,80 @@ PY
         row "bench whole process, CUINTERPOSE_ALLOC=$alloc" "-" "$(tail -2 "$logs/bench-whole-$alloc.err" | tr '\n\t' '  ')" FAIL
     fi
     done
-    log "keep: JAX process suspended and resumed natively and with --keep-contexts"
-    barrier=$(mktemp -d /tmp/jax-keep.XXXXXX)
-    # XLA's memory is cuMemAlloc memory: owned by the shim here (CUINTERPOSE_ALLOC=vmm), so round 1
-    # moves it through carriers and round 2 frees it without the native checkpoint.
-    CUINTERPOSE_ALLOC=${JAX_ALLOC:-vmm} "$bin/cuinterpose" run -- python3 "$repo/scripts/gpu/jax_hold.py" --barrier-dir "$barrier" --require-shim \
-        --size-gb 8 --rounds 2 >"$logs/jax-keep.jsonl" 2>"$logs/jax-keep.err" &
-    jax_pid=$!
-    for _ in $(seq 300); do [ -f "$barrier/ready.json" ] && break; sleep 1; done
-    if [ -f "$barrier/ready.json" ]; then
-        jax=$(python3 -c "import json;print(json.load(open('$barrier/ready.json'))['pid'])")
-        "$bin/cuinterpose" inspect --pid "$jax" --json >"$logs/jax-inspect.json" 2>&1
-        for round in 1 2; do
-            mode=$([ "$round" = 1 ] && echo native || echo keep-contexts)
-            flag=$([ "$round" = 1 ] || echo --keep-contexts)
-            used_before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
-            # shellcheck disable=SC2086 # an empty flag is no word
-            if "$bin/cuinterpose" suspend --pid "$jax" $flag --json >"$logs/jax-suspend-$round.json" 2>"$logs/jax-suspend-$round.err"; then
-                used_suspended=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
-                if "$bin/cuinterpose" resume --pid "$jax" --json >"$logs/jax-resume-$round.json" 2>"$logs/jax-resume-$round.err"; then
-                    touch "$barrier/go-$round"
-                    for _ in $(seq 120); do [ -f "$barrier/checked-$round" ] && break; sleep 1; done
-                    verdict=$(grep -q '^ok' "$barrier/checked-$round" 2>/dev/null && echo ok || echo FAIL)
-                    row "jax ${mode} suspend/resume" "-" "$(python3 - "$logs/jax-suspend-$round.json" "$logs/jax-resume-$round.json" <<PY
+fi
+
+# One process holding device memory (scripts/gpu/{jax,torch}_hold.py), first without the shim (the
+# GPU memory it uses natively: the overhead baseline), then under it: suspended and resumed plainly
+# (round 1) and with --keep-contexts (round 2), its checksums and matmul unchanged after each.
+# hold_case TAG ENV-ASSIGNMENT... -- SCRIPT ARGS...
+hold_case() {
+    local tag=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local barrier used_native used_shim pid holder round mode flag used_before used_suspended verdict
+    log "hold: $tag"
+    barrier=$(mktemp -d /tmp/hold.XXXXXX)
+    env "${envs[@]}" timeout 600 python3 "$@" --barrier-dir "$barrier/native" --rounds 1 \
+        >"$logs/hold-$tag-native.jsonl" 2>"$logs/hold-$tag-native.err" &
+    holder=$!
+    for _ in $(seq 300); do [ -f "$barrier/native/ready.json" ] && break; sleep 1; done
+    used_native=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+    touch "$barrier/native/go-1"; wait "$holder" 2>/dev/null
+    env "${envs[@]}" "$bin/cuinterpose" run -- python3 "$@" --barrier-dir "$barrier/shim" --require-shim --rounds 2 \
+        >"$logs/hold-$tag.jsonl" 2>"$logs/hold-$tag.err" &
+    holder=$!
+    for _ in $(seq 300); do [ -f "$barrier/shim/ready.json" ] && break; sleep 1; done
+    if [ ! -f "$barrier/shim/ready.json" ]; then
+        row "hold $tag" "-" "never ready: $(tail -1 "$logs/hold-$tag.err")" FAIL
+        kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null; rm -rf "$barrier"
+        return
+    fi
+    used_shim=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+    row "hold $tag memory" "-" "GPU used natively ${used_native} MiB, under the shim ${used_shim} MiB ($((used_shim - used_native)) MiB more)" measured
+    pid=$(python3 -c "import json;print(json.load(open('$barrier/shim/ready.json'))['pid'])")
+    "$bin/cuinterpose" inspect --pid "$pid" --json >"$logs/hold-$tag-inspect.json" 2>&1
+    for round in 1 2; do
+        mode=$([ "$round" = 1 ] && echo plain || echo keep-contexts)
+        flag=$([ "$round" = 1 ] || echo --keep-contexts)
+        used_before=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        # shellcheck disable=SC2086 # an empty flag is no word
+        if ! "$bin/cuinterpose" suspend --pid "$pid" $flag --json >"$logs/hold-$tag-suspend-$round.json" 2>"$logs/hold-$tag-suspend-$round.err"; then
+            row "hold $tag $mode suspend" "-" "$(tail -2 "$logs/hold-$tag-suspend-$round.err" | tr '\n\t' '  ')" FAIL
+            touch "$barrier/shim/go-$round"; continue
+        fi
+        used_suspended=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+        if ! "$bin/cuinterpose" resume --pid "$pid" --json >"$logs/hold-$tag-resume-$round.json" 2>"$logs/hold-$tag-resume-$round.err"; then
+            row "hold $tag $mode resume" "-" "$(tail -2 "$logs/hold-$tag-resume-$round.err" | tr '\n\t' '  ')" FAIL
+            touch "$barrier/shim/go-$round"; continue
+        fi
+        touch "$barrier/shim/go-$round"
+        for _ in $(seq 120); do [ -f "$barrier/shim/checked-$round" ] && break; sleep 1; done
+        verdict=$(grep -q '^ok' "$barrier/shim/checked-$round" 2>/dev/null && echo ok || echo FAIL)
+        row "hold $tag $mode suspend/resume" "-" "$(python3 - "$logs/hold-$tag-suspend-$round.json" "$logs/hold-$tag-resume-$round.json" <<PY
 import json, sys
 s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-print("suspend %.0f ms, resume %.0f ms, GPU used ${used_before}->${used_suspended} MiB, shim moved %d MiB" % (
-    s["total_millis"], r["total_millis"], s["shared_bytes"] >> 20))
+def phase(report, name):
+    return sum(p["millis"] for p in report["phases"] if p["name"] == name)
+moved = s["saved_bytes"]
+rate = lambda ms: moved / ms / 1e6 if ms else 0.0
+print("suspend %.0f ms (save %.0f ms, %.1f GB/s), resume %.0f ms (load %.0f ms, %.1f GB/s), carried %d MiB, GPU used ${used_before}->${used_suspended} MiB" % (
+    s["total_millis"], phase(s, "save"), rate(phase(s, "save")), r["total_millis"], phase(r, "load"), rate(phase(r, "load")), moved >> 20))
 PY
 )" "$verdict"
-                else
-                    row "jax ${mode} resume" "-" "$(tail -2 "$logs/jax-resume-$round.err" | tr '\n\t' '  ')" FAIL
-                    touch "$barrier/go-$round"
-                fi
-            else
-                row "jax ${mode} suspend" "-" "$(tail -2 "$logs/jax-suspend-$round.err" | tr '\n\t' '  ')" FAIL
-                touch "$barrier/go-$round"
-            fi
-        done
-        timeout 120 tail --pid="$jax_pid" -f /dev/null
-    else
-        row "jax keep" "-" "never ready: $(tail -1 "$logs/jax-keep.err")" FAIL
-    fi
-    kill "$jax_pid" 2>/dev/null; wait "$jax_pid" 2>/dev/null
+    done
+    timeout 120 tail --pid="$holder" -f /dev/null
+    kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
     rm -rf "$barrier"
+}
+
+if wants hold; then
+    # XLA makes its memory with private cuMemCreate: carried whatever CUINTERPOSE_ALLOC says.
+    hold_case jax XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/jax_hold.py" --size-gb 8
+    # PyTorch's default caching allocator uses cudaMalloc: carried when the shim owns cuMemAlloc.
+    hold_case torch-default CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/torch_hold.py" --size-gb 8
+    # Expandable segments are private cuMemCreate allocations.
+    hold_case torch-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "$repo/scripts/gpu/torch_hold.py" --size-gb 8
 fi
 
 if wants unlock; then

@@ -1,8 +1,8 @@
 """A JAX process holding device memory across a suspend (issue 11, GPU lane step `keep`).
 
 It allocates --size-gb of device memory in --chunks arrays of random uint32 (XLA's allocator takes
-them with cuMemAlloc), computes a checksum of each on the device and a small matmul, writes
-BARRIER_DIR/ready.json ({"pid", "bytes"}), then waits for BARRIER_DIR/go-N for each round N given by
+them with private cuMemCreate allocations, measured), computes a checksum of each on the device and
+a small matmul, writes BARRIER_DIR/ready.json ({"pid", "bytes"}), then waits for BARRIER_DIR/go-N for each round N given by
 --rounds (the lane suspends and resumes the process in between), and after each recomputes the
 checksums and the matmul, which must be unchanged. One JSON line per phase on stdout.
 
@@ -10,23 +10,12 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false makes the process hold what it allocates, no
 """
 
 import argparse
-import json
 import os
 import sys
-import time
 
-from lane_common import emit, shim_mapped
+from lane_common import emit, hold_rounds, shim_mapped
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-
-def wait_for_file(path, timeout):
-    deadline = time.monotonic() + timeout
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def main():
@@ -72,27 +61,12 @@ def main():
     held = sum(a.nbytes for a in arrays) + weights.nbytes
     report("hold", True, bytes=held, checksums=expected, product=product, device=str(jax.devices()[0]))
 
-    os.makedirs(args.barrier_dir, exist_ok=True)
-    ready = os.path.join(args.barrier_dir, "ready.json")
-    with open(ready + ".tmp", "w") as f:
-        json.dump({"pid": pid, "bytes": held}, f)
-    os.replace(ready + ".tmp", ready)
-
-    all_ok = True
-    for n in range(1, args.rounds + 1):
-        go = os.path.join(args.barrier_dir, "go-%d" % n)
-        if not wait_for_file(go, args.timeout):
-            report("round-%d" % n, False, error="%s did not appear in %.0f s" % (go, args.timeout))
-            return 1
+    def recheck():
         got = [int(v) for v in checksums(arrays)]
         again = float(compute(weights))
-        ok = got == expected and again == product
-        all_ok = all_ok and ok
-        report("round-%d" % n, ok, checksums=got, product=again)
-        with open(os.path.join(args.barrier_dir, "checked-%d" % n), "w") as f:
-            f.write("ok\n" if ok else "FAIL\n")
-    report("done", all_ok)
-    return 0 if all_ok else 1
+        return got == expected and again == product, dict(checksums=got, product=again)
+
+    return hold_rounds(args.barrier_dir, args.rounds, args.timeout, pid, held, recheck, report)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,40 @@ def shim_mapped():
 def emit(record):
     """One JSON line on stdout, keys sorted, flushed at once."""
     print(json.dumps(record, sort_keys=True), flush=True)
+
+
+def wait_for_file(path, timeout):
+    """Whether `path` appeared within `timeout` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def hold_rounds(barrier_dir, rounds, timeout, pid, held, recheck, report):
+    """The barrier protocol of the hold scripts: writes BARRIER_DIR/ready.json ({"pid", "bytes"}),
+    then for each round N waits for BARRIER_DIR/go-N (the lane suspends and resumes the process in
+    between), calls `recheck()` -> (ok, detail dict) and writes BARRIER_DIR/checked-N ("ok"/"FAIL").
+    Returns the exit status: 0 when every round was ok."""
+    os.makedirs(barrier_dir, exist_ok=True)
+    ready = os.path.join(barrier_dir, "ready.json")
+    with open(ready + ".tmp", "w") as f:
+        json.dump({"pid": pid, "bytes": held}, f)
+    os.replace(ready + ".tmp", ready)
+    all_ok = True
+    for n in range(1, rounds + 1):
+        go = os.path.join(barrier_dir, "go-%d" % n)
+        if not wait_for_file(go, timeout):
+            report("round-%d" % n, False, error="%s did not appear in %.0f s" % (go, timeout))
+            return 1
+        ok, detail = recheck()
+        all_ok = all_ok and ok
+        report("round-%d" % n, ok, **detail)
+        with open(os.path.join(barrier_dir, "checked-%d" % n), "w") as f:
+            f.write("ok\n" if ok else "FAIL\n")
+    report("done", all_ok)
+    return 0 if all_ok else 1

@@ -584,8 +584,8 @@ fn capture_bench(
         collector.take("");
         cycles.push(Cycle {
             cycle,
-            suspend_gb_per_s: gb_per_s(suspend.shared_bytes, suspend.total_millis),
-            resume_gb_per_s: gb_per_s(resume.shared_bytes, resume.total_millis),
+            suspend_gb_per_s: gb_per_s(suspend.saved_bytes, suspend.total_millis),
+            resume_gb_per_s: gb_per_s(resume.saved_bytes, resume.total_millis),
             speedup_vs_native: 0.0,
             suspend,
             resume,
@@ -615,7 +615,7 @@ fn capture_bench(
     );
     for c in &mut cycles {
         let ours = gb_per_s(
-            c.suspend.shared_bytes,
+            c.suspend.saved_bytes,
             c.suspend.total_millis + c.resume.total_millis,
         );
         c.speedup_vs_native = if native_rate > 0.0 {
@@ -696,7 +696,7 @@ fn whole_bench(
             resume_gb_per_s: gb_per_s(size, resume.total_millis),
             suspend_millis: suspend.total_millis,
             resume_millis: resume.total_millis,
-            shim_bytes: suspend.shared_bytes,
+            shim_bytes: suspend.saved_bytes,
         })
     };
     let plain = run(protocol::state::SuspendMode::Native, "plain")?;

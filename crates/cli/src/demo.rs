@@ -471,7 +471,7 @@ fn print_disk_demo(report: &DiskDemoReport, on_gpu: bool) {
     println!(
         "demo passed: {} processes, {} shared, checkpoint {:.1} ms, restore {:.1} ms",
         report.processes,
-        bytes(report.checkpoint.report.shared_bytes),
+        bytes(report.checkpoint.report.saved_bytes),
         report.checkpoint.report.total_millis,
         report.restore.report.total_millis
     );
@@ -500,7 +500,7 @@ fn print_demo(report: &DemoReport, on_gpu: bool) {
     println!(
         "demo passed: {} processes, {} shared, suspend {:.1} ms, resume {:.1} ms",
         report.processes,
-        bytes(report.suspend.shared_bytes),
+        bytes(report.suspend.saved_bytes),
         report.suspend.total_millis,
         report.resume.total_millis
     );

@@ -92,9 +92,9 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
     }
     print_phases(&report.phases);
     println!(
-        "{what} {} process(es), {} of shared memory, in {:.1} ms (state: {})",
+        "{what} {} process(es), {} of device memory through carriers, in {:.1} ms (state: {})",
         report.participants.len(),
-        bytes(report.shared_bytes),
+        bytes(report.saved_bytes),
         report.total_millis,
         report.state_file.display()
     );
@@ -117,10 +117,10 @@ pub fn print_disk_report(
     }
     print_phases(&report.report.phases);
     println!(
-        "{what} {} process(es) (root pid {}), {} of shared memory, CRIU images {} in {}, {:.1} ms",
+        "{what} {} process(es) (root pid {}), {} of device memory through carriers, CRIU images {} in {}, {:.1} ms",
         report.report.participants.len(),
         report.root,
-        bytes(report.report.shared_bytes),
+        bytes(report.report.saved_bytes),
         bytes(report.image_bytes),
         report.dir.display(),
         report.report.total_millis

@@ -486,7 +486,7 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
     let shim_digest = protocol::manifest::sha256_hex(&std::fs::read(&shim).expect("shim bytes"));
     assert_eq!(manifest["shim"]["sha256"], shim_digest.as_str());
     assert_eq!(manifest["driver_version"], 13000);
-    assert_eq!(manifest["bytes"]["shared_saved"], SIZE[0] + SIZE[1]);
+    assert_eq!(manifest["bytes"]["saved"], SIZE[0] + SIZE[1]);
     assert!(
         manifest["criu"]["version"]
             .as_str()

@@ -1,7 +1,8 @@
 //! `cuinterpose suspend --keep-contexts` (issue 11) with the real binary on the fake driver: the
 //! shims save and release their memory as in every suspend, and the driver's own checkpoint is
 //! never taken, which the fake's state shows (each process stays natively RUNNING and keeps the
-//! private memory a native checkpoint would have withdrawn).
+//! memory the shim does not own, which a native checkpoint would have withdrawn: `cuMemAlloc`
+//! memory left to the driver by `CUINTERPOSE_ALLOC=native`).
 
 mod common;
 
@@ -10,10 +11,20 @@ use protocol::{Phase, Request, Response};
 use std::time::Duration;
 use testkit::{TestEnv, Workload};
 
-/// Private memory per process: not the shim's, so it stays on the device in the keep mode.
+/// Private memory per process that the shim does not own (native `cuMemAlloc`), so it stays on
+/// the device in the keep mode.
 const PRIVATE: u64 = 2 << 20;
 
-/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`) and each holds a private `p`.
+/// Members whose `cuMemAlloc` memory the driver makes: the memory the keep mode leaves resident.
+fn members() -> [Member; 2] {
+    [
+        Member::shim("a").env("CUINTERPOSE_ALLOC", "native"),
+        Member::shim("b").env("CUINTERPOSE_ALLOC", "native"),
+    ]
+}
+
+/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`) and each holds a private `p`
+/// of native `cuMemAlloc` memory.
 fn build(tree: &Tree) {
     let (a, b) = (tree.w("a"), tree.w("b"));
     create_shared(a, "a0", SIZE);
@@ -23,13 +34,7 @@ fn build(tree: &Tree) {
     for (w, seed) in [(a, 31), (b, 32)] {
         ok(
             w,
-            &[
-                &format!("create p {PRIVATE} --handle-types none"),
-                &format!("reserve r-p {PRIVATE}"),
-                "map p r-p",
-                "set-access p --device 0",
-                &format!("fill p {seed}"),
-            ],
+            &[&format!("malloc p {PRIVATE}"), &format!("fill p {seed}")],
         );
     }
     ok(a, &["fill a0 11"]);
@@ -126,14 +131,14 @@ fn assert_kept(env: &TestEnv, workloads: &[&Workload], run: &ToolRun) {
 #[test]
 fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
     let env = env();
-    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    let tree = Tree::launch(&env, &members());
     build(&tree);
     let (a, b) = (tree.w("a"), tree.w("b"));
     let before = [regions(a), regions(b)];
 
     let run = keep_suspend(&env, tree.root());
     let report = run.ok().json();
-    assert_eq!(report["shared_bytes"], 2 * SIZE, "{}", run.describe());
+    assert_eq!(report["saved_bytes"], 2 * SIZE, "{}", run.describe());
     let names = phases(&run);
     assert!(names.iter().any(|n| n == "release"), "{names:?}");
     assert!(!names.iter().any(|n| n == "native-checkpoint"), "{names:?}");
@@ -193,7 +198,7 @@ fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
 #[test]
 fn resume_finishes_a_keep_contexts_suspend_from_any_phase_a_fault_left() {
     let env = env();
-    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    let tree = Tree::launch(&env, &members());
     build(&tree);
     let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
     // What a suspend killed after its release, or a resume killed after load or after import,

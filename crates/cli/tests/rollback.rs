@@ -256,7 +256,7 @@ fn resume_recovers_a_group_whose_tool_was_killed_after_release() {
 
     let run = resume(&env, tree.root());
     let report = run.ok().json();
-    assert_eq!(report["shared_bytes"], BIG + SIZE, "{}", run.describe());
+    assert_eq!(report["saved_bytes"], BIG + SIZE, "{}", run.describe());
     assert_running(&env, &tree, &run);
     for name in ["d", "c", "i"] {
         verify_trio(tree.w(name));

@@ -105,9 +105,13 @@ pub struct ParticipantSummary {
     pub host_pid: u32,
     pub ns_pid: u32,
     pub command: String,
+    /// Allocations it created (shared or private): what its carrier holds.
+    pub created: usize,
+    /// Of those, the ones it shares (exported).
     pub created_shared: usize,
     pub imported: usize,
-    pub shared_bytes: u64,
+    /// Bytes of its creations saved to the carrier.
+    pub saved_bytes: u64,
 }
 
 /// What a suspend or resume did.
@@ -115,8 +119,9 @@ pub struct ParticipantSummary {
 pub struct Report {
     pub participants: Vec<ParticipantSummary>,
     pub phases: Vec<PhaseTiming>,
-    /// Bytes of shared allocations saved to (or loaded from) host carriers.
-    pub shared_bytes: u64,
+    /// Bytes of the allocations the shims created, shared or private, saved to (or loaded from)
+    /// host carriers.
+    pub saved_bytes: u64,
     pub state_file: PathBuf,
     pub total_millis: f64,
     /// Captured processes that had exited and were left out (`resume --allow-lost`).
@@ -131,14 +136,15 @@ pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
     snapshots
         .iter()
         .map(|s| {
-            let shared: Vec<_> = s.record.allocations.iter().filter(|a| a.shared).collect();
+            let created = &s.record.allocations;
             ParticipantSummary {
                 host_pid: s.info.host_pid,
                 ns_pid: s.info.ns_pid,
                 command: s.info.command.clone(),
-                created_shared: shared.len(),
+                created: created.len(),
+                created_shared: created.iter().filter(|a| a.shared).count(),
                 imported: s.record.imports.len(),
-                shared_bytes: shared.iter().map(|a| a.size).sum(),
+                saved_bytes: created.iter().map(|a| a.size).sum(),
             }
         })
         .collect()
@@ -333,7 +339,7 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     Ok(Report {
         participants: summarize(&captured),
         phases: clock.phases,
-        shared_bytes: shared_bytes(&captured),
+        saved_bytes: saved_bytes(&captured),
         state_file: state_path,
         total_millis: millis_since(start),
         lost: Vec::new(),
@@ -397,7 +403,7 @@ pub(crate) fn capture(
         Ok(frozen) => frozen,
         Err(e) => return Err(roll_back(&mut group, clock, e, thaw_only)),
     };
-    let shared_bytes = shared_bytes(&captured);
+    let saved_bytes = saved_bytes(&captured);
     // The topology is published before anything is released: a tool killed from here on leaves a
     // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
     // same in every phase).
@@ -424,7 +430,7 @@ pub(crate) fn capture(
             // at once.
             p.set_timeout(None)?;
         }
-        clock.time("save", Some(shared_bytes), || {
+        clock.time("save", Some(saved_bytes), || {
             phase_all(&mut group.participants, "save", &Request::Save, progress)
                 .map(|(_, b, s)| ((), b, s))
         })?;
@@ -437,7 +443,8 @@ pub(crate) fn capture(
             )
             .map(|(_, b, s)| ((), b, s))
         })?;
-        // Everyone still answers and holds nothing shared: the native checkpoint may start.
+        // Everyone still answers and holds no memory the shims own: the native checkpoint may
+        // start.
         let released = group.snapshot()?;
         let refusals = check_group(&released, Phase::Released);
         if refusals.is_empty() {
@@ -465,11 +472,11 @@ pub(crate) fn capture(
     Ok((group, captured))
 }
 
-fn shared_bytes(snapshots: &[Snapshot]) -> u64 {
+/// Bytes of every allocation the shims created, shared or private: what Save copies.
+fn saved_bytes(snapshots: &[Snapshot]) -> u64 {
     snapshots
         .iter()
         .flat_map(|s| &s.record.allocations)
-        .filter(|a| a.shared)
         .map(|a| a.size)
         .sum()
 }
@@ -632,7 +639,6 @@ pub(crate) fn state_of(snapshots: &[Snapshot], mode: SuspendMode) -> GroupState 
                     .record
                     .allocations
                     .iter()
-                    .filter(|a| a.shared)
                     .map(|a| CarrierInfo {
                         id: a.id,
                         bytes: a.size,
@@ -745,7 +751,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         // the shims rebuild into them (from any phase a suspend or an earlier resume left).
         SuspendMode::KeepContexts => {}
     }
-    let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
+    let (participants, saved_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
         source: e,
@@ -757,7 +763,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     Ok(Report {
         participants,
         phases: clock.phases,
-        shared_bytes,
+        saved_bytes,
         state_file: state_path,
         total_millis: millis_since(start),
         lost: lost_labels,
@@ -1012,7 +1018,7 @@ fn native_resume(
 }
 
 /// Load, import, verify and thaw: the rebuild half of resume and restore. Returns the participants'
-/// summary and the shared bytes loaded.
+/// summary and the bytes loaded from carriers.
 pub(crate) fn finish_rebuild(
     group: &mut Group,
     state: &GroupState,

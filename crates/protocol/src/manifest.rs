@@ -18,8 +18,10 @@ pub const MANIFEST_FILE_NAME: &str = "manifest.json";
 pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// The manifest version this build writes and reads; bumped on any change of its fields, and on a
 /// change of the checkpoint directory it describes (4: the image digest list became BLAKE3,
-/// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage).
-pub const MANIFEST_VERSION: u32 = 4;
+/// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage; 5:
+/// `bytes.saved` counts every allocation the shims created, private ones too, in place of
+/// `bytes.shared_saved`).
+pub const MANIFEST_VERSION: u32 = 5;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -126,9 +128,9 @@ pub struct ShimIdentity {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ByteCounts {
-    /// Bytes of shared allocations copied into host carriers.
-    pub shared_saved: u64,
-    /// Bytes the host carriers hold in total (at least `shared_saved`).
+    /// Bytes of the allocations the shims created (shared or private) copied into host carriers.
+    pub saved: u64,
+    /// Bytes the host carriers hold in total (at least `saved`).
     pub carriers: u64,
 }
 
@@ -232,7 +234,7 @@ impl Manifest {
     ///   GPU ordinals unique and UUIDs non-empty, socket paths absolute, without `..` and short
     ///   enough to be socket paths (a restore removes stale files at those paths);
     /// - the shim path is absolute and its digest well formed; the driver version is positive;
-    /// - carriers hold at least the shared bytes saved;
+    /// - carriers hold at least the bytes saved;
     /// - the CRIU version, when present, is non-empty, and its link remaps are well formed
     ///   ([`LinkRemap::is_well_formed`]); phase names are non-empty and unique;
     /// - the state file is a plain file name (no directory, so a manifest cannot point a restore
@@ -312,10 +314,10 @@ impl Manifest {
         if self.driver_version <= 0 {
             return bad(format!("driver version {}", self.driver_version));
         }
-        if self.bytes.shared_saved > self.bytes.carriers {
+        if self.bytes.saved > self.bytes.carriers {
             return bad(format!(
-                "{} shared bytes saved into carriers of {} bytes",
-                self.bytes.shared_saved, self.bytes.carriers
+                "{} bytes saved into carriers of {} bytes",
+                self.bytes.saved, self.bytes.carriers
             ));
         }
         if let Some(criu) = &self.criu {
@@ -526,8 +528,9 @@ mod tests {
             },
             driver_version: 12080,
             bytes: ByteCounts {
-                shared_saved: 2 << 20,
-                carriers: 2 << 20,
+                // The state's creator carries its shared 2 MiB and its private 4 KiB.
+                saved: (2 << 20) + 4096,
+                carriers: (2 << 20) + 4096,
             },
             criu: Some(CriuInfo {
                 version: "4.1".into(),
@@ -791,7 +794,7 @@ mod tests {
         assert!(invalid(|m| m.shim.sha256 = "0F".repeat(32)).contains("shim sha-256"));
         assert!(invalid(|m| m.shim.sha256 = "0f".repeat(31)).contains("shim sha-256"));
         assert!(invalid(|m| m.driver_version = 0).contains("driver version"));
-        assert!(invalid(|m| m.bytes.shared_saved = m.bytes.carriers + 1).contains("shared bytes"));
+        assert!(invalid(|m| m.bytes.saved = m.bytes.carriers + 1).contains("bytes saved"));
         assert!(invalid(|m| m.criu.as_mut().unwrap().version.clear()).contains("criu"));
         assert!(invalid(|m| m.timings[1].phase = "freeze".into()).contains("timed twice"));
         assert!(invalid(|m| m.timings[0].phase.clear()).contains("phase name"));

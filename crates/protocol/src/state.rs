@@ -34,8 +34,9 @@ pub const STATE_FILE_NAME: &str = "cuinterpose.state";
 /// First eight bytes of a state file.
 pub const STATE_MAGIC: [u8; 8] = *b"CUISTATE";
 /// The state format this build writes and reads. Bumped on any change of the layout or of a type
-/// in the body (records included); older files are refused, not migrated.
-pub const STATE_VERSION: u16 = 2;
+/// in the body (records included), or of what it means; older files are refused, not migrated
+/// (3: every allocation a process created has a carrier, private ones too).
+pub const STATE_VERSION: u16 = 3;
 /// Length of the header before the body.
 pub const STATE_HEADER_LEN: usize = 24;
 /// Largest body accepted: bounds what a reader allocates before the checksum is known. A group of
@@ -83,11 +84,12 @@ pub struct ParticipantState {
     pub shim_sha256: String,
     /// What the shim reported at capture, after Save.
     pub record: ProcessRecord,
-    /// The host carriers holding the bytes of this process's shared allocations.
+    /// The host carriers holding the bytes of the allocations this process created, shared or
+    /// private.
     pub carriers: Vec<CarrierInfo>,
 }
 
-/// A host carrier: the saved bytes of one shared allocation, held in its creator's memory.
+/// A host carrier: the saved bytes of one created allocation, held in its creator's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CarrierInfo {
     /// The allocation whose bytes it holds.
@@ -147,8 +149,8 @@ impl GroupState {
             let mut carried = BTreeSet::new();
             for c in &p.carriers {
                 match allocations.get(&c.id) {
-                    Some(&(size, true)) if c.bytes <= size => {}
-                    Some(&(size, true)) => {
+                    Some(&(size, _)) if c.bytes <= size => {}
+                    Some(&(size, _)) => {
                         return bad(format!(
                             "participant {}: carrier of {:?} holds {} bytes, the allocation has {size}",
                             p.ns_pid, c.id, c.bytes
@@ -156,7 +158,7 @@ impl GroupState {
                     }
                     _ => {
                         return bad(format!(
-                            "participant {}: carrier of {:?}, which is not a shared allocation it created",
+                            "participant {}: carrier of {:?}, which is not an allocation it created",
                             p.ns_pid, c.id
                         ));
                     }
@@ -168,13 +170,9 @@ impl GroupState {
                     ));
                 }
             }
-            if let Some(id) = allocations
-                .iter()
-                .find(|(id, (_, shared))| *shared && !carried.contains(*id))
-                .map(|(id, _)| id)
-            {
+            if let Some(id) = allocations.keys().find(|id| !carried.contains(*id)) {
                 return bad(format!(
-                    "participant {}: shared allocation {id:?} has no carrier",
+                    "participant {}: allocation {id:?} has no carrier",
                     p.ns_pid
                 ));
             }
@@ -385,7 +383,13 @@ pub(crate) mod tests {
                     ns_pid: 41,
                     shim_sha256: "0f".repeat(32),
                     record: a,
-                    carriers: vec![CarrierInfo { id, bytes: 2 << 20 }],
+                    carriers: vec![
+                        CarrierInfo { id, bytes: 2 << 20 },
+                        CarrierInfo {
+                            id: AllocationId([0xbb; 16]),
+                            bytes: 4096,
+                        },
+                    ],
                 },
                 ParticipantState {
                     host_pid: 1042,
@@ -561,6 +565,13 @@ pub(crate) mod tests {
         assert!(refused(|s| s.participants[0].shim_sha256 = "AB".repeat(32)).contains("sha-256"));
         assert!(refused(|s| s.participants[0].shim_sha256.truncate(63)).contains("sha-256"));
         assert!(refused(|s| s.participants[0].carriers.clear()).contains("no carrier"));
+        // A private allocation has its carrier too.
+        assert!(
+            refused(|s| {
+                s.participants[0].carriers.pop();
+            })
+            .contains("no carrier")
+        );
         assert!(refused(|s| s.participants[0].carriers[0].bytes += 1).contains("holds"));
         assert!(
             refused(|s| {
@@ -570,8 +581,8 @@ pub(crate) mod tests {
             .contains("two carriers")
         );
         assert!(
-            refused(|s| s.participants[0].carriers[0].id = AllocationId([0xbb; 16]))
-                .contains("not a shared allocation")
+            refused(|s| s.participants[0].carriers[0].id = AllocationId([0xcc; 16]))
+                .contains("not an allocation it created")
         );
         assert!(
             refused(|s| {

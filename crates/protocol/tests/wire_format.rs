@@ -437,10 +437,16 @@ fn group() -> GroupState {
                 ns_pid: 41,
                 shim_sha256: "0f".repeat(32),
                 record: creator,
-                carriers: vec![CarrierInfo {
-                    id: shared,
-                    bytes: 2 << 20,
-                }],
+                carriers: vec![
+                    CarrierInfo {
+                        id: shared,
+                        bytes: 2 << 20,
+                    },
+                    CarrierInfo {
+                        id: id(0xb1),
+                        bytes: 4096,
+                    },
+                ],
             },
             ParticipantState {
                 host_pid: 1042,
@@ -495,8 +501,8 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
         },
         driver_version: 12080,
         bytes: manifest::ByteCounts {
-            shared_saved: 1 << 20,
-            carriers: 2 << 20,
+            saved: 2 << 20,
+            carriers: (2 << 20) + 4096,
         },
         criu: Some(manifest::CriuInfo {
             version: "4.2.1".into(),

@@ -1,9 +1,10 @@
 //! `cuMemAlloc` owned by the shim: each allocation is made of the same tracked VMM calls an
 //! application would make itself (`cuMemCreate` with POSIX descriptors, `cuMemAddressReserve`,
 //! `cuMemMap`, `cuMemSetAccess` for the context's device, then `cuMemRelease` of the handle, which
-//! the mapping keeps alive), and one POSIX export into the shim's export cache, which makes it a
-//! shared creation: the capture path saves it through carriers and releases it before the native
-//! checkpoint, and rebuild recreates it at the same address, with no code of its own.
+//! the mapping keeps alive). It is then a creation like the application's own: the capture path
+//! saves it through carriers and releases it before the native checkpoint, and rebuild recreates
+//! it at the same address, with no code of its own. It is exported (and so holds a descriptor in
+//! the shim's export cache) only when something shares it.
 //!
 //! What only this module knows is the size the application asked for, apart from the
 //! granularity-rounded backing: `cuMemGetAddressRange` answers with the requested size, as it does
@@ -11,7 +12,7 @@
 
 use crate::log::log_warn;
 use crate::runtime::Runtime;
-use crate::track::{ExportTo, Tracked};
+use crate::track::Tracked;
 use cuda::VirtualHandle;
 use cuda_abi::*;
 use std::collections::BTreeMap;
@@ -140,18 +141,6 @@ impl Runtime {
             flags: access_flags::PROT_READWRITE,
         };
         if let Err(e) = self.mem_set_access(base, backing, &[access]) {
-            self.undo_alloc(handle, Some((base, backing)), true);
-            return Err(e);
-        }
-        // Exported once into the export cache (the ticket it returns is not needed): a shared
-        // creation is what capture saves through carriers and rebuilds, and what the fd service
-        // hands to peers. One descriptor per allocation stays open in the shim.
-        if let Err(e) = self.mem_export(
-            handle,
-            handle_type::POSIX_FILE_DESCRIPTOR,
-            0,
-            ExportTo::Descriptor,
-        ) {
             self.undo_alloc(handle, Some((base, backing)), true);
             return Err(e);
         }

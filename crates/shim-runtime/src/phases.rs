@@ -7,18 +7,19 @@
 //! - Freeze: tracked memory calls wait at the gate; those in flight drain (timeout: the gate opens
 //!   again, nothing changed); the primary context of every device the process used is
 //!   synchronised.
-//! - Save: every shared allocation this process created is copied whole into the host carrier,
+//! - Save: every allocation this process created, shared or private, is copied whole into the host
+//!   carrier,
 //!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
 //!   or absent do not matter), by the copy engine in the mode `CUINTERPOSE_CARRIER` chose
 //!   (`copy.rs`). Save and Load answer with the engine's statistics (`PhaseDone::stats`).
-//! - Release: imports are unmapped and released; shared creations leave the export cache, are
-//!   unmapped and released. VA reservations stay the application's, records stay as they were
-//!   (INSPECT reports the same topology in every phase). Private memory stays for native
-//!   checkpoint.
-//! - Load: each released shared creation is created again with its recorded properties, filled
-//!   from the carrier, mapped at its recorded addresses and offsets with its recorded access, and
-//!   exported again into the export cache; the application's virtual handle now names the new
-//!   driver handle. Tickets held by peers stay valid: they name the allocation ID.
+//! - Release: imports are unmapped and released; creations leave the export cache, are unmapped
+//!   and released. VA reservations stay the application's, records stay as they were (INSPECT
+//!   reports the same topology in every phase). What the native checkpoint then sees of device
+//!   memory is only what the shim does not own (`Kind::Native` and untracked kinds).
+//! - Load: each released creation is created again with its recorded properties, filled from the
+//!   carrier, mapped at its recorded addresses and offsets with its recorded access, and, when it
+//!   is shared, exported again into the export cache; the application's virtual handle now names
+//!   the new driver handle. Tickets held by peers stay valid: they name the allocation ID.
 //! - Import: each released import is fetched again from its creator (by the creator PID and ID
 //!   its ticket named) and mapped at its recorded addresses with its recorded access. Creators
 //!   must have loaded first (the tool sends Load to everyone, then Import to everyone).
@@ -137,10 +138,12 @@ type ImportItem = (
     Vec<(u64, Mapping)>,
 );
 
-/// One shared creation to rebuild.
+/// One creation to rebuild.
 struct LoadItem {
     handle: VHandle,
     id: AllocationId,
+    /// Exported before: exported again into the cache once rebuilt.
+    shared: bool,
     size: usize,
     device: i32,
     props: protocol::record::AllocationProps,
@@ -333,7 +336,7 @@ impl Runtime {
             let reg = self.lock();
             let mut v: Vec<_> = reg
                 .objects()
-                .filter(|(_, o)| o.is_shared_creation())
+                .filter(|(_, o)| o.is_creation())
                 .filter_map(|(h, o)| Some((h, o.real?, o.size as usize, o.props)))
                 .collect();
             v.sort_by_key(|(h, ..)| *h);
@@ -456,7 +459,7 @@ impl Runtime {
             for (h, o) in reg.objects() {
                 match o.kind {
                     Kind::Imported { .. } => imports.push(h),
-                    Kind::Created { shared: true, .. } => {
+                    Kind::Created { .. } => {
                         if o.carrier.is_none() && o.real.is_some() {
                             return Err(PhaseError::Internal(format!(
                                 "allocation {:?} was not saved; nothing released",
@@ -550,10 +553,7 @@ impl Runtime {
             let reg = self.lock();
             let mut v = Vec::new();
             for (h, o) in reg.objects() {
-                let Kind::Created {
-                    id, shared: true, ..
-                } = o.kind
-                else {
+                let Kind::Created { id, shared, .. } = o.kind else {
                     continue;
                 };
                 let unmapped: Vec<(u64, Mapping)> = reg
@@ -562,12 +562,13 @@ impl Runtime {
                     .filter(|(_, m)| !m.mapped)
                     .collect();
                 let cached = self.exports.contains(&id);
-                if o.real.is_some() && unmapped.is_empty() && cached {
+                if o.real.is_some() && unmapped.is_empty() && (cached || !shared) {
                     continue;
                 }
                 v.push(LoadItem {
                     handle: h,
                     id,
+                    shared,
                     size: o.size as usize,
                     device: 0,
                     props: o.props,
@@ -669,11 +670,11 @@ impl Runtime {
         Ok((loaded, Some(recorded)))
     }
 
-    /// Maps a rebuilt creation at its recorded addresses, exports it into the cache and points the
-    /// application's virtual handle at it.
+    /// Maps a rebuilt creation at its recorded addresses, exports it into the cache when it is
+    /// shared and points the application's virtual handle at it.
     fn publish_creation(&self, item: &LoadItem, real: DriverHandle) -> Result<(), PhaseError> {
         let mapped = self.map_recorded(real, &item.unmapped)?;
-        if !item.cached {
+        if item.shared && !item.cached {
             let exported = check(
                 || format!("allocation {}", item.id),
                 self.real.mem_export_fd(real, 0),
@@ -802,7 +803,9 @@ impl Runtime {
             }
             let unmapped = reg.mappings_of(h).iter().filter(|(_, m)| !m.mapped).count();
             let uncached = match o.kind {
-                Kind::Created { id, .. } => !self.exports.contains(&id),
+                Kind::Created {
+                    id, shared: true, ..
+                } => !self.exports.contains(&id),
                 _ => false,
             };
             if o.real.is_none() || unmapped > 0 || uncached {

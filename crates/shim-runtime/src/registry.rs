@@ -32,7 +32,8 @@ pub enum Kind {
     /// Created here by `cuMemCreate`.
     Created {
         id: AllocationId,
-        /// Exported as a POSIX descriptor at least once (sticky): saved to a carrier on capture.
+        /// Exported as a POSIX descriptor at least once (sticky): peers may import it, so it is
+        /// exported again into the cache when capture rebuilds it.
         shared: bool,
         /// Handle types other than POSIX descriptors it was exported as (FABRIC...): blockers.
         unsupported_exports: Vec<u32>,
@@ -76,14 +77,20 @@ impl Object {
         }
     }
 
-    /// A created allocation that was exported as a POSIX descriptor: capture saves and rebuilds it.
+    /// A created allocation that was exported as a POSIX descriptor (peers may import it).
     pub fn is_shared_creation(&self) -> bool {
         matches!(self.kind, Kind::Created { shared: true, .. })
     }
 
-    /// What capture releases and rebuilds: shared creations and ticket imports.
+    /// An allocation this process created, shared or private: capture saves its bytes to the
+    /// carrier, releases it and rebuilds it.
+    pub fn is_creation(&self) -> bool {
+        matches!(self.kind, Kind::Created { .. })
+    }
+
+    /// What capture releases and rebuilds: every creation and every ticket import.
     pub fn is_captured(&self) -> bool {
-        self.is_shared_creation() || matches!(self.kind, Kind::Imported { .. })
+        self.is_creation() || matches!(self.kind, Kind::Imported { .. })
     }
 }
 

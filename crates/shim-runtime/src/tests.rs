@@ -1030,14 +1030,16 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
         p.rt.mem_address_range(base + requested as u64 - 1).unwrap(),
         (base, requested)
     );
-    // A shared created allocation (in the export cache), mapped whole, with no application handle.
+    // A created allocation, private until something shares it (no descriptor held for it), mapped
+    // whole, with no application handle.
     {
         let reg = p.rt.lock();
         let objects: Vec<_> = reg.objects().collect();
         assert_eq!(objects.len(), 1);
         assert_eq!(objects[0].1.size, 2 * MB2 as u64);
         assert_eq!(objects[0].1.refs, 0);
-        assert!(objects[0].1.is_shared_creation());
+        assert!(objects[0].1.is_creation());
+        assert!(!objects[0].1.is_shared_creation());
         let real = objects[0].1.real.unwrap();
         let f = fake();
         let aid = f.alloc_of(real.raw()).unwrap();
@@ -1090,6 +1092,63 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
     assert_eq!(q.rt.lock().objects().count(), 0);
     assert!(q.rt.inspect().reservations.is_empty());
     assert_eq!(fake().maps.len(), mapped_before);
+}
+
+/// A private creation (never exported, made without any shareable handle type) goes through the
+/// carrier like a shared one: released before the native checkpoint would run, rebuilt at its
+/// addresses with its access and contents, and not exported by the rebuild (no descriptor held).
+#[test]
+fn private_creations_are_saved_released_and_rebuilt_without_an_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proc::new(dir.path());
+    let private = p.try_create(2 * MB2, 0, handle_type::NONE).unwrap();
+    let va = p.map_new(private, 2 * MB2, 0);
+    // A second, partial mapping at an offset, read-only for another device too.
+    let va2 = p.reserve(MB2);
+    p.map(va2, MB2, MB2, private);
+    p.access(
+        va2,
+        MB2,
+        &[
+            (0, access_flags::PROT_READWRITE),
+            (1, access_flags::PROT_READ),
+        ],
+    );
+    let bytes = pattern(42, 2 * MB2);
+    write(va, &bytes);
+    let shared = p.create(MB2, 0);
+    let shared_va = p.map_new(shared, MB2, 0);
+    let shared_bytes = pattern(43, MB2);
+    write(shared_va, &shared_bytes);
+    drop(p.export(shared));
+    let before = p.rt.inspect();
+    assert_eq!(before.allocations.iter().filter(|a| !a.shared).count(), 1);
+    let g = Group {
+        procs: vec![p],
+        regions: vec![
+            (0, va, 2 * MB2, bytes.clone()),
+            (0, va2, MB2, bytes[MB2..].to_vec()),
+            (0, shared_va, MB2, shared_bytes),
+        ],
+        links: Vec::new(),
+    };
+    // suspend_and_resume checks that nothing is held in Released, private memory included.
+    suspend_and_resume(&g);
+    let p = &g.procs[0];
+    assert_eq!(p.rt.inspect(), before);
+    check_contents(&g);
+    let private_id = before.allocations.iter().find(|a| !a.shared).unwrap().id;
+    let shared_id = before.allocations.iter().find(|a| a.shared).unwrap().id;
+    assert!(
+        !p.rt.exports.contains(&private_id),
+        "a private rebuild is not exported"
+    );
+    assert!(p.rt.exports.contains(&shared_id));
+    // The rebuilt allocation has the recorded properties: still no shareable handle type.
+    let real = p.rt.lock().real_of(VirtualHandle(private)).unwrap();
+    let f = fake();
+    let aid = f.alloc_of(real.raw()).unwrap();
+    assert_eq!(f.allocs[&aid].prop.1, handle_type::NONE);
 }
 
 /// Pinned carriers through whole suspend/resume cycles of a group of two: contents intact every

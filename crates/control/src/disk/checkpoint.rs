@@ -177,12 +177,12 @@ pub fn checkpoint(
     }
     // The checkpoint holds its own copy; the group's is of no use any more.
     capture::remove_state(&work_state);
-    let shared_bytes = manifest.bytes.shared_saved;
+    let saved_bytes = manifest.bytes.saved;
     Ok(DiskReport {
         report: Report {
             participants: capture::summarize(&captured),
             phases: clock.phases,
-            shared_bytes,
+            saved_bytes,
             state_file: state_path,
             total_millis: start.elapsed().as_secs_f64() * 1e3,
             lost: Vec::new(),

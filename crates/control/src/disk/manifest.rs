@@ -23,10 +23,10 @@ pub(super) fn build_manifest(
     let state_bytes = transport::files::read_bounded(state_path, capture::STATE_FILE_LIMIT)
         .map_err(|e| state_error(state_path, e))?;
     let first = captured.first().ok_or(ControlError::NoCudaProcesses(0))?;
-    let shared_saved: u64 = captured
+    // Every allocation the shims created, shared or private, went through a carrier.
+    let saved: u64 = captured
         .iter()
         .flat_map(|s| &s.record.allocations)
-        .filter(|a| a.shared)
         .map(|a| a.size)
         .sum();
     Ok(Manifest {
@@ -63,8 +63,8 @@ pub(super) fn build_manifest(
         },
         driver_version: driver.version(),
         bytes: ByteCounts {
-            shared_saved,
-            carriers: shared_saved,
+            saved,
+            carriers: saved,
         },
         criu: Some(criu),
         timings: clock

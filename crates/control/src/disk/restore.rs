@@ -216,12 +216,12 @@ pub fn restore(
     // leaves them to the next restore or `restore --cleanup` (super::leftovers).
     let result = restore_into(options, &verified, &link_remaps, &work_dir, &mut clock);
     let _ = std::fs::remove_dir_all(&work_dir);
-    let (root, participants, shared_bytes) = result?;
+    let (root, participants, saved_bytes) = result?;
     Ok(DiskReport {
         report: Report {
             participants,
             phases: clock.phases,
-            shared_bytes,
+            saved_bytes,
             state_file: options.dir.join(protocol::state::STATE_FILE_NAME),
             total_millis: start.elapsed().as_secs_f64() * 1e3,
             lost: Vec::new(),
@@ -256,7 +256,7 @@ fn restore_into(
     // From here on a failure must not leave a half-restored tree running.
     let rebuilt = rebuild_restored(root, verified, clock);
     match rebuilt {
-        Ok((participants, shared_bytes)) => Ok((root, participants, shared_bytes)),
+        Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
         Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
             Ok(()) => ControlError::Step {
                 step: "restore (the restored processes were killed; the checkpoint is unchanged)",

@@ -187,7 +187,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
         },
         driver_version: 12080,
         bytes: manifest::ByteCounts {
-            shared_saved: 2 << 20,
+            saved: 2 << 20,
             carriers: 2 << 20,
         },
         criu: Some(manifest::CriuInfo {
