@@ -56,24 +56,6 @@ fn assert_untouched(env: &TestEnv, tree: &Tree, run: &ToolRun) {
     ok(b, &["verify a1 14"]);
 }
 
-/// Suspends the tree and expects a refusal naming `pid` for a reason containing `reason`.
-fn expect_refusal(env: &TestEnv, tree: &Tree, refused: &[(u32, &str)]) -> ToolRun {
-    let run = suspend(env, tree.root(), &[]);
-    run.expect_code(EXIT_REFUSED);
-    for (pid, reason) in refused {
-        let line = run
-            .stderr
-            .lines()
-            .find(|l| l.trim_start().starts_with(&label(*pid)) && l.contains(reason));
-        assert!(
-            line.is_some(),
-            "no refusal line naming pid {pid} with {reason:?}; {}",
-            run.describe()
-        );
-    }
-    run
-}
-
 #[test]
 fn a_cuda_process_without_the_shim_is_refused() {
     let env = env();

@@ -498,8 +498,8 @@ impl Runtime {
         Ok(())
     }
 
-    /// `cuIpcGetMemHandle`.
-    pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
+    /// `cuIpcGetMemHandle` by the driver (memory the shim does not own): a blocker while it lives.
+    pub(crate) fn native_ipc_get(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
         let _pass = self.gate.enter();
         let handle = self.real.ipc_get_mem_handle(dptr).map_err(code)?;
         self.lock().ipc_exported(dptr);
@@ -507,8 +507,8 @@ impl Runtime {
         Ok(handle)
     }
 
-    /// `cuIpcOpenMemHandle_v2`.
-    pub fn ipc_open_mem_handle(
+    /// `cuIpcOpenMemHandle_v2` by the driver (a handle that is not the shim's): a blocker while open.
+    pub(crate) fn native_ipc_open(
         &self,
         handle: CUipcMemHandle,
         flags: c_uint,
@@ -519,8 +519,8 @@ impl Runtime {
         Ok(address)
     }
 
-    /// `cuIpcCloseMemHandle`.
-    pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
+    /// `cuIpcCloseMemHandle` by the driver.
+    pub(crate) fn native_ipc_close(&self, dptr: CUdeviceptr) -> Tracked {
         let _pass = self.gate.enter();
         self.real.ipc_close_mem_handle(dptr).map_err(code)?;
         self.lock().ipc_closed(dptr);
