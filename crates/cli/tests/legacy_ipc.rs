@@ -2,14 +2,17 @@
 //! `cuMemAlloc` memory (`CUINTERPOSE_ALLOC=vmm`), in real processes over the fake driver: the
 //! handle is the shim's virtual one, opens are counted and answer the allocation's base and
 //! requested size, a group sharing memory that way is suspended and resumed with every importer
-//! seeing its creator's new writes at the same address; a handle that is not the shim's (memory
+//! seeing its creator's new writes at the same address, and checkpointed to disk and restored
+//! (the real CRIU: root); a handle that is not the shim's (memory
 //! the driver made) is opened natively and refused at capture, naming the process.
 
 mod common;
 
 use common::*;
 use protocol::ipc::IpcHandle;
+use std::collections::BTreeMap;
 use testkit::Workload;
+use testkit::harness::RegionInfo;
 
 const MIB: u64 = 1 << 20;
 const ALLOC: &str = "CUINTERPOSE_ALLOC";
@@ -194,17 +197,13 @@ fn a_handle_the_driver_made_is_opened_natively_and_refused_at_capture() {
     ok(b, &["verify m 62"]);
 }
 
-/// A ring of `n` owned processes: rank `r` allocates `m<r>`, sends its handle to rank `r + 1`,
-/// which opens it; suspended and resumed twice, every importer seeing new writes after each.
-fn ring_suspend_resume(n: usize) {
-    let env = env();
-    let names: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
-    let members: Vec<Member> = names.iter().map(|n| owned(n)).collect();
-    let tree = Tree::launch(&env, &members);
-    let w = |r: usize| tree.w(&names[r % n]);
-    for r in 0..n {
+/// Makes a ring of owned processes: rank `r` allocates `m<r>` ((r + 1) MiB), fills it, sends
+/// its handle to rank `r + 1`, which opens it. The bytes carried at capture: whole 2 MiB granules.
+fn make_ring(w: &[&Workload]) -> u64 {
+    let n = w.len();
+    for (r, rank) in w.iter().enumerate() {
         ok(
-            w(r),
+            rank,
             &[
                 &format!("malloc m{r} {}", (r as u64 + 1) * MIB),
                 &format!("fill m{r} {}", 70 + r),
@@ -212,15 +211,49 @@ fn ring_suspend_resume(n: usize) {
         );
     }
     for r in 0..n {
-        send_handle(w(r), w(r + 1), &format!("h{r}"), &format!("m{r}"));
-        open(w(r + 1), &format!("m{r}"), &format!("h{r}"));
-        ok(w(r + 1), &[&format!("verify m{r} {}", 70 + r)]);
+        let next = w[(r + 1) % n];
+        send_handle(w[r], next, &format!("h{r}"), &format!("m{r}"));
+        open(next, &format!("m{r}"), &format!("h{r}"));
+        ok(next, &[&format!("verify m{r} {}", 70 + r)]);
     }
-    let before: Vec<_> = (0..n).map(|r| regions(w(r))).collect();
-    // Each allocation is backed by whole 2 MiB granules.
-    let carried: u64 = (0..n as u64)
+    (0..n as u64)
         .map(|r| (r + 1).next_multiple_of(2) * MIB)
-        .sum();
+        .sum()
+}
+
+/// After a rebuild: every rank's addresses as `before`, and new writes seen both ways across
+/// every link of the ring (creator to opener, opener to creator).
+fn check_ring(w: &[&Workload], before: &[BTreeMap<String, RegionInfo>], round: u64) {
+    let n = w.len();
+    for (r, regions_before) in before.iter().enumerate() {
+        assert_eq!(
+            &regions(w[r]),
+            regions_before,
+            "rank {r}: addresses changed"
+        );
+        let next = w[(r + 1) % n];
+        let seed = 100 * (round + 1) + r as u64;
+        ok(w[r], &[&format!("fill m{r} {seed}")]);
+        ok(
+            next,
+            &[
+                &format!("verify m{r} {seed}"),
+                &format!("fill m{r} {}", seed + 50),
+            ],
+        );
+        ok(w[r], &[&format!("verify m{r} {}", seed + 50)]);
+    }
+}
+
+/// A ring of `n` owned processes suspended and resumed twice.
+fn ring_suspend_resume(n: usize) {
+    let env = env();
+    let names: Vec<String> = (0..n).map(|r| format!("p{r}")).collect();
+    let members: Vec<Member> = names.iter().map(|n| owned(n)).collect();
+    let tree = Tree::launch(&env, &members);
+    let w: Vec<&Workload> = names.iter().map(|name| tree.w(name)).collect();
+    let carried = make_ring(&w);
+    let before: Vec<_> = w.iter().map(|rank| regions(rank)).collect();
     for round in 0..2u64 {
         let run = suspend(&env, tree.root(), &[]);
         assert_eq!(
@@ -230,24 +263,46 @@ fn ring_suspend_resume(n: usize) {
             run.describe()
         );
         resume(&env, tree.root()).ok();
-        for (r, regions_before) in before.iter().enumerate() {
-            assert_eq!(
-                &regions(w(r)),
-                regions_before,
-                "rank {r}: addresses changed"
-            );
-            let seed = 100 * (round + 1) + r as u64;
-            ok(w(r), &[&format!("fill m{r} {seed}")]);
-            ok(
-                w(r + 1),
-                &[
-                    &format!("verify m{r} {seed}"),
-                    &format!("fill m{r} {}", seed + 50),
-                ],
-            );
-            ok(w(r), &[&format!("verify m{r} {}", seed + 50)]);
-        }
+        check_ring(&w, &before, round);
     }
+}
+
+/// A ring of `n` owned processes on two devices in a PID namespace of its own, checkpointed to
+/// disk (gone) and restored: the handles, which name creators by namespace PID, open again.
+fn ring_to_disk(n: usize) {
+    let env = env();
+    let mut group = pidns::PidnsGroup::start(&env, n, "0,1", &[(ALLOC, "vmm")]);
+    let carried = make_ring(&group.ranks.iter().collect::<Vec<_>>());
+    let before: Vec<_> = group.ranks.iter().map(regions).collect();
+    let dir = env.dir().join("ck");
+    group.checkpoint(&env, &dir);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+            .expect("manifest JSON");
+    assert_eq!(manifest["bytes"]["shared_saved"], carried, "{manifest}");
+    group.restore(&env, &dir);
+    let w: Vec<&Workload> = group.ranks.iter().collect();
+    check_ring(&w, &before, 0);
+    // And once more in place, after the restore.
+    let run = suspend(&env, group.root(), &[]);
+    assert_eq!(
+        run.ok().json()["shared_bytes"],
+        carried,
+        "{}",
+        run.describe()
+    );
+    resume(&env, group.root()).ok();
+    check_ring(&w, &before, 1);
+}
+
+#[test]
+fn a_legacy_ipc_pair_is_checkpointed_to_disk_and_restored() {
+    ring_to_disk(2);
+}
+
+#[test]
+fn a_legacy_ipc_ring_of_four_is_checkpointed_to_disk_and_restored() {
+    ring_to_disk(4);
 }
 
 #[test]

@@ -12,6 +12,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod helper;
+pub mod pidns;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
