@@ -20,10 +20,10 @@ use std::sync::{Mutex, MutexGuard};
 /// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AllocMode {
-    /// The shim, on VMM: saved through carriers at capture.
+    /// The shim, on VMM: saved through carriers at capture, legacy IPC served by the shim.
+    #[default]
     Vmm,
     /// The driver: left to the native checkpoint, legacy IPC refused at capture.
-    #[default]
     Native,
 }
 
