@@ -4,7 +4,7 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk nccl keep hold unlock hang; bench-all adds two carriers)
+#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang; bench-all adds two carriers)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -23,7 +23,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk nccl keep hold unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -265,6 +265,113 @@ PY
     unset PYTORCH_CUDA_ALLOC_CONF
 fi
 
+# Legacy CUDA IPC served by the shims (CUINTERPOSE_ALLOC=vmm): a pair that shares a buffer through
+# cuIpcGetMemHandle/cuIpcOpenMemHandle, in barrier mode (ready.json, then idle until go), suspended
+# and resumed in place, or checkpointed to disk, gone, and restored; then the consumer must see the
+# producer's new writes and the producer the consumer's (the script's update/reverse phases).
+ipc_ready() {  # barrier: waits for ready.json; prints the producer's pid
+    local b=$1
+    for _ in $(seq 180); do [ -f "$b/ready.json" ] && break; sleep 1; done
+    [ -f "$b/ready.json" ] && python3 -c "import json;print(json.load(open('$b/ready.json'))['producer_pid'])"
+}
+ipc_verdict() {  # jsonl: ok when the script reached done with every phase ok
+    local j=$1
+    for _ in $(seq 180); do grep -q '"phase": "done"' "$j" && break; sleep 1; done
+    if grep -q '"phase": "done"' "$j" && ! grep -q '"ok": false' "$j"; then echo ok
+    else echo "FAIL $(grep '"ok": false' "$j" | head -1 | cut -c1-160)"; fi
+}
+ipc_in_place() {  # tag script args...: suspend/resume in place
+    local tag=$1; shift
+    local b; b=$(mktemp -d /tmp/ipc-barrier.XXXXXX)
+    CUINTERPOSE_ALLOC=vmm "$bin/cuinterpose" run -- python3 "$@" --mode barrier --barrier-dir "$b" --require-shim \
+        >"$logs/ipc-$tag.jsonl" 2>"$logs/ipc-$tag.err" &
+    local launcher=$! producer
+    if producer=$(ipc_ready "$b"); then
+        "$bin/cuinterpose" inspect --pid "$producer" --json >"$logs/ipc-$tag-inspect.json" 2>&1
+        local blockers
+        blockers=$(python3 -c "import json;r=json.load(open('$logs/ipc-$tag-inspect.json'));print(sum(len(s['record']['blockers']) for s in r['snapshots']))" 2>/dev/null || echo "?")
+        if "$bin/cuinterpose" suspend --pid "$producer" --json >"$logs/ipc-$tag-suspend.json" 2>"$logs/ipc-$tag-suspend.err" \
+                && "$bin/cuinterpose" resume --pid "$producer" --json >"$logs/ipc-$tag-resume.json" 2>"$logs/ipc-$tag-resume.err"; then
+            touch "$b/go"
+            local verdict; verdict=$(ipc_verdict "$logs/ipc-$tag.jsonl")
+            row "ipc $tag suspend/resume" "-" "$(python3 - "$logs/ipc-$tag-suspend.json" "$logs/ipc-$tag-resume.json" "$blockers" <<'PY'
+import json, sys
+s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print("blockers %s; suspend %.0f ms, resume %.0f ms, shim moved %d MiB" % (
+    sys.argv[3], s["total_millis"], r["total_millis"], s["shared_bytes"] >> 20))
+PY
+)" "${verdict%% *}"
+            [ "$verdict" = ok ] || log "ipc $tag: $verdict"
+        else
+            row "ipc $tag suspend/resume" "-" "blockers $blockers; $(tail -2 "$logs/ipc-$tag-suspend.err" "$logs/ipc-$tag-resume.err" 2>/dev/null | tr '\n\t' '  ' | cut -c1-200)" FAIL
+            touch "$b/go"
+        fi
+        timeout 120 tail --pid="$launcher" -f /dev/null
+    else
+        row "ipc $tag suspend/resume" "-" "never ready: $(tail -1 "$logs/ipc-$tag.err")" FAIL
+    fi
+    kill "$launcher" 2>/dev/null; wait "$launcher" 2>/dev/null
+    rm -rf "$b"
+}
+ipc_to_disk() {  # tag script args...: checkpoint to disk, restore
+    local tag=$1; shift
+    local b ckpt=/tmp/ipc-ckpt.$$.$tag
+    b=$(mktemp -d /tmp/ipc-disk-barrier.XXXXXX)
+    CUINTERPOSE_ALLOC=vmm "$bin/cuinterpose" run --pid-namespace -- python3 "$@" --mode barrier --barrier-dir "$b" \
+        --require-shim >"$logs/ipc-$tag-disk.jsonl" 2>"$logs/ipc-$tag-disk.err" &
+    local launcher=$!
+    if ipc_ready "$b" >/dev/null && "$bin/cuinterpose" checkpoint --pid "$launcher" --dir "$ckpt" --json \
+            >"$logs/ipc-$tag-checkpoint.json" 2>"$logs/ipc-$tag-checkpoint.err"; then
+        wait "$launcher" 2>/dev/null
+        if "$bin/cuinterpose" restore --dir "$ckpt" --json >"$logs/ipc-$tag-restore.json" 2>"$logs/ipc-$tag-restore.err"; then
+            touch "$b/go"
+            local verdict; verdict=$(ipc_verdict "$logs/ipc-$tag-disk.jsonl")
+            row "ipc $tag checkpoint/restore" "-" "$(python3 - "$logs/ipc-$tag-checkpoint.json" "$logs/ipc-$tag-restore.json" <<'PY'
+import json, sys
+c, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+rate = lambda p: "(%dMiB@%.2fGB/s)" % (p["bytes"] >> 20, p["bytes"] / p["millis"] / 1e6) if p["bytes"] else ""
+ph = lambda rep: " ".join("%s=%.0f%s" % (p["name"], p["millis"], rate(p)) for p in rep["phases"] if p["millis"] >= 1)
+print("checkpoint %s; restore %s; images %d MiB" % (ph(c), ph(r), c["image_bytes"] >> 20))
+PY
+)" "${verdict%% *}"
+            [ "$verdict" = ok ] || log "ipc $tag disk: $verdict"
+        else
+            row "ipc $tag checkpoint/restore" "-" "restore: $(tail -3 "$logs/ipc-$tag-restore.err" | tr '\n\t' '  ')" FAIL
+            cp /tmp/cuinterpose-restore-*/restore.log "$logs/ipc-$tag-criu-restore.log" 2>/dev/null
+            touch "$b/go"
+        fi
+        cp "$ckpt/images/dump.log" "$logs/ipc-$tag-criu-dump.log" 2>/dev/null
+    else
+        row "ipc $tag checkpoint/restore" "-" "checkpoint: $(tail -3 "$logs/ipc-$tag-checkpoint.err" 2>/dev/null | tr '\n\t' '  ')" FAIL
+        touch "$b/go"; kill "$launcher" 2>/dev/null
+    fi
+    rm -rf "$ckpt" "$b"
+}
+if wants ipc; then
+    log "legacy CUDA IPC served by the shims: PyTorch default allocator, CuPy ipcGetMemHandle"
+    # PyTorch's own allocator (PYTORCH_CUDA_ALLOC_CONF unset: torch_share.py --allocator default
+    # removes it): the tensor travels as legacy IPC, with its IPC event (left native).
+    unset PYTORCH_CUDA_ALLOC_CONF
+    torch_ipc=("$repo/scripts/gpu/torch_share.py" --allocator default --size-mb 1024)
+    if CUINTERPOSE_ALLOC=vmm timeout 300 "$bin/cuinterpose" run -- python3 "${torch_ipc[@]}" --mode plain --require-shim \
+            >"$logs/ipc-torch-plain.jsonl" 2>"$logs/ipc-torch-plain.err"; then
+        row "ipc torch plain under shim" "-" "all phases ok" ok
+    else
+        row "ipc torch plain under shim" "-" "$(grep '"ok": false' "$logs/ipc-torch-plain.jsonl" | head -1 | cut -c1-160) $(tail -1 "$logs/ipc-torch-plain.err")" FAIL
+    fi
+    ipc_in_place torch "${torch_ipc[@]}"
+    ipc_to_disk torch "${torch_ipc[@]}"
+    if python3 -c "import cupy" 2>/dev/null; then
+        cupy_ipc=("$repo/scripts/gpu/cupy_ipc.py" --size-mb 1024)
+        timeout 300 python3 "${cupy_ipc[@]}" --mode plain >"$logs/ipc-cupy-native.jsonl" 2>"$logs/ipc-cupy-native.err" \
+            && row "ipc cupy without shim" "-" "all phases ok" ok \
+            || row "ipc cupy without shim" "-" "$(grep '"ok": false' "$logs/ipc-cupy-native.jsonl" | head -1 | cut -c1-160)" FAIL
+        ipc_in_place cupy "${cupy_ipc[@]}"
+    else
+        row "ipc cupy" "-" "cupy is not installed on this machine" SKIPPED
+    fi
+fi
+
 # NCCL tensor-parallel group (scripts/gpu/nccl_tp.py): one rank per GPU, at most two. On a one-GPU
 # machine the group has one rank: NCCL's own buffers, its graph capture and its sockets go through
 # suspend/resume and checkpoint/restore, without peer sharing (that needs nvidia-h200-x2).
@@ -392,8 +499,8 @@ print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'),
 fi
 
 if wants keep; then
-    # The whole-process case with cuMemAlloc left to the driver (the default) and owned by the shim
-    # (CUINTERPOSE_ALLOC=vmm).
+    # The whole-process case with cuMemAlloc left to the driver (CUINTERPOSE_ALLOC=native) and owned
+    # by the shim (vmm, the default).
     for alloc in native vmm; do
     log "keep: bench's whole-process case (16 GiB of cuMemAlloc ($alloc), plain, --keep-contexts, native)"
     if CUINTERPOSE_ALLOC=$alloc timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --json-out "$logs/bench-whole-$alloc.json" \

@@ -80,6 +80,16 @@ fn a_private_cu_mem_create_allocation_is_carried_through_a_suspend() {
         "{}",
         run.describe()
     );
+    // What the shim itself reports having copied and released, not the tool's count.
+    for phase in ["save", "release"] {
+        let moved = report["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == phase)
+            .map(|p| p["bytes"].clone());
+        assert_eq!(moved, Some((4 * MIB).into()), "{phase}: {}", run.describe());
+    }
     assert_eq!(usage(&env, a.pid()), 0, "memory held while suspended");
     let run = resume(&env, tree.root());
     assert_eq!(

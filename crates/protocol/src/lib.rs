@@ -1,5 +1,6 @@
 //! The formats cuinterpose speaks and stores, with no I/O: control-socket messages and their frames,
-//! the records a shim reports, the ticket (virtual shareable handle) codec, and the state-file and
+//! the records a shim reports, the ticket (virtual shareable handle) and virtual legacy IPC handle
+//! codecs, and the state-file and
 //! manifest formats (the manifest behind the default feature `manifest`, which the shim leaves off
 //! so that it links no JSON). Every format starts with a magic and a version; every decoder is
 //! bounded and returns [`ProtocolError`] on any input, never panics (the fuzz targets in `fuzz/`
@@ -7,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod ipc;
 #[cfg(feature = "manifest")]
 pub mod manifest;
 pub mod message;

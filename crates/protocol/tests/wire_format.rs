@@ -1,6 +1,6 @@
 //! The wire format, pinned: the exact bytes this build writes for every message kind, every enum
-//! variant, a state file, a ticket and a manifest, checked against golden files in `tests/golden/`,
-//! and those files decoded back to the values they were made from.
+//! variant, a state file, a ticket, a virtual IPC handle and a manifest, checked against golden
+//! files in `tests/golden/`, and those files decoded back to the values they were made from.
 //!
 //! postcard writes struct fields in declaration order and an enum variant as its index in
 //! declaration order, so reordering a field or a variant (of `Phase`, `ErrorCode`, `Blocker`, ...)
@@ -12,6 +12,7 @@
 //! A change here is a change of the format: bump the version it belongs to (`docs/design.md`,
 //! "Versions") and replace the golden entries with the ones the failure prints.
 
+use cuinterpose_protocol::ipc::IpcHandle;
 use cuinterpose_protocol::manifest::{self, Manifest};
 use cuinterpose_protocol::message::{
     self, CarrierMode, CopyStats, FrameHeader, HEADER_LEN, PROTOCOL_VERSION,
@@ -467,6 +468,16 @@ fn sample_ticket() -> Ticket {
     }
 }
 
+fn sample_ipc_handle() -> IpcHandle {
+    IpcHandle {
+        creator_ns_pid: 41,
+        id: AllocationId(*b"0123456789abcdef"),
+        offset: 0x1234,
+        requested: 3 << 20,
+        backing: 4 << 20,
+    }
+}
+
 /// The manifest of [`group`] with `state_file` as its state file; every optional part present.
 fn manifest_for(state_file: &[u8]) -> Manifest {
     let participant = |host_pid, ns_pid, role| manifest::ManifestParticipant {
@@ -623,18 +634,24 @@ fn every_message_kind_frames_as_pinned() {
 }
 
 #[test]
-fn the_state_file_and_the_ticket_are_as_pinned() {
+fn the_state_file_the_ticket_and_the_ipc_handle_are_as_pinned() {
     let state_file = state::encode(&group());
     let ticket = sample_ticket().encode().to_vec();
+    let ipc_handle = sample_ipc_handle().encode().to_vec();
     let golden = check_golden(
         "files.hex",
         &[
             ("state_file".to_string(), state_file),
             ("ticket".to_string(), ticket),
+            ("ipc_handle".to_string(), ipc_handle),
         ],
     );
     assert_eq!(state::decode(&golden[0].1).unwrap(), group());
     assert_eq!(Ticket::decode(&golden[1].1).unwrap(), sample_ticket());
+    assert_eq!(
+        IpcHandle::decode(&golden[2].1).unwrap(),
+        sample_ipc_handle()
+    );
 }
 
 #[test]

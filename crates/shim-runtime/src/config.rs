@@ -44,7 +44,7 @@ const CARRIER_RELEASE: Setting = Setting {
 
 const ALLOC: Setting = Setting {
     name: "CUINTERPOSE_ALLOC",
-    default: "native",
+    default: "vmm",
 };
 
 /// Staging buffer sizes accepted: a multiple of 4 KiB from 256 KiB to 64 MiB.
@@ -185,9 +185,8 @@ fn carrier_release(value: &str) -> Option<CarrierRelease> {
     }
 }
 
-/// `vmm` or `native`. Native is the default until legacy CUDA IPC of owned memory is served by
-/// the shim: the driver's `cuIpcGetMemHandle` refuses VMM memory, and PyTorch's default
-/// allocator shares its `cudaMalloc` blocks that way.
+/// `vmm` (the default: the shim serves legacy CUDA IPC of owned memory itself, `ipc.rs`) or
+/// `native`.
 fn alloc_mode(value: &str) -> Option<AllocMode> {
     match value.trim() {
         "vmm" => Some(AllocMode::Vmm),
@@ -290,7 +289,7 @@ mod tests {
             ("CUINTERPOSE_CARRIER", "registered"),
             ("CUINTERPOSE_STAGING_CHUNK", "8M"),
             ("CUINTERPOSE_CARRIER_RELEASE", "after-resume"),
-            ("CUINTERPOSE_ALLOC", "vmm"),
+            ("CUINTERPOSE_ALLOC", "native"),
         ]);
         assert!(invalid.is_empty(), "{invalid:?}");
         assert_eq!(
@@ -303,7 +302,7 @@ mod tests {
                     chunk: 8 << 20,
                     release: CarrierRelease::AfterResume,
                 },
-                alloc: AllocMode::Vmm,
+                alloc: AllocMode::Native,
             }
         );
 

@@ -16,7 +16,7 @@
 //! and in the test-only driver and tests.
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
-//! `owned_alloc` (cuMemAlloc on owned VMM), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
+//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
 //! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
 
 #![deny(unsafe_code)]
@@ -30,6 +30,7 @@ pub mod copy;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;
+pub mod ipc;
 pub mod log;
 pub mod owned_alloc;
 pub mod phases;

@@ -21,10 +21,10 @@ use std::sync::{Mutex, MutexGuard};
 /// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AllocMode {
-    /// The shim, on VMM: saved through carriers at capture.
+    /// The shim, on VMM: saved through carriers at capture, legacy IPC served by the shim.
+    #[default]
     Vmm,
     /// The driver: left to the native checkpoint, legacy IPC refused at capture.
-    #[default]
     Native,
 }
 
@@ -194,21 +194,26 @@ impl Runtime {
         Ok(())
     }
 
-    /// `cuMemRetainAllocationHandle`: refused for owned memory with the driver's code for
-    /// cuMemAlloc memory (INVALID_VALUE), since libraries (NCCL, torchcomms) pick their sharing
-    /// path by whether it succeeds; the tracked retain otherwise.
+    /// `cuMemRetainAllocationHandle`: refused for owned memory and for opened virtual IPC
+    /// handles with the driver's code for cuMemAlloc and IPC memory (INVALID_VALUE), since
+    /// libraries (NCCL, torchcomms) pick their sharing path by whether it succeeds; the tracked
+    /// retain otherwise.
     pub fn mem_retain_any(&self, addr: CUdeviceptr) -> Tracked<VirtualHandle> {
-        if self.owned.containing(addr).is_some() {
+        if self.owned.containing(addr).is_some() || self.ipc.containing(addr).is_some() {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         self.mem_retain(addr)
     }
 
-    /// `cuMemGetAddressRange`: for owned memory the base and the requested size, as the driver
-    /// answers for its own cuMemAlloc memory; the driver's answer otherwise.
+    /// `cuMemGetAddressRange`: for owned memory, and for its opened IPC mappings, the base and
+    /// the requested size, as the driver answers for its own cuMemAlloc memory and IPC
+    /// mappings; the driver's answer otherwise.
     pub fn mem_address_range(&self, dptr: CUdeviceptr) -> Tracked<(CUdeviceptr, usize)> {
-        match self.owned.containing(dptr) {
-            Some((base, a)) => Ok((base, a.requested as usize)),
+        if let Some((base, a)) = self.owned.containing(dptr) {
+            return Ok((base, a.requested as usize));
+        }
+        match self.ipc.containing(dptr) {
+            Some((base, o)) => Ok((base, o.requested as usize)),
             None => self.real.mem_address_range(dptr).map_err(|e| e.result),
         }
     }

@@ -90,6 +90,8 @@ pub struct Runtime {
     pub(crate) tool_connections: AtomicUsize,
     /// The `cuMemAlloc` allocations the shim made on VMM (owned_alloc.rs).
     pub(crate) owned: crate::owned_alloc::OwnedAllocs,
+    /// The virtual legacy IPC handles opened here (ipc.rs).
+    pub(crate) ipc: crate::ipc::IpcOpens,
 }
 
 impl Runtime {
@@ -113,6 +115,7 @@ impl Runtime {
             connections: AtomicUsize::new(0),
             tool_connections: AtomicUsize::new(0),
             owned: crate::owned_alloc::OwnedAllocs::default(),
+            ipc: crate::ipc::IpcOpens::default(),
         })
     }
 

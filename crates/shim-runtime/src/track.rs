@@ -16,7 +16,7 @@
 
 use crate::fdutil::{self, Classified};
 use crate::log::{log_debug, log_warn};
-use crate::registry::{Dead, Kind, UNKNOWN_PROPS, VHandle, record_props};
+use crate::registry::{Dead, Kind, Registry, UNKNOWN_PROPS, VHandle, record_props};
 use crate::runtime::Runtime;
 use core::ffi::c_uint;
 use cuda::{CudaError, DriverHandle, ForeignPtr};
@@ -270,6 +270,26 @@ impl Runtime {
         self.real.mem_allocation_properties(real).map_err(code)
     }
 
+    /// Puts a fresh POSIX descriptor of the created object `handle` (driver handle `real`) into
+    /// the export cache, which peers fetch through tickets and IPC handles, and marks it shared:
+    /// capture then exports it again when it rebuilds it. The caller holds the registry lock.
+    pub(crate) fn share_creation(
+        &self,
+        reg: &mut Registry,
+        handle: VHandle,
+        real: DriverHandle,
+        flags: u64,
+    ) -> Tracked {
+        let Some(Kind::Created { id, shared, .. }) = reg.get_mut(handle).map(|o| &mut o.kind)
+        else {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        };
+        let fd = self.real.mem_export_fd(real, flags).map_err(code)?;
+        self.exports.insert(*id, fd);
+        *shared = true;
+        Ok(())
+    }
+
     /// `cuMemExportToShareableHandle`. A POSIX export of an allocation the shim shares comes back
     /// as a ticket descriptor; other exports go to the driver (into the application's pointer for
     /// [`ExportTo::Foreign`], as a descriptor for [`ExportTo::Descriptor`]).
@@ -337,11 +357,7 @@ impl Runtime {
         // before a native checkpoint made without the shim's phases would name memory the driver
         // has since replaced, and exports are rare (set-up time), so the extra driver call is free.
         if matches!(object.kind, Kind::Created { .. }) {
-            let fd = self.real.mem_export_fd(real, flags).map_err(code)?;
-            self.exports.insert(ticket.id, fd);
-        }
-        if let Some(Kind::Created { shared, .. }) = reg.get_mut(handle).map(|o| &mut o.kind) {
-            *shared = true;
+            self.share_creation(&mut reg, handle, real, flags)?;
         }
         drop(reg);
         match fdutil::make_ticket(&ticket) {
@@ -498,8 +514,8 @@ impl Runtime {
         Ok(())
     }
 
-    /// `cuIpcGetMemHandle`.
-    pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
+    /// `cuIpcGetMemHandle` by the driver (memory the shim does not own): a blocker while it lives.
+    pub(crate) fn native_ipc_get(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
         let _pass = self.gate.enter();
         let handle = self.real.ipc_get_mem_handle(dptr).map_err(code)?;
         self.lock().ipc_exported(dptr);
@@ -507,8 +523,8 @@ impl Runtime {
         Ok(handle)
     }
 
-    /// `cuIpcOpenMemHandle_v2`.
-    pub fn ipc_open_mem_handle(
+    /// `cuIpcOpenMemHandle_v2` by the driver (a handle that is not the shim's): a blocker while open.
+    pub(crate) fn native_ipc_open(
         &self,
         handle: CUipcMemHandle,
         flags: c_uint,
@@ -519,8 +535,8 @@ impl Runtime {
         Ok(address)
     }
 
-    /// `cuIpcCloseMemHandle`.
-    pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
+    /// `cuIpcCloseMemHandle` by the driver.
+    pub(crate) fn native_ipc_close(&self, dptr: CUdeviceptr) -> Tracked {
         let _pass = self.gate.enter();
         self.real.ipc_close_mem_handle(dptr).map_err(code)?;
         self.lock().ipc_closed(dptr);

@@ -12,6 +12,7 @@
 #![allow(dead_code)] // each test binary uses its own part of this module
 
 pub mod helper;
+pub mod pidns;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -248,6 +249,24 @@ pub fn resume(env: &TestEnv, root: u32) -> ToolRun {
             "--json",
         ],
     )
+}
+
+/// Suspends the tree and expects a refusal naming each `pid` for a reason containing its `reason`.
+pub fn expect_refusal(env: &TestEnv, tree: &Tree, refused: &[(u32, &str)]) -> ToolRun {
+    let run = suspend(env, tree.root(), &[]);
+    run.expect_code(EXIT_REFUSED);
+    for (pid, reason) in refused {
+        let line = run
+            .stderr
+            .lines()
+            .find(|l| l.trim_start().starts_with(&label(*pid)) && l.contains(reason));
+        assert!(
+            line.is_some(),
+            "no refusal line naming pid {pid} with {reason:?}; {}",
+            run.describe()
+        );
+    }
+    run
 }
 
 /// What a member of a [`Tree`] runs.
