@@ -64,6 +64,7 @@ pub fn print_inspect(report: &InspectReport) {
         }
     }
     println!();
+    print_memory_paths(report);
     if let Some(s) = &report.suspended {
         let mode = match s.mode {
             SuspendMode::Native => "native checkpoint (contexts saved by the driver)",
@@ -79,6 +80,36 @@ pub fn print_inspect(report: &InspectReport) {
             println!("  {r}");
         }
     }
+}
+
+/// Per process, what of its device memory goes through the carriers (every allocation the shim
+/// created, shared or private) and what is left to the driver's own checkpoint, by kind.
+fn print_memory_paths(report: &InspectReport) {
+    if report.snapshots.is_empty() {
+        return;
+    }
+    println!("device memory per process: through the carriers / left to the driver's checkpoint");
+    for snap in &report.snapshots {
+        let created = &snap.record.allocations;
+        let carried: u64 = created.iter().map(|a| a.size).sum();
+        let driver = if snap.record.unowned.is_empty() {
+            "nothing the shim saw".to_string()
+        } else {
+            snap.record
+                .unowned
+                .iter()
+                .map(|u| format!("{} in {} x {}", bytes(u.bytes), u.allocations, u.kind))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "  {}: {} in {} allocation(s) / {driver}",
+            short(&snap.info.label()),
+            bytes(carried),
+            created.len()
+        );
+    }
+    println!();
 }
 
 /// `pid 12 (python3 x.py)` → `pid 12`.

@@ -104,3 +104,98 @@ fn a_private_cu_mem_create_allocation_is_carried_through_a_suspend() {
         &["verify p 51", "verify m 52", "fill p 53", "verify p 53"],
     );
 }
+
+/// The `unowned` list of the one process under `root`, from `inspect --json`: (kind, allocations,
+/// bytes), and the text `inspect` prints.
+fn unowned(env: &testkit::TestEnv, root: u32) -> (Vec<(String, u64, u64)>, String) {
+    let root = root.to_string();
+    let json = tool(env, &["inspect", "--pid", &root, "--json"])
+        .ok()
+        .json();
+    let list = json["snapshots"][0]["record"]["unowned"]
+        .as_array()
+        .expect("an unowned list")
+        .iter()
+        .map(|u| {
+            (
+                u["kind"].as_str().expect("kind").to_string(),
+                u["allocations"].as_u64().expect("allocations"),
+                u["bytes"].as_u64().expect("bytes"),
+            )
+        })
+        .collect();
+    let text = tool(env, &["inspect", "--pid", &root]).ok().stdout.clone();
+    (list, text)
+}
+
+/// Memory the shim does not own is listed by `inspect`, per kind, as it is made and freed, and a
+/// suspend leaves it to the driver's checkpoint with its contents.
+#[test]
+fn inspect_lists_the_device_memory_left_to_the_drivers_checkpoint() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[Member::shim("a").env("CUINTERPOSE_ALLOC", "native")],
+    );
+    let a = tree.w("a");
+    ok(
+        a,
+        &[
+            "malloc m 3M",
+            "malloc g 2M --kind managed",
+            "malloc s 4M --kind async",
+            // 4 rows of 2 KiB: the pitch is 2 KiB (a multiple of 512), 8 KiB in all.
+            "malloc p 8192 --kind pitch",
+            "create c 2M --handle-types none",
+            "reserve r-c 2M",
+            "map c r-c",
+            "set-access c --device 0",
+        ],
+    );
+    for (name, seed) in [("m", 61), ("g", 62), ("s", 63), ("p", 64), ("c", 65)] {
+        ok(a, &[&format!("fill {name} {seed}")]);
+    }
+    let (list, text) = unowned(&env, tree.root());
+    let entry = |kind: &str, n: u64, bytes: u64| (kind.to_string(), n, bytes);
+    assert_eq!(
+        list,
+        [
+            entry("DriverAlloc", 1, 3 * MIB),
+            entry("Pitched", 1, 8192),
+            entry("Managed", 1, 2 * MIB),
+            entry("StreamOrdered", 1, 4 * MIB),
+        ]
+    );
+    assert!(
+        text.contains("2.00 MiB in 1 allocation(s) / 3.00 MiB in 1 x cuMemAlloc by the driver"),
+        "{text}"
+    );
+    assert!(text.contains("cuMemAllocAsync"), "{text}");
+    ok(a, &["free s --async", "free g"]);
+    let (list, _) = unowned(&env, tree.root());
+    assert_eq!(
+        list,
+        [entry("DriverAlloc", 1, 3 * MIB), entry("Pitched", 1, 8192)]
+    );
+    // The shim carries its own creation; the driver's checkpoint keeps the rest.
+    let run = suspend(&env, tree.root(), &[]);
+    assert_eq!(
+        run.ok().json()["saved_bytes"],
+        2 * MIB,
+        "{}",
+        run.describe()
+    );
+    resume(&env, tree.root()).ok();
+    ok(
+        a,
+        &[
+            "verify m 61",
+            "verify p 64",
+            "verify c 65",
+            "free m",
+            "free p",
+        ],
+    );
+    let (list, _) = unowned(&env, tree.root());
+    assert!(list.is_empty(), "{list:?}");
+}

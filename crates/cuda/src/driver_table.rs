@@ -78,6 +78,18 @@ interposer_table! {
             size: *mut usize,
             dptr: CUdeviceptr,
         );
+        cuMemAllocPitch_v2 = cuMemAllocPitch @ 12000 (
+            dptr: *mut CUdeviceptr,
+            pitch: *mut usize,
+            width: usize,
+            height: usize,
+            element_size: c_uint,
+        );
+        cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint);
+        cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream);
+        cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream);
         cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr);
         cuIpcOpenMemHandle_v2 = cuIpcOpenMemHandle @ 12000 (
             dptr: *mut CUdeviceptr,

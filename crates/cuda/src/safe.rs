@@ -144,6 +144,41 @@ impl DriverTable {
         Ok(p)
     }
 
+    /// `cuMemAllocManaged` with `flags` (`CU_MEM_ATTACH_GLOBAL` = 1, `HOST` = 2).
+    pub fn mem_alloc_managed(&self, bytes: usize, flags: u32) -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuMemAllocManaged(&mut p, bytes, flags) }?;
+        Ok(p)
+    }
+
+    /// `cuMemAllocAsync` on the legacy default stream.
+    pub fn mem_alloc_async(&self, bytes: usize) -> Result<CUdeviceptr> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: a valid out-pointer; the null stream is the legacy default stream.
+        unsafe { self.cuMemAllocAsync(&mut p, bytes, core::ptr::null_mut()) }?;
+        Ok(p)
+    }
+
+    /// `cuMemFreeAsync` on the legacy default stream.
+    pub fn mem_free_async(&self, ptr: CUdeviceptr) -> Result<()> {
+        // SAFETY: a device address the driver validates; the null stream is the default one.
+        unsafe { self.cuMemFreeAsync(ptr, core::ptr::null_mut()) }
+    }
+
+    /// `cuMemAllocPitch`: `(base, pitch)` of `height` rows of `width` bytes.
+    pub fn mem_alloc_pitch(
+        &self,
+        width: usize,
+        height: usize,
+        element_size: u32,
+    ) -> Result<(CUdeviceptr, usize)> {
+        let (mut p, mut pitch): (CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { self.cuMemAllocPitch_v2(&mut p, &mut pitch, width, height, element_size) }?;
+        Ok((p, pitch))
+    }
+
     /// `cuMemFree`.
     pub fn mem_free(&self, ptr: CUdeviceptr) -> Result<()> {
         // SAFETY: a device address; the driver validates it.

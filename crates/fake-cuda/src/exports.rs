@@ -171,6 +171,20 @@ entry_points! {
     Gated cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize)
         => legacy::mem_alloc(dptr, bytes);
     Gated cuMemFree_v2(dptr: CUdeviceptr) => legacy::mem_free(dptr);
+    Gated cuMemAllocPitch_v2(
+        dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize,
+        element_size: c_uint)
+        => legacy::mem_alloc_pitch(dptr, pitch, width, height, element_size);
+    Gated cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint)
+        => legacy::mem_alloc_managed(dptr, bytes, flags);
+    Gated cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream)
+        => legacy::mem_alloc_async(dptr, bytes, stream);
+    Gated cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream)
+        => legacy::mem_alloc_async(dptr, bytes, stream);
+    Gated cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream)
+        => legacy::mem_free_async(dptr, stream);
+    Gated cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream)
+        => legacy::mem_free_async(dptr, stream);
     Gated cuMemGetAddressRange_v2(
         base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr)
         => legacy::get_address_range(base, size, dptr);

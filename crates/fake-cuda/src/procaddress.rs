@@ -71,6 +71,10 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
     ("cuMemAlloc", &[(3020, "cuMemAlloc_v2")]),
     ("cuMemFree", &[(3020, "cuMemFree_v2")]),
     ("cuMemGetAddressRange", &[(3020, "cuMemGetAddressRange_v2")]),
+    ("cuMemAllocPitch", &[(3020, "cuMemAllocPitch_v2")]),
+    ("cuMemAllocManaged", &[(6000, "cuMemAllocManaged")]),
+    ("cuMemAllocAsync", &[(11020, "cuMemAllocAsync")]),
+    ("cuMemFreeAsync", &[(11020, "cuMemFreeAsync")]),
     ("cuMemHostAlloc", &[(2020, "cuMemHostAlloc")]),
     ("cuMemFreeHost", &[(2000, "cuMemFreeHost")]),
     ("cuMemHostRegister", &[(6050, "cuMemHostRegister_v2")]),
@@ -157,6 +161,15 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
     ),
 ];
 
+/// The per-thread-default-stream variants: what a lookup with `CU_GET_PROC_ADDRESS_PER_THREAD_
+/// DEFAULT_STREAM` returns in place of the default-stream symbol, as the real driver does (cudart
+/// asks that way for programs built with `--default-stream per-thread`). Only the stream-ordered
+/// allocation calls are modelled; the model's other stream calls have one spelling.
+const PER_THREAD: &[(&str, &str)] = &[
+    ("cuMemAllocAsync", "cuMemAllocAsync_ptsz"),
+    ("cuMemFreeAsync", "cuMemFreeAsync_ptsz"),
+];
+
 /// The base name of an exported symbol: `cuMemAlloc_v2` -> `cuMemAlloc`.
 pub(crate) fn base_name(symbol: &str) -> &str {
     match symbol.rsplit_once("_v") {
@@ -208,11 +221,18 @@ unsafe fn resolve(
     }
     // SAFETY: the caller passes a NUL-terminated symbol name (null refused above).
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
+    let per_thread = flags == proc_address_flags::PER_THREAD_DEFAULT_STREAM;
     let (status, ptr) = match select(name, cuda_version) {
-        Lookup::Found(exported) => match exports::own_address(exported.as_bytes()) {
-            Some(p) => (proc_address_status::SUCCESS, p),
-            None => (proc_address_status::SYMBOL_NOT_FOUND, std::ptr::null_mut()),
-        },
+        Lookup::Found(default) => {
+            let exported = PER_THREAD
+                .iter()
+                .find(|(d, _)| per_thread && *d == default)
+                .map_or(default, |(_, ptsz)| ptsz);
+            match exports::own_address(exported.as_bytes()) {
+                Some(p) => (proc_address_status::SUCCESS, p),
+                None => (proc_address_status::SYMBOL_NOT_FOUND, std::ptr::null_mut()),
+            }
+        }
         Lookup::NotFound => (proc_address_status::SYMBOL_NOT_FOUND, std::ptr::null_mut()),
         Lookup::VersionNotSufficient => (
             proc_address_status::VERSION_NOT_SUFFICIENT,
@@ -333,12 +353,38 @@ mod tests {
             }
             let reachable = TABLE
                 .iter()
-                .any(|(_, variants)| variants.iter().any(|(_, s)| s == symbol));
+                .any(|(_, variants)| variants.iter().any(|(_, s)| s == symbol))
+                || PER_THREAD.iter().any(|(_, ptsz)| ptsz == symbol);
             assert!(
                 reachable,
                 "{symbol} is exported but no base name resolves to it"
             );
         }
+    }
+
+    #[test]
+    fn per_thread_lookups_return_the_ptsz_variants_where_there_are_some() {
+        let lookup = |name: &CStr, flags| {
+            let mut p = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated name and a writable slot.
+            unsafe { resolve(name.as_ptr(), &mut p, 13000, flags) }.unwrap();
+            p
+        };
+        let own = |s: &str| exports::own_address(s.as_bytes()).unwrap();
+        let per_thread = proc_address_flags::PER_THREAD_DEFAULT_STREAM;
+        assert_eq!(
+            lookup(c"cuMemAllocAsync", per_thread),
+            own("cuMemAllocAsync_ptsz")
+        );
+        assert_eq!(
+            lookup(c"cuMemFreeAsync", per_thread),
+            own("cuMemFreeAsync_ptsz")
+        );
+        assert_eq!(
+            lookup(c"cuMemAllocAsync", proc_address_flags::DEFAULT),
+            own("cuMemAllocAsync")
+        );
+        assert_eq!(lookup(c"cuMemAlloc", per_thread), own("cuMemAlloc_v2"));
     }
 
     #[test]

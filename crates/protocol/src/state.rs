@@ -315,6 +315,7 @@ pub(crate) mod tests {
             reservations: vec![],
             blockers: vec![],
             calls_in_flight: 0,
+            unowned: vec![],
         }
     }
 

@@ -193,6 +193,15 @@ fn suspend_modes() -> Vec<(&'static str, SuspendMode)> {
     ]
 }
 
+fn unowned_kinds() -> Vec<(&'static str, UnownedKind)> {
+    vec![
+        ("driver_alloc", UnownedKind::DriverAlloc),
+        ("pitched", UnownedKind::Pitched),
+        ("managed", UnownedKind::Managed),
+        ("stream_ordered", UnownedKind::StreamOrdered),
+    ]
+}
+
 fn backings() -> Vec<(&'static str, Backing)> {
     vec![
         ("created", Backing::Created(id(0xa1))),
@@ -284,6 +293,15 @@ fn full_record() -> ProcessRecord {
         }],
         blockers: blockers().into_iter().map(|(_, b)| b).collect(),
         calls_in_flight: 3,
+        unowned: unowned_kinds()
+            .into_iter()
+            .zip(1u64..)
+            .map(|((_, kind), n)| UnownedRecord {
+                kind,
+                allocations: n,
+                bytes: n << 20,
+            })
+            .collect(),
     }
 }
 
@@ -404,6 +422,7 @@ fn group() -> GroupState {
         }],
         blockers: vec![],
         calls_in_flight: 0,
+        unowned: vec![],
     };
     let importer = ProcessRecord {
         ns_pid: 42,
@@ -426,6 +445,7 @@ fn group() -> GroupState {
         reservations: vec![],
         blockers: vec![],
         calls_in_flight: 0,
+        unowned: vec![],
     };
     GroupState {
         created_unix_ms: 1_767_225_600_000,
@@ -574,6 +594,7 @@ fn every_enum_variant_encodes_as_pinned() {
     entries.extend(variant_entries("backing", backings()));
     entries.extend(variant_entries("blocker", blockers()));
     entries.extend(variant_entries("suspend_mode", suspend_modes()));
+    entries.extend(variant_entries("unowned_kind", unowned_kinds()));
     let golden = check_golden("variants.hex", &entries);
 
     // And the pinned bytes decode to the values they were made from.
@@ -598,6 +619,9 @@ fn every_enum_variant_encodes_as_pinned() {
     }
     for (name, v) in suspend_modes() {
         back(decoded(&format!("suspend_mode.{name}")), &v);
+    }
+    for (name, v) in unowned_kinds() {
+        back(decoded(&format!("unowned_kind.{name}")), &v);
     }
 }
 

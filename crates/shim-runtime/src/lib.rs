@@ -16,7 +16,8 @@
 //! and in the test-only driver and tests.
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
-//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
+//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `unowned` (what
+//! device memory the shim does not own, counted), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
 //! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
 
 #![deny(unsafe_code)]
@@ -38,6 +39,7 @@ pub mod registry;
 pub mod runtime;
 pub mod server;
 pub mod track;
+pub mod unowned;
 
 #[cfg(test)]
 mod testdriver;

@@ -99,7 +99,7 @@ impl Runtime {
     /// with [`AllocMode::Native`].
     pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
         if self.config.alloc == AllocMode::Native {
-            return self.real.mem_alloc(bytes).map_err(|e| e.result);
+            return self.driver_mem_alloc(bytes);
         }
         // The driver refuses a zero-byte cuMemAlloc with INVALID_VALUE; so does this.
         if bytes == 0 {
@@ -184,7 +184,9 @@ impl Runtime {
     /// the driver's own of any other pointer.
     pub fn mem_free_any(&self, dptr: CUdeviceptr) -> Tracked {
         let Some(a) = self.owned.at(dptr) else {
-            return self.mem_free(dptr);
+            self.mem_free(dptr)?;
+            self.note_unowned_freed(dptr);
+            return Ok(());
         };
         // cuMemFree waits for the device's work on the memory; an unmap does not.
         self.real.ctx_synchronize().map_err(|e| e.result)?;

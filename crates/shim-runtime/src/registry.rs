@@ -624,6 +624,7 @@ impl Registry {
             reservations: self.reservations.values().copied().collect(),
             blockers: self.blockers(),
             calls_in_flight,
+            unowned: vec![], // counted outside the registry: Runtime::inspect fills it
         }
     }
 }

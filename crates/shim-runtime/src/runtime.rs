@@ -90,6 +90,8 @@ pub struct Runtime {
     pub(crate) tool_connections: AtomicUsize,
     /// The `cuMemAlloc` allocations the shim made on VMM (owned_alloc.rs).
     pub(crate) owned: crate::owned_alloc::OwnedAllocs,
+    /// Device memory the driver made and the shim does not own, for INSPECT.
+    pub(crate) unowned: crate::unowned::UnownedAllocs,
     /// The virtual legacy IPC handles opened here (ipc.rs).
     pub(crate) ipc: crate::ipc::IpcOpens,
 }
@@ -115,6 +117,7 @@ impl Runtime {
             connections: AtomicUsize::new(0),
             tool_connections: AtomicUsize::new(0),
             owned: crate::owned_alloc::OwnedAllocs::default(),
+            unowned: crate::unowned::UnownedAllocs::default(),
             ipc: crate::ipc::IpcOpens::default(),
         })
     }
@@ -137,7 +140,9 @@ impl Runtime {
     /// The records INSPECT returns.
     pub fn inspect(&self) -> protocol::ProcessRecord {
         let in_flight = self.gate.in_flight();
-        self.lock().report(self.config.ns_pid, in_flight)
+        let mut record = self.lock().report(self.config.ns_pid, in_flight);
+        record.unowned = self.unowned.summary();
+        record
     }
 }
 

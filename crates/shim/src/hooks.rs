@@ -14,10 +14,11 @@ use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda::{DriverTable, ForeignPtr, VirtualHandle};
 use cuda_abi::{
     CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, handle_type,
+    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream, handle_type,
 };
-use shim_runtime::runtime::{Active, active};
+use shim_runtime::runtime::{Active, Runtime, active};
 use shim_runtime::track::{ExportTo, Tracked};
+use shim_runtime::unowned::UnownedKind;
 use std::os::fd::{BorrowedFd, IntoRawFd};
 
 /// Dispatch: the runtime's tracked call, the driver (no runtime), or a refusal (forked child).
@@ -289,6 +290,117 @@ pub(crate) unsafe fn cuMemAlloc_v2(
 
 pub(crate) unsafe fn cuMemFree_v2(real: &'static DriverTable, dptr: CUdeviceptr) -> CUresult {
     dispatch!(real.cuMemFree_v2(dptr), |rt| done(rt.mem_free_any(dptr)))
+}
+
+/// Memory the shim does not own: the driver's call, unchanged, then `note` with the allocated base
+/// when it succeeded and the runtime runs (a forked child's calls go to the driver too: there is no
+/// tracked state of its own to keep).
+fn observe_alloc(
+    r: CUresult,
+    dptr: *mut CUdeviceptr,
+    note: impl FnOnce(&Runtime, CUdeviceptr),
+) -> CUresult {
+    if r.is_success()
+        && !dptr.is_null()
+        && let Active::Running(rt) = active()
+    {
+        // SAFETY: the driver wrote the allocation's base through this non-null pointer.
+        note(rt, unsafe { dptr.read() });
+    }
+    r
+}
+
+pub(crate) unsafe fn cuMemAllocPitch_v2(
+    real: &'static DriverTable,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    let r = unsafe { (real.cuMemAllocPitch_v2)(dptr, pitch, width, height, element_size) };
+    observe_alloc(r, dptr, |rt, base| {
+        // The driver refuses a null pitch pointer, so a success has one; counted as unpadded
+        // rows if not.
+        let pitch = if pitch.is_null() {
+            width
+        } else {
+            // SAFETY: non-null, and the driver wrote the pitch through it as it succeeded.
+            unsafe { pitch.read() }
+        };
+        let bytes = (pitch as u64).saturating_mul(height as u64);
+        rt.note_unowned(UnownedKind::Pitched, base, bytes);
+    })
+}
+
+pub(crate) unsafe fn cuMemAllocManaged(
+    real: &'static DriverTable,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    flags: c_uint,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    let r = unsafe { (real.cuMemAllocManaged)(dptr, bytes, flags) };
+    observe_alloc(r, dptr, |rt, base| {
+        rt.note_unowned(UnownedKind::Managed, base, bytes as u64)
+    })
+}
+
+pub(crate) unsafe fn cuMemAllocAsync(
+    real: &'static DriverTable,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    let r = unsafe { (real.cuMemAllocAsync)(dptr, bytes, stream) };
+    observe_alloc(r, dptr, |rt, base| {
+        rt.note_unowned(UnownedKind::StreamOrdered, base, bytes as u64)
+    })
+}
+
+/// The per-thread-default-stream variant, which cudart resolves for `--default-stream per-thread`
+/// programs: forwarded to the driver's own `_ptsz`, so stream 0 keeps its meaning.
+pub(crate) unsafe fn cuMemAllocAsync_ptsz(
+    real: &'static DriverTable,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    let r = unsafe { (real.cuMemAllocAsync_ptsz)(dptr, bytes, stream) };
+    observe_alloc(r, dptr, |rt, base| {
+        rt.note_unowned(UnownedKind::StreamOrdered, base, bytes as u64)
+    })
+}
+
+/// A free of memory the shim does not own, forgotten when the driver's call succeeded.
+fn observe_free(r: CUresult, dptr: CUdeviceptr) -> CUresult {
+    if r.is_success()
+        && let Active::Running(rt) = active()
+    {
+        rt.note_unowned_freed(dptr);
+    }
+    r
+}
+
+pub(crate) unsafe fn cuMemFreeAsync(
+    real: &'static DriverTable,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    observe_free(unsafe { (real.cuMemFreeAsync)(dptr, stream) }, dptr)
+}
+
+pub(crate) unsafe fn cuMemFreeAsync_ptsz(
+    real: &'static DriverTable,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
+    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+    observe_free(unsafe { (real.cuMemFreeAsync_ptsz)(dptr, stream) }, dptr)
 }
 
 pub(crate) unsafe fn cuMemGetAddressRange_v2(

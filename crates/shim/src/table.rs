@@ -19,7 +19,7 @@ use core::ffi::{c_uint, c_ulonglong, c_void};
 use core::ptr::NonNull;
 use cuda_abi::{
     CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult,
+    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream,
 };
 
 /// The base name a resolver is asked for (`cuMemFree` for `cuMemFree_v2`).

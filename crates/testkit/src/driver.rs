@@ -98,6 +98,27 @@ impl Driver {
         self.api().mem_alloc(size as usize)
     }
 
+    /// `cuMemAllocManaged` (attached globally).
+    pub fn malloc_managed(&self, size: u64) -> Result<CUdeviceptr, CuError> {
+        self.api().mem_alloc_managed(size as usize, 1)
+    }
+
+    /// `cuMemAllocAsync` on the default stream.
+    pub fn malloc_async(&self, size: u64) -> Result<CUdeviceptr, CuError> {
+        self.api().mem_alloc_async(size as usize)
+    }
+
+    /// `cuMemFreeAsync` on the default stream.
+    pub fn free_async(&self, ptr: CUdeviceptr) -> Result<(), CuError> {
+        self.api().mem_free_async(ptr)
+    }
+
+    /// `cuMemAllocPitch` of 4 rows of `size / 4` bytes (4-byte elements): the base.
+    pub fn malloc_pitch(&self, size: u64) -> Result<CUdeviceptr, CuError> {
+        let (base, _pitch) = self.api().mem_alloc_pitch(size as usize / 4, 4, 4)?;
+        Ok(base)
+    }
+
     /// `cuMemFree`.
     pub fn free(&self, ptr: CUdeviceptr) -> Result<(), CuError> {
         self.api().mem_free(ptr)

@@ -11,10 +11,10 @@
 use std::ffi::{c_char, c_uint};
 use std::os::fd::AsRawFd;
 
-use cuda_abi::{CUdeviceptr, CUipcMemHandle, CUresult, ipc_flags};
+use cuda_abi::{CUdeviceptr, CUipcMemHandle, CUresult, CUstream, ipc_flags};
 
 use super::{Backing, BackingKind, GRANULARITY, Trailer, vmm};
-use crate::device::current;
+use crate::device::{check_stream, current};
 use crate::state::{self, Driver};
 use crate::{Res, os, write_out};
 
@@ -81,6 +81,62 @@ pub(crate) unsafe fn mem_alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Res {
     })?;
     // SAFETY: checked non-null; the caller passes a writable CUdeviceptr.
     unsafe { write_out(dptr, addr) }
+}
+
+/// `cuMemAllocPitch`: rows of `width` bytes padded to the pitch (a multiple of 512 bytes here, as
+/// the texture alignment of current GPUs), one linear allocation of pitch x height. The element
+/// size must be 4, 8 or 16 bytes, as the driver requires.
+pub(crate) unsafe fn mem_alloc_pitch(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: c_uint,
+) -> Res {
+    if pitch.is_null() || width == 0 || height == 0 || ![4, 8, 16].contains(&element_size) {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let padded = width
+        .checked_next_multiple_of(PITCH_ALIGNMENT)
+        .ok_or(CUresult::ERROR_OUT_OF_MEMORY)?;
+    let bytes = padded
+        .checked_mul(height)
+        .ok_or(CUresult::ERROR_OUT_OF_MEMORY)?;
+    // SAFETY: the caller's out-pointer, passed on.
+    unsafe { mem_alloc(dptr, bytes) }?;
+    // SAFETY: checked non-null; the caller passes a writable size_t.
+    unsafe { write_out(pitch, padded) }
+}
+
+/// Row alignment of pitched allocations.
+const PITCH_ALIGNMENT: usize = 512;
+
+/// `cuMemAllocManaged`: device memory in this model (no migration to the host is modelled), with
+/// the driver's flag check (exactly one of GLOBAL = 1 and HOST = 2).
+pub(crate) unsafe fn mem_alloc_managed(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint) -> Res {
+    if flags != 1 && flags != 2 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's out-pointer, passed on.
+    unsafe { mem_alloc(dptr, bytes) }
+}
+
+/// `cuMemAllocAsync`: the model runs every stream synchronously, so the memory is made now, from
+/// the device's default pool (the same memory as `cuMemAlloc`), for a valid stream.
+pub(crate) unsafe fn mem_alloc_async(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: CUstream,
+) -> Res {
+    state::with(|d| check_stream(d, stream))?;
+    // SAFETY: the caller's out-pointer, passed on.
+    unsafe { mem_alloc(dptr, bytes) }
+}
+
+/// `cuMemFreeAsync`: freed now (streams are synchronous in this model).
+pub(crate) fn mem_free_async(dptr: CUdeviceptr, stream: CUstream) -> Res {
+    state::with(|d| check_stream(d, stream))?;
+    mem_free(dptr)
 }
 
 /// Reserves a fresh range and maps the backing read-write into it.

@@ -64,8 +64,11 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "verify",
         "verify REGION (SEED | --byte V) [--offset O] [--len L] [--pattern-offset P]",
     ),
-    ("malloc", "malloc NAME SIZE"),
-    ("free", "free NAME"),
+    (
+        "malloc",
+        "malloc NAME SIZE [--kind plain|managed|async|pitch]",
+    ),
+    ("free", "free NAME [--async]"),
     ("ipc-get", "ipc-get NAME REGION"),
     ("ipc-open", "ipc-open NAME [--blob B] [--size S]"),
     ("ipc-close", "ipc-close NAME"),
@@ -192,6 +195,7 @@ impl<'a> Exec<'a> {
         let flags: &[&str] = match word.as_str() {
             "granularity" => &["recommended"],
             "set-access" => &["read-only"],
+            "free" => &["async"],
             _ => &[],
         };
         let mut exit = None;
@@ -985,11 +989,23 @@ impl<'a> Exec<'a> {
     }
 
     fn malloc(&mut self, a: &Args) -> Outcome {
-        a.check(2, &[])?;
+        a.check(2, &["kind"])?;
         let name = a.pos(0, "name")?;
         self.new_region_name(name)?;
         let size = parse_number(a.pos(1, "size")?)?;
-        let base = self.driver.malloc(size)?;
+        // `pitch` is 4 rows of SIZE/4 bytes: SIZE contiguous bytes from the base fit in them.
+        let base = match a.opt("kind").unwrap_or("plain") {
+            "plain" => self.driver.malloc(size)?,
+            "managed" => self.driver.malloc_managed(size)?,
+            "async" => self.driver.malloc_async(size)?,
+            "pitch" if size % 4 == 0 => self.driver.malloc_pitch(size)?,
+            other => {
+                return Err(usage(format!(
+                    "malloc: --kind {other:?} is not plain, managed, async or pitch (a multiple of 4 bytes)"
+                ))
+                .into());
+            }
+        };
         self.regions.insert(
             name.to_owned(),
             Region {
@@ -1005,14 +1021,18 @@ impl<'a> Exec<'a> {
     }
 
     fn free(&mut self, a: &Args) -> Outcome {
-        a.check(1, &[])?;
+        a.check(1, &["async"])?;
         let name = a.pos(0, "name")?;
         let r = self
             .regions
             .get(name)
             .filter(|r| matches!(r.kind, RegionKind::Malloc))
             .ok_or_else(|| state(format!("no malloc region {name:?}")))?;
-        self.driver.free(r.base)?;
+        if a.flag("async") {
+            self.driver.free_async(r.base)?;
+        } else {
+            self.driver.free(r.base)?;
+        }
         self.regions.remove(name);
         Ok(Reply::ok("free").with("name", name))
     }
