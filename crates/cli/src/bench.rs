@@ -26,10 +26,10 @@ use control::config::ToolConfig;
 use control::group::PhaseResult;
 use control::native::Driver;
 use protocol::message::CopyStats;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use testkit::harness::{Artifacts, DriverKind, Group, TestEnv, WorkloadOptions};
+use workload::launch::{Group, Launcher, Programs, WorkloadOptions};
 
 /// Registry memory per tracked allocation (one allocation mapped twice with access for two
 /// devices), measured with a counting allocator by `crates/shim-runtime/tests/registry_memory.rs`.
@@ -290,13 +290,11 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     );
     ensure!(args.cycles >= 1, "--cycles must be at least 1");
     ensure!(args.repetitions >= 1, "--repetitions must be at least 1");
-    let here = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .context("no executable dir")?;
-    let artifacts = Artifacts::at(&here);
-    let (kind, driver) = crate::demo::pick_driver(&artifacts, args.fake)?;
-    let on_gpu = kind == DriverKind::System;
+    let crate::demo::Target {
+        on_gpu,
+        driver,
+        programs,
+    } = crate::demo::pick_driver(args.fake)?;
     let driver_name = if on_gpu {
         format!(
             "GPU ({}, driver API {})",
@@ -313,7 +311,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let overhead = if args.no_overhead {
         None
     } else {
-        let o = overhead(&artifacts, kind, &args).context("overhead benchmark")?;
+        let o = overhead(&programs, &args).context("overhead benchmark")?;
         if tables {
             print_overhead(&o);
         }
@@ -322,7 +320,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let capture = if args.no_capture {
         None
     } else {
-        let c = capture_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+        let c = capture_bench(&programs, &driver, on_gpu, &args, config)
             .context("capture benchmark")?;
         if tables {
             print_capture(&c);
@@ -332,7 +330,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let whole = if args.no_whole {
         None
     } else {
-        let w = whole_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+        let w = whole_bench(&programs, &driver, on_gpu, &args, config)
             .context("whole-process benchmark")?;
         if tables {
             print_whole(&w);
@@ -381,9 +379,9 @@ const TRACKED: [&str; 6] = [
     "release_ns",
 ];
 
-fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow::Result<Overhead> {
-    let env = TestEnv::new(artifacts.clone(), kind, false).context("preparing a directory")?;
-    let workload = artifacts.workload()?;
+fn overhead(programs: &Programs, args: &BenchArgs) -> anyhow::Result<Overhead> {
+    let env = Launcher::new(programs.clone(), false).context("preparing a directory")?;
+    let workload = &programs.workload;
     let mut runs: [Vec<serde_json::Value>; 2] = [Vec::new(), Vec::new()];
     // Pairs run back to back, so that a slow phase of the machine hits both sides of a pair
     // alike; the order swaps every pair, so that neither side always runs second.
@@ -396,7 +394,7 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
         for shim in order {
             let out = &mut runs[usize::from(shim)];
             let output = env
-                .command(&workload, shim)?
+                .command(workload, shim)?
                 .args(["bench", "--iterations"])
                 .arg(args.iterations.to_string())
                 .arg("--tracked-iterations")
@@ -536,8 +534,7 @@ fn seed(rank: usize) -> u64 {
 }
 
 fn capture_bench(
-    artifacts: &Artifacts,
-    kind: DriverKind,
+    programs: &Programs,
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
@@ -550,7 +547,7 @@ fn capture_bench(
         .div_ceil(GRANULE)
         .max(1)
         .saturating_mul(GRANULE);
-    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let env = Launcher::new(programs.clone(), true).context("preparing a directory")?;
     let options = WorkloadOptions::new("bench")
         .shim(true)
         .timeout(COMMAND_TIMEOUT);
@@ -638,8 +635,7 @@ fn capture_bench(
 /// asked, suspended and resumed plainly, then with `--keep-contexts`, contents verified after
 /// each; then the native baseline of the same bytes.
 fn whole_bench(
-    artifacts: &Artifacts,
-    kind: DriverKind,
+    programs: &Programs,
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
@@ -648,7 +644,7 @@ fn whole_bench(
     let size = args
         .whole_size
         .unwrap_or(if on_gpu { 16 << 30 } else { 64 << 20 });
-    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let env = Launcher::new(programs.clone(), true).context("preparing a directory")?;
     let w = env.spawn(
         WorkloadOptions::new("whole")
             .shim(true)
@@ -770,7 +766,7 @@ fn print_whole(w: &Whole) {
 /// One process without the shim, a filled `cuMemAlloc` of `size` bytes, checkpointed and
 /// restored natively by this process.
 fn native_baseline(
-    env: &TestEnv,
+    env: &Launcher,
     driver: &Driver,
     size: u64,
     verified: &mut Vec<String>,

@@ -1004,6 +1004,9 @@ fn demo_to_disk_reports_what_the_gpu_lane_reads() {
     command
         .args(["demo", "--to-disk", "--fake", "--json", "--size", "4194304"])
         .env("CUINTERPOSE_CRIU", &disk.criu)
+        // The demo counts device memory with cuMemGetInfo, which on the fake sees every process of
+        // the state directory: a private one keeps other tests' processes out of its figures.
+        .env("FAKE_CUDA_STATE_DIR", disk.env.fake_state_dir())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

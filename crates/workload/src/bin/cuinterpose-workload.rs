@@ -10,7 +10,7 @@
 //! cuinterpose-workload commands                         (the command grammar, one line each)
 //! ```
 //!
-//! The command grammar is in `crates/testkit/README.md`. Exit status: 0 after `exit` (or the code
+//! The command grammar is in `crates/workload/README.md`. Exit status: 0 after `exit` (or the code
 //! it names), 1 when a script command fails, 2 on a start-up error, 0 when the parent went away.
 
 use std::path::PathBuf;
@@ -18,10 +18,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use cuinterpose_testkit::bench::{self, BenchOptions};
-use cuinterpose_testkit::driver::Resolve;
-use cuinterpose_testkit::server::{self, COMMANDS, ServeOptions, TreeOptions};
-use cuinterpose_testkit::wire;
+use cuinterpose_workload::bench::{self, BenchOptions};
+use cuinterpose_workload::driver::Resolve;
+use cuinterpose_workload::server::{self, COMMANDS, ServeOptions, TreeOptions};
+use cuinterpose_workload::wire;
 
 #[derive(Parser)]
 #[command(name = "cuinterpose-workload", about = "A scriptable CUDA workload")]
