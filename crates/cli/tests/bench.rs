@@ -1,20 +1,11 @@
 //! `cuinterpose bench` runs on the fake driver and writes a well-formed report: every figure a
 //! positive number, the copy statistics of both carrier modes present. No timing is judged.
 
+mod common;
+
+use common::tool_bin as tool;
 use std::path::Path;
 use std::process::Command;
-use testkit::harness::Artifacts;
-
-fn tool() -> std::path::PathBuf {
-    let artifacts = Artifacts::locate().expect("artifacts (build the workspace first)");
-    let tool = artifacts.dir().join("cuinterpose");
-    assert!(
-        tool.is_file(),
-        "{} is missing: run `cargo build --workspace --all-targets` first",
-        tool.display()
-    );
-    tool
-}
 
 /// A small, quick run: 8 MiB shared, one overhead repetition with few iterations.
 fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
