@@ -18,6 +18,8 @@ fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
             "8M",
             "--repetitions",
             "1",
+            "--rounds",
+            "3",
             "--iterations",
             "200",
             "--tracked-iterations",
@@ -76,8 +78,26 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
                 positive(&row["without_shim_ns"], "a time without the shim");
                 positive(&row["with_shim_ns"], "a time with the shim");
                 positive(&row["ratio"], "a ratio");
+                // The median lies within the rounds' percentiles, and those within the extremes.
+                let f = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+                let spread = &row["ratio_spread"];
+                let (min, max) = (spread[0].as_f64(), spread[1].as_f64());
+                let ordered = [
+                    min,
+                    Some(f("ratio_p10")),
+                    Some(f("ratio")),
+                    Some(f("ratio_p90")),
+                    max,
+                ];
+                assert!(
+                    ordered
+                        .windows(2)
+                        .all(|w| matches!(w, [Some(a), Some(b)] if a <= b)),
+                    "min <= p10 <= median <= p90 <= max: {row}"
+                );
             }
         }
+        assert_eq!(overhead["rounds"], 3);
         assert_eq!(overhead["registry_bytes_per_allocation"], 621);
 
         let capture = &report["capture"];
