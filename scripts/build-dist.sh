@@ -19,10 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Every binary the release ships in bin/, in one place: the tool, the workload `demo` and `bench`
-# start, and the scenario list the GPU lane runs on both drivers.
+# start (crates/workload), and the scenario list the GPU lane runs on both drivers (crates/testkit).
 RELEASE_BINARIES=(cuinterpose cuinterpose-workload cuinterpose-scenarios)
 # The crates that build them and the libraries.
-RELEASE_PACKAGES=(cuinterpose-cli cuinterpose-testkit cuinterpose-shim fake-cuda)
+RELEASE_PACKAGES=(cuinterpose-cli cuinterpose-workload cuinterpose-testkit cuinterpose-shim fake-cuda)
 # The oldest glibc the release loads with (the oldest Rust supports); scripts/check-glibc.sh holds
 # the shipped files to it.
 GLIBC_BASELINE=$(cat scripts/release/glibc-baseline)

@@ -207,6 +207,11 @@ line = "; ".join(parts) + "; native %.0f+%.0f ms" % (n["checkpoint_millis"], n["
 o = r.get("overhead")
 if o:
     line += "; overhead untracked %.3f tracked %.3f" % (o["untracked_ratio"], o["tracked_ratio"])
+    loop, cycle = o["untracked"][-1], o["tracked"][0]
+    if "ratio_p10" in loop:
+        line += " (p10-p90 %.3f-%.3f / %.3f-%.3f, %d pairs x %d rounds)" % (
+            loop["ratio_p10"], loop["ratio_p90"], cycle["ratio_p10"], cycle["ratio_p90"],
+            o["repetitions"], o["rounds"])
 print(line)
 PY
 )" measured

@@ -27,6 +27,14 @@ if cargo tree -p cuinterpose-shim -e normal --locked | grep serde_json; then
     exit 1
 fi
 
+step "the tool links no test tooling (neither cuinterpose-testkit nor the fake driver)"
+# Package names only (a checkout's path may hold any word).
+if cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}' \
+    | grep -i -E 'testkit|fake'; then
+    echo "test.sh: cuinterpose-cli depends on test tooling" >&2
+    exit 1
+fi
+
 step "cargo build (libraries, binaries, the fake driver and the shim)"
 cargo build --workspace --all-targets --locked
 

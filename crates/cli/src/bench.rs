@@ -1,12 +1,16 @@
 //! `cuinterpose bench`: what the interposer costs and how fast a suspend and resume move bytes.
 //!
-//! 1. Overhead: `cuinterpose-workload bench` run in pairs without and with the shim
-//!    (`--repetitions` pairs, the order swapped every pair so that neither side always runs second
-//!    on a warmer machine): a loop of untracked calls (`cuCtxSynchronize`, a 256-byte `cuMemsetD8`
-//!    and `cuMemcpyHtoD`; the shim returns these unwrapped, so an untracked call reaches the
-//!    driver's own function and what remains is the machine's noise) and a loop of tracked
-//!    create/map/set-access/unmap/release cycles. Each ratio is the median of the pairs' ratios
-//!    (shim/no-shim, each pair measured back to back), with their spread (lowest, highest).
+//! 1. Overhead: `--repetitions` pairs of `cuinterpose-workload bench --serve-rounds` processes,
+//!    one without and one with the shim, both pinned to the same CPU and warmed up, run
+//!    `--rounds` rounds in alternation (one process at a time; which goes first swaps every
+//!    round, so that neither side always runs second): a loop of untracked calls
+//!    (`cuCtxSynchronize`, a 256-byte `cuMemsetD8` and `cuMemcpyHtoD`; the shim returns these
+//!    unwrapped, so an untracked call reaches the driver's own function and what remains is the
+//!    machine's noise) and a loop of tracked create/map/set-access/unmap/release cycles. Each
+//!    ratio is the median of the rounds' ratios (shim/no-shim, each pair of rounds back to back),
+//!    with their spread (10th and 90th percentiles, lowest and highest). Long-lived processes and
+//!    short alternating rounds are what make the figure stable: separate processes per run
+//!    differ by their placement (CPU, clocks, memory) by more than the shim could cost.
 //! 2. Capture: a ring group under the shim sharing `--size` bytes in all, suspended and resumed
 //!    `--cycles` times in place (the second cycle reuses the carriers), with every phase timed and
 //!    each shim's copy statistics (copy, pinning, carrier first touch) from its answers to Save and
@@ -18,7 +22,7 @@
 //!
 //! Figures only: nothing here passes or fails on a time.
 
-use crate::output::bytes;
+use crate::output::{Align, Table, bytes};
 use crate::progress::Bars;
 use anyhow::{Context, ensure};
 use control::capture::{self, PhaseTiming, Progress, Report, ResumeOptions, SuspendOptions};
@@ -26,10 +30,10 @@ use control::config::ToolConfig;
 use control::group::PhaseResult;
 use control::native::Driver;
 use protocol::message::CopyStats;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use testkit::harness::{Artifacts, DriverKind, Group, TestEnv, WorkloadOptions};
+use workload::launch::{Group, Launcher, Programs, WorkloadOptions};
 
 /// Registry memory per tracked allocation (one allocation mapped twice with access for two
 /// devices), measured with a counting allocator by `crates/shim-runtime/tests/registry_memory.rs`.
@@ -40,9 +44,11 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 const GRANULE: u64 = 2 << 20;
 
 const BENCH_HELP: &str = "\
-Overhead: cuinterpose-workload bench without and with the shim in --repetitions pairs (order
-swapped every pair), the median of the pairs' ratios with their spread: untracked calls (cuCtxSynchronize, 256-byte cuMemsetD8 and cuMemcpyHtoD;
-targets: ratio <= 1.02) and the tracked create/map/set-access/unmap/release cycle (<= 1.10).
+Overhead: --repetitions pairs of warm workload processes, one without and one with the shim, pinned
+to one CPU (--cpu), run --rounds rounds in alternation (who goes first swaps every round); RATIO is
+the median of the rounds' shim/no-shim ratios, with P10, P90, MIN and MAX: untracked calls
+(cuCtxSynchronize, 256-byte cuMemsetD8 and cuMemcpyHtoD; target: ratio <= 1.02) and the tracked
+create/map/set-access/unmap/release cycle (<= 1.10).
 
 Capture: a ring group under the shim sharing --size bytes, suspended and resumed --cycles times in
 place (the second cycle reuses the host carriers). Save/load copy rates come from the shims' own
@@ -74,15 +80,22 @@ pub struct BenchArgs {
     /// Suspend/resume cycles of the same group (the second shows carrier reuse)
     #[arg(long, default_value_t = 2)]
     cycles: usize,
-    /// Iterations of each untracked loop per overhead run
-    #[arg(long, default_value_t = 100_000)]
+    /// Iterations of each untracked loop per overhead round
+    #[arg(long, default_value_t = 10_000)]
     iterations: u64,
-    /// Iterations of the tracked cycle per overhead run
-    #[arg(long, default_value_t = 2_000)]
+    /// Iterations of the tracked cycle per overhead round
+    #[arg(long, default_value_t = 200)]
     tracked_iterations: u64,
-    /// Overhead runs with and without the shim each (medians are reported)
-    #[arg(long, default_value_t = 5)]
+    /// Pairs of overhead processes (one without, one with the shim), each started afresh
+    #[arg(long, default_value_t = 3)]
     repetitions: usize,
+    /// Alternating rounds per pair of overhead processes (medians over all rounds are reported)
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// The CPU both overhead processes are pinned to (default: the lowest this tool may use,
+    /// other than CPU 0 when there is another)
+    #[arg(long)]
+    cpu: Option<usize>,
     /// Leave out the overhead benchmark
     #[arg(long)]
     no_overhead: bool,
@@ -172,12 +185,18 @@ pub struct WholeRun {
     pub shim_bytes: u64,
 }
 
-/// Medians of the overhead runs, nanoseconds per iteration.
+/// Medians of the overhead rounds, nanoseconds per iteration.
 #[derive(Debug, serde::Serialize)]
 pub struct Overhead {
+    /// Pairs of processes.
     pub repetitions: usize,
+    /// Alternating rounds per pair.
+    pub rounds: usize,
+    /// Iterations per round.
     pub iterations: u64,
     pub tracked_iterations: u64,
+    /// The CPU both processes of a pair were pinned to.
+    pub cpu: Option<usize>,
     /// Untracked calls, one line per call and their sum.
     pub untracked: Vec<Ratio>,
     /// The tracked cycle and its calls.
@@ -189,38 +208,38 @@ pub struct Overhead {
     pub registry_source: &'static str,
 }
 
-/// One measured line: without and with the shim (medians over the pairs), the median of the pairs'
-/// ratios and their spread.
+/// One measured line: without and with the shim (medians over the rounds), the median of the
+/// rounds' ratios and their spread.
 #[derive(Debug, serde::Serialize)]
 pub struct Ratio {
     pub name: String,
     pub without_shim_ns: f64,
     pub with_shim_ns: f64,
-    /// Median over the pairs of (with shim / without shim), each pair run back to back.
+    /// Median over the rounds of (with shim / without shim), each pair of rounds back to back.
     pub ratio: f64,
-    /// Lowest and highest ratio of a pair.
+    /// 10th and 90th percentiles of the rounds' ratios.
+    pub ratio_p10: f64,
+    pub ratio_p90: f64,
+    /// Lowest and highest ratio of a round.
     pub ratio_spread: (f64, f64),
 }
 
 impl Ratio {
-    /// From the pairs' figures `(without, with)`.
+    /// From the rounds' figures `(without, with)`.
     fn paired(name: &str, pairs: &[(f64, f64)]) -> Ratio {
-        let ratios: Vec<f64> = pairs
+        let mut ratios: Vec<f64> = pairs
             .iter()
             .map(|&(without, with)| if without > 0.0 { with / without } else { 0.0 })
             .collect();
-        let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let high = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        ratios.sort_by(f64::total_cmp);
         Ratio {
             name: name.into(),
             without_shim_ns: median(pairs.iter().map(|p| p.0).collect()),
             with_shim_ns: median(pairs.iter().map(|p| p.1).collect()),
-            ratio: median(ratios),
-            ratio_spread: if pairs.is_empty() {
-                (0.0, 0.0)
-            } else {
-                (low, high)
-            },
+            ratio: quantile(&ratios, 0.5),
+            ratio_p10: quantile(&ratios, 0.1),
+            ratio_p90: quantile(&ratios, 0.9),
+            ratio_spread: (quantile(&ratios, 0.0), quantile(&ratios, 1.0)),
         }
     }
 }
@@ -290,13 +309,11 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     );
     ensure!(args.cycles >= 1, "--cycles must be at least 1");
     ensure!(args.repetitions >= 1, "--repetitions must be at least 1");
-    let here = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .context("no executable dir")?;
-    let artifacts = Artifacts::at(&here);
-    let (kind, driver) = crate::demo::pick_driver(&artifacts, args.fake)?;
-    let on_gpu = kind == DriverKind::System;
+    let crate::demo::Target {
+        on_gpu,
+        driver,
+        programs,
+    } = crate::demo::pick_driver(args.fake)?;
     let driver_name = if on_gpu {
         format!(
             "GPU ({}, driver API {})",
@@ -313,7 +330,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let overhead = if args.no_overhead {
         None
     } else {
-        let o = overhead(&artifacts, kind, &args).context("overhead benchmark")?;
+        let o = overhead(&programs, &args).context("overhead benchmark")?;
         if tables {
             print_overhead(&o);
         }
@@ -322,7 +339,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let capture = if args.no_capture {
         None
     } else {
-        let c = capture_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+        let c = capture_bench(&programs, &driver, on_gpu, &args, config)
             .context("capture benchmark")?;
         if tables {
             print_capture(&c);
@@ -332,7 +349,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let whole = if args.no_whole {
         None
     } else {
-        let w = whole_bench(&artifacts, kind, &driver, on_gpu, &args, config)
+        let w = whole_bench(&programs, &driver, on_gpu, &args, config)
             .context("whole-process benchmark")?;
         if tables {
             print_whole(&w);
@@ -359,11 +376,17 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
+    quantile(&values, 0.5)
+}
+
+/// The `q` quantile (0 to 1) of sorted values, interpolated between neighbours (0 when empty).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let Some(last) = sorted.len().checked_sub(1) else {
+        return 0.0;
+    };
+    let position = q.clamp(0.0, 1.0) * last as f64;
+    let (low, high) = (position.floor() as usize, position.ceil() as usize);
+    sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
 }
 
 /// Untracked calls and tracked steps of one `cuinterpose-workload bench` report, by name.
@@ -381,41 +404,36 @@ const TRACKED: [&str; 6] = [
     "release_ns",
 ];
 
-fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow::Result<Overhead> {
-    let env = TestEnv::new(artifacts.clone(), kind, false).context("preparing a directory")?;
-    let workload = artifacts.workload()?;
+fn overhead(programs: &Programs, args: &BenchArgs) -> anyhow::Result<Overhead> {
+    let env = Launcher::new(programs.clone(), false).context("preparing a directory")?;
+    let cpu = args.cpu.or_else(workload::bench::default_cpu);
+    // Per round, the reports without and with the shim.
     let mut runs: [Vec<serde_json::Value>; 2] = [Vec::new(), Vec::new()];
-    // Pairs run back to back, so that a slow phase of the machine hits both sides of a pair
-    // alike; the order swaps every pair, so that neither side always runs second.
     for repetition in 0..args.repetitions {
-        let order = if repetition % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for shim in order {
-            let out = &mut runs[usize::from(shim)];
-            let output = env
-                .command(&workload, shim)?
-                .args(["bench", "--iterations"])
-                .arg(args.iterations.to_string())
-                .arg("--tracked-iterations")
-                .arg(args.tracked_iterations.to_string())
-                .output()
-                .context("running cuinterpose-workload bench")?;
-            ensure!(
-                output.status.success(),
-                "cuinterpose-workload bench (shim: {shim}) failed: {}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-            out.push(
-                serde_json::from_slice(&output.stdout)
-                    .context("cuinterpose-workload bench printed no JSON report")?,
-            );
+        let mut pair = [
+            Rounds::start(&env, false, args, cpu, repetition)?,
+            Rounds::start(&env, true, args, cpu, repetition)?,
+        ];
+        // Both warm up at once (their first round is not reported); then one runs at a time.
+        for side in &mut pair {
+            side.ready()?;
+        }
+        for round in 0..args.rounds {
+            let order = if (repetition + round) % 2 == 0 {
+                [0, 1]
+            } else {
+                [1, 0]
+            };
+            for side in order {
+                let report = pair[side].round()?;
+                runs[side].push(report);
+            }
+        }
+        for side in pair {
+            side.finish()?;
         }
     }
-    // The (without, with) figures of each pair.
+    // The (without, with) figures of each round.
     let pairs = |section: &str, key: &str| -> anyhow::Result<Vec<(f64, f64)>> {
         let value = |r: &serde_json::Value| {
             r[section][key]
@@ -429,7 +447,7 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
             .collect()
     };
     let mut untracked = Vec::new();
-    let mut loop_sums = vec![(0.0, 0.0); args.repetitions];
+    let mut loop_sums = vec![(0.0, 0.0); runs[0].len()];
     for key in UNTRACKED {
         let figures = pairs("untracked", key)?;
         for (sum, (without, with)) in loop_sums.iter_mut().zip(&figures) {
@@ -450,8 +468,10 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
     let tracked_ratio = tracked.first().map_or(0.0, |r| r.ratio);
     Ok(Overhead {
         repetitions: args.repetitions,
+        rounds: args.rounds,
         iterations: args.iterations,
         tracked_iterations: args.tracked_iterations,
+        cpu,
         untracked,
         tracked,
         untracked_ratio,
@@ -460,6 +480,129 @@ fn overhead(artifacts: &Artifacts, kind: DriverKind, args: &BenchArgs) -> anyhow
         registry_source: "counting allocator, crates/shim-runtime/tests/registry_memory.rs \
                           (one allocation mapped twice, access for two devices)",
     })
+}
+
+/// One `cuinterpose-workload bench --serve-rounds` process: a round per `round` line on its
+/// stdin, a JSON report per line on its stdout; stderr to a log. Killed on drop.
+struct Rounds {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    what: String,
+    log: PathBuf,
+}
+
+impl Rounds {
+    /// Starts one (warming up: see [`Rounds::ready`]).
+    fn start(
+        env: &Launcher,
+        shim: bool,
+        args: &BenchArgs,
+        cpu: Option<usize>,
+        repetition: usize,
+    ) -> anyhow::Result<Rounds> {
+        let what = format!(
+            "cuinterpose-workload bench ({} the shim, pair {})",
+            if shim { "with" } else { "without" },
+            repetition + 1
+        );
+        let log = env
+            .log_dir()
+            .join(format!("overhead-{repetition}-{shim}.log"));
+        let mut command = env.command(&env.programs().workload, shim)?;
+        command
+            .args(["bench", "--serve-rounds", "--iterations"])
+            .arg(args.iterations.to_string())
+            .arg("--tracked-iterations")
+            .arg(args.tracked_iterations.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(
+                std::fs::File::create(&log)
+                    .with_context(|| format!("creating {}", log.display()))?,
+            );
+        if let Some(cpu) = cpu {
+            command.arg("--cpu").arg(cpu.to_string());
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("starting {what}"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            anyhow::bail!("{what}: no pipes to its stdin and stdout");
+        };
+        Ok(Rounds {
+            child,
+            stdin,
+            stdout: std::io::BufReader::new(stdout),
+            what,
+            log,
+        })
+    }
+
+    /// The next line it prints; an error naming its log when it ended instead.
+    fn line(&mut self) -> anyhow::Result<String> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let read = self
+            .stdout
+            .read_line(&mut line)
+            .with_context(|| format!("reading from {}", self.what))?;
+        if read == 0 {
+            let status = self.child.wait().ok();
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            anyhow::bail!("{} ended ({status:?}): {}", self.what, log.trim());
+        }
+        Ok(line)
+    }
+
+    /// Waits until it is warmed up.
+    fn ready(&mut self) -> anyhow::Result<()> {
+        let line = self.line()?;
+        ensure!(
+            line.trim() == workload::bench::READY,
+            "{} printed {line:?}, not {:?}",
+            self.what,
+            workload::bench::READY
+        );
+        Ok(())
+    }
+
+    /// Runs one round and returns its report.
+    fn round(&mut self) -> anyhow::Result<serde_json::Value> {
+        use std::io::Write;
+        writeln!(self.stdin, "round").with_context(|| format!("writing to {}", self.what))?;
+        let line = self.line()?;
+        serde_json::from_str(&line)
+            .with_context(|| format!("{} printed no JSON report: {line:?}", self.what))
+    }
+
+    /// Ends it; it must exit successfully.
+    fn finish(mut self) -> anyhow::Result<()> {
+        use std::io::Write;
+        writeln!(self.stdin, "exit").with_context(|| format!("writing to {}", self.what))?;
+        let status = self
+            .child
+            .wait()
+            .with_context(|| format!("waiting for {}", self.what))?;
+        ensure!(
+            status.success(),
+            "{} failed: {status}: {}",
+            self.what,
+            std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .trim()
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Rounds {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Forwards progress to the bars and keeps what each shim reported.
@@ -536,8 +679,7 @@ fn seed(rank: usize) -> u64 {
 }
 
 fn capture_bench(
-    artifacts: &Artifacts,
-    kind: DriverKind,
+    programs: &Programs,
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
@@ -550,7 +692,7 @@ fn capture_bench(
         .div_ceil(GRANULE)
         .max(1)
         .saturating_mul(GRANULE);
-    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let env = Launcher::new(programs.clone(), true).context("preparing a directory")?;
     let options = WorkloadOptions::new("bench")
         .shim(true)
         .timeout(COMMAND_TIMEOUT);
@@ -638,8 +780,7 @@ fn capture_bench(
 /// asked, suspended and resumed plainly, then with `--keep-contexts`, contents verified after
 /// each; then the native baseline of the same bytes.
 fn whole_bench(
-    artifacts: &Artifacts,
-    kind: DriverKind,
+    programs: &Programs,
     driver: &Driver,
     on_gpu: bool,
     args: &BenchArgs,
@@ -648,7 +789,7 @@ fn whole_bench(
     let size = args
         .whole_size
         .unwrap_or(if on_gpu { 16 << 30 } else { 64 << 20 });
-    let env = TestEnv::new(artifacts.clone(), kind, true).context("preparing a directory")?;
+    let env = Launcher::new(programs.clone(), true).context("preparing a directory")?;
     let w = env.spawn(
         WorkloadOptions::new("whole")
             .shim(true)
@@ -733,30 +874,34 @@ fn print_whole(w: &Whole) {
         w.memory,
         bytes(w.owned_bytes)
     );
-    println!(
-        "{:<14} {:>11} {:>11} {:>11} {:>11} {:>11}",
-        "RUN", "SUSPEND MS", "RESUME MS", "SUSP GB/S", "RES GB/S", "SHIM MOVED"
-    );
+    let table = Table::new(&[
+        ("RUN", 14, Align::Left),
+        ("SUSPEND MS", 11, Align::Right),
+        ("RESUME MS", 11, Align::Right),
+        ("SUSP GB/S", 11, Align::Right),
+        ("RES GB/S", 11, Align::Right),
+        ("SHIM MOVED", 11, Align::Right),
+    ]);
+    table.header();
     for (name, r) in [("plain", &w.plain), ("keep-contexts", &w.keep_contexts)] {
-        println!(
-            "{name:<14} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>11}",
-            r.suspend_millis,
-            r.resume_millis,
-            r.suspend_gb_per_s,
-            r.resume_gb_per_s,
-            bytes(r.shim_bytes)
-        );
+        table.row(&[
+            name.to_string(),
+            format!("{:.1}", r.suspend_millis),
+            format!("{:.1}", r.resume_millis),
+            format!("{:.2}", r.suspend_gb_per_s),
+            format!("{:.2}", r.resume_gb_per_s),
+            bytes(r.shim_bytes),
+        ]);
     }
     let n = &w.native;
-    println!(
-        "{:<14} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>11}",
-        "native",
-        n.lock_millis + n.checkpoint_millis,
-        n.restore_millis + n.unlock_millis,
-        n.checkpoint_gb_per_s,
-        n.restore_gb_per_s,
-        "-"
-    );
+    table.row(&[
+        "native".to_string(),
+        format!("{:.1}", n.lock_millis + n.checkpoint_millis),
+        format!("{:.1}", n.restore_millis + n.unlock_millis),
+        format!("{:.2}", n.checkpoint_gb_per_s),
+        format!("{:.2}", n.restore_gb_per_s),
+        "-".to_string(),
+    ]);
     println!(
         "plain suspend+resume: {:.2}x native; targets on the H200: >= 10x native, keep-contexts \
          suspend and resume each >= 40 GB/s",
@@ -770,7 +915,7 @@ fn print_whole(w: &Whole) {
 /// One process without the shim, a filled `cuMemAlloc` of `size` bytes, checkpointed and
 /// restored natively by this process.
 fn native_baseline(
-    env: &TestEnv,
+    env: &Launcher,
     driver: &Driver,
     size: u64,
     verified: &mut Vec<String>,
@@ -810,21 +955,37 @@ fn native_baseline(
 
 fn print_overhead(o: &Overhead) {
     println!();
+    let cpu = o
+        .cpu
+        .map_or_else(|| "unpinned".to_string(), |c| format!("pinned to CPU {c}"));
     println!(
-        "overhead: {} pairs of runs (order swapped every pair), medians, ns per iteration ({} \
-         untracked, {} tracked iterations); RATIO is the median of the pairs' ratios, SPREAD their \
-         lowest and highest",
-        o.repetitions, o.iterations, o.tracked_iterations
+        "overhead: {} pairs of processes x {} alternating rounds ({cpu}), medians, ns per \
+         iteration ({} untracked, {} tracked iterations a round); RATIO is the median of the \
+         rounds' ratios, P10 and P90 their percentiles, MIN and MAX their extremes",
+        o.repetitions, o.rounds, o.iterations, o.tracked_iterations
     );
-    println!(
-        "{:<22} {:>12} {:>12} {:>8} {:>17}",
-        "CALL", "NO SHIM", "SHIM", "RATIO", "SPREAD"
-    );
+    let table = Table::new(&[
+        ("CALL", 22, Align::Left),
+        ("NO SHIM", 12, Align::Right),
+        ("SHIM", 12, Align::Right),
+        ("RATIO", 8, Align::Right),
+        ("P10", 8, Align::Right),
+        ("P90", 8, Align::Right),
+        ("MIN", 8, Align::Right),
+        ("MAX", 8, Align::Right),
+    ]);
+    table.header();
     for r in o.untracked.iter().chain(&o.tracked) {
-        println!(
-            "{:<22} {:>12.1} {:>12.1} {:>8.3} {:>8.3}-{:<8.3}",
-            r.name, r.without_shim_ns, r.with_shim_ns, r.ratio, r.ratio_spread.0, r.ratio_spread.1
-        );
+        table.row(&[
+            r.name.clone(),
+            format!("{:.1}", r.without_shim_ns),
+            format!("{:.1}", r.with_shim_ns),
+            format!("{:.3}", r.ratio),
+            format!("{:.3}", r.ratio_p10),
+            format!("{:.3}", r.ratio_p90),
+            format!("{:.3}", r.ratio_spread.0),
+            format!("{:.3}", r.ratio_spread.1),
+        ]);
     }
     println!(
         "untracked ratio {:.3} (target <= 1.02), tracked cycle ratio {:.3} (target <= 1.10)",
@@ -887,41 +1048,39 @@ fn print_capture(c: &Capture) {
         n.unlock_millis
     );
     println!();
-    println!(
-        "{:<6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
-        "CYCLE",
-        "SAVE GB/S",
-        "LOAD GB/S",
-        "SUSPEND MS",
-        "RESUME MS",
-        "SUSP GB/S",
-        "RES GB/S",
-        "X NATIVE"
-    );
+    let table = Table::new(&[
+        ("CYCLE", 6, Align::Left),
+        ("SAVE GB/S", 11, Align::Right),
+        ("LOAD GB/S", 11, Align::Right),
+        ("SUSPEND MS", 11, Align::Right),
+        ("RESUME MS", 11, Align::Right),
+        ("SUSP GB/S", 11, Align::Right),
+        ("RES GB/S", 11, Align::Right),
+        ("X NATIVE", 9, Align::Right),
+    ]);
+    table.header();
     for cycle in &c.cycles {
-        println!(
-            "{:<6} {:>11.2} {:>11.2} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>9.2}",
-            cycle.cycle,
-            cycle.save.copy_gb_per_s,
-            cycle.load.copy_gb_per_s,
-            cycle.suspend.total_millis,
-            cycle.resume.total_millis,
-            cycle.suspend_gb_per_s,
-            cycle.resume_gb_per_s,
-            cycle.speedup_vs_native
-        );
+        table.row(&[
+            cycle.cycle.to_string(),
+            format!("{:.2}", cycle.save.copy_gb_per_s),
+            format!("{:.2}", cycle.load.copy_gb_per_s),
+            format!("{:.1}", cycle.suspend.total_millis),
+            format!("{:.1}", cycle.resume.total_millis),
+            format!("{:.2}", cycle.suspend_gb_per_s),
+            format!("{:.2}", cycle.resume_gb_per_s),
+            format!("{:.2}", cycle.speedup_vs_native),
+        ]);
     }
-    println!(
-        "{:<6} {:>11} {:>11} {:>11.1} {:>11.1} {:>11.2} {:>11.2} {:>9}",
-        "native",
-        "-",
-        "-",
-        n.lock_millis + n.checkpoint_millis,
-        n.restore_millis + n.unlock_millis,
-        n.checkpoint_gb_per_s,
-        n.restore_gb_per_s,
-        "1.00"
-    );
+    table.row(&[
+        "native".to_string(),
+        "-".to_string(),
+        "-".to_string(),
+        format!("{:.1}", n.lock_millis + n.checkpoint_millis),
+        format!("{:.1}", n.restore_millis + n.unlock_millis),
+        format!("{:.2}", n.checkpoint_gb_per_s),
+        format!("{:.2}", n.restore_gb_per_s),
+        "1.00".to_string(),
+    ]);
     println!(
         "targets on the H200: save and load copies >= 45 GB/s per GPU; suspend+resume >= 5x native"
     );
@@ -943,6 +1102,28 @@ mod tests {
         assert!(parse_size("0").is_err());
         assert!(parse_size("lots").is_err());
         assert!(parse_size("99999999T").is_err());
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_neighbours() {
+        let sorted = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0];
+        assert_eq!(quantile(&sorted, 0.0), 1.0);
+        assert_eq!(quantile(&sorted, 0.1), 2.0);
+        assert_eq!(quantile(&sorted, 0.9), 10.0);
+        assert_eq!(quantile(&sorted, 1.0), 11.0);
+        assert_eq!(quantile(&[1.0, 2.0], 0.25), 1.25);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn ratios_are_paired_per_round() {
+        // The median of the rounds' ratios (1.5, 1.0, 0.5) is 1.0; the ratio of the medians
+        // (3 / 2) would say 1.5.
+        let r = Ratio::paired("x", &[(2.0, 3.0), (4.0, 4.0), (2.0, 1.0)]);
+        assert_eq!(r.ratio, 1.0);
+        assert_eq!(r.ratio_spread, (0.5, 1.5));
+        assert_eq!((r.without_shim_ns, r.with_shim_ns), (2.0, 3.0));
+        assert!((r.ratio_p10 - 0.6).abs() < 1e-12 && (r.ratio_p90 - 1.4).abs() < 1e-12);
     }
 
     #[test]

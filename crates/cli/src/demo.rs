@@ -15,11 +15,12 @@ use anyhow::{Context, bail, ensure};
 use control::capture::{self, Report, ResumeOptions, SuspendOptions};
 use control::config::ToolConfig;
 use control::disk::{self, CheckpointOptions, DiskReport, RestoreOptions};
+use control::layout::Layout;
 use control::native::Driver;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::Duration;
-use testkit::harness::{Artifacts, DriverKind, Group, TestEnv, Workload, WorkloadOptions};
+use workload::launch::{Group, Launcher, Programs, Workload, WorkloadOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -62,13 +63,11 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
         args.processes >= 2,
         "--processes must be at least 2 to share memory both ways"
     );
-    let here = std::env::current_exe()?
-        .parent()
-        .map(Path::to_path_buf)
-        .context("no executable dir")?;
-    let artifacts = Artifacts::at(&here);
-    let (kind, driver) = pick_driver(&artifacts, args.fake)?;
-    let on_gpu = kind == DriverKind::System;
+    let Target {
+        on_gpu,
+        driver,
+        programs,
+    } = pick_driver(args.fake)?;
     let size = args.size.unwrap_or(if on_gpu { 1 << 30 } else { 64 << 20 });
     let driver_name = if on_gpu {
         format!(
@@ -87,7 +86,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
         );
     }
 
-    let env = TestEnv::new(artifacts, kind, true).context("preparing the demo's directory")?;
+    let env = Launcher::new(programs, true).context("preparing the demo's directory")?;
     if args.to_disk {
         return demo_to_disk(&args, config, &env, &driver, driver_name, on_gpu, size);
     }
@@ -99,11 +98,10 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     .context("starting the workload group")?;
     group.ring(size).context("sharing memory around the ring")?;
     let root = group[0].pid();
-    let pids: Vec<u32> = group.members().iter().map(|w| w.pid()).collect();
     for (rank, w) in group.members().iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
     }
-    let before = group_memory(&env, &driver, on_gpu, &pids)?;
+    let before = device_memory_used(&driver)?;
 
     let state_dir = env.dir().join("state");
     let mut suspend_options = SuspendOptions::new(root, config);
@@ -111,7 +109,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     suspend_options.driver = (!on_gpu).then(|| driver.path().to_path_buf());
     let progress = Bars::new(!args.json);
     let suspended = capture::suspend(&suspend_options, &progress).context("suspend")?;
-    let during = group_memory(&env, &driver, on_gpu, &pids)?;
+    let during = device_memory_used(&driver)?;
 
     let mut resume_options = ResumeOptions::new(root, config);
     resume_options.state_dir = state_dir;
@@ -143,42 +141,65 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     }
 }
 
-/// The GPU when a driver with devices loads, else the bundled fake.
-pub(crate) fn pick_driver(
-    artifacts: &Artifacts,
-    force_fake: bool,
-) -> anyhow::Result<(DriverKind, Driver)> {
-    if !force_fake && let Ok(driver) = Driver::load(None) {
-        let fake = artifacts
-            .fake_driver()
-            .ok()
-            .and_then(|f| std::fs::canonicalize(f).ok());
-        let is_fake = fake.as_deref() == Some(driver.path());
-        if !is_fake && driver.device_count().unwrap_or(0) > 0 {
-            return Ok((DriverKind::System, driver));
-        }
-    }
-    let fake: PathBuf = artifacts.fake_driver().context(
-        "the bundled fake driver (libcuda.so next to cuinterpose, or lib/cuinterpose/test-driver/ in the release) is missing; build the workspace",
-    )?;
-    let driver = Driver::load(Some(&fake)).context("loading the fake driver")?;
-    Ok((DriverKind::Fake, driver))
+/// The driver the demo and the bench run on, and the programs they start on it.
+pub(crate) struct Target {
+    /// A GPU's driver, rather than the bundled fake.
+    pub on_gpu: bool,
+    /// The driver, loaded into this process (for the native checkpoint API and `cuMemGetInfo`).
+    pub driver: Driver,
+    /// The workload and the shim beside this executable (control::layout), and for the fake the
+    /// directory that makes the workloads load it.
+    pub programs: Programs,
 }
 
-/// Device memory the group holds: the fake driver's per-process accounting, or on a GPU the
-/// device's used memory (`cuMemGetInfo`, which also counts other processes on the machine).
-fn group_memory(env: &TestEnv, driver: &Driver, on_gpu: bool, pids: &[u32]) -> anyhow::Result<u64> {
-    if on_gpu {
-        let (free, total) = driver.memory_info(0)?;
-        return Ok(total - free);
-    }
-    let mut sum = 0;
-    for &pid in pids {
-        for device in 0..driver.device_count()? {
-            sum += env.fake_usage(pid, device as i32)?;
+/// The GPU when a driver with devices loads, else the bundled fake.
+pub(crate) fn pick_driver(force_fake: bool) -> anyhow::Result<Target> {
+    let layout = Layout::current().context("no executable dir")?;
+    let mut programs = Programs {
+        workload: layout.dir().join(workload::PROGRAM),
+        shim: layout.shim_candidates().into_iter().find(|p| p.exists()),
+        driver_dir: None,
+    };
+    let fake_dir = layout.fake_driver_dir();
+    if !force_fake && let Ok(driver) = Driver::load(None) {
+        let fake = fake_dir
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .and_then(|dir| std::fs::canonicalize(dir.join("libcuda.so.1")).ok());
+        let is_fake = fake.as_deref() == Some(driver.path());
+        if !is_fake && driver.device_count().unwrap_or(0) > 0 {
+            return Ok(Target {
+                on_gpu: true,
+                driver,
+                programs,
+            });
         }
     }
-    Ok(sum)
+    let dir: PathBuf = fake_dir
+        .context("preparing the bundled fake driver's directory")?
+        .context(
+            "the bundled fake driver (libcuda.so next to cuinterpose, or lib/cuinterpose/test-driver/ in the release) is missing; build the workspace",
+        )?;
+    let driver =
+        Driver::load(Some(&dir.join("libcuda.so.1"))).context("loading the fake driver")?;
+    programs.driver_dir = Some(dir);
+    Ok(Target {
+        on_gpu: false,
+        driver,
+        programs,
+    })
+}
+
+/// Device memory in use on device 0, as the driver reports it (`cuMemGetInfo` in this process):
+/// on a GPU the whole device's, other processes on the machine included; on the fake driver that
+/// of every live process sharing its state directory (this process and the group it started),
+/// where this process holds none.
+fn device_memory_used(driver: &Driver) -> anyhow::Result<u64> {
+    let (free, total) = driver
+        .memory_info(0)
+        .context("asking the driver for device memory use (cuMemGetInfo)")?;
+    Ok(total.saturating_sub(free))
 }
 
 fn seed(rank: usize, round: u64) -> u64 {
@@ -231,7 +252,7 @@ const DISK_DEMO_TIMEOUT: Duration = Duration::from_secs(120);
 fn demo_to_disk(
     args: &DemoArgs,
     config: &ToolConfig,
-    env: &TestEnv,
+    env: &Launcher,
     driver: &Driver,
     driver_name: String,
     on_gpu: bool,
@@ -244,8 +265,7 @@ fn demo_to_disk(
     for (rank, w) in ranks.iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
     }
-    let ns_pids: Vec<u32> = ranks.iter().map(Workload::pid).collect();
-    let before = group_memory(env, driver, on_gpu, &ns_pids)?;
+    let before = device_memory_used(driver)?;
 
     let dir = env.dir().join("checkpoint");
     let mut capture = SuspendOptions::new(launched.launcher.id(), config);
@@ -279,7 +299,7 @@ fn demo_to_disk(
             "pid {pid} still exists after the dump"
         );
     }
-    let checkpointed = group_memory(env, driver, on_gpu, &ns_pids)?;
+    let checkpointed = device_memory_used(driver)?;
 
     let restore = disk::restore(
         &RestoreOptions {
@@ -295,7 +315,7 @@ fn demo_to_disk(
     launched.restored = Some(restore.root);
     let ranks = attach_ranks(&listen, args.processes)?;
     let verified = verify_after(&ranks, "restore").context("verifying after the restore")?;
-    let restored = group_memory(env, driver, on_gpu, &ns_pids)?;
+    let restored = device_memory_used(driver)?;
     if !on_gpu {
         ensure!(
             checkpointed == 0,
@@ -360,9 +380,14 @@ impl Drop for Launched {
 
 /// `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes N ...`, every rank
 /// on device 0; waits until rank 0 (which waits for the others) answers.
-fn launch_tree(env: &TestEnv, listen: &Path, processes: usize) -> anyhow::Result<Launched> {
+fn launch_tree(env: &Launcher, listen: &Path, processes: usize) -> anyhow::Result<Launched> {
     let me = std::env::current_exe().context("finding this executable")?;
-    let workload = env.artifacts().workload()?;
+    let program = &env.programs().workload;
+    ensure!(
+        program.exists(),
+        "{} is missing: build the workspace, or reinstall the release",
+        program.display()
+    );
     let log_path = env.log_dir().join("launcher.log");
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
@@ -372,7 +397,7 @@ fn launch_tree(env: &TestEnv, listen: &Path, processes: usize) -> anyhow::Result
         .arg("run")
         .arg("--pid-namespace")
         .arg("--")
-        .arg(&workload)
+        .arg(program)
         .arg("tree")
         .arg("--processes")
         .arg(processes.to_string())
@@ -388,7 +413,7 @@ fn launch_tree(env: &TestEnv, listen: &Path, processes: usize) -> anyhow::Result
         launcher,
         restored: None,
     };
-    let ready = testkit::wire::wait_listening(&listen.join("0.sock"), DISK_DEMO_TIMEOUT, || {
+    let ready = workload::wire::wait_listening(&listen.join("0.sock"), DISK_DEMO_TIMEOUT, || {
         matches!(launched.launcher.try_wait(), Ok(None))
     });
     if let Err(e) = ready {

@@ -188,3 +188,49 @@ mod tests {
         assert_eq!(super::bytes(8 << 30), "8.00 GiB");
     }
 }
+
+/// How a [`Table`] column lines up its cells.
+#[derive(Debug, Clone, Copy)]
+pub enum Align {
+    Left,
+    Right,
+}
+
+/// A table printed row by row: each column a header, a width and an alignment, columns one space
+/// apart. Cells come formatted (precision is the caller's).
+#[derive(Debug)]
+pub struct Table {
+    columns: Vec<(&'static str, usize, Align)>,
+}
+
+impl Table {
+    /// A table of `columns`; prints nothing yet.
+    pub fn new(columns: &[(&'static str, usize, Align)]) -> Table {
+        Table {
+            columns: columns.to_vec(),
+        }
+    }
+
+    /// Prints the headers.
+    pub fn header(&self) {
+        let names: Vec<&str> = self.columns.iter().map(|c| c.0).collect();
+        self.row(&names);
+    }
+
+    /// Prints one row, a cell per column (missing cells are blank).
+    pub fn row<S: AsRef<str>>(&self, cells: &[S]) {
+        let line: Vec<String> = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, width, align))| {
+                let cell = cells.get(i).map_or("", AsRef::as_ref);
+                match align {
+                    Align::Left => format!("{cell:<width$}"),
+                    Align::Right => format!("{cell:>width$}"),
+                }
+            })
+            .collect();
+        println!("{}", line.join(" "));
+    }
+}

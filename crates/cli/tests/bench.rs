@@ -1,20 +1,11 @@
 //! `cuinterpose bench` runs on the fake driver and writes a well-formed report: every figure a
 //! positive number, the copy statistics of both carrier modes present. No timing is judged.
 
+mod common;
+
+use common::tool_bin as tool;
 use std::path::Path;
 use std::process::Command;
-use testkit::harness::Artifacts;
-
-fn tool() -> std::path::PathBuf {
-    let artifacts = Artifacts::locate().expect("artifacts (build the workspace first)");
-    let tool = artifacts.dir().join("cuinterpose");
-    assert!(
-        tool.is_file(),
-        "{} is missing: run `cargo build --workspace --all-targets` first",
-        tool.display()
-    );
-    tool
-}
 
 /// A small, quick run: 8 MiB shared, one overhead repetition with few iterations.
 fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
@@ -27,6 +18,8 @@ fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
             "8M",
             "--repetitions",
             "1",
+            "--rounds",
+            "3",
             "--iterations",
             "200",
             "--tracked-iterations",
@@ -85,8 +78,26 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
                 positive(&row["without_shim_ns"], "a time without the shim");
                 positive(&row["with_shim_ns"], "a time with the shim");
                 positive(&row["ratio"], "a ratio");
+                // The median lies within the rounds' percentiles, and those within the extremes.
+                let f = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+                let spread = &row["ratio_spread"];
+                let (min, max) = (spread[0].as_f64(), spread[1].as_f64());
+                let ordered = [
+                    min,
+                    Some(f("ratio_p10")),
+                    Some(f("ratio")),
+                    Some(f("ratio_p90")),
+                    max,
+                ];
+                assert!(
+                    ordered
+                        .windows(2)
+                        .all(|w| matches!(w, [Some(a), Some(b)] if a <= b)),
+                    "min <= p10 <= median <= p90 <= max: {row}"
+                );
             }
         }
+        assert_eq!(overhead["rounds"], 3);
         assert_eq!(overhead["registry_bytes_per_allocation"], 621);
 
         let capture = &report["capture"];

@@ -6,13 +6,16 @@
 //! CRIU comes from `$CUINTERPOSE_CRIU` (scripts/test.sh exports it) or `<repo>/.criu/bin/criu`; a
 //! missing CRIU fails the tests with a message to run scripts/install-criu.sh. CRIU needs root.
 
+mod common;
+
+use common::{attach_ranks, end_namespace, start_namespace, tool_path};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-use testkit::harness::{Artifacts, DriverKind, TestEnv, Workload};
+use testkit::{TestEnv, Workload};
 
 /// Bytes rank 0 and rank 1 share: different sizes, so that a swap of devices shows in the usage
 /// of each device and not only per process.
@@ -46,17 +49,10 @@ struct Disk {
 
 impl Disk {
     fn new() -> Disk {
-        let artifacts = Artifacts::locate().expect("artifacts (build the workspace first)");
-        let tool = artifacts.dir().join("cuinterpose");
-        assert!(
-            tool.is_file(),
-            "{} is missing: run `cargo build --workspace --all-targets` first",
-            tool.display()
-        );
-        let env = TestEnv::new(artifacts, DriverKind::Fake, false).expect("test environment");
+        let env = TestEnv::fake().expect("test environment");
         Disk {
+            tool: tool_path(&env),
             env,
-            tool,
             criu: criu(),
         }
     }
@@ -107,35 +103,14 @@ impl Disk {
     /// `r` on device `r`) and builds the sharing both ways: rank 0 creates `a0`, rank 1 `a1`, each
     /// exported to the other, which imports and maps it; both filled with their seeds.
     fn start_group(&self) -> Running {
-        let dir = self.listen_dir();
-        let workload = self.env.artifacts().workload().expect("workload binary");
-        let log = std::fs::File::create(self.env.log_dir().join("launcher.log")).expect("log");
-        let mut command = self
-            .env
-            .command(&self.tool, false)
-            .expect("launcher command");
-        command
-            .arg("run")
-            .arg("--pid-namespace")
-            .arg("--")
-            .arg(&workload)
-            .args([
-                "tree",
-                "--processes",
-                "2",
-                "--devices",
-                "0,1",
-                "--listen-dir",
-            ])
-            .arg(&dir)
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut launcher = command.spawn().expect("starting the launcher");
-        testkit::wire::wait_listening(&dir.join("0.sock"), READY_TIMEOUT, || {
-            matches!(launcher.try_wait(), Ok(None))
-        })
-        .unwrap_or_else(|e| panic!("the group did not start: {e}\n{}", self.log("launcher")));
+        let launcher = start_namespace(
+            &self.env,
+            "launcher",
+            &self.listen_dir(),
+            (2, "0,1"),
+            &[],
+            READY_TIMEOUT,
+        );
         let ranks = self.attach();
         for (r, w) in ranks.iter().enumerate() {
             let size = SIZE[r];
@@ -220,22 +195,7 @@ impl Disk {
 
     /// Handles on ranks 0 and 1 of the tree (whoever runs it now: the original or a restored one).
     fn attach(&self) -> Vec<Workload> {
-        let dir = self.listen_dir();
-        (0..2)
-            .map(|r| {
-                Workload::attach(
-                    format!("rank{r}"),
-                    dir.join(format!("{r}.sock")),
-                    r,
-                    dir.join(format!("{r}.log")),
-                )
-                .expect("attaching to a rank")
-            })
-            .collect()
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.env.log_dir().join(format!("{name}.log"))).unwrap_or_default()
+        attach_ranks(&self.listen_dir(), 2, "rank", |r| r as i32)
     }
 
     /// Fake device usage of ns pid `ns_pid` (the fake names its usage files by the process's own
@@ -276,16 +236,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        // The launcher's process group holds only the launcher; the namespace dies with its init,
-        // which SIGKILL through the launcher's forwarding would also reach, so kill the init.
-        if let Ok(None) = self.launcher.try_wait() {
-            let init = first_child(self.launcher.id());
-            if let Some(init) = init {
-                let _ = control::launch::kill_tree(init, Duration::from_secs(30));
-            }
-            let _ = self.launcher.kill();
-            let _ = self.launcher.wait();
-        }
+        end_namespace(&mut self.launcher);
     }
 }
 
@@ -296,10 +247,6 @@ impl Drop for Restored {
     fn drop(&mut self) {
         let _ = control::launch::kill_tree(self.0, Duration::from_secs(30));
     }
-}
-
-fn first_child(pid: u32) -> Option<u32> {
-    control::discovery::process_tree(pid).ok()?.get(1).copied()
 }
 
 fn seed(rank: usize, round: u64) -> u64 {
@@ -1004,6 +951,9 @@ fn demo_to_disk_reports_what_the_gpu_lane_reads() {
     command
         .args(["demo", "--to-disk", "--fake", "--json", "--size", "4194304"])
         .env("CUINTERPOSE_CRIU", &disk.criu)
+        // The demo counts device memory with cuMemGetInfo, which on the fake sees every process of
+        // the state directory: a private one keeps other tests' processes out of its figures.
+        .env("FAKE_CUDA_STATE_DIR", disk.env.fake_state_dir())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

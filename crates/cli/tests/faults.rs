@@ -13,57 +13,9 @@ use common::*;
 use protocol::{Phase, Request, Response};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use testkit::{TestEnv, Workload};
-
-/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`).
-fn pair(tree: &Tree) {
-    let (a, b) = (tree.w("a"), tree.w("b"));
-    create_shared(a, "a0", SIZE);
-    create_shared(b, "a1", SIZE);
-    share(a, b, "a0", SIZE);
-    share(b, a, "a1", SIZE);
-    ok(a, &["fill a0 11"]);
-    ok(b, &["fill a1 12"]);
-}
-
-/// The pair kept its contents and shares both ways.
-fn assert_pair(env: &TestEnv, tree: &Tree) {
-    let (a, b) = (tree.w("a"), tree.w("b"));
-    assert!(usage(env, a.pid()) >= SIZE, "a holds no memory");
-    assert!(usage(env, b.pid()) >= SIZE, "b holds no memory");
-    ok(a, &["verify a0 11", "verify a1 12"]);
-    ok(b, &["verify a0 11", "verify a1 12", "fill a0 13"]);
-    ok(a, &["verify a0 13", "fill a1 14"]);
-    ok(b, &["verify a1 14"]);
-    ok(a, &["fill a0 11", "fill a1 12"]);
-}
-
-/// Every shim of the tree runs, nothing is natively locked, no state file is left.
-fn assert_running(env: &TestEnv, tree: &Tree, run: &ToolRun) {
-    assert!(
-        !state_dir(env).join("cuinterpose.state").exists(),
-        "state file left; {}",
-        run.describe()
-    );
-    let native = env.native().unwrap();
-    for w in tree.workloads.values() {
-        assert_eq!(
-            phase_of(env, w.pid()),
-            Phase::Running,
-            "{} is not running; {}",
-            w.name(),
-            run.describe()
-        );
-        assert_eq!(
-            native.state(w.pid()).unwrap(),
-            testkit::native::ProcessState::Running,
-            "{} natively",
-            w.name()
-        );
-    }
-}
 
 fn suspend_args(env: &TestEnv, root: u32) -> Vec<String> {
     vec![
@@ -530,40 +482,19 @@ struct Namespaced {
 impl Namespaced {
     fn start(env: &TestEnv, name: &str) -> Namespaced {
         let dir = env.socket_dir().join(name);
-        let workload = env.artifacts().workload().expect("workload binary");
-        let log = std::fs::File::create(env.log_dir().join(format!("{name}.log"))).unwrap();
-        let mut command = env.command(&tool_path(env), false).unwrap();
         // The fake driver names its checkpoint agent by namespace PID in its state directory:
         // each namespace gets its own (the control directory stays the one of the environment).
-        command.env("FAKE_CUDA_STATE_DIR", fake_dir(env, name));
-        command
-            .args(["run", "--pid-namespace", "--"])
-            .arg(&workload)
-            .args(["tree", "--processes", "1", "--devices", "0", "--listen-dir"])
-            .arg(&dir)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut launcher = command.spawn().expect("launcher");
-        testkit::wire::wait_listening(&dir.join("0.sock"), START_TIMEOUT, || {
-            matches!(launcher.try_wait(), Ok(None))
-        })
-        .unwrap_or_else(|e| {
-            panic!(
-                "{name} did not start: {e}\n--- launcher ---\n{}\n--- rank ---\n{}",
-                std::fs::read_to_string(env.log_dir().join(format!("{name}.log")))
-                    .unwrap_or_default(),
-                std::fs::read_to_string(dir.join("0.log")).unwrap_or_default()
-            )
-        });
-        let rank = Workload::attach(
-            format!("{name}-r0"),
-            dir.join("0.sock"),
-            0,
-            dir.join("0.log"),
-        )
-        .expect("attach");
+        let fake = fake_dir(env, name);
+        let fake = fake.to_str().expect("utf-8 path");
+        let launcher = start_namespace(
+            env,
+            name,
+            &dir,
+            (1, "0"),
+            &[("FAKE_CUDA_STATE_DIR", fake)],
+            START_TIMEOUT,
+        );
+        let rank = attach_ranks(&dir, 1, &format!("{name}-r"), |_| 0).remove(0);
         create_shared(&rank, "m", SIZE);
         ok(&rank, &["fill m 51"]);
         Namespaced {
@@ -575,21 +506,13 @@ impl Namespaced {
 
     /// The init of the namespace (the rank), by host PID.
     fn init(&self) -> u32 {
-        control::discovery::process_tree(self.launcher.id())
-            .ok()
-            .and_then(|tree| tree.get(1).copied())
-            .expect("the namespace init")
+        namespace_init(self.launcher.id()).expect("the namespace init")
     }
 }
 
 impl Drop for Namespaced {
     fn drop(&mut self) {
-        if let Ok(None) = self.launcher.try_wait() {
-            let init = self.init();
-            let _ = control::launch::kill_tree(init, Duration::from_secs(30));
-            let _ = self.launcher.kill();
-            let _ = self.launcher.wait();
-        }
+        end_namespace(&mut self.launcher);
     }
 }
 

@@ -2,6 +2,9 @@
 //! finding its bundled CRIU with no variable set, and the completions and manual pages generated
 //! from the argument definitions.
 
+mod common;
+
+use common::tool_bin as tool;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -12,16 +15,6 @@ const EXIT_CHECK_FAILED: i32 = 6;
 
 fn artifacts() -> Artifacts {
     Artifacts::locate().expect("artifacts (build the workspace first)")
-}
-
-fn tool() -> PathBuf {
-    let tool = artifacts().dir().join("cuinterpose");
-    assert!(
-        tool.is_file(),
-        "{} is missing: run `cargo build --workspace --all-targets` first",
-        tool.display()
-    );
-    tool
 }
 
 /// The tool with none of its variables set and `PATH` without any CRIU, as on a fresh machine.

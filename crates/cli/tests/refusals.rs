@@ -13,17 +13,6 @@ fn helper_process() {
     common::helper::main();
 }
 
-/// Members `a` and `b` share both ways: `a0` created by `a`, `a1` by `b`, each mapped in both.
-fn pair(tree: &Tree) {
-    let (a, b) = (tree.w("a"), tree.w("b"));
-    create_shared(a, "a0", SIZE);
-    create_shared(b, "a1", SIZE);
-    share(a, b, "a0", SIZE);
-    share(b, a, "a1", SIZE);
-    ok(a, &["fill a0 11"]);
-    ok(b, &["fill a1 12"]);
-}
-
 /// After a refusal: no state file, every shim still running, the contents kept, and new writes
 /// visible both ways.
 fn assert_untouched(env: &TestEnv, tree: &Tree, run: &ToolRun) {

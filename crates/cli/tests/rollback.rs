@@ -13,55 +13,6 @@ use common::*;
 use protocol::Phase;
 use testkit::TestEnv;
 
-/// `a` and `b` share both ways (`a0` created by `a`, `a1` by `b`).
-fn pair(tree: &Tree) {
-    let (a, b) = (tree.w("a"), tree.w("b"));
-    create_shared(a, "a0", SIZE);
-    create_shared(b, "a1", SIZE);
-    share(a, b, "a0", SIZE);
-    share(b, a, "a1", SIZE);
-    ok(a, &["fill a0 11"]);
-    ok(b, &["fill a1 12"]);
-}
-
-/// Every shim of the tree runs, there is no state file, nothing is natively locked.
-fn assert_running(env: &TestEnv, tree: &Tree, run: &ToolRun) {
-    assert!(
-        !state_dir(env).join("cuinterpose.state").exists(),
-        "state file left after a rollback; {}",
-        run.describe()
-    );
-    let native = env.native().unwrap();
-    for w in tree.workloads.values() {
-        assert_eq!(
-            phase_of(env, w.pid()),
-            Phase::Running,
-            "{} is not running; {}",
-            w.name(),
-            run.describe()
-        );
-        assert_eq!(
-            native.state(w.pid()).unwrap(),
-            testkit::native::ProcessState::Running,
-            "{} natively",
-            w.name()
-        );
-    }
-}
-
-/// The pair kept its contents and shares both ways.
-fn assert_pair(env: &TestEnv, tree: &Tree) {
-    let (a, b) = (tree.w("a"), tree.w("b"));
-    assert!(usage(env, a.pid()) >= SIZE, "a holds no memory");
-    assert!(usage(env, b.pid()) >= SIZE, "b holds no memory");
-    ok(a, &["verify a0 11", "verify a1 12"]);
-    ok(b, &["verify a0 11", "verify a1 12", "fill a0 13"]);
-    ok(a, &["verify a0 13", "fill a1 14"]);
-    ok(b, &["verify a1 14"]);
-    // Back to the patterns the next check of the same pair expects.
-    ok(a, &["fill a0 11", "fill a1 12"]);
-}
-
 #[test]
 fn a_copy_failing_during_save_is_rolled_back() {
     let env = env();

@@ -16,7 +16,7 @@ mod common;
 
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 use testkit::{TestEnv, Workload};
 
@@ -106,36 +106,19 @@ impl Soak {
     fn start(size: Size) -> Soak {
         let env = env();
         let dir = env.socket_dir().join("soak");
-        let workload = env.artifacts().workload().expect("workload binary");
-        let log = std::fs::File::create(env.log_dir().join("launcher.log")).unwrap();
-        let mut command = env.command(&tool_path(&env), false).unwrap();
         // The fake's device memory is sparse memfds: room for every rank's allocations, of which
         // only the filled pages take host memory.
         let bytes = (size.processes * (size.allocations + 2)) as u64 * ALLOCATION;
-        command.env("FAKE_CUDA_DEVICE_MEMORY", bytes.max(8 << 30).to_string());
-        command
-            .args(["run", "--pid-namespace", "--"])
-            .arg(&workload)
-            .args(["tree", "--processes", &size.processes.to_string()])
-            .args(["--devices", "0", "--listen-dir"])
-            .arg(&dir)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null());
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut launcher = command.spawn().expect("launcher");
-        for r in 0..size.processes {
-            testkit::wire::wait_listening(
-                &dir.join(format!("{r}.sock")),
-                testkit::harness::START_TIMEOUT,
-                || matches!(launcher.try_wait(), Ok(None)),
-            )
-            .expect("the group did not start");
-        }
-        let root = control::discovery::process_tree(launcher.id())
-            .ok()
-            .and_then(|t| t.get(1).copied())
-            .expect("the namespace init");
+        let memory = bytes.max(8 << 30).to_string();
+        let launcher = start_namespace(
+            &env,
+            "launcher",
+            &dir,
+            (size.processes, "0"),
+            &[("FAKE_CUDA_DEVICE_MEMORY", &memory)],
+            testkit::harness::START_TIMEOUT,
+        );
+        let root = namespace_init(launcher.id()).expect("the namespace init");
         let mut soak = Soak {
             env,
             size,
@@ -149,17 +132,7 @@ impl Soak {
     }
 
     fn attach(&mut self) {
-        self.ranks = (0..self.size.processes)
-            .map(|r| {
-                Workload::attach(
-                    format!("rank{r}"),
-                    self.dir.join(format!("{r}.sock")),
-                    0,
-                    self.dir.join(format!("{r}.log")),
-                )
-                .expect("attaching to a rank")
-            })
-            .collect();
+        self.ranks = attach_ranks(&self.dir, self.size.processes, "rank", |_| 0);
     }
 
     /// Every rank: its private allocations, mapped and filled; then the ring of shared ones.

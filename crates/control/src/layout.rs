@@ -98,6 +98,38 @@ impl Layout {
         list
     }
 
+    /// The directory to put first on `LD_LIBRARY_PATH` to load the fake driver as `libcuda.so.1`:
+    /// the release's test-driver directory, or in a cargo build `fake-driver/` next to the
+    /// executable, holding a `libcuda.so.1 -> ../libcuda.so` link made here on demand (cargo names
+    /// the library `libcuda.so`; the loader looks for `libcuda.so.1`). `None` when no fake driver
+    /// is there.
+    pub fn fake_driver_dir(&self) -> std::io::Result<Option<PathBuf>> {
+        let Some(found) = self
+            .fake_driver_candidates()
+            .into_iter()
+            .find(|c| c.exists())
+        else {
+            return Ok(None);
+        };
+        if found.file_name() == Some(OsStr::new("libcuda.so.1"))
+            && let Some(dir) = found.parent()
+        {
+            return Ok(Some(dir.to_path_buf()));
+        }
+        let dir = self.dir.join("fake-driver");
+        std::fs::create_dir_all(&dir)?;
+        let link = dir.join("libcuda.so.1");
+        if std::fs::symlink_metadata(&link).is_err() {
+            // Several processes may race here; whoever loses finds the link in place.
+            match std::os::unix::fs::symlink("../libcuda.so", &link) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(dir))
+    }
+
     /// Where the bundled CRIU may be: the release's `libexec/`, or the checkout's `.criu/`.
     pub fn criu_candidates(&self) -> Vec<PathBuf> {
         let mut list = Vec::new();

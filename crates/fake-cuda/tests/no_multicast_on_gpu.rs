@@ -9,12 +9,13 @@
 //!   `NVSHMEM_DISABLE_NVLS=1`: the lane exports them before it starts anything, every Python
 //!   script imports `lane_common` (which sets them) at module level before torch, nothing sets
 //!   them to another value, unsets them or starts a process with an environment of its own;
-//! - the programs the lane starts (`crates/testkit`: scenarios, workloads; `crates/cli`: demo,
-//!   bench, run; `crates/control` is only checked for the switches) call no multicast entry point: testkit tells the fake driver from the real one
+//! - the programs the lane starts (`crates/testkit`: scenarios; `crates/workload`: the workload and
+//!   its launcher; `crates/cli`: demo, bench, run; `crates/control` is only checked for the
+//!   switches) call no multicast entry point: testkit tells the fake driver from the real one
 //!   only by `DriverKind` (`TestEnv::driver()`), and no multicast use gated on it exists yet, so
 //!   any use is refused here until it is gated (refusing unless the driver is the fake) and this
-//!   test is taught that gate; and they keep the switches (testkit sets them on every process it
-//!   starts, nothing clears the environment).
+//!   test is taught that gate; and they keep the switches (the workload's launcher, which testkit
+//!   builds on, sets them on every process it starts, nothing clears the environment).
 //!
 //! The shim and its runtime are not scanned: they forward the application's own calls, and the
 //! application is one of the above.
@@ -334,10 +335,18 @@ fn lane_scripts_never_reach_multicast_and_keep_the_switches() {
 #[test]
 fn lane_programs_call_no_multicast_and_keep_the_switches() {
     // The scenarios, workloads, demo and bench: no multicast call, no switch dropped.
-    let sources = rust_sources(&["crates/testkit/src", "crates/cli/src"]);
+    let sources = rust_sources(&[
+        "crates/testkit/src",
+        "crates/workload/src",
+        "crates/cli/src",
+    ]);
     assert!(
         sources.iter().any(|s| s.name.ends_with("scenarios.rs")),
         "crates/testkit/src/scenarios.rs is gone"
+    );
+    assert!(
+        sources.iter().any(|s| s.name.ends_with("server/exec.rs")),
+        "crates/workload/src/server/exec.rs is gone"
     );
     let mut found = program_violations(&sources, true);
     // The tool's library starts CRIU and test processes: it may name multicast (protocol,
@@ -352,11 +361,12 @@ fn lane_programs_call_no_multicast_and_keep_the_switches() {
         found.join("\n")
     );
 
-    // testkit sets the switches on every process it starts.
+    // The launcher (testkit's environments are launchers) sets the switches on every process it
+    // starts.
     let harness = sources
         .iter()
-        .find(|s| s.name.ends_with("testkit/src/harness.rs"))
-        .expect("crates/testkit/src/harness.rs");
+        .find(|s| s.name.ends_with("workload/src/launch.rs"))
+        .expect("crates/workload/src/launch.rs");
     for (n, v) in SWITCHES {
         assert!(
             harness.text.contains(&format!("(\"{n}\", \"{v}\")")),
@@ -365,7 +375,7 @@ fn lane_programs_call_no_multicast_and_keep_the_switches() {
     }
     assert!(
         harness.text.contains("for (k, v) in NO_MULTICAST_ENV"),
-        "TestEnv::command no longer applies NO_MULTICAST_ENV"
+        "Launcher::command no longer applies NO_MULTICAST_ENV"
     );
 }
 

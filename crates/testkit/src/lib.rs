@@ -1,27 +1,20 @@
-//! Scriptable CUDA test workloads and the helpers that drive them.
+//! Test helpers around the product workload (`cuinterpose-workload`, crate `crates/workload`), and
+//! the scenario list (`crates/testkit/GUIDE.md` describes both).
 //!
-//! - [`server`]: the `cuinterpose-workload` process. It loads `libcuda.so.1` at run time (so the same
-//!   binary runs on the fake driver and on a GPU), resolves entry points through `dlsym` or
-//!   `cuGetProcAddress_v2` ([`driver::Resolve`]), and executes text commands that arrive on a Unix
-//!   socket; the grammar is in the crate README and [`server::COMMANDS`].
-//! - [`harness`]: start workloads and groups from tests ([`harness::Workload`],
-//!   [`harness::Group`]), with or without the shim, on the fake driver or the system's; processes
-//!   are killed on drop.
+//! - [`harness`]: a hermetic test environment ([`harness::TestEnv`]) on the fake driver or the
+//!   system's, the build artifacts, the fake driver's accounting; workloads and groups
+//!   ([`harness::Workload`], [`harness::Group`]) are the workload crate's client.
 //! - [`native`]: the driver's `cuCheckpointProcess*` API on another process's pid.
 //! - [`scenarios`]: the scenario list that CI runs on the fake driver and the GPU lane on the real
 //!   one (binary `cuinterpose-scenarios`).
-//! - [`bench`]: the overhead loops of `cuinterpose-workload bench`.
+//!
+//! The workload's own modules are re-exported ([`driver`], [`grammar`], [`reply`], [`server`],
+//! [`wire`]) so that tests reach them through one crate.
 
-pub mod bench;
-pub mod driver;
-pub mod grammar;
 pub mod harness;
 pub mod native;
-pub mod pattern;
-pub mod reply;
 pub mod scenarios;
-pub mod server;
-pub mod wire;
 
 pub use harness::{Artifacts, DriverKind, Group, TestEnv, Workload, WorkloadOptions};
-pub use reply::Reply;
+pub use workload::reply::Reply;
+pub use workload::{driver, grammar, reply, server, wire};

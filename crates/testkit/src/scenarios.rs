@@ -27,7 +27,7 @@ use cuda_abi::CUuuid;
 use crate::driver::Resolve;
 use crate::grammar;
 use crate::harness::{
-    Artifacts, DriverKind, Group, HarnessError, TestEnv, Workload, WorkloadOptions,
+    Artifacts, DriverKind, Group, HarnessError, LaunchError, TestEnv, Workload, WorkloadOptions,
 };
 use crate::native::{self, Bounded, Driver, bounded};
 use crate::reply::Reply;
@@ -160,7 +160,7 @@ impl Ctx<'_> {
         })
     }
 
-    fn spawn(&self, name: &str) -> Result<Workload, HarnessError> {
+    fn spawn(&self, name: &str) -> Result<Workload, LaunchError> {
         self.env.spawn(WorkloadOptions::new(name))
     }
 
@@ -186,7 +186,7 @@ impl Steps {
         ok
     }
 
-    fn check(&mut self, label: &str, reply: Result<Reply, HarnessError>) -> bool {
+    fn check(&mut self, label: &str, reply: Result<Reply, LaunchError>) -> bool {
         let result = match reply {
             Ok(r) => r.outcome(),
             Err(e) => format!("({e})"),
@@ -567,21 +567,22 @@ fn vmm_errors(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
         };
         // Not a crash unless the process is gone and its log names a probe not yet skipped.
         let Some(status) = w.wait_exit(Duration::from_secs(10))? else {
-            return Err(failure);
+            return Err(failure.into());
         };
         let log = std::fs::read_to_string(w.log_path()).unwrap_or_default();
         match last_running(&log) {
             Some(probe) if !crashed.iter().any(|(n, _)| n == probe) => {
                 crashed.push((probe.to_owned(), death(status)));
             }
-            _ => return Err(failure),
+            _ => return Err(failure.into()),
         }
     }
-    Err(HarnessError::Field {
+    Err(LaunchError::Field {
         workload: "w".into(),
         line: "probe-errors".into(),
         field: "cases",
-    })
+    }
+    .into())
 }
 
 /// `crash` for a death by signal (what a bad pointer does to the real driver), else `exit:N`.
@@ -606,7 +607,7 @@ fn probe_cases(
         .data
         .get("cases")
         .and_then(|c| c.as_array())
-        .ok_or_else(|| HarnessError::Field {
+        .ok_or_else(|| LaunchError::Field {
             workload: workload.into(),
             line: line.into(),
             field: "cases",

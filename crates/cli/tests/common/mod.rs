@@ -20,7 +20,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use testkit::harness::{RegionInfo, START_TIMEOUT};
+use testkit::harness::{Artifacts, RegionInfo, START_TIMEOUT};
 use testkit::{TestEnv, Workload};
 
 /// Bound on one run of the tool: far above what a suspend of a few MiB needs on a loaded machine,
@@ -43,7 +43,16 @@ pub fn env() -> TestEnv {
 
 /// `target/<profile>/cuinterpose`.
 pub fn tool_path(env: &TestEnv) -> PathBuf {
-    let path = env.artifacts().dir().join("cuinterpose");
+    tool_in(env.artifacts())
+}
+
+/// `target/<profile>/cuinterpose`, for the tests that run the tool outside a [`TestEnv`].
+pub fn tool_bin() -> PathBuf {
+    tool_in(&Artifacts::locate().expect("artifacts (build the workspace first)"))
+}
+
+fn tool_in(artifacts: &Artifacts) -> PathBuf {
+    let path = artifacts.dir().join("cuinterpose");
     assert!(
         path.is_file(),
         "{} is missing: build first with cargo build --workspace --all-targets",
@@ -666,4 +675,139 @@ pub fn pid_namespace(pid: u32) -> u64 {
 pub fn control_socket(env: &TestEnv, pid: u32) -> PathBuf {
     env.control_dir()
         .join(format!("cuinterpose-{}-{pid}.sock", pid_namespace(pid)))
+}
+
+/// Starts `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes N --devices
+/// DEVICES --listen-dir DIR` (with `extra` variables) in its own process group, logging to
+/// `<log dir>/<name>.log`, and waits until every rank listens in `dir` (`<r>.sock`, logs
+/// `<r>.log`) within `timeout`. The launcher is the caller's child; [`end_namespace`] ends it.
+pub fn start_namespace(
+    env: &TestEnv,
+    name: &str,
+    dir: &Path,
+    (processes, devices): (usize, &str),
+    extra: &[(&str, &str)],
+    timeout: Duration,
+) -> Child {
+    let workload = env.artifacts().workload().expect("workload binary");
+    let log_path = env.log_dir().join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).expect("launcher log");
+    let mut command = env
+        .command(&tool_path(env), false)
+        .expect("launcher command");
+    command.envs(extra.iter().copied());
+    command
+        .args(["run", "--pid-namespace", "--"])
+        .arg(&workload)
+        .args(["tree", "--processes", &processes.to_string()])
+        .args(["--devices", devices, "--listen-dir"])
+        .arg(dir)
+        .stdout(log.try_clone().expect("launcher log"))
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut launcher = command.spawn().expect("starting the launcher");
+    for r in 0..processes {
+        testkit::wire::wait_listening(&dir.join(format!("{r}.sock")), timeout, || {
+            matches!(launcher.try_wait(), Ok(None))
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{name}: rank {r} did not start: {e}\n--- launcher ---\n{}\n--- rank {r} ---\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default(),
+                std::fs::read_to_string(dir.join(format!("{r}.log"))).unwrap_or_default()
+            )
+        });
+    }
+    launcher
+}
+
+/// Handles on the ranks of a tree listening in `dir` (the original or a restored one), named
+/// `<prefix><r>`, rank `r` on `device(r)`.
+pub fn attach_ranks(
+    dir: &Path,
+    processes: usize,
+    prefix: &str,
+    device: impl Fn(usize) -> i32,
+) -> Vec<Workload> {
+    (0..processes)
+        .map(|r| {
+            Workload::attach(
+                format!("{prefix}{r}"),
+                dir.join(format!("{r}.sock")),
+                device(r),
+                dir.join(format!("{r}.log")),
+            )
+            .unwrap_or_else(|e| panic!("attaching to rank {r}: {e}"))
+        })
+        .collect()
+}
+
+/// The init of the PID namespace a launcher started (its first child), by host PID.
+pub fn namespace_init(launcher: u32) -> Option<u32> {
+    control::discovery::process_tree(launcher)
+        .ok()?
+        .get(1)
+        .copied()
+}
+
+/// Ends a still running launcher and its namespace: the launcher's process group holds only the
+/// launcher, and the namespace dies with its init, so the init's tree is killed first.
+pub fn end_namespace(launcher: &mut Child) {
+    if let Ok(None) = launcher.try_wait() {
+        if let Some(init) = namespace_init(launcher.id()) {
+            let _ = control::launch::kill_tree(init, Duration::from_secs(30));
+        }
+        let _ = launcher.kill();
+        let _ = launcher.wait();
+    }
+}
+
+/// Members `a` and `b` of `tree` share both ways: `a0` created by `a`, `a1` by `b`, each mapped in
+/// both, filled with seeds 11 and 12.
+pub fn pair(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    create_shared(a, "a0", SIZE);
+    create_shared(b, "a1", SIZE);
+    share(a, b, "a0", SIZE);
+    share(b, a, "a1", SIZE);
+    ok(a, &["fill a0 11"]);
+    ok(b, &["fill a1 12"]);
+}
+
+/// The [`pair`] kept its memory and contents and shares both ways (left with its first seeds).
+pub fn assert_pair(env: &TestEnv, tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    assert!(usage(env, a.pid()) >= SIZE, "a holds no memory");
+    assert!(usage(env, b.pid()) >= SIZE, "b holds no memory");
+    ok(a, &["verify a0 11", "verify a1 12"]);
+    ok(b, &["verify a0 11", "verify a1 12", "fill a0 13"]);
+    ok(a, &["verify a0 13", "fill a1 14"]);
+    ok(b, &["verify a1 14"]);
+    // Back to the patterns the next check of the same pair expects.
+    ok(a, &["fill a0 11", "fill a1 12"]);
+}
+
+/// Every shim of the tree runs, nothing is natively locked, no state file is left after `run`.
+pub fn assert_running(env: &TestEnv, tree: &Tree, run: &ToolRun) {
+    assert!(
+        !state_dir(env).join("cuinterpose.state").exists(),
+        "state file left; {}",
+        run.describe()
+    );
+    let native = env.native().unwrap();
+    for w in tree.workloads.values() {
+        assert_eq!(
+            phase_of(env, w.pid()),
+            protocol::Phase::Running,
+            "{} is not running; {}",
+            w.name(),
+            run.describe()
+        );
+        assert_eq!(
+            native.state(w.pid()).unwrap(),
+            testkit::native::ProcessState::Running,
+            "{} natively",
+            w.name()
+        );
+    }
 }

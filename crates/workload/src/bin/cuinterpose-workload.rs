@@ -6,11 +6,12 @@
 //! cuinterpose-workload serve --script FILE ...          (no --listen: run the script and exit)
 //! cuinterpose-workload tree --processes N --listen-dir DIR [--devices 0,1] [--resolve R]
 //! cuinterpose-workload bench [--iterations N] [--tracked-iterations M] [--size S] [--device D]
+//!                            [--cpu C] [--serve-rounds]
 //! cuinterpose-workload client --socket PATH COMMAND...  (one command per argument)
 //! cuinterpose-workload commands                         (the command grammar, one line each)
 //! ```
 //!
-//! The command grammar is in `crates/testkit/README.md`. Exit status: 0 after `exit` (or the code
+//! The command grammar is in `crates/workload/README.md`. Exit status: 0 after `exit` (or the code
 //! it names), 1 when a script command fails, 2 on a start-up error, 0 when the parent went away.
 
 use std::path::PathBuf;
@@ -18,10 +19,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use cuinterpose_testkit::bench::{self, BenchOptions};
-use cuinterpose_testkit::driver::Resolve;
-use cuinterpose_testkit::server::{self, COMMANDS, ServeOptions, TreeOptions};
-use cuinterpose_testkit::wire;
+use cuinterpose_workload::bench::{self, BenchOptions};
+use cuinterpose_workload::driver::Resolve;
+use cuinterpose_workload::server::{self, COMMANDS, ServeOptions, TreeOptions};
+use cuinterpose_workload::wire;
 
 #[derive(Parser)]
 #[command(name = "cuinterpose-workload", about = "A scriptable CUDA workload")]
@@ -80,12 +81,13 @@ enum Cmd {
         #[arg(long)]
         no_parent_watch: bool,
     },
-    /// The overhead benchmark; prints one JSON object.
+    /// The overhead benchmark: one warm-up round, then one reported round as a JSON object (or,
+    /// with --serve-rounds, one per `round` line on stdin).
     Bench {
-        /// Iterations of each untracked loop.
+        /// Iterations of each untracked loop per round.
         #[arg(long, default_value_t = 100_000)]
         iterations: u64,
-        /// Iterations of the tracked create/map/set-access/unmap/release cycle.
+        /// Iterations of the tracked create/map/set-access/unmap/release cycle per round.
         #[arg(long, default_value_t = 2_000)]
         tracked_iterations: u64,
         /// Bytes per tracked allocation (rounded up to the granularity).
@@ -100,6 +102,13 @@ enum Cmd {
         /// The driver library.
         #[arg(long, default_value = "libcuda.so.1")]
         library: PathBuf,
+        /// Pin the measuring thread to this CPU.
+        #[arg(long)]
+        cpu: Option<usize>,
+        /// Print `ready` once warmed up, then answer each `round` line on stdin with one JSON
+        /// line, until `exit` or the end of stdin.
+        #[arg(long)]
+        serve_rounds: bool,
     },
     /// Send commands to a workload and print its replies; fails if one fails.
     Client {
@@ -185,16 +194,23 @@ fn run() -> anyhow::Result<i32> {
             device,
             resolve,
             library,
+            cpu,
+            serve_rounds,
         } => {
-            let report = bench::run(&BenchOptions {
+            let options = BenchOptions {
                 device,
                 resolve,
                 library,
                 untracked_iterations: iterations,
                 tracked_iterations,
                 size,
-            })?;
-            println!("{report}");
+                cpu,
+            };
+            if serve_rounds {
+                bench::serve_rounds(&options, std::io::stdin().lock(), std::io::stdout().lock())?;
+            } else {
+                println!("{}", bench::run(&options)?);
+            }
             Ok(0)
         }
         Cmd::Client {
