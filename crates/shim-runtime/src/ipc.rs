@@ -244,7 +244,9 @@ impl Runtime {
     /// `cuIpcCloseMemHandle`: one open fewer of a virtual handle, unmapped and freed on the last;
     /// the driver's for any other address.
     pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
-        let backing = {
+        // The last open leaves the map before the unmap, so that a concurrent open of the same
+        // handle maps it anew instead of counting a mapping that is going away.
+        let last = {
             let mut opens = self.ipc.lock();
             match opens.get_mut(&dptr) {
                 None => {
@@ -255,13 +257,18 @@ impl Runtime {
                     o.opens -= 1;
                     return Ok(());
                 }
-                Some(o) => o.backing,
+                Some(_) => opens.remove(&dptr),
             }
         };
-        let size = usize::try_from(backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
-        // Unmapped first: on failure the open stays as it was, and the application may retry.
-        self.mem_unmap(dptr, size)?;
-        self.ipc.lock().remove(&dptr);
+        let Some(last) = last else {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        };
+        let size = usize::try_from(last.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+        if let Err(e) = self.mem_unmap(dptr, size) {
+            // Still mapped: the open stays as it was, and the application may retry.
+            self.ipc.lock().insert(dptr, last);
+            return Err(e);
+        }
         if let Err(e) = self.mem_address_free(dptr, size) {
             // The mapping is gone, which is what the application asked for.
             log_warn!("cuIpcCloseMemHandle: the range at {dptr:#x} was not freed: {e:?}");

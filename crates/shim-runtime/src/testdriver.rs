@@ -674,3 +674,9 @@ pub unsafe extern "C" fn create_scripted(
 
 /// The driver handles [`create_scripted`] made, in order.
 pub static CREATED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// `cuCtxGetDevice` answering device 1 (an IPC opener on another device than the creator's).
+pub unsafe extern "C" fn ctx_device_1(d: *mut CUdevice) -> CUresult {
+    unsafe { d.write(1) };
+    OK
+}

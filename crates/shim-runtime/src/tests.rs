@@ -1169,3 +1169,117 @@ fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
         assert_eq!(control.carrier.pinned(), 0);
     }
 }
+
+/// Legacy IPC of owned memory between two runtimes: the virtual handle, the opener's counted
+/// mapping at the allocation's base (with the LAZY flag, access for its own device and the
+/// allocation's), every refusal with the driver's code, and the mapping carried through a
+/// suspend/resume like a ticket import.
+#[test]
+fn owned_memory_is_opened_through_virtual_ipc_handles() {
+    use protocol::ipc::IpcHandle;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let b = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuCtxGetDevice: testdriver::ctx_device_1,
+            ..testdriver::real()
+        },
+    );
+    let requested = 3 * (1 << 20) + 5;
+    let base = a.rt.mem_alloc(requested).unwrap();
+    let bytes = pattern(9, requested);
+    write(base, &bytes);
+    let decode = |h: CUipcMemHandle| IpcHandle::decode(&h.reserved.map(|c| c as u8)).unwrap();
+    let inner = a.rt.ipc_get_mem_handle(base + 4096).unwrap();
+    let whole = a.rt.ipc_get_mem_handle(base).unwrap();
+    assert_eq!(decode(inner).offset, 4096);
+    assert_eq!(decode(whole).offset, 0);
+    assert_eq!(decode(inner).creator_ns_pid, a.pid());
+    assert_eq!(decode(inner).backing, 2 * MB2 as u64);
+    // Nothing recorded at export, no blocker.
+    assert!(a.rt.inspect().blockers.is_empty());
+    // Refusals: flags other than LAZY, a malformed handle, the creator's own open.
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(inner, 2),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    let mut garbled = inner;
+    garbled.reserved[20] ^= 1;
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(garbled, 1),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    assert_eq!(
+        a.rt.ipc_open_mem_handle(inner, 1),
+        Err(CUresult::ERROR_INVALID_CONTEXT)
+    );
+    // A creator that cannot be reached: the ticket import's code.
+    let gone = IpcHandle {
+        creator_ns_pid: 3_999_998,
+        ..decode(inner)
+    }
+    .encode();
+    let gone = CUipcMemHandle {
+        reserved: gone.map(|b| b as core::ffi::c_char),
+    };
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(gone, 1),
+        Err(CUresult::ERROR_INVALID_HANDLE)
+    );
+    assert!(b.rt.ipc.is_empty());
+    assert_eq!(b.rt.lock().objects().count(), 0, "nothing left by failures");
+    // Both handles name one allocation: one mapping at its base, counted twice.
+    let opened = b.rt.ipc_open_mem_handle(inner, 1).unwrap();
+    assert_eq!(b.rt.ipc_open_mem_handle(whole, 0).unwrap(), opened);
+    assert_eq!(b.rt.ipc.len(), 1);
+    assert_eq!(read(opened, requested), bytes);
+    assert_eq!(
+        b.rt.mem_address_range(opened + 100).unwrap(),
+        (opened, requested)
+    );
+    assert_eq!(
+        b.rt.mem_retain_any(opened),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    let rec = b.rt.inspect();
+    assert_eq!(rec.imports.len(), 1);
+    assert_eq!(rec.imports[0].creator_ns_pid, a.pid());
+    let access: Vec<(i32, u32)> = rec.mappings[0]
+        .access
+        .iter()
+        .map(|g| (g.location_id, g.flags))
+        .collect();
+    assert_eq!(
+        access,
+        [(0, 3), (1, 3)],
+        "the caller's device 1 and, with LAZY, the allocation's device 0"
+    );
+    assert!(rec.blockers.is_empty());
+    // Carried through suspend/resume: same address, the creator's bytes, writes both ways.
+    let g = Group {
+        procs: vec![a, b],
+        regions: vec![
+            (0, base, requested, bytes.clone()),
+            (1, opened, requested, bytes),
+        ],
+        links: vec![(base, opened)],
+    };
+    let before: Vec<_> = g.procs.iter().map(|p| p.rt.inspect()).collect();
+    suspend_and_resume(&g);
+    let after: Vec<_> = g.procs.iter().map(|p| p.rt.inspect()).collect();
+    assert_eq!(after, before);
+    check_contents(&g);
+    let fresh = pattern(10, requested);
+    write(opened, &fresh);
+    assert_eq!(read(base, requested), fresh);
+    let b = &g.procs[1];
+    // The first close keeps the mapping, the last unmaps it and frees the range.
+    assert_eq!(b.rt.ipc_close_mem_handle(opened), Ok(()));
+    assert_eq!(read(opened, 16), fresh[..16]);
+    assert_eq!(b.rt.ipc_close_mem_handle(opened), Ok(()));
+    assert!(b.rt.ipc.is_empty());
+    let rec = b.rt.inspect();
+    assert!(rec.imports.is_empty() && rec.mappings.is_empty() && rec.reservations.is_empty());
+    assert_eq!(b.rt.lock().objects().count(), 0);
+}

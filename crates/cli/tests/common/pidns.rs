@@ -65,7 +65,8 @@ impl PidnsGroup {
             .stderr(log);
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let mut launcher = command.spawn().expect("starting the launcher");
-        testkit::wire::wait_listening(&dir.join(format!("{}.sock", n - 1)), READY_TIMEOUT, || {
+        // Rank 0 listens once every rank is up.
+        testkit::wire::wait_listening(&dir.join("0.sock"), READY_TIMEOUT, || {
             matches!(launcher.try_wait(), Ok(None))
         })
         .unwrap_or_else(|e| {
@@ -87,6 +88,9 @@ impl PidnsGroup {
     fn attach(&mut self) {
         self.ranks = (0..self.n)
             .map(|r| {
+                let socket = self.dir.join(format!("{r}.sock"));
+                testkit::wire::wait_listening(&socket, READY_TIMEOUT, || true)
+                    .unwrap_or_else(|e| panic!("rank {r} does not listen: {e}"));
                 Workload::attach(
                     format!("rank{r}"),
                     self.dir.join(format!("{r}.sock")),
