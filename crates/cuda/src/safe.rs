@@ -92,6 +92,15 @@ impl DriverTable {
         unsafe { self.cuDevicePrimaryCtxRelease_v2(device) }
     }
 
+    /// `cuCtxDestroy`.
+    // The context is an opaque handle: passed by value, never dereferenced on this side; the
+    // driver validates it.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn ctx_destroy(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the context is passed by value, never dereferenced here; the driver checks it.
+        unsafe { self.cuCtxDestroy_v2(ctx) }
+    }
+
     /// `cuCtxGetCurrent`.
     pub fn ctx_current(&self) -> Result<CUcontext> {
         let mut ctx: CUcontext = core::ptr::null_mut();

@@ -46,6 +46,9 @@ pub struct IpcOpen {
     pub backing: u64,
     /// Opens not yet closed.
     pub opens: u32,
+    /// The context current at the first open (its address): its teardown unmaps the mapping,
+    /// as the driver's does (`contexts.rs`).
+    pub ctx: usize,
 }
 
 /// The open virtual IPC handles by base address. Its lock is never held across a driver call,
@@ -74,6 +77,20 @@ impl IpcOpens {
             .find(|(_, o)| o.creator_ns_pid == creator_ns_pid && o.id == id)?;
         o.opens = o.opens.saturating_add(1);
         Some(base)
+    }
+
+    /// Takes out every open made in context `ctx`: `(base, open)`.
+    pub(crate) fn take_context(&self, ctx: usize) -> Vec<(CUdeviceptr, IpcOpen)> {
+        let mut map = self.lock();
+        let bases: Vec<CUdeviceptr> = map
+            .iter()
+            .filter(|(_, o)| o.ctx == ctx)
+            .map(|(&b, _)| b)
+            .collect();
+        bases
+            .into_iter()
+            .filter_map(|b| map.remove(&b).map(|o| (b, o)))
+            .collect()
     }
 
     /// How many distinct handles are open.
@@ -145,6 +162,7 @@ impl Runtime {
         })?;
         // INVALID_CONTEXT (or NOT_INITIALIZED) without a current context: the driver's code.
         let device = self.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = self.real.ctx_current().map_err(|e| e.result)? as usize;
         if virt.creator_ns_pid == self.config.ns_pid {
             // r580 refuses to open a handle in the process that made it, with this code.
             return Err(CUresult::ERROR_INVALID_CONTEXT);
@@ -228,6 +246,7 @@ impl Runtime {
                 requested: virt.requested,
                 backing: virt.backing,
                 opens: 1,
+                ctx,
             },
         );
         Ok(base)

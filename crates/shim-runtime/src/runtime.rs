@@ -92,6 +92,8 @@ pub struct Runtime {
     pub(crate) owned: crate::owned_alloc::OwnedAllocs,
     /// The virtual legacy IPC handles opened here (ipc.rs).
     pub(crate) ipc: crate::ipc::IpcOpens,
+    /// The application's primary context references (contexts.rs).
+    pub(crate) primary: crate::contexts::PrimaryRefs,
 }
 
 impl Runtime {
@@ -116,6 +118,7 @@ impl Runtime {
             tool_connections: AtomicUsize::new(0),
             owned: crate::owned_alloc::OwnedAllocs::default(),
             ipc: crate::ipc::IpcOpens::default(),
+            primary: crate::contexts::PrimaryRefs::default(),
         })
     }
 

@@ -1283,3 +1283,51 @@ fn owned_memory_is_opened_through_virtual_ipc_handles() {
     assert!(rec.imports.is_empty() && rec.mappings.is_empty() && rec.reservations.is_empty());
     assert_eq!(b.rt.lock().objects().count(), 0);
 }
+
+/// Context teardown: owned cuMemAlloc memory and IPC mappings made in a context go with it (a
+/// destroyed context, the last counted release of a primary context), and only then.
+#[test]
+fn owned_memory_and_ipc_mappings_go_with_their_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let in_primary = || crate::Real {
+        cuCtxGetCurrent: testdriver::ctx_get_primary,
+        cuCtxDestroy_v2: testdriver::ctx_destroy_ok,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), in_primary());
+    let b = Proc::with_driver(dir.path(), in_primary());
+    let primary = a.rt.primary_ctx_retain(0).unwrap();
+    assert_eq!(primary as usize, 8);
+    b.rt.primary_ctx_retain(0).unwrap();
+    b.rt.primary_ctx_retain(0).unwrap();
+    let base = a.rt.mem_alloc(MB2).unwrap();
+    let kept = a.rt.mem_alloc(MB2).unwrap();
+    let handle = a.rt.ipc_get_mem_handle(base).unwrap();
+    let opened = b.rt.ipc_open_mem_handle(handle, 1).unwrap();
+    // Destroying another context frees nothing of this one.
+    a.rt.ctx_destroy(0x1234 as CUcontext).unwrap();
+    assert_eq!(a.rt.owned.len(), 2);
+    // One of two releases in the opener: still mapped; the last one closes the mapping.
+    b.rt.primary_ctx_release(0).unwrap();
+    assert_eq!(b.rt.ipc.len(), 1);
+    assert_eq!(read(opened, 4), read(base, 4));
+    b.rt.primary_ctx_release(0).unwrap();
+    assert!(b.rt.ipc.is_empty());
+    assert!(fake().read(opened, 1).is_none(), "unmapped in the opener");
+    let rec = b.rt.inspect();
+    assert!(rec.imports.is_empty() && rec.mappings.is_empty() && rec.reservations.is_empty());
+    // A release the shim did not see retained frees nothing.
+    b.rt.primary_ctx_release(0).unwrap();
+    // The creator's last release frees both allocations, records and driver memory.
+    assert_eq!(a.rt.owned.containing(kept).map(|(b, _)| b), Some(kept));
+    a.rt.primary_ctx_release(0).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert_eq!(a.rt.lock().objects().count(), 0);
+    assert!(a.rt.inspect().reservations.is_empty());
+    assert!(fake().read(base, 1).is_none());
+    // cuCtxDestroy of the context current at the allocation frees it too.
+    let again = a.rt.mem_alloc(MB2).unwrap();
+    a.rt.ctx_destroy(primary).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert!(fake().read(again, 1).is_none());
+}
