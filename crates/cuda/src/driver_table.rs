@@ -74,6 +74,8 @@ interposer_table! {
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
         cuCtxDestroy_v2 = cuCtxDestroy @ 12000 (ctx: CUcontext);
+        cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
+        cuCtxDisablePeerAccess(peer: CUcontext);
         cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
         cuMemFree_v2 = cuMemFree @ 12000 (dptr: CUdeviceptr);
         cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (

@@ -80,6 +80,15 @@ impl OwnedAllocs {
         self.lock().is_empty()
     }
 
+    /// The allocations made in context `ctx`: `(base, allocation)`.
+    pub(crate) fn of_context(&self, ctx: usize) -> Vec<(CUdeviceptr, OwnedAlloc)> {
+        self.lock()
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx)
+            .map(|(&b, &a)| (b, a))
+            .collect()
+    }
+
     /// Takes out every allocation made in context `ctx`: `(base, allocation)`.
     pub(crate) fn take_context(&self, ctx: usize) -> Vec<(CUdeviceptr, OwnedAlloc)> {
         let mut map = self.lock();
@@ -153,11 +162,13 @@ impl Runtime {
             self.undo_alloc(handle, Some((base, backing)), false);
             return Err(e);
         }
-        let access = CUmemAccessDesc {
-            location: prop.location,
-            flags: access_flags::PROT_READWRITE,
-        };
-        if let Err(e) = self.mem_set_access(base, backing, &[access]) {
+        // The context's device, and the devices of the peer contexts it enabled access to, which
+        // reach cuMemAlloc memory implicitly (contexts.rs).
+        let access: Vec<CUmemAccessDesc> = std::iter::once(device)
+            .chain(self.peers.of(ctx).into_iter().filter(|&d| d != device))
+            .map(|d| crate::contexts::device_access(d, access_flags::PROT_READWRITE))
+            .collect();
+        if let Err(e) = self.mem_set_access(base, backing, &access) {
             self.undo_alloc(handle, Some((base, backing)), true);
             return Err(e);
         }

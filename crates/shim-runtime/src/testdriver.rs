@@ -691,3 +691,19 @@ pub unsafe extern "C" fn ctx_get_primary(c: *mut CUcontext) -> CUresult {
 pub unsafe extern "C" fn ctx_destroy_ok(_: CUcontext) -> CUresult {
     OK
 }
+
+/// `cuDevicePrimaryCtxRetain` handing out `8 + device`: one primary context per device.
+pub unsafe extern "C" fn primary_retain_per_device(c: *mut CUcontext, dev: CUdevice) -> CUresult {
+    unsafe { c.write((8 + dev as usize) as CUcontext) };
+    OK
+}
+
+/// `cuCtxEnablePeerAccess` that succeeds.
+pub unsafe extern "C" fn peer_enable_ok(_: CUcontext, _: c_uint) -> CUresult {
+    OK
+}
+
+/// `cuCtxDisablePeerAccess` that succeeds.
+pub unsafe extern "C" fn peer_disable_ok(_: CUcontext) -> CUresult {
+    OK
+}

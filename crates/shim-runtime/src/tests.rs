@@ -1331,3 +1331,60 @@ fn owned_memory_and_ipc_mappings_go_with_their_context() {
     assert!(a.rt.owned.is_empty());
     assert!(fake().read(again, 1).is_none());
 }
+
+/// Peer access: an enabled peer device is granted access to the context's owned allocations made
+/// before and after the enable, the grants are rebuilt by a suspend/resume, and the disable takes
+/// them back; a peer context the shim cannot place changes nothing.
+#[test]
+fn peer_access_is_granted_on_owned_memory_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuCtxGetCurrent: testdriver::ctx_get_primary,
+            cuDevicePrimaryCtxRetain: testdriver::primary_retain_per_device,
+            cuCtxEnablePeerAccess: testdriver::peer_enable_ok,
+            cuCtxDisablePeerAccess: testdriver::peer_disable_ok,
+            ..testdriver::real()
+        },
+    );
+    let own = p.rt.primary_ctx_retain(0).unwrap();
+    let peer = p.rt.primary_ctx_retain(1).unwrap();
+    assert_eq!((own as usize, peer as usize), (8, 9));
+    let devices_at = |va: u64| -> Vec<i32> {
+        let rec = p.rt.inspect();
+        let m = rec.mappings.iter().find(|m| m.address == va).unwrap();
+        m.access.iter().map(|a| a.location_id).collect()
+    };
+    let before = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_at(before), [0]);
+    // Unknown peer context: the driver's success stands, nothing granted.
+    p.rt.ctx_enable_peer_access(0x4444 as CUcontext, 0).unwrap();
+    assert_eq!(devices_at(before), [0]);
+    p.rt.ctx_enable_peer_access(peer, 0).unwrap();
+    assert_eq!(devices_at(before), [0, 1], "granted at the enable");
+    let after = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_at(after), [0, 1], "granted at the allocation");
+    let bytes = pattern(3, MB2);
+    write(after, &bytes);
+    let g = Group {
+        procs: vec![p],
+        regions: vec![(0, after, MB2, bytes)],
+        links: Vec::new(),
+    };
+    let recorded = g.procs[0].rt.inspect();
+    suspend_and_resume(&g);
+    assert_eq!(g.procs[0].rt.inspect(), recorded, "the grants are rebuilt");
+    check_contents(&g);
+    let p = &g.procs[0];
+    p.rt.ctx_disable_peer_access(peer).unwrap();
+    let devices_now = |va: u64| -> Vec<i32> {
+        let rec = p.rt.inspect();
+        let m = rec.mappings.iter().find(|m| m.address == va).unwrap();
+        m.access.iter().map(|a| a.location_id).collect()
+    };
+    assert_eq!(devices_now(before), [0]);
+    assert_eq!(devices_now(after), [0]);
+    let later = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_now(later), [0], "no grant after the disable");
+}

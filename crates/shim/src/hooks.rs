@@ -301,6 +301,25 @@ pub(crate) unsafe fn cuCtxDestroy_v2(real: &'static DriverTable, ctx: CUcontext)
     dispatch!(real.cuCtxDestroy_v2(ctx), |rt| done(rt.ctx_destroy(ctx)))
 }
 
+pub(crate) unsafe fn cuCtxEnablePeerAccess(
+    real: &'static DriverTable,
+    peer: CUcontext,
+    flags: c_uint,
+) -> CUresult {
+    dispatch!(real.cuCtxEnablePeerAccess(peer, flags), |rt| done(
+        rt.ctx_enable_peer_access(peer, flags)
+    ))
+}
+
+pub(crate) unsafe fn cuCtxDisablePeerAccess(
+    real: &'static DriverTable,
+    peer: CUcontext,
+) -> CUresult {
+    dispatch!(real.cuCtxDisablePeerAccess(peer), |rt| done(
+        rt.ctx_disable_peer_access(peer)
+    ))
+}
+
 pub(crate) unsafe fn cuMemAlloc_v2(
     real: &'static DriverTable,
     dptr: *mut CUdeviceptr,
