@@ -353,7 +353,14 @@ PY
     rm -rf "$ckpt" "$b"
 }
 if wants ipc; then
-    log "legacy CUDA IPC served by the shims: PyTorch default allocator, CuPy ipcGetMemHandle"
+    log "legacy CUDA IPC served by the shims: demo, PyTorch default allocator, CuPy ipcGetMemHandle"
+    for sharing in legacy-ipc private; do
+        if timeout 300 "$bin/cuinterpose" demo --sharing "$sharing" >"$logs/ipc-demo-$sharing.txt" 2>"$logs/ipc-demo-$sharing.err"; then
+            row "demo --sharing $sharing" "-" "$(tail -1 "$logs/ipc-demo-$sharing.txt")" ok
+        else
+            row "demo --sharing $sharing" "-" "$(tail -2 "$logs/ipc-demo-$sharing.err" | tr '\n\t' '  ')" FAIL
+        fi
+    done
     # PyTorch's own allocator (PYTORCH_CUDA_ALLOC_CONF unset: torch_share.py --allocator default
     # removes it): the tensor travels as legacy IPC, with its IPC event (left native).
     unset PYTORCH_CUDA_ALLOC_CONF

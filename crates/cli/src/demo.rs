@@ -7,6 +7,13 @@
 //! namespace (`cuinterpose run --pid-namespace`), checkpointed with CRIU, shown to be gone,
 //! restored into new processes and verified the same way.
 //!
+//! `--sharing` picks how the memory is made and shared: `vmm` (the default: `cuMemCreate` and POSIX
+//! descriptors, each importer mapping its neighbour's allocation), `legacy-ipc` (`cuMemAlloc`, the
+//! neighbour opening it with `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`, served by the shims) or
+//! `private` (`cuMemAlloc` memory that no other process sees; each process checks its own).
+//! `legacy-ipc` and `private` run the group with `CUINTERPOSE_ALLOC=vmm`, so the shim owns that
+//! memory whatever the caller's environment says.
+//!
 //! It runs on the GPU when the machine has one, otherwise on the bundled fake driver, and says which.
 
 use crate::output::{bytes, print_phases};
@@ -43,12 +50,48 @@ pub struct DemoArgs {
     /// The CRIU binary for --to-disk
     #[arg(long, requires = "to_disk")]
     criu: Option<PathBuf>,
+    /// How the group's memory is made and shared: VMM descriptors (cuMemCreate), legacy CUDA IPC
+    /// (cuMemAlloc and cuIpcOpenMemHandle), or private cuMemAlloc memory shared with nobody
+    #[arg(long, value_enum, default_value_t = Sharing::Vmm)]
+    sharing: Sharing,
+}
+
+/// How the demo group's memory is made and shared (`--sharing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Sharing {
+    /// cuMemCreate, exported as POSIX descriptors and imported by the next rank.
+    Vmm,
+    /// cuMemAlloc, opened by the next rank through legacy CUDA IPC.
+    LegacyIpc,
+    /// cuMemAlloc, used by its own rank only.
+    Private,
+}
+
+impl Sharing {
+    /// The environment the group's processes need: the shim owns `cuMemAlloc` memory for the
+    /// modes built on it.
+    fn env(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Sharing::Vmm => None,
+            Sharing::LegacyIpc | Sharing::Private => Some(("CUINTERPOSE_ALLOC", "vmm")),
+        }
+    }
+
+    /// The rank that reads and writes rank `creator`'s memory in a group of `n`.
+    fn peer(self, creator: usize, n: usize) -> usize {
+        match self {
+            Sharing::Vmm | Sharing::LegacyIpc => (creator + 1) % n,
+            Sharing::Private => creator,
+        }
+    }
 }
 
 /// What the demo proved, for `--json`.
 #[derive(Debug, serde::Serialize)]
 struct DemoReport {
     driver: String,
+    sharing: Sharing,
     processes: usize,
     bytes_per_process: u64,
     group_memory_before: u64,
@@ -80,9 +123,14 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     };
     if !args.json {
         println!(
-            "cuinterpose demo on the {driver_name}: {} processes, {} shared by each",
+            "cuinterpose demo on the {driver_name}: {} processes, {} {} by each",
             args.processes,
-            bytes(size)
+            bytes(size),
+            match args.sharing {
+                Sharing::Vmm => "shared through VMM descriptors",
+                Sharing::LegacyIpc => "shared through legacy CUDA IPC",
+                Sharing::Private => "held privately",
+            }
         );
     }
 
@@ -90,13 +138,13 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     if args.to_disk {
         return demo_to_disk(&args, config, &env, &driver, driver_name, on_gpu, size);
     }
-    let group = Group::tree(
-        &env,
-        args.processes,
-        WorkloadOptions::new("demo").shim(true),
-    )
-    .context("starting the workload group")?;
-    group.ring(size).context("sharing memory around the ring")?;
+    let mut options = WorkloadOptions::new("demo").shim(true);
+    if let Some((key, value)) = args.sharing.env() {
+        options = options.env(key, value);
+    }
+    let group =
+        Group::tree(&env, args.processes, options).context("starting the workload group")?;
+    ring(group.members(), size, args.sharing).context("sharing memory around the ring")?;
     let root = group[0].pid();
     for (rank, w) in group.members().iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
@@ -116,7 +164,8 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     resume_options.driver = suspend_options.driver.clone();
     let resumed = capture::resume(&resume_options, &progress).context("resume")?;
 
-    let verified = verify_after(group.members(), "resume").context("verifying after resume")?;
+    let verified =
+        verify_after(group.members(), "resume", args.sharing).context("verifying after resume")?;
     if !on_gpu && during != 0 {
         bail!(
             "the suspended group still holds {} of device memory",
@@ -125,6 +174,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     }
     let report = DemoReport {
         driver: driver_name,
+        sharing: args.sharing,
         processes: args.processes,
         bytes_per_process: size,
         group_memory_before: before,
@@ -207,23 +257,29 @@ fn seed(rank: usize, round: u64) -> u64 {
 }
 
 /// Contents survived, and sharing is alive both ways: each importer sees the creator's bytes, then
-/// writes new ones that the creator sees.
-fn verify_after(group: &[Workload], what: &str) -> anyhow::Result<Vec<String>> {
+/// writes new ones that the creator sees (for private memory the creator is its own reader).
+fn verify_after(group: &[Workload], what: &str, sharing: Sharing) -> anyhow::Result<Vec<String>> {
     let n = group.len();
     let mut checks = Vec::new();
     for creator in 0..n {
-        let importer = (creator + 1) % n;
+        let importer = sharing.peer(creator, n);
         let region = format!("a{creator}");
         group[creator].assert_pattern(&region, seed(creator, 1))?;
-        group[importer].assert_pattern(&region, seed(creator, 1))?;
-        checks.push(format!(
-            "{region}: contents kept in creator rank {creator} and importer rank {importer}"
-        ));
+        if importer == creator {
+            checks.push(format!("{region}: contents kept in rank {creator}"));
+        } else {
+            group[importer].assert_pattern(&region, seed(creator, 1))?;
+            checks.push(format!(
+                "{region}: contents kept in creator rank {creator} and importer rank {importer}"
+            ));
+        }
         group[importer].ok(&format!("fill {region} {}", seed(creator, 2)))?;
         group[creator].assert_pattern(&region, seed(creator, 2))?;
-        checks.push(format!(
-            "{region}: a write by rank {importer} after {what} is seen by rank {creator}"
-        ));
+        checks.push(if importer == creator {
+            format!("{region}: rank {creator} reads back what it wrote after {what}")
+        } else {
+            format!("{region}: a write by rank {importer} after {what} is seen by rank {creator}")
+        });
     }
     Ok(checks)
 }
@@ -232,6 +288,7 @@ fn verify_after(group: &[Workload], what: &str) -> anyhow::Result<Vec<String>> {
 #[derive(Debug, serde::Serialize)]
 struct DiskDemoReport {
     driver: String,
+    sharing: Sharing,
     processes: usize,
     bytes_per_process: u64,
     group_memory_before: u64,
@@ -259,9 +316,9 @@ fn demo_to_disk(
     size: u64,
 ) -> anyhow::Result<()> {
     let listen = env.socket_dir().join("disk");
-    let mut launched = launch_tree(env, &listen, args.processes)?;
+    let mut launched = launch_tree(env, &listen, args.processes, args.sharing)?;
     let ranks = attach_ranks(&listen, args.processes)?;
-    ring(&ranks, size).context("sharing memory around the ring")?;
+    ring(&ranks, size, args.sharing).context("sharing memory around the ring")?;
     for (rank, w) in ranks.iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
     }
@@ -314,7 +371,8 @@ fn demo_to_disk(
     .context("restore from disk")?;
     launched.restored = Some(restore.root);
     let ranks = attach_ranks(&listen, args.processes)?;
-    let verified = verify_after(&ranks, "restore").context("verifying after the restore")?;
+    let verified =
+        verify_after(&ranks, "restore", args.sharing).context("verifying after the restore")?;
     let restored = device_memory_used(driver)?;
     if !on_gpu {
         ensure!(
@@ -331,6 +389,7 @@ fn demo_to_disk(
     }
     let report = DiskDemoReport {
         driver: driver_name,
+        sharing: args.sharing,
         processes: args.processes,
         bytes_per_process: size,
         group_memory_before: before,
@@ -380,7 +439,12 @@ impl Drop for Launched {
 
 /// `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes N ...`, every rank
 /// on device 0; waits until rank 0 (which waits for the others) answers.
-fn launch_tree(env: &Launcher, listen: &Path, processes: usize) -> anyhow::Result<Launched> {
+fn launch_tree(
+    env: &Launcher,
+    listen: &Path,
+    processes: usize,
+    sharing: Sharing,
+) -> anyhow::Result<Launched> {
     let me = std::env::current_exe().context("finding this executable")?;
     let program = &env.programs().workload;
     ensure!(
@@ -393,6 +457,7 @@ fn launch_tree(env: &Launcher, listen: &Path, processes: usize) -> anyhow::Resul
         .with_context(|| format!("creating {}", log_path.display()))?;
     // The shim comes from `run` itself; stdio goes to files (CRIU restores no terminal).
     let mut command = env.command(&me, false)?;
+    command.envs(sharing.env());
     command
         .arg("run")
         .arg("--pid-namespace")
@@ -438,9 +503,45 @@ fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>
         .collect()
 }
 
-/// The ring of [`Group::ring`] on attached ranks: rank `i` creates `a<i>` and shares it with
-/// rank `(i + 1) % n`, which imports and maps it.
-fn ring(ranks: &[Workload], size: u64) -> anyhow::Result<()> {
+/// The group's memory: rank `i` makes `a<i>` and, unless it is private, shares it with rank
+/// `(i + 1) % n`, which maps it as `a<i>` too.
+fn ring(ranks: &[Workload], size: u64, sharing: Sharing) -> anyhow::Result<()> {
+    match sharing {
+        Sharing::Vmm => vmm_ring(ranks, size),
+        Sharing::LegacyIpc => ipc_ring(ranks, size),
+        Sharing::Private => {
+            for (i, w) in ranks.iter().enumerate() {
+                w.ok(&format!("malloc a{i} {size}"))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Legacy IPC around the ring: rank `i` allocates `a<i>` with `cuMemAlloc` and sends its
+/// `cuIpcGetMemHandle` to rank `(i + 1) % n`, which opens it as region `a<i>`.
+fn ipc_ring(ranks: &[Workload], size: u64) -> anyhow::Result<()> {
+    let n = ranks.len();
+    for (i, w) in ranks.iter().enumerate() {
+        w.all_ok(&[
+            &format!("malloc a{i} {size}"),
+            &format!("ipc-get h{i} a{i}"),
+        ])?;
+    }
+    for (i, creator) in ranks.iter().enumerate() {
+        let to = &ranks[(i + 1) % n];
+        creator.ok(&format!("send-ipc h{i} --to {}", to.socket().display()))?;
+        to.all_ok(&[
+            &format!("wait ipc h{i}"),
+            &format!("ipc-open a{i} --blob h{i}"),
+        ])?;
+    }
+    Ok(())
+}
+
+/// VMM descriptors around the ring (as [`Group::ring`] on attached ranks): rank `i` creates `a<i>`
+/// and shares it with rank `(i + 1) % n`, which imports and maps it.
+fn vmm_ring(ranks: &[Workload], size: u64) -> anyhow::Result<()> {
     let n = ranks.len();
     for (i, w) in ranks.iter().enumerate() {
         w.all_ok(&[

@@ -345,3 +345,69 @@ fn with_the_native_setting_legacy_ipc_is_the_drivers_and_refused() {
     resume(&env, tree.root()).ok();
     ok(a, &["malloc n 2M", "fill n 82"]);
 }
+
+/// `cuinterpose demo --sharing MODE --json` (and with `--to-disk`): the group's memory made that
+/// way, carried by the shims (4 MiB per process), none held while suspended or after the dump,
+/// and verified afterwards: for legacy IPC by the creator and the process that opened it, for
+/// private memory by its own process.
+fn demo_with(sharing: &str, to_disk: bool) {
+    let env = env();
+    let mut args = vec!["demo", "--sharing", sharing, "--size", "4194304", "--json"];
+    if to_disk {
+        args.push("--to-disk");
+    }
+    let criu = pidns::criu();
+    // A caller's CUINTERPOSE_ALLOC=native does not change what the demo shows.
+    let run = tool_with(
+        &env,
+        &args,
+        &[
+            ("CUINTERPOSE_CRIU", criu.to_str().expect("utf-8 path")),
+            (ALLOC, "native"),
+        ],
+    );
+    let report = run.ok().json();
+    assert_eq!(report["sharing"], sharing, "{}", run.describe());
+    assert_eq!(report["group_memory_before"], 8 * MIB, "{}", run.describe());
+    let verified: Vec<String> = report["verified"]
+        .as_array()
+        .expect("verified")
+        .iter()
+        .map(|v| v.as_str().expect("a check").to_string())
+        .collect();
+    assert_eq!(verified.len(), 4, "{verified:?}");
+    let first = if sharing == "private" {
+        "a0: contents kept in rank 0"
+    } else {
+        "a0: contents kept in creator rank 0 and importer rank 1"
+    };
+    assert_eq!(verified[0], first, "{verified:?}");
+    if to_disk {
+        assert_eq!(report["checkpoint"]["shared_bytes"], 8 * MIB, "{report}");
+        assert_eq!(report["group_memory_checkpointed"], 0, "{report}");
+        assert_eq!(report["group_memory_restored"], 8 * MIB, "{report}");
+    } else {
+        assert_eq!(report["suspend"]["shared_bytes"], 8 * MIB, "{report}");
+        assert_eq!(report["group_memory_suspended"], 0, "{report}");
+    }
+}
+
+#[test]
+fn demo_sharing_legacy_ipc() {
+    demo_with("legacy-ipc", false);
+}
+
+#[test]
+fn demo_sharing_legacy_ipc_to_disk() {
+    demo_with("legacy-ipc", true);
+}
+
+#[test]
+fn demo_sharing_private() {
+    demo_with("private", false);
+}
+
+#[test]
+fn demo_sharing_private_to_disk() {
+    demo_with("private", true);
+}

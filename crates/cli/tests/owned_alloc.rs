@@ -199,3 +199,44 @@ fn inspect_lists_the_device_memory_left_to_the_drivers_checkpoint() {
     let (list, _) = unowned(&env, tree.root());
     assert!(list.is_empty(), "{list:?}");
 }
+
+/// `cuCtxEnablePeerAccess` reaches cuMemAlloc memory implicitly; on owned memory the shim grants
+/// the peer device access to the context's allocations made before and after the enable, the
+/// grants survive a suspend/resume, and the disable takes them back.
+#[test]
+fn peer_access_reaches_owned_cu_mem_alloc_memory_before_and_after_a_suspend() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a")]);
+    let a = tree.w("a");
+    let access = |region: &str| -> String {
+        let r = a
+            .ok(&format!("get-access {region} --device 1"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        r.str("access").expect("access").to_string()
+    };
+    ok(a, &["malloc m 2M", "fill m 21"]);
+    assert_eq!(access("m"), "none", "device 1 before any peer access");
+    ok(a, &["peer-access enable 1", "malloc n 2M", "fill n 22"]);
+    assert_eq!(access("m"), "rw", "granted at the enable");
+    assert_eq!(access("n"), "rw", "granted at the allocation");
+    let run = suspend(&env, tree.root(), &[]);
+    assert_eq!(
+        run.ok().json()["shared_bytes"],
+        4 * MIB,
+        "{}",
+        run.describe()
+    );
+    resume(&env, tree.root()).ok();
+    assert_eq!(access("m"), "rw", "replayed at rebuild");
+    assert_eq!(access("n"), "rw", "replayed at rebuild");
+    ok(a, &["verify m 21", "verify n 22", "peer-access disable 1"]);
+    assert_eq!(access("m"), "none");
+    assert_eq!(access("n"), "none");
+    let twice = a.cmd("peer-access disable 1").expect("reply");
+    assert_eq!(
+        twice.code,
+        Some(705),
+        "CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: {}",
+        twice.outcome()
+    );
+}

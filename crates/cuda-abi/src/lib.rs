@@ -89,6 +89,8 @@ results! {
     ERROR_NOT_FOUND = 500, "named symbol not found";
     ERROR_NOT_READY = 600, "device not ready";
     ERROR_ILLEGAL_ADDRESS = 700, "an illegal memory access was encountered";
+    ERROR_PEER_ACCESS_ALREADY_ENABLED = 704, "peer access is already enabled";
+    ERROR_PEER_ACCESS_NOT_ENABLED = 705, "peer access has not been enabled";
     ERROR_PEER_ACCESS_UNSUPPORTED = 217, "peer access is not supported between these two devices";
     ERROR_CONTEXT_IS_DESTROYED = 709, "context is destroyed";
     ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, "part or all of the requested memory range is already mapped";

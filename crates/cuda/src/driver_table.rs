@@ -71,6 +71,11 @@ interposer_table! {
             os_handle: *mut c_void,
             handle_type: u32,
         );
+        cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
+        cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
+        cuCtxDestroy_v2 = cuCtxDestroy @ 12000 (ctx: CUcontext);
+        cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
+        cuCtxDisablePeerAccess(peer: CUcontext);
         cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
         cuMemFree_v2 = cuMemFree @ 12000 (dptr: CUdeviceptr);
         cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (
@@ -148,8 +153,6 @@ interposer_table! {
         cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice);
         cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
         cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice);
-        cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
-        cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
         cuCtxGetCurrent(ctx: *mut CUcontext);
         cuCtxSetCurrent(ctx: CUcontext);
         cuCtxSynchronize();

@@ -92,6 +92,30 @@ impl DriverTable {
         unsafe { self.cuDevicePrimaryCtxRelease_v2(device) }
     }
 
+    /// `cuCtxDestroy`.
+    // The context is an opaque handle: passed by value, never dereferenced on this side; the
+    // driver validates it.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn ctx_destroy(&self, ctx: CUcontext) -> Result<()> {
+        // SAFETY: the context is passed by value, never dereferenced here; the driver checks it.
+        unsafe { self.cuCtxDestroy_v2(ctx) }
+    }
+
+    /// `cuCtxEnablePeerAccess` from the current context to `peer`'s device.
+    // As for `ctx_destroy`: an opaque handle, never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn ctx_enable_peer_access(&self, peer: CUcontext, flags: u32) -> Result<()> {
+        // SAFETY: no pointer is dereferenced; the driver validates the context.
+        unsafe { self.cuCtxEnablePeerAccess(peer, flags) }
+    }
+
+    /// `cuCtxDisablePeerAccess`.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn ctx_disable_peer_access(&self, peer: CUcontext) -> Result<()> {
+        // SAFETY: as above.
+        unsafe { self.cuCtxDisablePeerAccess(peer) }
+    }
+
     /// `cuCtxGetCurrent`.
     pub fn ctx_current(&self) -> Result<CUcontext> {
         let mut ctx: CUcontext = core::ptr::null_mut();

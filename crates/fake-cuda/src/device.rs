@@ -61,6 +61,8 @@ pub(crate) struct Context {
     pub primary: bool,
     /// Primary: retain count (the context is usable while it is above zero). Explicit: 1.
     pub refs: u32,
+    /// Contexts this one enabled peer access to (`cuCtxEnablePeerAccess`).
+    pub peers: std::collections::BTreeSet<u64>,
 }
 
 #[derive(Debug)]
@@ -103,6 +105,7 @@ impl Contexts {
                         device,
                         primary: true,
                         refs: 0,
+                        peers: Default::default(),
                     },
                 )
             })
@@ -307,6 +310,13 @@ pub(crate) unsafe fn primary_ctx_retain(ctx: *mut CUcontext, dev: CUdevice) -> R
 /// Frees what a context owned when it goes away: its streams and `cuMemAlloc` memory.
 fn teardown(d: &mut Driver, id: u64) {
     d.contexts.streams.retain(|_, s| s.ctx != id);
+    // Peer access from and to it ends with it.
+    for c in d.contexts.contexts.values_mut() {
+        c.peers.remove(&id);
+    }
+    if let Some(c) = d.contexts.contexts.get_mut(&id) {
+        c.peers.clear();
+    }
     memory::legacy::free_context(d, id);
 }
 
@@ -348,6 +358,7 @@ pub(crate) unsafe fn ctx_create(ctx: *mut CUcontext, flags: c_uint, dev: CUdevic
                 device,
                 primary: false,
                 refs: 1,
+                peers: Default::default(),
             },
         );
         Ok(id)
@@ -387,6 +398,60 @@ pub(crate) fn ctx_destroy(ctx: CUcontext) -> Res {
         CURRENT.with(|c| c.set(0));
     }
     Ok(())
+}
+
+/// `cuCtxEnablePeerAccess` from the current context to `peer`'s. r580's codes: flags other than 0
+/// `INVALID_VALUE`; no current context, or a peer that is no live context, `INVALID_CONTEXT`; a
+/// peer on the current context's own device (which `cuDeviceCanAccessPeer` says it cannot
+/// access as a peer) `INVALID_DEVICE`; enabled already `PEER_ACCESS_ALREADY_ENABLED`. The fake
+/// keeps the state only: its memory is reachable from every device either way.
+pub(crate) fn ctx_enable_peer_access(peer: CUcontext, flags: c_uint) -> Res {
+    if flags != 0 {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let id = CURRENT.with(Cell::get);
+    let peer = ctx_id(peer).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    state::with(|d| {
+        let own = d.contexts.live(id).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        let other = d
+            .contexts
+            .live(peer)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        if own.device == other.device {
+            return Err(CUresult::ERROR_INVALID_DEVICE);
+        }
+        let c = d
+            .contexts
+            .contexts
+            .get_mut(&id)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        if !c.peers.insert(peer) {
+            return Err(CUresult::ERROR_PEER_ACCESS_ALREADY_ENABLED);
+        }
+        Ok(())
+    })
+}
+
+/// `cuCtxDisablePeerAccess`: `PEER_ACCESS_NOT_ENABLED` unless the current context enabled access
+/// to `peer`; `INVALID_CONTEXT` without a current context or for a peer that is no context.
+pub(crate) fn ctx_disable_peer_access(peer: CUcontext) -> Res {
+    let id = CURRENT.with(Cell::get);
+    let peer = ctx_id(peer).ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+    state::with(|d| {
+        d.contexts
+            .live(peer)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        let c = d
+            .contexts
+            .contexts
+            .get_mut(&id)
+            .filter(|c| c.refs > 0)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)?;
+        if !c.peers.remove(&peer) {
+            return Err(CUresult::ERROR_PEER_ACCESS_NOT_ENABLED);
+        }
+        Ok(())
+    })
 }
 
 pub(crate) fn ctx_set_current(ctx: CUcontext) -> Res {

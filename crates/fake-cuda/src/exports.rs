@@ -151,6 +151,9 @@ entry_points! {
             Err(code) => Err(code),
         };
     Gated cuCtxDestroy_v2(ctx: CUcontext) => device::ctx_destroy(ctx);
+    Gated cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint)
+        => device::ctx_enable_peer_access(peer, flags);
+    Gated cuCtxDisablePeerAccess(peer: CUcontext) => device::ctx_disable_peer_access(peer);
     Gated cuCtxSetCurrent(ctx: CUcontext) => device::ctx_set_current(ctx);
     Gated cuCtxGetCurrent(ctx: *mut CUcontext)
         => device::ctx_get_current(ctx);

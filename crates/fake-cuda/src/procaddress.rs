@@ -57,6 +57,11 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
         ],
     ),
     ("cuCtxDestroy", &[(4000, "cuCtxDestroy_v2")]),
+    ("cuCtxEnablePeerAccess", &[(4000, "cuCtxEnablePeerAccess")]),
+    (
+        "cuCtxDisablePeerAccess",
+        &[(4000, "cuCtxDisablePeerAccess")],
+    ),
     ("cuCtxSetCurrent", &[(4000, "cuCtxSetCurrent")]),
     ("cuCtxGetCurrent", &[(4000, "cuCtxGetCurrent")]),
     ("cuCtxGetDevice", &[(2000, "cuCtxGetDevice")]),

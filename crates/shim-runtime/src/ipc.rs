@@ -46,6 +46,9 @@ pub struct IpcOpen {
     pub backing: u64,
     /// Opens not yet closed.
     pub opens: u32,
+    /// The context current at the first open (its address): its teardown unmaps the mapping,
+    /// as the driver's does (`contexts.rs`).
+    pub ctx: usize,
 }
 
 /// The open virtual IPC handles by base address. Its lock is never held across a driver call,
@@ -74,6 +77,20 @@ impl IpcOpens {
             .find(|(_, o)| o.creator_ns_pid == creator_ns_pid && o.id == id)?;
         o.opens = o.opens.saturating_add(1);
         Some(base)
+    }
+
+    /// Takes out every open made in context `ctx`: `(base, open)`.
+    pub(crate) fn take_context(&self, ctx: usize) -> Vec<(CUdeviceptr, IpcOpen)> {
+        let mut map = self.lock();
+        let bases: Vec<CUdeviceptr> = map
+            .iter()
+            .filter(|(_, o)| o.ctx == ctx)
+            .map(|(&b, _)| b)
+            .collect();
+        bases
+            .into_iter()
+            .filter_map(|b| map.remove(&b).map(|o| (b, o)))
+            .collect()
     }
 
     /// How many distinct handles are open.
@@ -152,6 +169,7 @@ impl Runtime {
         })?;
         // INVALID_CONTEXT (or NOT_INITIALIZED) without a current context: the driver's code.
         let device = self.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = self.real.ctx_current().map_err(|e| e.result)? as usize;
         if virt.creator_ns_pid == self.config.ns_pid {
             // r580 refuses to open a handle in the process that made it, with this code.
             return Err(CUresult::ERROR_INVALID_CONTEXT);
@@ -235,6 +253,7 @@ impl Runtime {
                 requested: virt.requested,
                 backing: virt.backing,
                 opens: 1,
+                ctx,
             },
         );
         Ok(base)
@@ -251,7 +270,9 @@ impl Runtime {
     /// `cuIpcCloseMemHandle`: one open fewer of a virtual handle, unmapped and freed on the last;
     /// the driver's for any other address.
     pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
-        let backing = {
+        // The last open leaves the map before the unmap, so that a concurrent open of the same
+        // handle maps it anew instead of counting a mapping that is going away.
+        let last = {
             let mut opens = self.ipc.lock();
             match opens.get_mut(&dptr) {
                 None => {
@@ -262,13 +283,18 @@ impl Runtime {
                     o.opens -= 1;
                     return Ok(());
                 }
-                Some(o) => o.backing,
+                Some(_) => opens.remove(&dptr),
             }
         };
-        let size = usize::try_from(backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
-        // Unmapped first: on failure the open stays as it was, and the application may retry.
-        self.mem_unmap(dptr, size)?;
-        self.ipc.lock().remove(&dptr);
+        let Some(last) = last else {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        };
+        let size = usize::try_from(last.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+        if let Err(e) = self.mem_unmap(dptr, size) {
+            // Still mapped: the open stays as it was, and the application may retry.
+            self.ipc.lock().insert(dptr, last);
+            return Err(e);
+        }
         if let Err(e) = self.mem_address_free(dptr, size) {
             // The mapping is gone, which is what the application asked for.
             log_warn!("cuIpcCloseMemHandle: the range at {dptr:#x} was not freed: {e:?}");

@@ -16,8 +16,9 @@
 //! and in the test-only driver and tests.
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
-//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `unowned` (what
-//! device memory the shim does not own, counted), `exports` (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
+//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `contexts` (their
+//! teardown with their context), `unowned` (device memory the shim does not own, counted), `exports`
+//! (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
 //! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
 
 #![deny(unsafe_code)]
@@ -27,6 +28,7 @@
 )]
 
 pub mod config;
+pub mod contexts;
 pub mod copy;
 pub mod exports;
 pub mod fdutil;

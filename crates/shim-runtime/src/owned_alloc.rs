@@ -35,6 +35,9 @@ pub struct OwnedAlloc {
     pub requested: u64,
     /// The reserved and mapped size (the request rounded up to the granularity).
     pub backing: u64,
+    /// The context current at the allocation (its address): its teardown frees the memory, as
+    /// the driver frees a context's cuMemAlloc memory (`contexts.rs`).
+    pub ctx: usize,
 }
 
 /// The owned `cuMemAlloc` allocations by base address. Its lock is never held across a driver
@@ -77,6 +80,29 @@ impl OwnedAllocs {
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
+
+    /// The allocations made in context `ctx`: `(base, allocation)`.
+    pub(crate) fn of_context(&self, ctx: usize) -> Vec<(CUdeviceptr, OwnedAlloc)> {
+        self.lock()
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx)
+            .map(|(&b, &a)| (b, a))
+            .collect()
+    }
+
+    /// Takes out every allocation made in context `ctx`: `(base, allocation)`.
+    pub(crate) fn take_context(&self, ctx: usize) -> Vec<(CUdeviceptr, OwnedAlloc)> {
+        let mut map = self.lock();
+        let bases: Vec<CUdeviceptr> = map
+            .iter()
+            .filter(|(_, a)| a.ctx == ctx)
+            .map(|(&b, _)| b)
+            .collect();
+        bases
+            .into_iter()
+            .filter_map(|b| map.remove(&b).map(|a| (b, a)))
+            .collect()
+    }
 }
 
 /// The property of an owned allocation on `device`: pinned device memory exportable to a POSIX
@@ -108,6 +134,7 @@ impl Runtime {
         // Without a current context the driver answers INVALID_CONTEXT (or NOT_INITIALIZED):
         // its own code, unchanged.
         let device = self.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = self.real.ctx_current().map_err(|e| e.result)? as usize;
         // A driver that cannot say is taken as not supporting it: the creation then still works.
         let rdma = self
             .real
@@ -136,11 +163,13 @@ impl Runtime {
             self.undo_alloc(handle, Some((base, backing)), false);
             return Err(e);
         }
-        let access = CUmemAccessDesc {
-            location: prop.location,
-            flags: access_flags::PROT_READWRITE,
-        };
-        if let Err(e) = self.mem_set_access(base, backing, &[access]) {
+        // The context's device, and the devices of the peer contexts it enabled access to, which
+        // reach cuMemAlloc memory implicitly (contexts.rs).
+        let access: Vec<CUmemAccessDesc> = std::iter::once(device)
+            .chain(self.peers.of(ctx).into_iter().filter(|&d| d != device))
+            .map(|d| crate::contexts::device_access(d, access_flags::PROT_READWRITE))
+            .collect();
+        if let Err(e) = self.mem_set_access(base, backing, &access) {
             self.undo_alloc(handle, Some((base, backing)), true);
             return Err(e);
         }
@@ -154,6 +183,7 @@ impl Runtime {
             OwnedAlloc {
                 requested: bytes as u64,
                 backing: backing as u64,
+                ctx,
             },
         );
         Ok(base)

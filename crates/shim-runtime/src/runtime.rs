@@ -94,6 +94,10 @@ pub struct Runtime {
     pub(crate) unowned: crate::unowned::UnownedAllocs,
     /// The virtual legacy IPC handles opened here (ipc.rs).
     pub(crate) ipc: crate::ipc::IpcOpens,
+    /// The application's primary context references (contexts.rs).
+    pub(crate) primary: crate::contexts::PrimaryRefs,
+    /// Peer access enabled per context (contexts.rs).
+    pub(crate) peers: crate::contexts::PeerGrants,
 }
 
 impl Runtime {
@@ -119,6 +123,8 @@ impl Runtime {
             owned: crate::owned_alloc::OwnedAllocs::default(),
             unowned: crate::unowned::UnownedAllocs::default(),
             ipc: crate::ipc::IpcOpens::default(),
+            primary: crate::contexts::PrimaryRefs::default(),
+            peers: crate::contexts::PeerGrants::default(),
         })
     }
 

@@ -674,3 +674,36 @@ pub unsafe extern "C" fn create_scripted(
 
 /// The driver handles [`create_scripted`] made, in order.
 pub static CREATED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// `cuCtxGetDevice` answering device 1 (an IPC opener on another device than the creator's).
+pub unsafe extern "C" fn ctx_device_1(d: *mut CUdevice) -> CUresult {
+    unsafe { d.write(1) };
+    OK
+}
+
+/// `cuCtxGetCurrent` answering the primary context [`real`]'s retain hands out (8).
+pub unsafe extern "C" fn ctx_get_primary(c: *mut CUcontext) -> CUresult {
+    unsafe { c.write(8 as CUcontext) };
+    OK
+}
+
+/// `cuCtxDestroy` that succeeds.
+pub unsafe extern "C" fn ctx_destroy_ok(_: CUcontext) -> CUresult {
+    OK
+}
+
+/// `cuDevicePrimaryCtxRetain` handing out `8 + device`: one primary context per device.
+pub unsafe extern "C" fn primary_retain_per_device(c: *mut CUcontext, dev: CUdevice) -> CUresult {
+    unsafe { c.write((8 + dev as usize) as CUcontext) };
+    OK
+}
+
+/// `cuCtxEnablePeerAccess` that succeeds.
+pub unsafe extern "C" fn peer_enable_ok(_: CUcontext, _: c_uint) -> CUresult {
+    OK
+}
+
+/// `cuCtxDisablePeerAccess` that succeeds.
+pub unsafe extern "C" fn peer_disable_ok(_: CUcontext) -> CUresult {
+    OK
+}

@@ -1228,3 +1228,222 @@ fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
         assert_eq!(control.carrier.pinned(), 0);
     }
 }
+
+/// Legacy IPC of owned memory between two runtimes: the virtual handle, the opener's counted
+/// mapping at the allocation's base (with the LAZY flag, access for its own device and the
+/// allocation's), every refusal with the driver's code, and the mapping carried through a
+/// suspend/resume like a ticket import.
+#[test]
+fn owned_memory_is_opened_through_virtual_ipc_handles() {
+    use protocol::ipc::IpcHandle;
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let b = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuCtxGetDevice: testdriver::ctx_device_1,
+            ..testdriver::real()
+        },
+    );
+    let requested = 3 * (1 << 20) + 5;
+    let base = a.rt.mem_alloc(requested).unwrap();
+    let bytes = pattern(9, requested);
+    write(base, &bytes);
+    let decode = |h: CUipcMemHandle| IpcHandle::decode(&h.reserved.map(|c| c as u8)).unwrap();
+    let inner = a.rt.ipc_get_mem_handle(base + 4096).unwrap();
+    let whole = a.rt.ipc_get_mem_handle(base).unwrap();
+    assert_eq!(decode(inner).offset, 4096);
+    assert_eq!(decode(whole).offset, 0);
+    assert_eq!(decode(inner).creator_ns_pid, a.pid());
+    assert_eq!(decode(inner).backing, 2 * MB2 as u64);
+    // Nothing recorded at export, no blocker.
+    assert!(a.rt.inspect().blockers.is_empty());
+    // Refusals: flags other than LAZY, a malformed handle, the creator's own open.
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(inner, 2),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    let mut garbled = inner;
+    garbled.reserved[20] ^= 1;
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(garbled, 1),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    assert_eq!(
+        a.rt.ipc_open_mem_handle(inner, 1),
+        Err(CUresult::ERROR_INVALID_CONTEXT)
+    );
+    // A creator that cannot be reached: the ticket import's code.
+    let gone = IpcHandle {
+        creator_ns_pid: 3_999_998,
+        ..decode(inner)
+    }
+    .encode();
+    let gone = CUipcMemHandle {
+        reserved: gone.map(|b| b as core::ffi::c_char),
+    };
+    assert_eq!(
+        b.rt.ipc_open_mem_handle(gone, 1),
+        Err(CUresult::ERROR_INVALID_HANDLE)
+    );
+    assert!(b.rt.ipc.is_empty());
+    assert_eq!(b.rt.lock().objects().count(), 0, "nothing left by failures");
+    // Both handles name one allocation: one mapping at its base, counted twice.
+    let opened = b.rt.ipc_open_mem_handle(inner, 1).unwrap();
+    assert_eq!(b.rt.ipc_open_mem_handle(whole, 0).unwrap(), opened);
+    assert_eq!(b.rt.ipc.len(), 1);
+    assert_eq!(read(opened, requested), bytes);
+    assert_eq!(
+        b.rt.mem_address_range(opened + 100).unwrap(),
+        (opened, requested)
+    );
+    assert_eq!(
+        b.rt.mem_retain_any(opened),
+        Err(CUresult::ERROR_INVALID_VALUE)
+    );
+    let rec = b.rt.inspect();
+    assert_eq!(rec.imports.len(), 1);
+    assert_eq!(rec.imports[0].creator_ns_pid, a.pid());
+    let access: Vec<(i32, u32)> = rec.mappings[0]
+        .access
+        .iter()
+        .map(|g| (g.location_id, g.flags))
+        .collect();
+    assert_eq!(
+        access,
+        [(0, 3), (1, 3)],
+        "the caller's device 1 and, with LAZY, the allocation's device 0"
+    );
+    assert!(rec.blockers.is_empty());
+    // Carried through suspend/resume: same address, the creator's bytes, writes both ways.
+    let g = Group {
+        procs: vec![a, b],
+        regions: vec![
+            (0, base, requested, bytes.clone()),
+            (1, opened, requested, bytes),
+        ],
+        links: vec![(base, opened)],
+    };
+    let before: Vec<_> = g.procs.iter().map(|p| p.rt.inspect()).collect();
+    suspend_and_resume(&g);
+    let after: Vec<_> = g.procs.iter().map(|p| p.rt.inspect()).collect();
+    assert_eq!(after, before);
+    check_contents(&g);
+    let fresh = pattern(10, requested);
+    write(opened, &fresh);
+    assert_eq!(read(base, requested), fresh);
+    let b = &g.procs[1];
+    // The first close keeps the mapping, the last unmaps it and frees the range.
+    assert_eq!(b.rt.ipc_close_mem_handle(opened), Ok(()));
+    assert_eq!(read(opened, 16), fresh[..16]);
+    assert_eq!(b.rt.ipc_close_mem_handle(opened), Ok(()));
+    assert!(b.rt.ipc.is_empty());
+    let rec = b.rt.inspect();
+    assert!(rec.imports.is_empty() && rec.mappings.is_empty() && rec.reservations.is_empty());
+    assert_eq!(b.rt.lock().objects().count(), 0);
+}
+
+/// Context teardown: owned cuMemAlloc memory and IPC mappings made in a context go with it (a
+/// destroyed context, the last counted release of a primary context), and only then.
+#[test]
+fn owned_memory_and_ipc_mappings_go_with_their_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let in_primary = || crate::Real {
+        cuCtxGetCurrent: testdriver::ctx_get_primary,
+        cuCtxDestroy_v2: testdriver::ctx_destroy_ok,
+        ..testdriver::real()
+    };
+    let a = Proc::with_driver(dir.path(), in_primary());
+    let b = Proc::with_driver(dir.path(), in_primary());
+    let primary = a.rt.primary_ctx_retain(0).unwrap();
+    assert_eq!(primary as usize, 8);
+    b.rt.primary_ctx_retain(0).unwrap();
+    b.rt.primary_ctx_retain(0).unwrap();
+    let base = a.rt.mem_alloc(MB2).unwrap();
+    let kept = a.rt.mem_alloc(MB2).unwrap();
+    let handle = a.rt.ipc_get_mem_handle(base).unwrap();
+    let opened = b.rt.ipc_open_mem_handle(handle, 1).unwrap();
+    // Destroying another context frees nothing of this one.
+    a.rt.ctx_destroy(0x1234 as CUcontext).unwrap();
+    assert_eq!(a.rt.owned.len(), 2);
+    // One of two releases in the opener: still mapped; the last one closes the mapping.
+    b.rt.primary_ctx_release(0).unwrap();
+    assert_eq!(b.rt.ipc.len(), 1);
+    assert_eq!(read(opened, 4), read(base, 4));
+    b.rt.primary_ctx_release(0).unwrap();
+    assert!(b.rt.ipc.is_empty());
+    assert!(fake().read(opened, 1).is_none(), "unmapped in the opener");
+    let rec = b.rt.inspect();
+    assert!(rec.imports.is_empty() && rec.mappings.is_empty() && rec.reservations.is_empty());
+    // A release the shim did not see retained frees nothing.
+    b.rt.primary_ctx_release(0).unwrap();
+    // The creator's last release frees both allocations, records and driver memory.
+    assert_eq!(a.rt.owned.containing(kept).map(|(b, _)| b), Some(kept));
+    a.rt.primary_ctx_release(0).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert_eq!(a.rt.lock().objects().count(), 0);
+    assert!(a.rt.inspect().reservations.is_empty());
+    assert!(fake().read(base, 1).is_none());
+    // cuCtxDestroy of the context current at the allocation frees it too.
+    let again = a.rt.mem_alloc(MB2).unwrap();
+    a.rt.ctx_destroy(primary).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert!(fake().read(again, 1).is_none());
+}
+
+/// Peer access: an enabled peer device is granted access to the context's owned allocations made
+/// before and after the enable, the grants are rebuilt by a suspend/resume, and the disable takes
+/// them back; a peer context the shim cannot place changes nothing.
+#[test]
+fn peer_access_is_granted_on_owned_memory_and_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuCtxGetCurrent: testdriver::ctx_get_primary,
+            cuDevicePrimaryCtxRetain: testdriver::primary_retain_per_device,
+            cuCtxEnablePeerAccess: testdriver::peer_enable_ok,
+            cuCtxDisablePeerAccess: testdriver::peer_disable_ok,
+            ..testdriver::real()
+        },
+    );
+    let own = p.rt.primary_ctx_retain(0).unwrap();
+    let peer = p.rt.primary_ctx_retain(1).unwrap();
+    assert_eq!((own as usize, peer as usize), (8, 9));
+    let devices_at = |va: u64| -> Vec<i32> {
+        let rec = p.rt.inspect();
+        let m = rec.mappings.iter().find(|m| m.address == va).unwrap();
+        m.access.iter().map(|a| a.location_id).collect()
+    };
+    let before = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_at(before), [0]);
+    // Unknown peer context: the driver's success stands, nothing granted.
+    p.rt.ctx_enable_peer_access(0x4444 as CUcontext, 0).unwrap();
+    assert_eq!(devices_at(before), [0]);
+    p.rt.ctx_enable_peer_access(peer, 0).unwrap();
+    assert_eq!(devices_at(before), [0, 1], "granted at the enable");
+    let after = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_at(after), [0, 1], "granted at the allocation");
+    let bytes = pattern(3, MB2);
+    write(after, &bytes);
+    let g = Group {
+        procs: vec![p],
+        regions: vec![(0, after, MB2, bytes)],
+        links: Vec::new(),
+    };
+    let recorded = g.procs[0].rt.inspect();
+    suspend_and_resume(&g);
+    assert_eq!(g.procs[0].rt.inspect(), recorded, "the grants are rebuilt");
+    check_contents(&g);
+    let p = &g.procs[0];
+    p.rt.ctx_disable_peer_access(peer).unwrap();
+    let devices_now = |va: u64| -> Vec<i32> {
+        let rec = p.rt.inspect();
+        let m = rec.mappings.iter().find(|m| m.address == va).unwrap();
+        m.access.iter().map(|a| a.location_id).collect()
+    };
+    assert_eq!(devices_now(before), [0]);
+    assert_eq!(devices_now(after), [0]);
+    let later = p.rt.mem_alloc(MB2).unwrap();
+    assert_eq!(devices_now(later), [0], "no grant after the disable");
+}

@@ -13,7 +13,7 @@
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda::{DriverTable, ForeignPtr, VirtualHandle};
 use cuda_abi::{
-    CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
+    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream, handle_type,
 };
 use shim_runtime::runtime::{Active, Runtime, active};
@@ -271,6 +271,54 @@ pub(crate) unsafe fn cuMemImportFromShareableHandle(
             answer(imported, |vh| unsafe { handle.write(vh.0) })
         }
     )
+}
+
+pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
+    real: &'static DriverTable,
+    ctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
+    dispatch!(real.cuDevicePrimaryCtxRetain(ctx, dev), |rt| {
+        if ctx.is_null() {
+            // SAFETY: as the caller gave them; the driver reports the null.
+            return unsafe { (real.cuDevicePrimaryCtxRetain)(ctx, dev) };
+        }
+        // SAFETY: non-null and writable (the driver's contract).
+        answer(rt.primary_ctx_retain(dev), |c| unsafe { ctx.write(c) })
+    })
+}
+
+pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(
+    real: &'static DriverTable,
+    dev: CUdevice,
+) -> CUresult {
+    dispatch!(real.cuDevicePrimaryCtxRelease_v2(dev), |rt| done(
+        rt.primary_ctx_release(dev)
+    ))
+}
+
+pub(crate) unsafe fn cuCtxDestroy_v2(real: &'static DriverTable, ctx: CUcontext) -> CUresult {
+    // The context is a handle passed by value: never dereferenced here.
+    dispatch!(real.cuCtxDestroy_v2(ctx), |rt| done(rt.ctx_destroy(ctx)))
+}
+
+pub(crate) unsafe fn cuCtxEnablePeerAccess(
+    real: &'static DriverTable,
+    peer: CUcontext,
+    flags: c_uint,
+) -> CUresult {
+    dispatch!(real.cuCtxEnablePeerAccess(peer, flags), |rt| done(
+        rt.ctx_enable_peer_access(peer, flags)
+    ))
+}
+
+pub(crate) unsafe fn cuCtxDisablePeerAccess(
+    real: &'static DriverTable,
+    peer: CUcontext,
+) -> CUresult {
+    dispatch!(real.cuCtxDisablePeerAccess(peer), |rt| done(
+        rt.ctx_disable_peer_access(peer)
+    ))
 }
 
 pub(crate) unsafe fn cuMemAlloc_v2(

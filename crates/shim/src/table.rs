@@ -18,7 +18,7 @@
 use core::ffi::{c_uint, c_ulonglong, c_void};
 use core::ptr::NonNull;
 use cuda_abi::{
-    CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
+    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream,
 };
 

@@ -211,6 +211,27 @@ impl Driver {
         self.api().mem_get_access(&loc, ptr)
     }
 
+    /// `cuCtxEnablePeerAccess` (or, with `enable` false, `cuCtxDisablePeerAccess`) from the
+    /// current context to `device`'s primary context. The enable keeps the primary context it
+    /// retained (the peer must outlive the access); a successful disable gives that back.
+    pub fn peer_access(&self, device: i32, enable: bool) -> Result<(), CuError> {
+        let api = self.api();
+        let peer = api.primary_ctx_retain(device)?;
+        if enable {
+            let done = api.ctx_enable_peer_access(peer, 0);
+            if done.is_err() {
+                api.primary_ctx_release(device)?;
+            }
+            return done;
+        }
+        let done = api.ctx_disable_peer_access(peer);
+        api.primary_ctx_release(device)?;
+        if done.is_ok() {
+            api.primary_ctx_release(device)?;
+        }
+        done
+    }
+
     /// `cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)`; the descriptor is made
     /// close-on-exec.
     pub fn export_fd(&self, h: CUmemGenericAllocationHandle) -> Result<OwnedFd, CuError> {

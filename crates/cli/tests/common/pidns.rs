@@ -90,6 +90,9 @@ impl PidnsGroup {
     fn attach(&mut self) {
         self.ranks = (0..self.n)
             .map(|r| {
+                let socket = self.dir.join(format!("{r}.sock"));
+                testkit::wire::wait_listening(&socket, READY_TIMEOUT, || true)
+                    .unwrap_or_else(|e| panic!("rank {r} does not listen: {e}"));
                 Workload::attach(
                     format!("rank{r}"),
                     self.dir.join(format!("{r}.sock")),

@@ -407,3 +407,54 @@ isolated_test!(pinned_host_memory, &[], {
     );
     buf[0] = 1;
 });
+
+isolated_test!(peer_access_between_contexts, &[], {
+    assert_eq!(init(), SUCCESS);
+    let (mut zero, mut one): (CUcontext, CUcontext) = (std::ptr::null_mut(), std::ptr::null_mut());
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRetain(&mut zero, 0)), SUCCESS);
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRetain(&mut one, 1)), SUCCESS);
+    // No current context.
+    assert_eq!(
+        cu!(x::cuCtxEnablePeerAccess(one, 0)),
+        CUresult::ERROR_INVALID_CONTEXT
+    );
+    assert_eq!(cu!(x::cuCtxSetCurrent(zero)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuCtxEnablePeerAccess(one, 1)),
+        CUresult::ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        cu!(x::cuCtxEnablePeerAccess(zero, 0)),
+        CUresult::ERROR_INVALID_DEVICE,
+        "its own device is no peer"
+    );
+    assert_eq!(
+        cu!(x::cuCtxDisablePeerAccess(one)),
+        CUresult::ERROR_PEER_ACCESS_NOT_ENABLED
+    );
+    assert_eq!(cu!(x::cuCtxEnablePeerAccess(one, 0)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuCtxEnablePeerAccess(one, 0)),
+        CUresult::ERROR_PEER_ACCESS_ALREADY_ENABLED
+    );
+    assert_eq!(cu!(x::cuCtxDisablePeerAccess(one)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuCtxDisablePeerAccess(one)),
+        CUresult::ERROR_PEER_ACCESS_NOT_ENABLED
+    );
+    // Enabled again, then the peer goes: its access goes with it.
+    assert_eq!(cu!(x::cuCtxEnablePeerAccess(one, 0)), SUCCESS);
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRelease_v2(1)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuCtxDisablePeerAccess(one)),
+        CUresult::ERROR_INVALID_CONTEXT
+    );
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRetain(&mut one, 1)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuCtxEnablePeerAccess(one, 0)),
+        SUCCESS,
+        "not left enabled"
+    );
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRelease_v2(1)), SUCCESS);
+    assert_eq!(cu!(x::cuDevicePrimaryCtxRelease_v2(0)), SUCCESS);
+});

@@ -42,6 +42,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "set-access ADDR [SIZE] [--device D[:rw|:r|:none]]... [--read-only]",
     ),
     ("get-access", "get-access ADDR [--device D]"),
+    ("peer-access", "peer-access enable|disable DEVICE"),
     ("export", "export HANDLE [--type posix|fabric] [--as NAME]"),
     ("import", "import NAME [--fd FD | --raw-fd N] [--size S]"),
     ("close-fd", "close-fd FD"),
@@ -240,6 +241,7 @@ impl<'a> Exec<'a> {
             "unmap" => self.unmap(a),
             "set-access" => self.set_access(a),
             "get-access" => self.get_access(a),
+            "peer-access" => self.peer_access(a),
             "export" => self.export(a),
             "import" => self.import(a),
             "close-fd" => self.close_fd(a),
@@ -612,6 +614,23 @@ impl<'a> Exec<'a> {
         Ok(Reply::ok("get-access")
             .with("flags", flags)
             .with("access", name))
+    }
+
+    fn peer_access(&self, a: &Args) -> Outcome {
+        a.check(2, &[])?;
+        let enable = match a.pos(0, "enable|disable")? {
+            "enable" => true,
+            "disable" => false,
+            other => return Err(Fail::Usage(format!("peer-access {other:?}?"))),
+        };
+        let device: i32 = a
+            .pos(1, "device")?
+            .parse()
+            .map_err(|_| Fail::Usage("peer-access: DEVICE is a device ordinal".into()))?;
+        self.driver.peer_access(device, enable)?;
+        Ok(Reply::ok("peer-access")
+            .with("device", device)
+            .with("enabled", enable))
     }
 
     fn export(&mut self, a: &Args) -> Outcome {
