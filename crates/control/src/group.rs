@@ -376,6 +376,70 @@ fn check_group_except(
             }
         }
     }
+    refusals.extend(multicast_teams(snapshots, &creators, unread));
+    refusals
+}
+
+/// Group-wide multicast checks: every multicast object's team is complete (the devices its
+/// holders added, over the group, number the creator's `numDevices`), and an imported one names
+/// a creator of the group that created and exported it. A capture must find every rank past its
+/// `cuMulticastAddDevice` calls, or the rebuild would leave some rank waiting for a device that
+/// nobody adds.
+fn multicast_teams(
+    snapshots: &[Snapshot],
+    creators: &HashMap<(u64, u32), &Snapshot>,
+    unread: &HashSet<(u64, u32)>,
+) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    for s in snapshots {
+        for m in &s.record.multicasts {
+            let key = (s.info.pid_namespace, m.creator_ns_pid);
+            if m.creator_ns_pid == s.record.ns_pid {
+                let added: usize = snapshots
+                    .iter()
+                    .filter(|h| h.info.pid_namespace == s.info.pid_namespace)
+                    .flat_map(|h| &h.record.multicasts)
+                    .filter(|h| h.id == m.id && h.creator_ns_pid == m.creator_ns_pid)
+                    .map(|h| h.devices.len())
+                    .sum();
+                if added < m.num_devices as usize {
+                    refusals.push(Refusal {
+                        process: s.info.label(),
+                        reason: format!(
+                            "holds multicast object {} whose team is incomplete: {added} of {} devices added over the group; add every device before a capture",
+                            m.id, m.num_devices
+                        ),
+                    });
+                }
+                continue;
+            }
+            let reason = match creators.get(&key) {
+                None if unread.contains(&key) => continue,
+                None => format!(
+                    "imports multicast object {} from ns pid {}, which is not part of this group",
+                    m.id, m.creator_ns_pid
+                ),
+                Some(creator)
+                    if !creator
+                        .record
+                        .multicasts
+                        .iter()
+                        .any(|c| c.id == m.id && c.shared) =>
+                {
+                    format!(
+                        "imports multicast object {} that its creator {} does not report as exported",
+                        m.id,
+                        creator.info.label()
+                    )
+                }
+                Some(_) => continue,
+            };
+            refusals.push(Refusal {
+                process: s.info.label(),
+                reason,
+            });
+        }
+    }
     refusals
 }
 
@@ -390,7 +454,16 @@ fn blocker_reason(blocker: &Blocker) -> String {
         Blocker::LegacyIpcExport { .. } | Blocker::LegacyIpcImport { .. } => {
             "; legacy CUDA IPC is not supported yet (PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
         }
-        Blocker::MulticastObject { .. } => "; multicast objects are not supported yet",
+        Blocker::MulticastObject { .. } => "; multicast objects are not rebuilt yet",
+        Blocker::MulticastHandleType { .. } => {
+            "; only POSIX file descriptor sharing of multicast objects is supported"
+        }
+        Blocker::MulticastForeignMemory { .. } => {
+            "; bind memory made with cuMemCreate in a process under cuinterpose (or imported through it)"
+        }
+        Blocker::MulticastOutOfBounds { .. } => {
+            "; a binding must lie inside its object and inside one allocation or mapping"
+        }
     };
     // The driver tells an importer no size before it maps (the shim reports 0): say so rather
     // than print a 0-byte allocation.

@@ -35,7 +35,7 @@ pub const STATE_FILE_NAME: &str = "cuinterpose.state";
 pub const STATE_MAGIC: [u8; 8] = *b"CUISTATE";
 /// The state format this build writes and reads. Bumped on any change of the layout or of a type
 /// in the body (records included); older files are refused, not migrated.
-pub const STATE_VERSION: u16 = 2;
+pub const STATE_VERSION: u16 = 3;
 /// Length of the header before the body.
 pub const STATE_HEADER_LEN: usize = 24;
 /// Largest body accepted: bounds what a reader allocates before the checksum is known. A group of
@@ -104,7 +104,9 @@ impl GroupState {
     /// - each participant has exactly one carrier per shared allocation it created and no other,
     ///   none holding more bytes than the allocation has;
     /// - each import names a creator in the group that created a shared allocation of that ID and
-    ///   size.
+    ///   size;
+    /// - each multicast object appears once per participant, and one imported names a creator in
+    ///   the group that created and shared a multicast object of that ID and size.
     pub fn validate(&self) -> Result<(), ProtocolError> {
         let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
         if self.participants.is_empty() {
@@ -182,7 +184,42 @@ impl GroupState {
                 return bad(format!("namespace pid {} appears twice", p.ns_pid));
             }
         }
+        // ns pid -> (multicast id -> (size, shared)) of the multicast objects each one created.
+        let mut multicasts: BTreeMap<u32, BTreeMap<AllocationId, (u64, bool)>> = BTreeMap::new();
         for p in &self.participants {
+            let mut seen = BTreeSet::new();
+            for m in &p.record.multicasts {
+                if !seen.insert(m.id) {
+                    return bad(format!(
+                        "participant {}: multicast object {:?} appears twice",
+                        p.ns_pid, m.id
+                    ));
+                }
+                if m.creator_ns_pid == p.ns_pid {
+                    multicasts
+                        .entry(p.ns_pid)
+                        .or_default()
+                        .insert(m.id, (m.size, m.shared));
+                }
+            }
+        }
+        for p in &self.participants {
+            for m in p
+                .record
+                .multicasts
+                .iter()
+                .filter(|m| m.creator_ns_pid != p.ns_pid)
+            {
+                match multicasts.get(&m.creator_ns_pid).and_then(|c| c.get(&m.id)) {
+                    Some(&(size, true)) if size == m.size => {}
+                    _ => {
+                        return bad(format!(
+                            "participant {} imports multicast object {:?} ({} bytes), which participant {} did not create and share with that size",
+                            p.ns_pid, m.id, m.size, m.creator_ns_pid
+                        ));
+                    }
+                }
+            }
             for import in &p.record.imports {
                 let Some(allocations) = created.get(&import.creator_ns_pid) else {
                     return bad(format!(
@@ -317,6 +354,7 @@ pub(crate) mod tests {
             reservations: vec![],
             blockers: vec![],
             calls_in_flight: 0,
+            multicasts: vec![],
         }
     }
 

@@ -31,6 +31,7 @@ pub mod exports;
 pub mod fdutil;
 pub mod gate;
 pub mod log;
+pub mod multicast;
 pub mod owned_alloc;
 pub mod phases;
 pub mod registry;
