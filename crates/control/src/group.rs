@@ -454,7 +454,6 @@ fn blocker_reason(blocker: &Blocker) -> String {
         Blocker::LegacyIpcExport { .. } | Blocker::LegacyIpcImport { .. } => {
             "; legacy CUDA IPC is not supported yet (PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
         }
-        Blocker::MulticastObject { .. } => "; multicast objects are not rebuilt yet",
         Blocker::MulticastHandleType { .. } => {
             "; only POSIX file descriptor sharing of multicast objects is supported"
         }

@@ -191,8 +191,6 @@ pub enum Blocker {
     LegacyIpcExport { address: u64 },
     /// A `cuIpcOpenMemHandle` mapping is open.
     LegacyIpcImport { address: u64 },
-    /// A multicast object exists.
-    MulticastObject { size: u64, devices: u32 },
     /// A multicast object was created or exported with handle types other than POSIX descriptors.
     MulticastHandleType { id: AllocationId, handle_types: u64 },
     /// A multicast binding binds memory the shim does not rebuild (not a shared creation or a
@@ -231,12 +229,6 @@ impl fmt::Display for Blocker {
             }
             Blocker::LegacyIpcImport { address } => {
                 write!(f, "has legacy CUDA IPC memory open at {address:#x}")
-            }
-            Blocker::MulticastObject { size, devices } => {
-                write!(
-                    f,
-                    "holds a multicast object ({size} bytes, {devices} devices)"
-                )
             }
             Blocker::MulticastHandleType { id, handle_types } => write!(
                 f,

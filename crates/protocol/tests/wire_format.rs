@@ -251,13 +251,6 @@ fn blockers() -> Vec<(&'static str, Blocker)> {
             Blocker::LegacyIpcImport { address: 0x20 },
         ),
         (
-            "multicast_object",
-            Blocker::MulticastObject {
-                size: 1 << 21,
-                devices: 2,
-            },
-        ),
-        (
             "multicast_handle_type",
             Blocker::MulticastHandleType {
                 id: id(0xb2),
@@ -382,6 +375,16 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("load", Request::Load),
         ("import", Request::Import),
         ("thaw", Request::Thaw),
+        ("multicast", Request::Multicast(MulticastStep::AddDevices)),
+    ]
+}
+
+fn multicast_steps() -> Vec<(&'static str, MulticastStep)> {
+    vec![
+        ("create", MulticastStep::Create),
+        ("import", MulticastStep::Import),
+        ("add_devices", MulticastStep::AddDevices),
+        ("bind", MulticastStep::Bind),
     ]
 }
 
@@ -627,6 +630,7 @@ fn every_enum_variant_encodes_as_pinned() {
     entries.extend(variant_entries("blocker", blockers()));
     entries.extend(variant_entries("suspend_mode", suspend_modes()));
     entries.extend(variant_entries("bind_target", bind_targets()));
+    entries.extend(variant_entries("multicast_step", multicast_steps()));
     let golden = check_golden("variants.hex", &entries);
 
     // And the pinned bytes decode to the values they were made from.
@@ -654,6 +658,9 @@ fn every_enum_variant_encodes_as_pinned() {
     }
     for (name, v) in bind_targets() {
         back(decoded(&format!("bind_target.{name}")), &v);
+    }
+    for (name, v) in multicast_steps() {
+        back(decoded(&format!("multicast_step.{name}")), &v);
     }
 }
 

@@ -12,13 +12,15 @@
 //! process reports the devices IT added, by its local ordinals.
 
 use crate::log::log_warn;
-use crate::registry::{Kind, Registry, UNKNOWN_PROPS, VHandle};
+use crate::phases::{PhaseError, check};
+use crate::registry::{Kind, Mapping, Registry, UNKNOWN_PROPS, VHandle};
 use crate::runtime::Runtime;
 use crate::track::Tracked;
 use cuda::{CudaError, DriverHandle};
 use cuda_abi::*;
+use protocol::MulticastStep;
 use protocol::record::{
-    AllocationId, Backing, BindTarget, Blocker, MulticastBinding, MulticastRecord,
+    AllocationId, Backing, BindTarget, Blocker, MulticastBinding, MulticastRecord, Phase,
 };
 
 /// What the shim knows of one multicast object in this process.
@@ -39,6 +41,9 @@ pub struct McInfo {
     pub unsupported_exports: Vec<u32>,
     /// Devices this process added, in order.
     pub devices: Vec<i32>,
+    /// How many of `devices` are in the team of the driver object the shim holds now: all of
+    /// them while running, none after a capture released it, until the AddDevices step.
+    pub added: usize,
     /// Live bindings this process made, in order.
     pub bindings: Vec<Binding>,
 }
@@ -51,6 +56,10 @@ pub struct Binding {
     pub size: u64,
     pub flags: u64,
     pub target: Target,
+    /// Made with the `_v2` entry point (an explicit device): replayed the same way.
+    pub v2: bool,
+    /// Bound in the driver object held now (false between a capture's Release and the Bind step).
+    pub live: bool,
 }
 
 /// What a binding binds, in the shim's terms.
@@ -76,6 +85,7 @@ impl McInfo {
             shared: false,
             unsupported_exports: Vec::new(),
             devices: Vec::new(),
+            added: 0,
             bindings: Vec::new(),
         }
     }
@@ -93,6 +103,7 @@ impl McInfo {
             shared: false,
             unsupported_exports: Vec::new(),
             devices: Vec::new(),
+            added: 0,
             bindings: Vec::new(),
         }
     }
@@ -189,8 +200,7 @@ pub fn record(reg: &Registry, ns_pid: u32, info: &McInfo, refs: u32) -> Multicas
 }
 
 /// What about one multicast object refuses a capture, in a stable order: handle types other than
-/// POSIX descriptors, then each binding of memory the shim does not own or out of bounds, then
-/// the object itself (the shim does not rebuild multicast objects yet).
+/// POSIX descriptors, then each binding of memory the shim does not own or out of bounds.
 pub fn blockers(reg: &Registry, info: &McInfo) -> Vec<Blocker> {
     let mut out = Vec::new();
     let other_types = info.handle_types & !u64::from(handle_type::POSIX_FILE_DESCRIPTOR);
@@ -232,10 +242,6 @@ pub fn blockers(reg: &Registry, info: &McInfo) -> Vec<Blocker> {
             Resolved::Owned(_) => {}
         }
     }
-    out.push(Blocker::MulticastObject {
-        size: info.size,
-        devices: u32::try_from(info.devices.len()).unwrap_or(u32::MAX),
-    });
     out
 }
 
@@ -298,7 +304,10 @@ impl Runtime {
         let real = self.multicast_real(handle)?;
         self.real.multicast_add_device(real, dev).map_err(code)?;
         self.lock().note_device(dev);
-        self.with_multicast(handle, |info| info.devices.push(dev));
+        self.with_multicast(handle, |info| {
+            info.devices.push(dev);
+            info.added = info.devices.len();
+        });
         Ok(())
     }
 
@@ -342,6 +351,8 @@ impl Runtime {
                     handle: mem,
                     offset: mem_offset as u64,
                 },
+                v2: false,
+                live: true,
             },
         );
         Ok(())
@@ -375,6 +386,8 @@ impl Runtime {
                     handle: mem,
                     offset: mem_offset as u64,
                 },
+                v2: true,
+                live: true,
             },
         );
         Ok(())
@@ -411,6 +424,8 @@ impl Runtime {
                 size: size as u64,
                 flags,
                 target: Target::Address { address: ptr },
+                v2: false,
+                live: true,
             },
         );
         Ok(())
@@ -439,6 +454,8 @@ impl Runtime {
                 size: size as u64,
                 flags,
                 target: Target::Address { address: ptr },
+                v2: true,
+                live: true,
             },
         );
         Ok(())
@@ -466,6 +483,277 @@ impl Runtime {
             }
         });
         Ok(())
+    }
+}
+
+/// One multicast object as a capture or rebuild step sees it.
+struct Item {
+    handle: VHandle,
+    info: McInfo,
+    real: Option<DriverHandle>,
+    mappings: Vec<(u64, Mapping)>,
+}
+
+impl Runtime {
+    /// The multicast objects of the process, by handle.
+    fn multicast_items(&self) -> Vec<Item> {
+        let reg = self.lock();
+        let mut v: Vec<Item> = reg
+            .objects()
+            .filter_map(|(handle, o)| match &o.kind {
+                Kind::Multicast(info) => Some(Item {
+                    handle,
+                    info: (**info).clone(),
+                    real: o.real,
+                    mappings: reg.mappings_of(handle),
+                }),
+                _ => None,
+            })
+            .collect();
+        v.sort_by_key(|i| i.handle);
+        v
+    }
+
+    /// Release's multicast part, first in Release (after Save has copied the members' bytes, and
+    /// before any member is released): per object, its cached export is closed, its mappings are
+    /// unmapped, its bindings unbound and its driver handle released. Each step is recorded as it
+    /// is done, so a failure half way leaves exactly the rest for the rebuild steps to skip.
+    pub(crate) fn release_multicasts(&self) -> Result<u64, PhaseError> {
+        for item in self.multicast_items() {
+            let id = item.info.id;
+            if item.info.creator.is_none() {
+                self.exports.remove(&id);
+            }
+            for (address, m) in item.mappings.iter().filter(|(_, m)| m.mapped) {
+                check(
+                    || format!("multicast mapping at {address:#x}"),
+                    self.real.mem_unmap(*address, m.size as usize),
+                )?;
+                self.lock().set_mapped(*address, false);
+            }
+            let Some(real) = item.real else { continue };
+            for (index, b) in item.info.bindings.iter().enumerate() {
+                if !b.live {
+                    continue;
+                }
+                check(
+                    || format!("multicast object {id} on device {}", b.device),
+                    self.real.multicast_unbind(
+                        real,
+                        b.device,
+                        b.mc_offset as usize,
+                        b.size as usize,
+                    ),
+                )?;
+                self.with_multicast(item.handle, |info| {
+                    if let Some(b) = info.bindings.get_mut(index) {
+                        b.live = false;
+                    }
+                });
+            }
+            check(
+                || format!("multicast object {id}"),
+                self.real.mem_release(real),
+            )?;
+            let mut reg = self.lock();
+            reg.set_real(item.handle, None);
+            if let Some(Kind::Multicast(info)) = reg.get_mut(item.handle).map(|o| &mut o.kind) {
+                info.added = 0;
+            }
+        }
+        Ok(0)
+    }
+
+    /// One step of the multicast rebuild ([`MulticastStep`]), after Import. Each step does only
+    /// what is not live, so the tool may send the steps again after a failure.
+    pub(crate) fn multicast_step(&self, step: MulticastStep) -> Result<u64, PhaseError> {
+        let phase = self.lock().phase();
+        if phase != Phase::Imported {
+            return Err(PhaseError::WrongPhase {
+                request: step.name(),
+                phase,
+            });
+        }
+        for item in self.multicast_items() {
+            match step {
+                MulticastStep::Create => self.recreate(&item)?,
+                MulticastStep::Import => self.reimport(&item)?,
+                MulticastStep::AddDevices => self.add_devices_again(&item)?,
+                MulticastStep::Bind => self.bind_again(&item)?,
+            }
+        }
+        Ok(0)
+    }
+
+    /// Create: a multicast object created here is created again with its recorded properties,
+    /// and exported into the export cache if it was shared (its importers fetch it next).
+    fn recreate(&self, item: &Item) -> Result<(), PhaseError> {
+        let info = &item.info;
+        if info.creator.is_some() {
+            return Ok(());
+        }
+        let (real, fresh) = match item.real {
+            Some(real) => (real, false),
+            None => {
+                let prop = CUmulticastObjectProp {
+                    numDevices: info.num_devices,
+                    size: info.size as usize,
+                    handleTypes: info.handle_types,
+                    flags: info.flags,
+                };
+                let made = check(
+                    || format!("multicast object {}", info.id),
+                    self.real.multicast_create(&prop),
+                )?;
+                (made, true)
+            }
+        };
+        if info.shared && !self.exports.contains(&info.id) {
+            match check(
+                || format!("multicast object {}", info.id),
+                self.real.mem_export_fd(real, 0),
+            ) {
+                Ok(fd) => self.exports.insert(info.id, fd),
+                Err(e) => {
+                    if fresh {
+                        self.release_unpublished([real]);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        self.publish(item.handle, real, fresh);
+        Ok(())
+    }
+
+    /// Import: a multicast object imported through a ticket is fetched again from its creator
+    /// (which has created and exported it in the Create step) and imported.
+    fn reimport(&self, item: &Item) -> Result<(), PhaseError> {
+        let (Some(creator), None) = (item.info.creator, item.real) else {
+            return Ok(());
+        };
+        let id = item.info.id;
+        let fd = self.fetch_fd(creator, id)?;
+        let got = check(
+            || format!("multicast object {id} of {creator}"),
+            self.real.mem_import_fd(std::os::fd::AsFd::as_fd(&fd)),
+        )?;
+        drop(fd);
+        self.publish(item.handle, got, true);
+        Ok(())
+    }
+
+    /// Points the application's handle at a rebuilt driver object (whose team is empty).
+    fn publish(&self, handle: VHandle, real: DriverHandle, fresh: bool) {
+        let mut reg = self.lock();
+        reg.set_real(handle, Some(real));
+        if fresh && let Some(Kind::Multicast(info)) = reg.get_mut(handle).map(|o| &mut o.kind) {
+            info.added = 0;
+        }
+    }
+
+    /// AddDevices: the devices this process had added, in their order.
+    fn add_devices_again(&self, item: &Item) -> Result<(), PhaseError> {
+        let Some(real) = item.real else {
+            return Err(PhaseError::NotRebuilt(format!(
+                "multicast object {} is not rebuilt; send the Create and Import steps first",
+                item.info.id
+            )));
+        };
+        for &dev in item.info.devices.iter().skip(item.info.added) {
+            check(
+                || format!("multicast object {} on device {dev}", item.info.id),
+                self.real.multicast_add_device(real, dev),
+            )?;
+            self.with_multicast(item.handle, |info| info.added += 1);
+        }
+        Ok(())
+    }
+
+    /// Bind: every binding again (the members are rebuilt by Load and Import, and the team is
+    /// complete in every process), then the multicast mappings at their addresses with their
+    /// access.
+    fn bind_again(&self, item: &Item) -> Result<(), PhaseError> {
+        let id = item.info.id;
+        let Some(real) = item
+            .real
+            .filter(|_| item.info.added == item.info.devices.len())
+        else {
+            return Err(PhaseError::NotRebuilt(format!(
+                "multicast object {id} has not its devices added; send the AddDevices step first"
+            )));
+        };
+        for (index, b) in item.info.bindings.iter().enumerate() {
+            if b.live {
+                continue;
+            }
+            let (mc_offset, size) = (b.mc_offset as usize, b.size as usize);
+            let what = || format!("multicast object {id} on device {}", b.device);
+            match b.target {
+                Target::Memory { handle, offset } => {
+                    let Some(mem) = self.lock().real_of(handle) else {
+                        return Err(PhaseError::NotRebuilt(format!(
+                            "memory bound to multicast object {id} is not rebuilt"
+                        )));
+                    };
+                    let offset = offset as usize;
+                    let bound = if b.v2 {
+                        self.real.multicast_bind_mem_v2(
+                            real, b.device, mc_offset, mem, offset, size, b.flags,
+                        )
+                    } else {
+                        self.real
+                            .multicast_bind_mem(real, mc_offset, mem, offset, size, b.flags)
+                    };
+                    check(what, bound)?;
+                }
+                Target::Address { address } => {
+                    let bound = if b.v2 {
+                        self.real.multicast_bind_addr_v2(
+                            real, b.device, mc_offset, address, size, b.flags,
+                        )
+                    } else {
+                        self.real
+                            .multicast_bind_addr(real, mc_offset, address, size, b.flags)
+                    };
+                    check(what, bound)?;
+                }
+            }
+            self.with_multicast(item.handle, |info| {
+                if let Some(b) = info.bindings.get_mut(index) {
+                    b.live = true;
+                }
+            });
+        }
+        let unmapped: Vec<(u64, Mapping)> = item
+            .mappings
+            .iter()
+            .filter(|(_, m)| !m.mapped)
+            .cloned()
+            .collect();
+        let mapped = self.map_recorded(real, &unmapped)?;
+        let mut reg = self.lock();
+        for address in mapped {
+            reg.set_mapped(address, true);
+        }
+        Ok(())
+    }
+
+    /// Multicast objects a capture released and the rebuild steps have not brought back whole:
+    /// what keeps Thaw from letting the application run.
+    pub(crate) fn multicasts_not_rebuilt(&self) -> Vec<String> {
+        self.multicast_items()
+            .into_iter()
+            .filter(|item| {
+                let info = &item.info;
+                item.real.is_none()
+                    || info.added < info.devices.len()
+                    || info.bindings.iter().any(|b| !b.live)
+                    || item.mappings.iter().any(|(_, m)| !m.mapped)
+                    || (info.creator.is_none() && info.shared && !self.exports.contains(&info.id))
+            })
+            .map(|item| format!("multicast object {}", item.info.id))
+            .collect()
     }
 }
 
@@ -510,6 +798,8 @@ mod tests {
             size,
             flags: 0,
             target,
+            v2: false,
+            live: true,
         }
     }
 
@@ -531,7 +821,7 @@ mod tests {
             2 << 20,
         );
         info.devices = vec![0, 1];
-        // Owned, by memory and by address: only the "not rebuilt yet" blocker.
+        // Owned, by memory and by address: nothing refuses.
         info.bindings = vec![
             binding(
                 0,
@@ -552,13 +842,7 @@ mod tests {
             ),
         ];
         let id = info.id;
-        assert_eq!(
-            blockers(&r, &info),
-            vec![Blocker::MulticastObject {
-                size: 8 << 20,
-                devices: 2
-            }]
-        );
+        assert_eq!(blockers(&r, &info), vec![]);
         let rec = record(&r, 7, &info, 1);
         assert_eq!(rec.creator_ns_pid, 7);
         assert_eq!(
@@ -636,10 +920,6 @@ mod tests {
                     mc_offset: 6 << 20,
                     size: 4 << 20
                 },
-                Blocker::MulticastObject {
-                    size: 8 << 20,
-                    devices: 2
-                },
             ]
         );
     }
@@ -658,7 +938,7 @@ mod tests {
             })
         );
         let mut exported = McInfo::created(AllocationId([4; 16]), &mc_prop(posix), 0);
-        assert_eq!(blockers(&r, &exported).len(), 1);
+        assert_eq!(blockers(&r, &exported), vec![]);
         exported.unsupported_exports.push(handle_type::FABRIC);
         assert_eq!(
             blockers(&r, &exported).first(),

@@ -114,7 +114,10 @@ impl PhaseError {
 }
 
 /// The phase error of a failed driver call, naming what it was for.
-fn check<T>(what: impl FnOnce() -> String, r: Result<T, CudaError>) -> Result<T, PhaseError> {
+pub(crate) fn check<T>(
+    what: impl FnOnce() -> String,
+    r: Result<T, CudaError>,
+) -> Result<T, PhaseError> {
     r.map_err(|e| PhaseError::Driver {
         call: e.call,
         what: what(),
@@ -164,6 +167,7 @@ impl Runtime {
             Request::Load => self.load(),
             Request::Import => plain(self.import()),
             Request::Thaw => plain(self.thaw()),
+            Request::Multicast(step) => plain(self.multicast_step(step)),
             other => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request"
             ))),
@@ -473,7 +477,7 @@ impl Runtime {
             (imports, creations)
         };
         self.control().release_started = true;
-        let mut bytes = 0;
+        let mut bytes = self.release_multicasts()?;
         for h in imports.into_iter().chain(creations) {
             bytes += self.release_object(h)?;
         }
@@ -483,7 +487,7 @@ impl Runtime {
 
     /// Maps the unmapped recorded mappings of an object at their addresses with their access.
     /// Returns the addresses mapped (for undo).
-    fn map_recorded(
+    pub(crate) fn map_recorded(
         &self,
         real: DriverHandle,
         unmapped: &[(u64, Mapping)],
@@ -522,7 +526,7 @@ impl Runtime {
     }
 
     /// Releases driver handles this phase made and never published (failure paths: logged).
-    fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
+    pub(crate) fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
         for real in handles {
             if let Err(e) = self.real.mem_release(real) {
                 log_warn!("an allocation this phase made was not released: {e}");
@@ -816,7 +820,8 @@ impl Runtime {
         if self.lock().phase() == Phase::Running {
             return Ok(0);
         }
-        let missing = self.not_rebuilt();
+        let mut missing = self.not_rebuilt();
+        missing.extend(self.multicasts_not_rebuilt());
         if !missing.is_empty() {
             return Err(PhaseError::NotRebuilt(format!(
                 "cannot thaw: {} allocations released and not rebuilt ({}); send Load and Import first",
@@ -893,5 +898,6 @@ fn request_name(request: &Request) -> &'static str {
         Request::Load => "Load",
         Request::Import => "Import",
         Request::Thaw => "Thaw",
+        Request::Multicast(step) => step.name(),
     }
 }

@@ -837,6 +837,7 @@ mod tests {
         };
         let mut info = McInfo::created(AllocationId([5; 16]), &mc_prop, 1 << 21);
         info.devices = vec![0, 1];
+        info.unsupported_exports = vec![cuda_abi::handle_type::FABRIC];
         let mc = r.insert(
             Kind::Multicast(Box::new(info)),
             1 << 21,
@@ -858,9 +859,12 @@ mod tests {
                     handle_type: cuda_abi::handle_type::FABRIC,
                     size: 0
                 },
-                Blocker::MulticastObject {
-                    size: 1 << 21,
-                    devices: 2
+                Blocker::MulticastHandleType {
+                    id: AllocationId([5; 16]),
+                    handle_types: u64::from(
+                        cuda_abi::handle_type::POSIX_FILE_DESCRIPTOR
+                            | cuda_abi::handle_type::FABRIC
+                    )
                 },
                 Blocker::LegacyIpcExport { address: 0x9000 },
                 Blocker::LegacyIpcImport { address: 0xa000 },

@@ -515,6 +515,14 @@ unsafe extern "C" fn granularity(g: *mut usize, _: *const CUmemAllocationProp, _
     unsafe { g.write(1 << 21) };
     OK
 }
+unsafe extern "C" fn mc_granularity(
+    g: *mut usize,
+    _: *const CUmulticastObjectProp,
+    _: u32,
+) -> CUresult {
+    unsafe { g.write(1 << 21) };
+    OK
+}
 unsafe extern "C" fn mem_info(free: *mut usize, total: *mut usize) -> CUresult {
     unsafe { free.write(1 << 33) };
     unsafe { total.write(1 << 33) };
@@ -578,6 +586,7 @@ pub fn real() -> Real {
         cuMemHostRegister_v2: host_register,
         cuMemHostUnregister: host_unregister,
         cuMemGetAllocationGranularity: granularity,
+        cuMulticastGetGranularity: mc_granularity,
         cuMemGetInfo_v2: mem_info,
         cuMemGetAccess: get_access,
         // Entries only the tool and the workloads call.

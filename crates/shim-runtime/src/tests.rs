@@ -432,10 +432,11 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     // Legacy IPC and multicast.
     let ipc = a.rt.ipc_get_mem_handle(0xabc000).unwrap();
     let opened = a.rt.ipc_open_mem_handle(ipc, 1).unwrap();
+    // A multicast object that can be shared as FABRIC too: refused (POSIX descriptors only).
     let prop = CUmulticastObjectProp {
         numDevices: 2,
         size: MB2,
-        handleTypes: 1,
+        handleTypes: u64::from(handle_type::POSIX_FILE_DESCRIPTOR | handle_type::FABRIC),
         flags: 0,
     };
     let mc = a.rt.multicast_create(&prop).unwrap().0;
@@ -448,9 +449,9 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     assert_eq!(
         a.rt.inspect().blockers,
         vec![
-            Blocker::MulticastObject {
-                size: MB2 as u64,
-                devices: 1
+            Blocker::MulticastHandleType {
+                id: a.rt.inspect().multicasts[0].id,
+                handle_types: prop.handleTypes
             },
             Blocker::LegacyIpcExport { address: 0xabc000 },
             Blocker::LegacyIpcImport { address: opened },
