@@ -824,7 +824,7 @@ impl Runtime {
         missing.extend(self.multicasts_not_rebuilt());
         if !missing.is_empty() {
             return Err(PhaseError::NotRebuilt(format!(
-                "cannot thaw: {} allocations released and not rebuilt ({}); send Load and Import first",
+                "cannot thaw: {} objects released and not rebuilt ({}); send Load, Import and the multicast steps first",
                 missing.len(),
                 missing.join(", ")
             )));

@@ -345,17 +345,20 @@ unsafe extern "C" fn ipc_open(p: *mut CUdeviceptr, _: CUipcMemHandle, _: c_uint)
     unsafe { p.write(0xdead_0000) };
     OK
 }
-unsafe extern "C" fn mc_create(h: *mut u64, _: *const CUmulticastObjectProp) -> CUresult {
+unsafe extern "C" fn mc_create(h: *mut u64, prop: *const CUmulticastObjectProp) -> CUresult {
+    // SAFETY: the caller's property struct.
+    let prop = unsafe { *prop };
     let mut f = fake();
     let aid = f.id();
     let handle = f.id();
     f.allocs.insert(
         aid,
         Alloc {
-            data: Vec::new(),
+            data: vec![0; prop.size],
             handles: 1,
             maps: 0,
-            prop: (0, 0, 0, 0),
+            // Exportable as the handle types asked for; no location.
+            prop: (0, prop.handleTypes as u32, 0, 0),
             rdma: 0,
         },
     );
