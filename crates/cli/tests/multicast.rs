@@ -1,0 +1,220 @@
+//! Multicast objects across processes (issue 16) with the real binary on the fake driver (never
+//! on a GPU: the workload's `mc-*` commands refuse any other driver): a group whose ranks share
+//! one multicast object, each rank binding a member of its own device (by allocation or by
+//! address), is suspended and resumed and keeps working through the multicast mapping; each
+//! refusal; a participant killed during the multicast rebuild is named with the step.
+
+mod common;
+
+use common::*;
+use testkit::{TestEnv, Workload};
+
+/// Bytes of the multicast object and of each member (two 2 MiB granules).
+const MC: u64 = 4 << 20;
+
+/// `n` ranks, rank r on device r.
+fn env_of(n: usize) -> TestEnv {
+    env().env("FAKE_CUDA_DEVICES", n.max(2).to_string())
+}
+
+fn devices(n: usize) -> String {
+    (0..n).map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// Rank 0 creates the multicast object `mc` for `n` devices and hands it to every other rank;
+/// every rank adds its device, creates its member `m` (shared by even ranks, private by odd
+/// ones), binds it (even ranks by allocation, odd ranks by address) and maps `mc`.
+fn build(ranks: &[&Workload]) {
+    let n = ranks.len();
+    ok(
+        ranks[0],
+        &[&format!("mc-create mc {MC} --devices {n}"), "export mc"],
+    );
+    for w in &ranks[1..] {
+        let peer = w.socket().display().to_string();
+        ok(ranks[0], &[&format!("send-fd mc --to {peer}")]);
+        ok(w, &["wait fd mc", &format!("import mc --size {MC}")]);
+    }
+    for w in ranks {
+        ok(w, &["mc-add-device mc"]);
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let types = if r % 2 == 0 { "posix" } else { "none" };
+        ok(
+            w,
+            &[
+                &format!("create m {MC} --handle-types {types}"),
+                &format!("reserve r-m {MC}"),
+                "map m r-m",
+                "set-access m",
+            ],
+        );
+        if r % 2 == 0 {
+            ok(w, &["export m", &format!("mc-bind-mem mc 0 m --size {MC}")]);
+        } else {
+            ok(w, &["mc-bind-addr mc 0 m"]);
+        }
+        ok(
+            w,
+            &[
+                &format!("reserve r-mc {MC}"),
+                "map mc r-mc",
+                "set-access mc",
+            ],
+        );
+    }
+}
+
+/// A write through rank `from`'s multicast mapping reaches every rank's member.
+fn through(ranks: &[&Workload], from: usize, seed: u64) {
+    ok(ranks[from], &[&format!("fill mc {seed}")]);
+    for w in ranks {
+        ok(w, &[&format!("verify m {seed}")]);
+    }
+}
+
+fn records(env: &TestEnv, root: u32) -> serde_json::Value {
+    tool(env, &["inspect", "--pid", &root.to_string(), "--json"])
+        .ok()
+        .json()
+}
+
+fn suspend_resume(n: usize) {
+    let env = env_of(n);
+    let tree = Tree::run_tree_on(&env, n, &devices(n));
+    let ranks: Vec<&Workload> = (0..n).map(|r| tree.w(&format!("r{r}"))).collect();
+    build(&ranks);
+    through(&ranks, 0, 21);
+    let inspected = records(&env, tree.root());
+    // Every rank reports the object, its devices and its binding; the creator its properties.
+    let snapshots = inspected["snapshots"].as_array().unwrap();
+    assert_eq!(snapshots.len(), n, "{inspected}");
+    for s in snapshots {
+        let mc = &s["record"]["multicasts"][0];
+        assert_eq!(mc["size"], MC, "{s}");
+        assert_eq!(mc["devices"].as_array().map(Vec::len), Some(1), "{s}");
+        assert_eq!(mc["bindings"].as_array().map(Vec::len), Some(1), "{s}");
+    }
+    assert!(
+        inspected["refusals"].as_array().is_none_or(Vec::is_empty),
+        "{inspected}"
+    );
+    let before: Vec<_> = ranks.iter().map(|w| regions(w)).collect();
+
+    let run = suspend(&env, tree.root(), &[]);
+    run.ok();
+    for w in &ranks {
+        assert_eq!(
+            usage(&env, w.pid()),
+            0,
+            "{} holds memory; {}",
+            w.name(),
+            run.describe()
+        );
+    }
+    let run = resume(&env, tree.root());
+    let report = run.ok().json();
+    let phases: Vec<&str> = report["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for step in [
+        "multicast-create",
+        "multicast-import",
+        "multicast-add-devices",
+        "multicast-bind",
+    ] {
+        assert!(phases.contains(&step), "{step} in {phases:?}");
+    }
+    for (w, before) in ranks.iter().zip(&before) {
+        assert_eq!(&regions(w), before, "{}: addresses changed", w.name());
+        ok(w, &["verify m 21"]);
+    }
+    // The rebuilt object works from every rank, and the records are the captured ones.
+    for from in 0..n {
+        through(&ranks, from, 30 + from as u64);
+    }
+    let after = records(&env, tree.root());
+    for (a, b) in snapshots.iter().zip(after["snapshots"].as_array().unwrap()) {
+        assert_eq!(a["record"]["multicasts"], b["record"]["multicasts"]);
+        assert_eq!(a["record"]["mappings"], b["record"]["mappings"]);
+    }
+}
+
+#[test]
+fn two_ranks_with_a_multicast_object_suspend_and_resume() {
+    suspend_resume(2);
+}
+
+#[test]
+fn four_ranks_with_a_multicast_object_suspend_and_resume() {
+    suspend_resume(4);
+}
+
+/// Runs `suspend`, which must refuse naming `pid` and `reason`, and leaves the group running.
+fn refused(env: &TestEnv, tree: &Tree, pid: u32, reason: &str) {
+    let run = suspend(env, tree.root(), &[]);
+    run.expect_code(EXIT_REFUSED);
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.trim_start().starts_with(&label(pid)) && l.contains(reason)),
+        "{reason} for {}: {}",
+        label(pid),
+        run.describe()
+    );
+    assert!(
+        !state_dir(env).join("cuinterpose.state").exists(),
+        "a refused suspend left a state file"
+    );
+}
+
+#[test]
+fn an_incomplete_team_is_refused_naming_the_creator() {
+    let env = env_of(2);
+    let tree = Tree::run_tree_on(&env, 2, "0,1");
+    let (a, b) = (tree.w("r0"), tree.w("r1"));
+    ok(a, &[&format!("mc-create mc {MC} --devices 2"), "export mc"]);
+    ok(a, &[&format!("send-fd mc --to {}", b.socket().display())]);
+    ok(b, &["wait fd mc", &format!("import mc --size {MC}")]);
+    ok(a, &["mc-add-device mc"]);
+    refused(&env, &tree, a.pid(), "team is incomplete: 1 of 2 devices");
+    // Completed, the same group is captured.
+    ok(b, &["mc-add-device mc"]);
+    suspend(&env, tree.root(), &[]).ok();
+    resume(&env, tree.root()).ok();
+}
+
+#[test]
+fn bindings_the_shim_cannot_rebuild_are_refused_before_anything_changes() {
+    let env = env_of(2);
+    let tree = Tree::run_tree_on(&env, 2, "0,1");
+    let a = tree.w("r0");
+    // numDevices 1: the team is complete with one device.
+    ok(
+        a,
+        &[
+            &format!("mc-create mc {MC} --devices 1"),
+            "mc-add-device mc",
+            // Memory the shim no longer owns: bound, then released by the application (the
+            // binding keeps it alive in the driver; the shim has nothing to rebuild it from).
+            &format!("create x {MC}"),
+            &format!("mc-bind-mem mc 0 x --size {MC}"),
+            "release x",
+        ],
+    );
+    refused(&env, &tree, a.pid(), "bound memory the shim does not own");
+    ok(a, &[&format!("mc-unbind mc 0 {MC}")]);
+    suspend(&env, tree.root(), &[]).ok();
+    resume(&env, tree.root()).ok();
+    // Handle types other than POSIX descriptors.
+    ok(
+        a,
+        &[&format!(
+            "mc-create fab {MC} --devices 1 --handle-types posix+fabric"
+        )],
+    );
+    refused(&env, &tree, a.pid(), "not only POSIX descriptors");
+}
