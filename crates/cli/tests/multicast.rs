@@ -218,3 +218,75 @@ fn bindings_the_shim_cannot_rebuild_are_refused_before_anything_changes() {
     );
     refused(&env, &tree, a.pid(), "not only POSIX descriptors");
 }
+
+#[test]
+fn a_participant_killed_during_the_multicast_rebuild_is_named_with_the_step() {
+    let env = env_of(2).env("CUINTERPOSE_LOG", "info");
+    let tree = Tree::run_tree_on(&env, 2, "0,1");
+    let ranks = [tree.w("r0"), tree.w("r1")];
+    // Private members only: rank 1's first driver call of the rebuild is its multicast import.
+    ok(
+        ranks[0],
+        &[&format!("mc-create mc {MC} --devices 2"), "export mc"],
+    );
+    ok(
+        ranks[0],
+        &[&format!("send-fd mc --to {}", ranks[1].socket().display())],
+    );
+    ok(ranks[1], &["wait fd mc", &format!("import mc --size {MC}")]);
+    for w in ranks {
+        ok(w, &["mc-add-device mc"]);
+    }
+    for w in ranks {
+        ok(
+            w,
+            &[
+                &format!("create m {MC} --handle-types none"),
+                &format!("reserve r-m {MC}"),
+                "map m r-m",
+                "set-access m",
+                "mc-bind-addr mc 0 m",
+                &format!("reserve r-mc {MC}"),
+                "map mc r-mc",
+                "set-access mc",
+            ],
+        );
+    }
+    through(&ranks, 0, 41);
+    // Suspended in place without native calls, so that the test's native lock of rank 1 holds
+    // its first driver call of the resume (the multicast import) until rank 1 is killed.
+    let root = tree.root().to_string();
+    let dir = state_dir(&env).display().to_string();
+    let driver = fake_driver(&env).display().to_string();
+    let common = [
+        "--pid",
+        &root,
+        "--state-dir",
+        &dir,
+        "--driver",
+        &driver,
+        "--json",
+    ];
+    tool(
+        &env,
+        &[&["suspend", "--keep-contexts"], &common[..]].concat(),
+    )
+    .ok();
+    let victim = ranks[1].pid();
+    let log = ranks[1].log_path().to_path_buf();
+    env.native().unwrap().lock(victim, 60_000).unwrap();
+    let resume = start_tool(&env, &[&["resume"], &common[..]].concat(), &[]);
+    wait_until("rank 1 has done the multicast create step", || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("multicast-create done"))
+    });
+    signal(victim, rustix::process::Signal::KILL);
+    let run = resume.finish();
+    assert_ne!(run.code, 0, "{}", run.describe());
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.contains("multicast-import") && l.contains(&label(victim))),
+        "the step and the process are named: {}",
+        run.describe()
+    );
+}
