@@ -1219,3 +1219,83 @@ fn discard_removes_the_checkpoint_and_its_link_remaps() {
     assert_eq!(out.status.code(), Some(3), "a manifest that does not read");
     assert!(dir.join("manifest.json").is_file());
 }
+
+/// Multicast (issue 16) through a checkpoint to disk: the two ranks share a multicast object of
+/// rank 0 (added on devices 0 and 1), rank 0 binding a shared member by allocation and rank 1 a
+/// private member by address; after checkpoint, exit and restore, writes through either rank's
+/// multicast mapping reach both members again, and the rebuild ran its four steps.
+#[test]
+fn a_multicast_object_survives_checkpoint_to_disk_and_restore() {
+    const MC: u64 = 4 << 20;
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let ranks = &group.ranks;
+    ranks[0]
+        .all_ok(&[&format!("mc-create mc {MC} --devices 2"), "export mc"])
+        .expect("creating the multicast object");
+    ranks[0].ok("send-fd mc --to 1").expect("send-fd");
+    ranks[1]
+        .all_ok(&["wait fd mc", &format!("import mc --size {MC}")])
+        .expect("importing the multicast object");
+    for (r, w) in ranks.iter().enumerate() {
+        w.ok(&format!("mc-add-device mc --device {r}"))
+            .expect("adding a device");
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let (types, bind) = if r == 0 {
+            ("posix", format!("mc-bind-mem mc 0 m --size {MC}"))
+        } else {
+            ("none", "mc-bind-addr mc 0 m".to_string())
+        };
+        w.all_ok(&[
+            &format!("create m {MC} --device {r} --handle-types {types}"),
+            &format!("reserve r-m {MC}"),
+            "map m r-m",
+            &format!("set-access m --device {r}"),
+            &bind,
+            &format!("reserve r-mc {MC}"),
+            "map mc r-mc",
+            &format!("set-access mc --device {r}"),
+        ])
+        .expect("binding and mapping");
+    }
+    let through = |ranks: &[Workload], from: usize, seed: u64| {
+        ranks[from]
+            .ok(&format!("fill mc {seed}"))
+            .expect("a write through the multicast mapping");
+        for w in ranks {
+            w.ok(&format!("verify m {seed}"))
+                .expect("the member got it");
+        }
+    };
+    through(&group.ranks, 0, 51);
+
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    assert!(phase_names(&report).iter().any(|p| p == "criu-dump"));
+    let recorded = manifest["participants"]
+        .as_array()
+        .expect("participants")
+        .len();
+    assert_eq!(recorded, 2);
+    let (report, _restored) = restore(&disk, &[]);
+    let phases = phase_names(&report);
+    for wanted in [
+        "load",
+        "import",
+        "multicast-create",
+        "multicast-import",
+        "multicast-add-devices",
+        "multicast-bind",
+        "verify",
+        "thaw",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    let ranks = disk.attach();
+    for w in &ranks {
+        w.ok("verify m 51").expect("the member kept its bytes");
+    }
+    through(&ranks, 1, 52);
+    through(&ranks, 0, 53);
+    verify_sharing(&ranks, 1);
+}
