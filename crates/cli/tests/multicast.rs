@@ -290,3 +290,35 @@ fn a_participant_killed_during_the_multicast_rebuild_is_named_with_the_step() {
         run.describe()
     );
 }
+
+#[test]
+fn demo_multicast_passes_on_the_fake_driver() {
+    let env = env();
+    let run = tool(
+        &env,
+        &[
+            "demo",
+            "--multicast",
+            "--processes",
+            "3",
+            "--size",
+            "4194304",
+        ],
+    );
+    assert!(
+        run.ok()
+            .stdout
+            .contains("demo passed: 3 processes kept one multicast object of 4.00 MiB"),
+        "{}",
+        run.describe()
+    );
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.contains("multicast mapping reached all 3 members"))
+            .count(),
+        4,
+        "{}",
+        run.describe()
+    );
+}

@@ -131,6 +131,28 @@ fn gate_violations(source: &Source) -> Vec<String> {
     out
 }
 
+/// The demo's multicast path (`cuinterpose demo --multicast`) sends the workload's `mc-*`
+/// commands; the workload refuses them on a real driver, and the demo must refuse first, by the
+/// library: its gate (`!driver.is_bundled_fake()` followed by a `bail!`) comes before the first
+/// `mc-` command it names.
+fn demo_gate_violations(source: &Source) -> Vec<String> {
+    let text = &source.text;
+    let Some(first_command) = text.find("\"mc-") else {
+        return Vec::new();
+    };
+    let gate = text
+        .find("!driver.is_bundled_fake()")
+        .filter(|&g| g < first_command && text[g..first_command].contains("bail!("));
+    match gate {
+        Some(_) => Vec::new(),
+        None => vec![format!(
+            "{}: sends multicast commands without refusing first unless the driver is the bundled \
+             fake (`if args.multicast && !driver.is_bundled_fake() {{ bail!(..) }}`)",
+            source.name
+        )],
+    }
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
@@ -419,6 +441,11 @@ fn lane_programs_call_no_multicast_and_keep_the_switches() {
         "crates/testkit/src/scenarios.rs is gone"
     );
     let mut found = program_violations(&sources, true);
+    let demo = sources
+        .iter()
+        .find(|s| s.name == "crates/cli/src/demo.rs")
+        .expect("crates/cli/src/demo.rs");
+    found.extend(demo_gate_violations(demo));
     // The tool's library starts CRIU and test processes: it may name multicast (protocol,
     // refusals) but must not drop the switches.
     found.extend(program_violations(
@@ -597,6 +624,24 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
             "a faulty copy of the gated file passed ({expected}): {found:?}"
         );
     }
+    // The demo's gate: removed, or moved after the first multicast command, it is missed.
+    let demo = rust_sources(&["crates/cli/src"])
+        .into_iter()
+        .find(|s| s.name == "crates/cli/src/demo.rs")
+        .expect("crates/cli/src/demo.rs");
+    assert!(
+        demo.text.contains("\"mc-create"),
+        "the demo's multicast path is gone"
+    );
+    assert!(demo_gate_violations(&demo).is_empty());
+    let ungated = Source {
+        name: demo.name.clone(),
+        text: demo.text.replacen("!driver.is_bundled_fake()", "false", 1),
+    };
+    assert!(
+        !demo_gate_violations(&ungated).is_empty(),
+        "a demo without its gate passed"
+    );
     assert!(
         program("cmd.env_clear();")
             .iter()
