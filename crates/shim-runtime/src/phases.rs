@@ -11,7 +11,8 @@
 //!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
 //!   or absent do not matter), by the copy engine in the mode `CUINTERPOSE_CARRIER` chose
 //!   (`copy.rs`). Save and Load answer with the engine's statistics (`PhaseDone::stats`).
-//! - Release: imports are unmapped and released; shared creations leave the export cache, are
+//! - Release: multicast objects go first (`multicast.rs`: export closed, mappings unmapped,
+//!   bindings unbound, handle released); imports are unmapped and released; shared creations leave the export cache, are
 //!   unmapped and released. VA reservations stay the application's, records stay as they were
 //!   (INSPECT reports the same topology in every phase). Private memory stays for native
 //!   checkpoint.
@@ -22,6 +23,8 @@
 //! - Import: each released import is fetched again from its creator (by the creator PID and ID
 //!   its ticket named) and mapped at its recorded addresses with its recorded access. Creators
 //!   must have loaded first (the tool sends Load to everyone, then Import to everyone).
+//! - Multicast (four steps after Import, each group-wide: create, import, add devices, bind and
+//!   map; `multicast.rs`): the multicast objects Release released, rebuilt.
 //! - Thaw: the gate opens.
 //!
 //! Rollback: Load and Import work from per-object state, not from the phase alone, so they are

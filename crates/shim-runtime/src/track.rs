@@ -4,8 +4,8 @@
 //! Locking: a tracked call passes the [`crate::gate::Gate`] (counted in flight), then takes the
 //! state lock across its local driver call so that the record follows the driver's order. The
 //! calls that can wait for another process run without the state lock: the import of a ticket
-//! (its fetch from the creator's socket) and the multicast calls (a bind can wait for the whole
-//! team).
+//! (its fetch from the creator's socket) and the multicast calls (`multicast.rs`: a bind can wait
+//! for the whole team).
 //!
 //! Import error codes for tickets: a descriptor that starts like a ticket but is malformed
 //! (truncated, unsealed, other version, checksum, reserved bytes) gives `CUDA_ERROR_INVALID_VALUE`;
