@@ -322,3 +322,27 @@ fn demo_multicast_passes_on_the_fake_driver() {
         run.describe()
     );
 }
+
+#[test]
+fn a_capture_failing_after_release_rebuilds_the_multicast_object_and_runs_on() {
+    let env = env_of(2);
+    let tree = Tree::run_tree_on(&env, 2, "0,1");
+    let ranks = [tree.w("r0"), tree.w("r1")];
+    build(&ranks);
+    through(&ranks, 1, 61);
+    // The tool's native lock fails after every shim released its memory and multicast objects:
+    // the rollback sends Load, Import and the four multicast steps, then Thaw.
+    let run = suspend(
+        &env,
+        tree.root(),
+        &[("FAKE_CUDA_FAIL", "cuCheckpointProcessLock:1")],
+    );
+    run.expect_code(EXIT_ROLLED_BACK)
+        .stderr_mentions(&["native lock failed for", "rolled back"]);
+    for w in ranks {
+        assert_eq!(phase_of(&env, w.pid()), protocol::Phase::Running);
+        ok(w, &["verify m 61"]);
+    }
+    through(&ranks, 0, 62);
+    through(&ranks, 1, 63);
+}
