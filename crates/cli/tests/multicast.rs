@@ -99,6 +99,27 @@ fn suspend_resume(n: usize) {
         inspected["refusals"].as_array().is_none_or(Vec::is_empty),
         "{inspected}"
     );
+    let group = &inspected["multicasts"][0];
+    assert_eq!(
+        (&group["num_devices"], &group["devices_added"]),
+        (&serde_json::json!(n), &serde_json::json!(n)),
+        "{inspected}"
+    );
+    assert_eq!(
+        group["holders"].as_array().map(Vec::len),
+        Some(n),
+        "{inspected}"
+    );
+    let table = tool(&env, &["inspect", "--pid", &tree.root().to_string()]);
+    assert!(
+        table
+            .ok()
+            .stdout
+            .lines()
+            .any(|l| l.contains(&format!("{n}/{n}")) && l.contains("4.00 MiB")),
+        "{}",
+        table.describe()
+    );
     let before: Vec<_> = ranks.iter().map(|w| regions(w)).collect();
 
     let run = suspend(&env, tree.root(), &[]);

@@ -537,6 +537,55 @@ pub fn topology(snapshots: &[Snapshot]) -> Vec<SharedAllocation> {
     by_id.into_values().collect()
 }
 
+/// One multicast object across the group: its creator, its team and, per holder, what it added,
+/// bound and mapped.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SharedMulticast {
+    pub id: String,
+    pub size: u64,
+    pub num_devices: u32,
+    /// Devices added over the group.
+    pub devices_added: usize,
+    pub creator: String,
+    /// `pid N: devices [..], B binding(s), M mapping(s)` for every process holding it.
+    pub holders: Vec<String>,
+}
+
+/// The multicast objects of a group, for `cuinterpose inspect`.
+pub fn multicast_topology(snapshots: &[Snapshot]) -> Vec<SharedMulticast> {
+    let mut by_id: BTreeMap<AllocationId, SharedMulticast> = BTreeMap::new();
+    for s in snapshots {
+        for m in &s.record.multicasts {
+            let entry = by_id.entry(m.id).or_insert_with(|| SharedMulticast {
+                id: m.id.to_string(),
+                size: m.size,
+                num_devices: 0,
+                devices_added: 0,
+                creator: format!("ns pid {} (not in group)", m.creator_ns_pid),
+                holders: Vec::new(),
+            });
+            if m.creator_ns_pid == s.record.ns_pid {
+                entry.creator = s.info.label();
+                entry.num_devices = m.num_devices;
+            }
+            entry.devices_added += m.devices.len();
+            let mappings = s
+                .record
+                .mappings
+                .iter()
+                .filter(|r| r.backing == Backing::Multicast(m.id))
+                .count();
+            entry.holders.push(format!(
+                "pid {}: devices {:?}, {} binding(s), {mappings} mapping(s)",
+                s.info.host_pid,
+                m.devices,
+                m.bindings.len()
+            ));
+        }
+    }
+    by_id.into_values().collect()
+}
+
 /// What `cuinterpose inspect` shows: every process of the tree, the topology of the ones that
 /// answered, and whether capture would be refused (and why). Never changes anything.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -545,6 +594,7 @@ pub struct InspectReport {
     pub processes: Vec<ProcessStatus>,
     pub snapshots: Vec<Snapshot>,
     pub shared: Vec<SharedAllocation>,
+    pub multicasts: Vec<SharedMulticast>,
     /// Empty when the group can be captured now.
     pub refusals: Vec<Refusal>,
     /// The suspension in progress, when a state file for this root is where `resume` looks for
@@ -634,12 +684,14 @@ pub fn inspect(
     }
     refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
+    let multicasts = multicast_topology(&snapshots);
     let suspended = crate::capture::suspended_state(root, state_dir);
     Ok(InspectReport {
         root,
         processes,
         snapshots,
         shared,
+        multicasts,
         refusals,
         suspended,
     })
