@@ -1299,3 +1299,129 @@ fn a_multicast_object_survives_checkpoint_to_disk_and_restore() {
     through(&ranks, 0, 53);
     verify_sharing(&ranks, 1);
 }
+
+/// The same with four ranks on four fake devices: rank 0 creates the multicast object, every
+/// rank binds a member of its own device (even ranks by allocation, odd ranks by address), the
+/// group is checkpointed to disk, exits, is restored, and a write through each rank's multicast
+/// mapping reaches all four members.
+#[test]
+fn four_ranks_keep_a_multicast_object_through_checkpoint_to_disk_and_restore() {
+    const MC: u64 = 4 << 20;
+    const N: usize = 4;
+    let mut disk = Disk::new();
+    disk.env = disk.env.env("FAKE_CUDA_DEVICES", N.to_string());
+    let dir = disk.listen_dir();
+    let workload = disk.env.artifacts().workload().expect("workload binary");
+    let log = std::fs::File::create(disk.env.log_dir().join("launcher.log")).expect("log");
+    let mut command = disk
+        .env
+        .command(&disk.tool, false)
+        .expect("launcher command");
+    command
+        .args(["run", "--pid-namespace", "--"])
+        .arg(&workload)
+        .args([
+            "tree",
+            "--processes",
+            "4",
+            "--devices",
+            "0,1,2,3",
+            "--listen-dir",
+        ])
+        .arg(&dir)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut launcher = command.spawn().expect("starting the launcher");
+    testkit::wire::wait_listening(&dir.join("0.sock"), READY_TIMEOUT, || {
+        matches!(launcher.try_wait(), Ok(None))
+    })
+    .unwrap_or_else(|e| panic!("the group did not start: {e}\n{}", disk.log("launcher")));
+    let attach = || -> Vec<Workload> {
+        (0..N)
+            .map(|r| {
+                Workload::attach(
+                    format!("rank{r}"),
+                    dir.join(format!("{r}.sock")),
+                    r as i32,
+                    dir.join(format!("{r}.log")),
+                )
+                .expect("attaching to a rank")
+            })
+            .collect()
+    };
+    let ranks = attach();
+    ranks[0]
+        .all_ok(&[&format!("mc-create mc {MC} --devices {N}"), "export mc"])
+        .expect("creating the multicast object");
+    for r in 1..N {
+        ranks[0]
+            .ok(&format!("send-fd mc --to {r}"))
+            .expect("send-fd");
+        ranks[r]
+            .all_ok(&["wait fd mc", &format!("import mc --size {MC}")])
+            .expect("importing the multicast object");
+    }
+    for w in &ranks {
+        w.ok("mc-add-device mc").expect("adding a device");
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let bind = if r % 2 == 0 {
+            format!("mc-bind-mem mc 0 m --size {MC}")
+        } else {
+            "mc-bind-addr mc 0 m".to_string()
+        };
+        w.all_ok(&[
+            &format!("create m {MC} --handle-types posix"),
+            &format!("reserve r-m {MC}"),
+            "map m r-m",
+            "set-access m",
+            &bind,
+            &format!("reserve r-mc {MC}"),
+            "map mc r-mc",
+            "set-access mc",
+        ])
+        .expect("binding and mapping");
+    }
+    let through = |ranks: &[Workload], from: usize, seed: u64| {
+        ranks[from]
+            .ok(&format!("fill mc {seed}"))
+            .expect("a write through the multicast mapping");
+        for w in ranks {
+            w.ok(&format!("verify m {seed}"))
+                .expect("the member got it");
+        }
+    };
+    through(&ranks, 3, 71);
+
+    let ck = disk.checkpoint_dir();
+    let launcher_pid = launcher.id().to_string();
+    let report = disk.tool_json(&[
+        "checkpoint",
+        "--pid",
+        &launcher_pid,
+        "--dir",
+        ck.to_str().expect("utf-8 path"),
+    ]);
+    assert!(phase_names(&report).iter().any(|p| p == "criu-dump"));
+    let status = wait_child(&mut launcher, READY_TIMEOUT);
+    assert!(!status.success(), "the workload was killed by CRIU");
+    assert!(!disk.group_answers(), "nothing answers after the dump");
+    let (report, _restored) = restore(&disk, &[]);
+    let phases = phase_names(&report);
+    for wanted in [
+        "multicast-create",
+        "multicast-import",
+        "multicast-add-devices",
+        "multicast-bind",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    let ranks = attach();
+    for w in &ranks {
+        w.ok("verify m 71").expect("the member kept its bytes");
+    }
+    for from in 0..N {
+        through(&ranks, from, 80 + from as u64);
+    }
+}
