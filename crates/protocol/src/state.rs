@@ -630,4 +630,59 @@ pub(crate) mod tests {
                 .contains("did not create")
         );
     }
+
+    /// Worker 41 created and shared a multicast object, worker 42 imported it.
+    fn with_multicast() -> GroupState {
+        let mut s = two_workers();
+        let mc = |creator_ns_pid| MulticastRecord {
+            id: AllocationId([0xcc; 16]),
+            creator_ns_pid,
+            size: 4 << 20,
+            num_devices: 2,
+            handle_types: 1,
+            flags: 0,
+            granularity: 2 << 20,
+            shared: creator_ns_pid == 41,
+            devices: vec![0],
+            bindings: vec![],
+            live_handles: 1,
+        };
+        s.participants[0].record.multicasts.push(mc(41));
+        s.participants[1].record.multicasts.push(mc(41));
+        s
+    }
+
+    #[test]
+    fn multicast_imports_need_their_creator_in_the_group() {
+        let state = with_multicast();
+        state.validate().unwrap();
+        assert_eq!(decode(&encode(&state)), Ok(state.clone()));
+        let refused = |change: fn(&mut GroupState)| {
+            let mut s = with_multicast();
+            change(&mut s);
+            match s.validate() {
+                Err(ProtocolError::Inconsistent(why)) => why,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(
+            refused(|s| s.participants[1].record.multicasts[0].creator_ns_pid = 99)
+                .contains("did not create and share")
+        );
+        assert!(
+            refused(|s| s.participants[0].record.multicasts[0].shared = false)
+                .contains("did not create and share")
+        );
+        assert!(
+            refused(|s| s.participants[1].record.multicasts[0].size = 2 << 20)
+                .contains("with that size")
+        );
+        assert!(
+            refused(|s| {
+                let dup = s.participants[0].record.multicasts[0].clone();
+                s.participants[0].record.multicasts.push(dup);
+            })
+            .contains("appears twice")
+        );
+    }
 }
