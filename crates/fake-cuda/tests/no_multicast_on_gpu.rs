@@ -34,7 +34,7 @@ const SWITCHES: [(&str, &str); 3] = [
 ];
 
 /// Names through which a script reaches multicast (case-sensitive substrings).
-const SCRIPT_APIS: [&str; 9] = [
+const SCRIPT_APIS: [&str; 10] = [
     "cuMulticast",
     "cudaMulticast",
     "_symmetric_memory",
@@ -44,6 +44,7 @@ const SCRIPT_APIS: [&str; 9] = [
     "nvshmem",
     "WindowRegister",
     "--sharing multicast",
+    "--multicast",
 ];
 
 /// Names through which Rust code reaches a multicast entry point: the symbol names (dlsym,
@@ -521,6 +522,11 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
             "gpu-lane.sh",
             Box::new(appended("\"$bin/cuinterpose\" demo --sharing multicast")),
             "asks for multicast",
+        ),
+        (
+            "gpu-lane.sh",
+            Box::new(appended("\"$bin/cuinterpose\" demo --multicast --fake")),
+            "names multicast (--multicast)",
         ),
         (
             "gpu-lane.sh",

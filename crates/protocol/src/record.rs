@@ -162,8 +162,12 @@ pub struct MulticastBinding {
 /// What a multicast binding binds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BindTarget {
-    /// `cuMulticastBindMem`: an allocation and an offset into it.
-    Memory { backing: Backing, offset: u64 },
+    /// `cuMulticastBindMem`: an allocation and an offset into it; `None` for memory the shim
+    /// does not know (released by the application while bound, or not made through it).
+    Memory {
+        backing: Option<Backing>,
+        offset: u64,
+    },
     /// `cuMulticastBindAddr`: the memory mapped at an address of this process.
     Address { address: u64 },
 }

@@ -206,7 +206,7 @@ fn bind_targets() -> Vec<(&'static str, BindTarget)> {
         (
             "memory",
             BindTarget::Memory {
-                backing: Backing::Created(id(0xa1)),
+                backing: Some(Backing::Created(id(0xa1))),
                 offset: 2 << 20,
             },
         ),

@@ -133,16 +133,16 @@ fn resolve(reg: &Registry, b: &Binding) -> Resolved {
             // A handle the registry no longer holds names memory the application released while
             // bound (the driver keeps it alive): the shim cannot rebuild it.
             let Some((backing, size)) = owned_backing(reg, handle) else {
-                let backing = reg
-                    .get(handle)
-                    .and_then(|o| match o.kind {
-                        Kind::Foreign { serial, .. } => Some(Backing::Foreign { serial }),
-                        _ => None,
-                    })
-                    .unwrap_or(Backing::Foreign { serial: 0 });
+                let backing = reg.get(handle).and_then(|o| match o.kind {
+                    Kind::Foreign { serial, .. } => Some(Backing::Foreign { serial }),
+                    _ => None,
+                });
                 return Resolved::NotOwned(BindTarget::Memory { backing, offset });
             };
-            let target = BindTarget::Memory { backing, offset };
+            let target = BindTarget::Memory {
+                backing: Some(backing),
+                offset,
+            };
             if offset.checked_add(b.size).is_none_or(|end| end > size) {
                 Resolved::OutOfBounds(target)
             } else {
@@ -849,7 +849,7 @@ mod tests {
             rec.bindings.iter().map(|b| b.target).collect::<Vec<_>>(),
             vec![
                 BindTarget::Memory {
-                    backing: Backing::Created(AllocationId([1; 16])),
+                    backing: Some(Backing::Created(AllocationId([1; 16]))),
                     offset: 2 << 20
                 },
                 BindTarget::Address {

@@ -1228,7 +1228,7 @@ fn multicast_objects_are_tracked_released_and_rebuilt_in_four_steps() {
     assert_eq!(
         ma.bindings[0].target,
         BindTarget::Memory {
-            backing: Backing::Created(ra.allocations[0].id),
+            backing: Some(Backing::Created(ra.allocations[0].id)),
             offset: 0
         }
     );
