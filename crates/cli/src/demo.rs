@@ -54,6 +54,11 @@ pub struct DemoArgs {
     /// (cuMemAlloc and cuIpcOpenMemHandle), or private cuMemAlloc memory shared with nobody
     #[arg(long, value_enum, default_value_t = Sharing::Vmm)]
     sharing: Sharing,
+    /// Share one multicast object instead (each process binds a member on its own device),
+    /// suspended and resumed in place. The bundled fake driver only: refused on any other driver,
+    /// before any multicast call
+    #[arg(long, conflicts_with = "to_disk")]
+    multicast: bool,
 }
 
 /// How the demo group's memory is made and shared (`--sharing`).
@@ -111,6 +116,15 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
         driver,
         programs,
     } = pick_driver(args.fake)?;
+    // Decided by what the driver library is, before anything else runs.
+    if args.multicast && !driver.is_bundled_fake() {
+        bail!(
+            "--multicast runs on the bundled fake driver only, and {} is not it: a multicast \
+             object on the GPU machines of this project can take shared GPUs out of service, so \
+             cuinterpose never makes one there (add --fake to run it on the fake driver)",
+            driver.path().display()
+        );
+    }
     let size = args.size.unwrap_or(if on_gpu { 1 << 30 } else { 64 << 20 });
     let driver_name = if on_gpu {
         format!(
@@ -135,6 +149,9 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     }
 
     let env = Launcher::new(programs, true).context("preparing the demo's directory")?;
+    if args.multicast {
+        return demo_multicast(&args, config, env, &driver, driver_name, size);
+    }
     if args.to_disk {
         return demo_to_disk(&args, config, &env, &driver, driver_name, on_gpu, size);
     }
@@ -282,6 +299,126 @@ fn verify_after(group: &[Workload], what: &str, sharing: Sharing) -> anyhow::Res
         });
     }
     Ok(checks)
+}
+
+/// What the multicast demo proved, for `--json`.
+#[derive(Debug, serde::Serialize)]
+struct MulticastDemoReport {
+    driver: String,
+    processes: usize,
+    multicast_bytes: u64,
+    suspend: Report,
+    resume: Report,
+    verified: Vec<String>,
+}
+
+/// The multicast demo (`--multicast`, on the bundled fake driver only: `demo` refused any other
+/// driver before calling this). Rank 0 creates a multicast object for one device per process and
+/// hands it to the others through the shim's tickets; every rank adds its device, binds a member
+/// (even ranks by allocation, odd ranks by address) and maps the object. A write through one
+/// rank's multicast mapping reaches every member before the suspend and, from every rank, after
+/// the resume.
+fn demo_multicast(
+    args: &DemoArgs,
+    config: &ToolConfig,
+    env: Launcher,
+    driver: &Driver,
+    driver_name: String,
+    size: u64,
+) -> anyhow::Result<()> {
+    let n = args.processes;
+    // One fake device per process: a device joins a multicast team once.
+    let env = env.env("FAKE_CUDA_DEVICES", n.max(2).to_string());
+    let devices: Vec<i32> = (0..n).map(|d| d as i32).collect();
+    // Whole 2 MiB granules.
+    let size = size.div_ceil(2 << 20) * (2 << 20);
+    let group = Group::tree_on(
+        &env,
+        n,
+        WorkloadOptions::new("demo-mc").shim(true),
+        &devices,
+    )
+    .context("starting the workload group")?;
+    let ranks = group.members();
+    ranks[0].all_ok(&[&format!("mc-create mc {size} --devices {n}"), "export mc"])?;
+    for w in &ranks[1..] {
+        ranks[0].ok(&format!("send-fd mc --to {}", w.socket().display()))?;
+        w.all_ok(&["wait fd mc", &format!("import mc --size {size}")])?;
+    }
+    for w in ranks {
+        w.ok("mc-add-device mc")?;
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let bind = if r % 2 == 0 {
+            format!("mc-bind-mem mc 0 m --size {size}")
+        } else {
+            "mc-bind-addr mc 0 m".to_string()
+        };
+        w.all_ok(&[
+            &format!("create m {size} --handle-types posix"),
+            &format!("reserve r-m {size}"),
+            "map m r-m",
+            "set-access m",
+            &bind,
+            &format!("reserve r-mc {size}"),
+            "map mc r-mc",
+            "set-access mc",
+        ])?;
+    }
+    let mut verified = Vec::new();
+    let mut through = |from: usize, seed: u64, what: &str| -> anyhow::Result<()> {
+        ranks[from].ok(&format!("fill mc {seed}"))?;
+        for w in ranks {
+            w.assert_pattern("m", seed)?;
+        }
+        verified.push(format!(
+            "{what}: a write through rank {from}'s multicast mapping reached all {n} members"
+        ));
+        Ok(())
+    };
+    through(0, seed(0, 1), "before suspend")?;
+
+    let root = ranks[0].pid();
+    let state_dir = env.dir().join("state");
+    let mut suspend_options = SuspendOptions::new(root, config);
+    suspend_options.state_dir = state_dir.clone();
+    suspend_options.driver = Some(driver.path().to_path_buf());
+    let progress = Bars::new(!args.json);
+    let suspended = capture::suspend(&suspend_options, &progress).context("suspend")?;
+    let mut resume_options = ResumeOptions::new(root, config);
+    resume_options.state_dir = state_dir;
+    resume_options.driver = suspend_options.driver.clone();
+    let resumed = capture::resume(&resume_options, &progress).context("resume")?;
+    for from in 0..n {
+        through(from, seed(from, 2), "after resume")?;
+    }
+    let report = MulticastDemoReport {
+        driver: driver_name,
+        processes: n,
+        multicast_bytes: size,
+        suspend: suspended,
+        resume: resumed,
+        verified,
+    };
+    if args.json {
+        crate::output::print_json(&report)
+    } else {
+        println!();
+        println!("suspend");
+        print_phases(&report.suspend.phases);
+        println!();
+        println!("resume");
+        print_phases(&report.resume.phases);
+        println!();
+        for line in &report.verified {
+            println!("ok  {line}");
+        }
+        println!(
+            "demo passed: {n} processes kept one multicast object of {} across suspend and resume",
+            bytes(size)
+        );
+        Ok(())
+    }
 }
 
 /// What the demo through disk proved, for `--json`.

@@ -63,6 +63,26 @@ pub fn print_inspect(report: &InspectReport) {
             }
         }
     }
+    if !report.multicasts.is_empty() {
+        println!();
+        println!(
+            "{:<14} {:>12} {:>6}  {:<20} HOLDERS",
+            "MULTICAST", "SIZE", "TEAM", "CREATOR"
+        );
+        for m in &report.multicasts {
+            let team = format!("{}/{}", m.devices_added, m.num_devices);
+            println!(
+                "{:<14} {:>12} {team:>6}  {:<20} {}",
+                m.id,
+                bytes(m.size),
+                short(&m.creator),
+                m.holders.first().map_or("-", String::as_str)
+            );
+            for h in m.holders.iter().skip(1) {
+                println!("{:<14} {:>12} {:>6}  {:<20} {h}", "", "", "", "");
+            }
+        }
+    }
     println!();
     print_memory_paths(report);
     if let Some(s) = &report.suspended {

@@ -1169,3 +1169,179 @@ fn discard_removes_the_checkpoint_and_its_link_remaps() {
     assert_eq!(out.status.code(), Some(3), "a manifest that does not read");
     assert!(dir.join("manifest.json").is_file());
 }
+
+/// Multicast (issue 16) through a checkpoint to disk: the two ranks share a multicast object of
+/// rank 0 (added on devices 0 and 1), rank 0 binding a shared member by allocation and rank 1 a
+/// private member by address; after checkpoint, exit and restore, writes through either rank's
+/// multicast mapping reach both members again, and the rebuild ran its four steps.
+#[test]
+fn a_multicast_object_survives_checkpoint_to_disk_and_restore() {
+    const MC: u64 = 4 << 20;
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let ranks = &group.ranks;
+    ranks[0]
+        .all_ok(&[&format!("mc-create mc {MC} --devices 2"), "export mc"])
+        .expect("creating the multicast object");
+    ranks[0].ok("send-fd mc --to 1").expect("send-fd");
+    ranks[1]
+        .all_ok(&["wait fd mc", &format!("import mc --size {MC}")])
+        .expect("importing the multicast object");
+    for (r, w) in ranks.iter().enumerate() {
+        w.ok(&format!("mc-add-device mc --device {r}"))
+            .expect("adding a device");
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let (types, bind) = if r == 0 {
+            ("posix", format!("mc-bind-mem mc 0 m --size {MC}"))
+        } else {
+            ("none", "mc-bind-addr mc 0 m".to_string())
+        };
+        w.all_ok(&[
+            &format!("create m {MC} --device {r} --handle-types {types}"),
+            &format!("reserve r-m {MC}"),
+            "map m r-m",
+            &format!("set-access m --device {r}"),
+            &bind,
+            &format!("reserve r-mc {MC}"),
+            "map mc r-mc",
+            &format!("set-access mc --device {r}"),
+        ])
+        .expect("binding and mapping");
+    }
+    let through = |ranks: &[Workload], from: usize, seed: u64| {
+        ranks[from]
+            .ok(&format!("fill mc {seed}"))
+            .expect("a write through the multicast mapping");
+        for w in ranks {
+            w.ok(&format!("verify m {seed}"))
+                .expect("the member got it");
+        }
+    };
+    through(&group.ranks, 0, 51);
+
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    assert!(phase_names(&report).iter().any(|p| p == "criu-dump"));
+    let recorded = manifest["participants"]
+        .as_array()
+        .expect("participants")
+        .len();
+    assert_eq!(recorded, 2);
+    let (report, _restored) = restore(&disk, &[]);
+    let phases = phase_names(&report);
+    for wanted in [
+        "load",
+        "import",
+        "multicast-create",
+        "multicast-import",
+        "multicast-add-devices",
+        "multicast-bind",
+        "verify",
+        "thaw",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    let ranks = disk.attach();
+    for w in &ranks {
+        w.ok("verify m 51").expect("the member kept its bytes");
+    }
+    through(&ranks, 1, 52);
+    through(&ranks, 0, 53);
+    verify_sharing(&ranks, 1);
+}
+
+/// The same with four ranks on four fake devices: rank 0 creates the multicast object, every
+/// rank binds a member of its own device (even ranks by allocation, odd ranks by address), the
+/// group is checkpointed to disk, exits, is restored, and a write through each rank's multicast
+/// mapping reaches all four members.
+#[test]
+fn four_ranks_keep_a_multicast_object_through_checkpoint_to_disk_and_restore() {
+    const MC: u64 = 4 << 20;
+    const N: usize = 4;
+    let mut disk = Disk::new();
+    disk.env = disk.env.env("FAKE_CUDA_DEVICES", N.to_string());
+    let dir = disk.listen_dir();
+    let mut launcher = start_namespace(
+        &disk.env,
+        "launcher",
+        &dir,
+        (N, "0,1,2,3"),
+        &[],
+        READY_TIMEOUT,
+    );
+    let attach = || attach_ranks(&dir, N, "rank", |r| r as i32);
+    let ranks = attach();
+    ranks[0]
+        .all_ok(&[&format!("mc-create mc {MC} --devices {N}"), "export mc"])
+        .expect("creating the multicast object");
+    for r in 1..N {
+        ranks[0]
+            .ok(&format!("send-fd mc --to {r}"))
+            .expect("send-fd");
+        ranks[r]
+            .all_ok(&["wait fd mc", &format!("import mc --size {MC}")])
+            .expect("importing the multicast object");
+    }
+    for w in &ranks {
+        w.ok("mc-add-device mc").expect("adding a device");
+    }
+    for (r, w) in ranks.iter().enumerate() {
+        let bind = if r % 2 == 0 {
+            format!("mc-bind-mem mc 0 m --size {MC}")
+        } else {
+            "mc-bind-addr mc 0 m".to_string()
+        };
+        w.all_ok(&[
+            &format!("create m {MC} --handle-types posix"),
+            &format!("reserve r-m {MC}"),
+            "map m r-m",
+            "set-access m",
+            &bind,
+            &format!("reserve r-mc {MC}"),
+            "map mc r-mc",
+            "set-access mc",
+        ])
+        .expect("binding and mapping");
+    }
+    let through = |ranks: &[Workload], from: usize, seed: u64| {
+        ranks[from]
+            .ok(&format!("fill mc {seed}"))
+            .expect("a write through the multicast mapping");
+        for w in ranks {
+            w.ok(&format!("verify m {seed}"))
+                .expect("the member got it");
+        }
+    };
+    through(&ranks, 3, 71);
+
+    let ck = disk.checkpoint_dir();
+    let launcher_pid = launcher.id().to_string();
+    let report = disk.tool_json(&[
+        "checkpoint",
+        "--pid",
+        &launcher_pid,
+        "--dir",
+        ck.to_str().expect("utf-8 path"),
+    ]);
+    assert!(phase_names(&report).iter().any(|p| p == "criu-dump"));
+    let status = wait_child(&mut launcher, READY_TIMEOUT);
+    assert!(!status.success(), "the workload was killed by CRIU");
+    assert!(!disk.group_answers(), "nothing answers after the dump");
+    let (report, _restored) = restore(&disk, &[]);
+    let phases = phase_names(&report);
+    for wanted in [
+        "multicast-create",
+        "multicast-import",
+        "multicast-add-devices",
+        "multicast-bind",
+    ] {
+        assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
+    }
+    let ranks = attach();
+    for w in &ranks {
+        w.ok("verify m 71").expect("the member kept its bytes");
+    }
+    for from in 0..N {
+        through(&ranks, from, 80 + from as u64);
+    }
+}

@@ -383,11 +383,11 @@ fn demo_with(sharing: &str, to_disk: bool) {
     };
     assert_eq!(verified[0], first, "{verified:?}");
     if to_disk {
-        assert_eq!(report["checkpoint"]["shared_bytes"], 8 * MIB, "{report}");
+        assert_eq!(report["checkpoint"]["saved_bytes"], 8 * MIB, "{report}");
         assert_eq!(report["group_memory_checkpointed"], 0, "{report}");
         assert_eq!(report["group_memory_restored"], 8 * MIB, "{report}");
     } else {
-        assert_eq!(report["suspend"]["shared_bytes"], 8 * MIB, "{report}");
+        assert_eq!(report["suspend"]["saved_bytes"], 8 * MIB, "{report}");
         assert_eq!(report["group_memory_suspended"], 0, "{report}");
     }
 }

@@ -221,7 +221,7 @@ fn peer_access_reaches_owned_cu_mem_alloc_memory_before_and_after_a_suspend() {
     assert_eq!(access("n"), "rw", "granted at the allocation");
     let run = suspend(&env, tree.root(), &[]);
     assert_eq!(
-        run.ok().json()["shared_bytes"],
+        run.ok().json()["saved_bytes"],
         4 * MIB,
         "{}",
         run.describe()

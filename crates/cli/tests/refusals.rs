@@ -154,7 +154,7 @@ fn legacy_ipc_export_and_open_mapping_are_refused() {
 }
 
 #[test]
-fn a_multicast_object_is_refused() {
+fn a_multicast_object_with_an_incomplete_team_is_refused() {
     let env = env();
     let mut tree = Tree::launch(
         &env,
@@ -166,7 +166,11 @@ fn a_multicast_object_is_refused() {
     );
     let mc = tree.helper(&env, "mc");
     pair(&tree);
-    let run = expect_refusal(&env, &tree, &[(mc, "holds a multicast object")]);
+    let run = expect_refusal(
+        &env,
+        &tree,
+        &[(mc, "whose team is incomplete: 0 of 1 devices")],
+    );
     assert_untouched(&env, &tree, &run);
     assert!(alive(mc), "the multicast process died");
 }

@@ -19,7 +19,7 @@ use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
 use crate::native::{Driver, ProcessState};
 use crate::{ControlError, Refusal};
 use protocol::state::{CarrierInfo, GroupState, ParticipantState, SuspendMode};
-use protocol::{Phase, ProcessRecord, Request};
+use protocol::{MulticastStep, Phase, ProcessRecord, Request};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -256,11 +256,15 @@ fn step_error(step: &'static str, process: &str, source: ControlError) -> Contro
     }
 }
 
-/// Sends the rebuild (load, import, thaw) to every participant: the rollback of a capture that
-/// failed before the native lock. Returns every error it met.
+/// Sends the rebuild (load, import, the multicast steps, thaw) to every participant: the rollback
+/// of a capture that failed before the native lock. Returns every error it met.
 fn rebuild(group: &mut Group, clock: &mut Clock<'_>) -> Vec<ControlError> {
     let mut errors = Vec::new();
-    for (name, request) in [("load", Request::Load), ("import", Request::Import)] {
+    let multicast = MulticastStep::ALL.map(|step| (step.name(), Request::Multicast(step)));
+    let steps = [("load", Request::Load), ("import", Request::Import)]
+        .into_iter()
+        .chain(multicast);
+    for (name, request) in steps {
         if let Err(e) = clock.time(name, None, || {
             phase_all(&mut group.participants, name, &request, clock.progress)
                 .map(|(_, bytes, slowest)| ((), bytes, slowest))
@@ -1017,8 +1021,8 @@ fn native_resume(
     Ok(())
 }
 
-/// Load, import, verify and thaw: the rebuild half of resume and restore. Returns the participants'
-/// summary and the bytes loaded from carriers.
+/// Load, import, the multicast steps, verify and thaw: the rebuild half of resume and restore.
+/// Returns the participants' summary and the bytes loaded from carriers.
 pub(crate) fn finish_rebuild(
     group: &mut Group,
     state: &GroupState,
@@ -1045,6 +1049,23 @@ pub(crate) fn finish_rebuild(
         )
         .map(|(_, b, s)| ((), b, s))
     })?;
+    // The multicast objects, in four group-wide steps: each done by everyone before the next
+    // (skipped, and absent from the report, for a group that holds none).
+    let multicast = state
+        .participants
+        .iter()
+        .any(|p| !p.record.multicasts.is_empty());
+    for step in MulticastStep::ALL.into_iter().filter(|_| multicast) {
+        clock.time(step.name(), None, || {
+            phase_all(
+                &mut group.participants,
+                step.name(),
+                &Request::Multicast(step),
+                progress,
+            )
+            .map(|(_, b, s)| ((), b, s))
+        })?;
+    }
     let snapshots = clock.time("verify", None, || {
         let snapshots = group.snapshot()?;
         let refusals = verify(&snapshots, state);
@@ -1100,6 +1121,8 @@ pub fn record_difference(
         Some("reservations")
     } else if captured.blockers != rebuilt.blockers {
         Some("blockers")
+    } else if captured.multicasts != rebuilt.multicasts {
+        Some("multicast objects")
     } else {
         None
     }

@@ -376,6 +376,70 @@ fn check_group_except(
             }
         }
     }
+    refusals.extend(multicast_teams(snapshots, &creators, unread));
+    refusals
+}
+
+/// Group-wide multicast checks: every multicast object's team is complete (the devices its
+/// holders added, over the group, number the creator's `numDevices`), and an imported one names
+/// a creator of the group that created and exported it. A capture must find every rank past its
+/// `cuMulticastAddDevice` calls, or the rebuild would leave some rank waiting for a device that
+/// nobody adds.
+fn multicast_teams(
+    snapshots: &[Snapshot],
+    creators: &HashMap<(u64, u32), &Snapshot>,
+    unread: &HashSet<(u64, u32)>,
+) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    for s in snapshots {
+        for m in &s.record.multicasts {
+            let key = (s.info.pid_namespace, m.creator_ns_pid);
+            if m.creator_ns_pid == s.record.ns_pid {
+                let added: usize = snapshots
+                    .iter()
+                    .filter(|h| h.info.pid_namespace == s.info.pid_namespace)
+                    .flat_map(|h| &h.record.multicasts)
+                    .filter(|h| h.id == m.id && h.creator_ns_pid == m.creator_ns_pid)
+                    .map(|h| h.devices.len())
+                    .sum();
+                if added < m.num_devices as usize {
+                    refusals.push(Refusal {
+                        process: s.info.label(),
+                        reason: format!(
+                            "holds multicast object {} whose team is incomplete: {added} of {} devices added over the group; add every device before a capture",
+                            m.id, m.num_devices
+                        ),
+                    });
+                }
+                continue;
+            }
+            let reason = match creators.get(&key) {
+                None if unread.contains(&key) => continue,
+                None => format!(
+                    "imports multicast object {} from ns pid {}, which is not part of this group",
+                    m.id, m.creator_ns_pid
+                ),
+                Some(creator)
+                    if !creator
+                        .record
+                        .multicasts
+                        .iter()
+                        .any(|c| c.id == m.id && c.shared) =>
+                {
+                    format!(
+                        "imports multicast object {} that its creator {} does not report as exported",
+                        m.id,
+                        creator.info.label()
+                    )
+                }
+                Some(_) => continue,
+            };
+            refusals.push(Refusal {
+                process: s.info.label(),
+                reason,
+            });
+        }
+    }
     refusals
 }
 
@@ -390,7 +454,15 @@ fn blocker_reason(blocker: &Blocker) -> String {
         Blocker::LegacyIpcExport { .. } | Blocker::LegacyIpcImport { .. } => {
             "; legacy CUDA IPC is not supported yet (PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"
         }
-        Blocker::MulticastObject { .. } => "; multicast objects are not supported yet",
+        Blocker::MulticastHandleType { .. } => {
+            "; only POSIX file descriptor sharing of multicast objects is supported"
+        }
+        Blocker::MulticastForeignMemory { .. } => {
+            "; bind memory made with cuMemCreate in a process under cuinterpose (or imported through it)"
+        }
+        Blocker::MulticastOutOfBounds { .. } => {
+            "; a binding must lie inside its object and inside one allocation or mapping"
+        }
     };
     // The driver tells an importer no size before it maps (the shim reports 0): say so rather
     // than print a 0-byte allocation.
@@ -465,6 +537,55 @@ pub fn topology(snapshots: &[Snapshot]) -> Vec<SharedAllocation> {
     by_id.into_values().collect()
 }
 
+/// One multicast object across the group: its creator, its team and, per holder, what it added,
+/// bound and mapped.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SharedMulticast {
+    pub id: String,
+    pub size: u64,
+    pub num_devices: u32,
+    /// Devices added over the group.
+    pub devices_added: usize,
+    pub creator: String,
+    /// `pid N: devices [..], B binding(s), M mapping(s)` for every process holding it.
+    pub holders: Vec<String>,
+}
+
+/// The multicast objects of a group, for `cuinterpose inspect`.
+pub fn multicast_topology(snapshots: &[Snapshot]) -> Vec<SharedMulticast> {
+    let mut by_id: BTreeMap<AllocationId, SharedMulticast> = BTreeMap::new();
+    for s in snapshots {
+        for m in &s.record.multicasts {
+            let entry = by_id.entry(m.id).or_insert_with(|| SharedMulticast {
+                id: m.id.to_string(),
+                size: m.size,
+                num_devices: 0,
+                devices_added: 0,
+                creator: format!("ns pid {} (not in group)", m.creator_ns_pid),
+                holders: Vec::new(),
+            });
+            if m.creator_ns_pid == s.record.ns_pid {
+                entry.creator = s.info.label();
+                entry.num_devices = m.num_devices;
+            }
+            entry.devices_added += m.devices.len();
+            let mappings = s
+                .record
+                .mappings
+                .iter()
+                .filter(|r| r.backing == Backing::Multicast(m.id))
+                .count();
+            entry.holders.push(format!(
+                "pid {}: devices {:?}, {} binding(s), {mappings} mapping(s)",
+                s.info.host_pid,
+                m.devices,
+                m.bindings.len()
+            ));
+        }
+    }
+    by_id.into_values().collect()
+}
+
 /// What `cuinterpose inspect` shows: every process of the tree, the topology of the ones that
 /// answered, and whether capture would be refused (and why). Never changes anything.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -473,6 +594,7 @@ pub struct InspectReport {
     pub processes: Vec<ProcessStatus>,
     pub snapshots: Vec<Snapshot>,
     pub shared: Vec<SharedAllocation>,
+    pub multicasts: Vec<SharedMulticast>,
     /// Empty when the group can be captured now.
     pub refusals: Vec<Refusal>,
     /// The suspension in progress, when a state file for this root is where `resume` looks for
@@ -562,12 +684,14 @@ pub fn inspect(
     }
     refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
+    let multicasts = multicast_topology(&snapshots);
     let suspended = crate::capture::suspended_state(root, state_dir);
     Ok(InspectReport {
         root,
         processes,
         snapshots,
         shared,
+        multicasts,
         refusals,
         suspended,
     })

@@ -183,6 +183,11 @@ interposer_table! {
             prop: *const CUmemAllocationProp,
             option: u32,
         );
+        cuMulticastGetGranularity(
+            granularity: *mut usize,
+            prop: *const CUmulticastObjectProp,
+            option: u32,
+        );
         cuMemGetInfo_v2 = cuMemGetInfo @ 12000 (free: *mut usize, total: *mut usize);
         cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr);
         cuGetErrorName(error: CUresult, out: *mut *const c_char);

@@ -463,6 +463,18 @@ impl DriverTable {
         Ok(DriverHandle::from_raw(h))
     }
 
+    /// `cuMulticastGetGranularity`.
+    pub fn multicast_granularity(
+        &self,
+        prop: &CUmulticastObjectProp,
+        option: u32,
+    ) -> Result<usize> {
+        let mut g = 0usize;
+        // SAFETY: a valid out-pointer and property struct.
+        unsafe { self.cuMulticastGetGranularity(&mut g, prop, option) }?;
+        Ok(g)
+    }
+
     /// `cuMulticastAddDevice`.
     pub fn multicast_add_device(&self, mc: DriverHandle, device: CUdevice) -> Result<()> {
         // SAFETY: values only.

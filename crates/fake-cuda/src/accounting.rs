@@ -3,8 +3,9 @@
 //! Each initialised process publishes its usage in `$FAKE_CUDA_STATE_DIR/usage-<pid>-<start>`
 //! (`start`: the process start time from `/proc/<pid>/stat`, so a recycled pid is never
 //! confused with a dead process). The owner holds an exclusive `flock` on its file for as long as
-//! the numbers are live; a reader counts a file only while that lock is held and the owner (pid
-//! and start token) is alive, and removes files whose owner is gone. A checkpointed process removes its file and closes it (it holds no
+//! the numbers are live; a reader counts a file only while that lock is held, and removes files
+//! that nobody locks and whose owner (pid and start token) is not alive here. The lock alone
+//! decides for an owner in another PID namespace, whose pid means another process here. A checkpointed process removes its file and closes it (it holds no
 //! descriptor of the fake then); its usage is 0 until restore publishes it again.
 //!
 //! File format (text, ASCII, rewritten in place with one `pwrite`; byte counts are zero-padded
@@ -124,17 +125,23 @@ pub fn read_live(dir: &Path) -> Vec<UsageRecord> {
         let Ok(file) = File::open(&path) else {
             continue;
         };
-        let owner_alive = os::start_token(pid) == Some(start);
-        if !owner_alive {
-            // The owner is gone (a child it forked may still hold the lock): not live.
+        let locked = flock(&file, libc::LOCK_SH | libc::LOCK_NB).is_err();
+        let owner_here = os::start_token(pid) == Some(start);
+        if !owner_here && !locked {
+            // Nobody holds the owner's lock and no process of ours is the owner: gone.
             let _ = std::fs::remove_file(&path);
             continue;
         }
-        if flock(&file, libc::LOCK_SH | libc::LOCK_NB).is_ok() {
+        if !locked {
             // The owner lives but holds no lock: it is between checkpoint and restore, or still
             // creating the file. Not live, and not ours to remove.
             continue;
         }
+        // Locked: the owner is ours (pid and start token match), or a process of another PID
+        // namespace, where the pid in the name is its own and means another process here, or
+        // nothing (a `cuinterpose run --pid-namespace` group seen from the tool). Its lock is
+        // what says it lives (the descriptor is close-on-exec; a child forked without exec would
+        // keep it, which the workloads do not do).
         let mut buf = vec![0u8; 4096];
         let Ok(n) = file.read_at(&mut buf, 0) else {
             continue;

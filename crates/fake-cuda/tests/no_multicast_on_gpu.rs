@@ -11,11 +11,12 @@
 //!   them to another value, unsets them or starts a process with an environment of its own;
 //! - the programs the lane starts (`crates/testkit`: scenarios; `crates/workload`: the workload and
 //!   its launcher; `crates/cli`: demo, bench, run; `crates/control` is only checked for the
-//!   switches) call no multicast entry point: testkit tells the fake driver from the real one
-//!   only by `DriverKind` (`TestEnv::driver()`), and no multicast use gated on it exists yet, so
-//!   any use is refused here until it is gated (refusing unless the driver is the fake) and this
-//!   test is taught that gate; and they keep the switches (the workload's launcher, which testkit
-//!   builds on, sets them on every process it starts, nothing clears the environment).
+//!   switches) call no multicast entry point except through the one gate: the workload's `mc-*`
+//!   commands ([`GATED`]), each of which first calls `self.fake_only(..)`, which refuses unless the
+//!   loaded library is the bundled fake (`is_bundled_fake()`: a symbol no real driver exports). A
+//!   multicast name anywhere else, or a function of that file that reaches one before the gate,
+//!   fails here; and they keep the switches (the workload's launcher, which testkit builds on, sets
+//!   them on every process it starts, nothing clears the environment).
 //!
 //! The shim and its runtime are not scanned: they forward the application's own calls, and the
 //! application is one of the above.
@@ -34,7 +35,7 @@ const SWITCHES: [(&str, &str); 3] = [
 ];
 
 /// Names through which a script reaches multicast (case-sensitive substrings).
-const SCRIPT_APIS: [&str; 9] = [
+const SCRIPT_APIS: [&str; 10] = [
     "cuMulticast",
     "cudaMulticast",
     "_symmetric_memory",
@@ -44,6 +45,7 @@ const SCRIPT_APIS: [&str; 9] = [
     "nvshmem",
     "WindowRegister",
     "--sharing multicast",
+    "--multicast",
 ];
 
 /// Names through which Rust code reaches a multicast entry point: the symbol names (dlsym,
@@ -56,6 +58,102 @@ const RUST_APIS: [&str; 6] = [
     "multicast_bind",
     "multicast_unbind",
 ];
+
+/// The one file of the lane's programs allowed to reach multicast, behind its gate.
+const GATED: &str = "crates/workload/src/server/exec/multicast.rs";
+
+/// Whether `line` is a comment or an import (naming a type is not calling anything).
+fn inert(line: &str) -> bool {
+    let t = line.trim_start();
+    t.starts_with("//") || t.starts_with("use ")
+}
+
+/// In the gated file: the gate must test the library, and every function that names a multicast
+/// entry point must call the gate on an earlier line of its body.
+fn gate_violations(source: &Source) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut functions: Vec<(usize, Vec<&str>)> = Vec::new();
+    let mut header: Vec<(usize, &str)> = Vec::new();
+    for (i, line) in source.text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with("fn ") || t.starts_with("pub fn ") || t.starts_with("pub(super) fn ") {
+            functions.push((i + 1, Vec::new()));
+        }
+        match functions.last_mut() {
+            Some((_, body)) => body.push(line),
+            None => header.push((i + 1, line)),
+        }
+    }
+    let gate = functions
+        .iter()
+        .find(|(_, body)| body.first().is_some_and(|l| l.contains("fn fake_only(")));
+    match gate {
+        Some((_, body)) if body.iter().any(|l| l.contains("is_bundled_fake()")) => {}
+        _ => out.push(format!(
+            "{}: the gate `fn fake_only` does not test `is_bundled_fake()`",
+            source.name
+        )),
+    }
+    for (n, line) in header {
+        if !inert(line) && RUST_APIS.iter().any(|api| line.contains(api)) {
+            out.push(format!(
+                "{}:{n}: reaches multicast outside a gated function",
+                source.name
+            ));
+        }
+    }
+    for (start, body) in &functions {
+        if body.first().is_some_and(|l| l.contains("fn fake_only(")) {
+            if let Some(k) = body
+                .iter()
+                .position(|l| !inert(l) && RUST_APIS.iter().any(|api| l.contains(api)))
+            {
+                out.push(format!(
+                    "{}:{}: the gate itself reaches multicast",
+                    source.name,
+                    start + k
+                ));
+            }
+            continue;
+        }
+        let gated_at = body.iter().position(|l| l.contains("self.fake_only("));
+        for (k, line) in body.iter().enumerate() {
+            if inert(line) || !RUST_APIS.iter().any(|api| line.contains(api)) {
+                continue;
+            }
+            if gated_at.is_none_or(|g| g > k) {
+                out.push(format!(
+                    "{}:{}: reaches multicast before the gate (`self.fake_only(..)?` first)",
+                    source.name,
+                    start + k
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The demo's multicast path (`cuinterpose demo --multicast`) sends the workload's `mc-*`
+/// commands; the workload refuses them on a real driver, and the demo must refuse first, by the
+/// library: its gate (`!driver.is_bundled_fake()` followed by a `bail!`) comes before the first
+/// `mc-` command it names.
+fn demo_gate_violations(source: &Source) -> Vec<String> {
+    let text = &source.text;
+    let Some(first_command) = text.find("\"mc-") else {
+        return Vec::new();
+    };
+    let gate = text
+        .find("!driver.is_bundled_fake()")
+        .filter(|&g| g < first_command && text[g..first_command].contains("bail!("));
+    match gate {
+        Some(_) => Vec::new(),
+        None => vec![format!(
+            "{}: sends multicast commands without refusing first unless the driver is the bundled \
+             fake (`if args.multicast && !driver.is_bundled_fake() {{ bail!(..) }}`)",
+            source.name
+        )],
+    }
+}
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -296,9 +394,13 @@ fn lane_violations(sources: &[Source]) -> Vec<String> {
 fn program_violations(sources: &[Source], apis: bool) -> Vec<String> {
     let mut out = Vec::new();
     for s in sources {
+        let gated = apis && s.name == GATED;
+        if gated {
+            out.extend(gate_violations(s));
+        }
         for (i, line) in s.text.lines().enumerate() {
             let at = format!("{}:{}", s.name, i + 1);
-            for api in RUST_APIS.iter().filter(|_| apis) {
+            for api in RUST_APIS.iter().filter(|_| apis && !gated) {
                 if line.contains(api) {
                     out.push(format!(
                         "{at}: reaches multicast ({api}) with no gate: the lane runs this on a \
@@ -349,6 +451,11 @@ fn lane_programs_call_no_multicast_and_keep_the_switches() {
         "crates/workload/src/server/exec.rs is gone"
     );
     let mut found = program_violations(&sources, true);
+    let demo = sources
+        .iter()
+        .find(|s| s.name == "crates/cli/src/demo.rs")
+        .expect("crates/cli/src/demo.rs");
+    found.extend(demo_gate_violations(demo));
     // The tool's library starts CRIU and test processes: it may name multicast (protocol,
     // refusals) but must not drop the switches.
     found.extend(program_violations(
@@ -428,6 +535,11 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
         ),
         (
             "gpu-lane.sh",
+            Box::new(appended("\"$bin/cuinterpose\" demo --multicast --fake")),
+            "names multicast (--multicast)",
+        ),
+        (
+            "gpu-lane.sh",
             Box::new(appended("env -u NVSHMEM_DISABLE_NVLS python3 x.py")),
             "removes NVSHMEM_DISABLE_NVLS",
         ),
@@ -486,6 +598,65 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
         program("let f = lib.get::<PFN_cuMulticastCreate>(b\"cuMulticastCreate\");")
             .iter()
             .any(|f| f.contains("reaches multicast (cuMulticast)"))
+    );
+    // The gate: a copy of the gated file with one command's gate call removed, or with a gate
+    // that does not test the library, is refused.
+    let gated = rust_sources(&["crates/workload/src/server/exec"])
+        .into_iter()
+        .find(|s| s.name == GATED)
+        .expect("the gated multicast commands");
+    assert!(
+        program_violations(std::slice::from_ref(&gated), true).is_empty(),
+        "the gated file as it is passes"
+    );
+    for (edit, expected) in [
+        (
+            gated
+                .text
+                .replacen("self.fake_only(\"mc-bind-mem\")?;", "", 1),
+            "before the gate",
+        ),
+        (
+            gated.text.replacen("is_bundled_fake()", "is_loaded()", 1),
+            "does not test `is_bundled_fake()`",
+        ),
+        (
+            format!(
+                "{}\nfn extra(&self) {{ self.driver.api().multicast_unbind(mc, 0, 0, 0); }}\n",
+                gated.text
+            ),
+            "before the gate",
+        ),
+    ] {
+        let found = program_violations(
+            &[Source {
+                name: GATED.into(),
+                text: edit,
+            }],
+            true,
+        );
+        assert!(
+            found.iter().any(|f| f.contains(expected)),
+            "a faulty copy of the gated file passed ({expected}): {found:?}"
+        );
+    }
+    // The demo's gate: removed, or moved after the first multicast command, it is missed.
+    let demo = rust_sources(&["crates/cli/src"])
+        .into_iter()
+        .find(|s| s.name == "crates/cli/src/demo.rs")
+        .expect("crates/cli/src/demo.rs");
+    assert!(
+        demo.text.contains("\"mc-create"),
+        "the demo's multicast path is gone"
+    );
+    assert!(demo_gate_violations(&demo).is_empty());
+    let ungated = Source {
+        name: demo.name.clone(),
+        text: demo.text.replacen("!driver.is_bundled_fake()", "false", 1),
+    };
+    assert!(
+        !demo_gate_violations(&ungated).is_empty(),
+        "a demo without its gate passed"
     );
     assert!(
         program("cmd.env_clear();")

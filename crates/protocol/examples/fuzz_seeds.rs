@@ -41,6 +41,7 @@ fn main() -> std::io::Result<()> {
         creator_ns_pid: 41,
         id: AllocationId([0x5a; 16]),
         size: 2 << 20,
+        multicast: false,
     };
     write_all(&dir, "ticket", &[ticket.encode().to_vec()])?;
     // The state target reads its first byte as a mode: 0 = a whole file, 1 = a body that the

@@ -16,7 +16,7 @@ pub mod record;
 pub mod state;
 pub mod ticket;
 
-pub use message::{ErrorCode, FrameHeader, HelloReply, Request, Response};
+pub use message::{ErrorCode, FrameHeader, HelloReply, MulticastStep, Request, Response};
 pub use record::*;
 
 /// Why bytes could not be decoded.

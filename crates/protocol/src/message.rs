@@ -89,6 +89,44 @@ pub enum Request {
     Import,
     /// Let held calls go; back to running.
     Thaw,
+    /// One group-wide step of the multicast rebuild, after Import, with a barrier after each
+    /// (the tool sends the next step only once every participant has done this one).
+    Multicast(MulticastStep),
+}
+
+/// The steps of the multicast rebuild, in their order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MulticastStep {
+    /// Creators create their multicast objects again and export them into the export cache.
+    Create,
+    /// Importers import them again from their creators (all before any device is added, so that
+    /// no rank waits in a team that another rank has not joined).
+    Import,
+    /// Every process adds the devices it had added.
+    AddDevices,
+    /// Bindings are made again and multicast mappings mapped at their addresses with their
+    /// access (the team is complete everywhere by now).
+    Bind,
+}
+
+impl MulticastStep {
+    /// Every step, in the order the tool sends them.
+    pub const ALL: [MulticastStep; 4] = [
+        MulticastStep::Create,
+        MulticastStep::Import,
+        MulticastStep::AddDevices,
+        MulticastStep::Bind,
+    ];
+
+    /// The step's name in reports and errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            MulticastStep::Create => "multicast-create",
+            MulticastStep::Import => "multicast-import",
+            MulticastStep::AddDevices => "multicast-add-devices",
+            MulticastStep::Bind => "multicast-bind",
+        }
+    }
 }
 
 /// What a shim answers.
@@ -195,6 +233,7 @@ impl Request {
             Request::Load => 7,
             Request::Import => 8,
             Request::Thaw => 9,
+            Request::Multicast(_) => 10,
         }
     }
 }

@@ -79,6 +79,8 @@ pub enum Backing {
     /// An allocation imported natively from a descriptor that was not a ticket (a process without
     /// the shim exported it); `serial` is the shim's local number for it.
     Foreign { serial: u64 },
+    /// A multicast object (created here or imported through a ticket), by its ID.
+    Multicast(AllocationId),
 }
 
 /// An allocation created in this process.
@@ -123,6 +125,53 @@ pub struct MappingRecord {
     pub access: Vec<AccessRecord>,
 }
 
+/// A multicast object this process holds, created here (`creator_ns_pid` is its own) or imported
+/// through a ticket. The team is the object's, shared by every holder: `devices` are the ones
+/// THIS process added (its local ordinals), so the team is the union over the group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MulticastRecord {
+    pub id: AllocationId,
+    pub creator_ns_pid: u32,
+    /// `CUmulticastObjectProp` as requested by the creator (an importer reports the creator's).
+    pub size: u64,
+    pub num_devices: u32,
+    pub handle_types: u64,
+    pub flags: u64,
+    /// The recommended granularity the creator's driver reported for these properties.
+    pub granularity: u64,
+    /// Exported as a POSIX descriptor at least once (sticky; creators only).
+    pub shared: bool,
+    /// Devices this process added with `cuMulticastAddDevice`, in the order added.
+    pub devices: Vec<i32>,
+    /// Bindings this process made and has not unbound, by device then offset.
+    pub bindings: Vec<MulticastBinding>,
+    pub live_handles: u32,
+}
+
+/// One live `cuMulticastBindMem`/`cuMulticastBindAddr` of this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MulticastBinding {
+    /// The member's device (local ordinal): the `_v2` argument, else the memory's location.
+    pub device: i32,
+    pub mc_offset: u64,
+    pub size: u64,
+    pub flags: u64,
+    pub target: BindTarget,
+}
+
+/// What a multicast binding binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BindTarget {
+    /// `cuMulticastBindMem`: an allocation and an offset into it; `None` for memory the shim
+    /// does not know (released by the application while bound, or not made through it).
+    Memory {
+        backing: Option<Backing>,
+        offset: u64,
+    },
+    /// `cuMulticastBindAddr`: the memory mapped at an address of this process.
+    Address { address: u64 },
+}
+
 /// A live `cuMemAddressReserve`. Kept across capture: the addresses must stay the application's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReservationRecord {
@@ -146,8 +195,22 @@ pub enum Blocker {
     LegacyIpcExport { address: u64 },
     /// A `cuIpcOpenMemHandle` mapping is open.
     LegacyIpcImport { address: u64 },
-    /// A multicast object exists.
-    MulticastObject { size: u64, devices: u32 },
+    /// A multicast object was created or exported with handle types other than POSIX descriptors.
+    MulticastHandleType { id: AllocationId, handle_types: u64 },
+    /// A multicast binding binds memory the shim does not rebuild (not a shared creation or a
+    /// ticket import: private, foreign, or not mapped from tracked memory).
+    MulticastForeignMemory {
+        id: AllocationId,
+        device: i32,
+        mc_offset: u64,
+    },
+    /// A multicast binding reaches past its object or its member memory as the shim recorded them.
+    MulticastOutOfBounds {
+        id: AllocationId,
+        device: i32,
+        mc_offset: u64,
+        size: u64,
+    },
 }
 
 impl fmt::Display for Blocker {
@@ -171,12 +234,27 @@ impl fmt::Display for Blocker {
             Blocker::LegacyIpcImport { address } => {
                 write!(f, "has legacy CUDA IPC memory open at {address:#x}")
             }
-            Blocker::MulticastObject { size, devices } => {
-                write!(
-                    f,
-                    "holds a multicast object ({size} bytes, {devices} devices)"
-                )
-            }
+            Blocker::MulticastHandleType { id, handle_types } => write!(
+                f,
+                "holds multicast object {id} with handle types {handle_types:#x}, not only POSIX descriptors"
+            ),
+            Blocker::MulticastForeignMemory {
+                id,
+                device,
+                mc_offset,
+            } => write!(
+                f,
+                "bound memory the shim does not own to multicast object {id} (device {device}, offset {mc_offset:#x})"
+            ),
+            Blocker::MulticastOutOfBounds {
+                id,
+                device,
+                mc_offset,
+                size,
+            } => write!(
+                f,
+                "has a binding of multicast object {id} out of bounds (device {device}, offset {mc_offset:#x}, {size} bytes)"
+            ),
         }
     }
 }
@@ -229,6 +307,8 @@ pub struct ProcessRecord {
     pub blockers: Vec<Blocker>,
     /// Tracked driver calls executing right now (a capture must see zero once frozen).
     pub calls_in_flight: u32,
+    /// Multicast objects the process holds, by ID.
+    pub multicasts: Vec<MulticastRecord>,
     /// Device memory the shim does not own, by kind (kinds with none left out). Not part of the
     /// topology a rebuild is verified against: these calls are not gated, so the application may
     /// change them while suspended.

@@ -106,7 +106,9 @@ impl GroupState {
     /// - each participant has exactly one carrier per shared allocation it created and no other,
     ///   none holding more bytes than the allocation has;
     /// - each import names a creator in the group that created a shared allocation of that ID and
-    ///   size.
+    ///   size;
+    /// - each multicast object appears once per participant, and one imported names a creator in
+    ///   the group that created and shared a multicast object of that ID and size.
     pub fn validate(&self) -> Result<(), ProtocolError> {
         let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
         if self.participants.is_empty() {
@@ -180,7 +182,42 @@ impl GroupState {
                 return bad(format!("namespace pid {} appears twice", p.ns_pid));
             }
         }
+        // ns pid -> (multicast id -> (size, shared)) of the multicast objects each one created.
+        let mut multicasts: BTreeMap<u32, BTreeMap<AllocationId, (u64, bool)>> = BTreeMap::new();
         for p in &self.participants {
+            let mut seen = BTreeSet::new();
+            for m in &p.record.multicasts {
+                if !seen.insert(m.id) {
+                    return bad(format!(
+                        "participant {}: multicast object {:?} appears twice",
+                        p.ns_pid, m.id
+                    ));
+                }
+                if m.creator_ns_pid == p.ns_pid {
+                    multicasts
+                        .entry(p.ns_pid)
+                        .or_default()
+                        .insert(m.id, (m.size, m.shared));
+                }
+            }
+        }
+        for p in &self.participants {
+            for m in p
+                .record
+                .multicasts
+                .iter()
+                .filter(|m| m.creator_ns_pid != p.ns_pid)
+            {
+                match multicasts.get(&m.creator_ns_pid).and_then(|c| c.get(&m.id)) {
+                    Some(&(size, true)) if size == m.size => {}
+                    _ => {
+                        return bad(format!(
+                            "participant {} imports multicast object {:?} ({} bytes), which participant {} did not create and share with that size",
+                            p.ns_pid, m.id, m.size, m.creator_ns_pid
+                        ));
+                    }
+                }
+            }
             for import in &p.record.imports {
                 let Some(allocations) = created.get(&import.creator_ns_pid) else {
                     return bad(format!(
@@ -315,6 +352,7 @@ pub(crate) mod tests {
             reservations: vec![],
             blockers: vec![],
             calls_in_flight: 0,
+            multicasts: vec![],
             unowned: vec![],
         }
     }
@@ -602,6 +640,61 @@ pub(crate) mod tests {
         assert!(
             refused(|s| s.participants[1].record.imports[0].id = AllocationId([0xbb; 16]))
                 .contains("did not create")
+        );
+    }
+
+    /// Worker 41 created and shared a multicast object, worker 42 imported it.
+    fn with_multicast() -> GroupState {
+        let mut s = two_workers();
+        let mc = |creator_ns_pid| MulticastRecord {
+            id: AllocationId([0xcc; 16]),
+            creator_ns_pid,
+            size: 4 << 20,
+            num_devices: 2,
+            handle_types: 1,
+            flags: 0,
+            granularity: 2 << 20,
+            shared: creator_ns_pid == 41,
+            devices: vec![0],
+            bindings: vec![],
+            live_handles: 1,
+        };
+        s.participants[0].record.multicasts.push(mc(41));
+        s.participants[1].record.multicasts.push(mc(41));
+        s
+    }
+
+    #[test]
+    fn multicast_imports_need_their_creator_in_the_group() {
+        let state = with_multicast();
+        state.validate().unwrap();
+        assert_eq!(decode(&encode(&state)), Ok(state.clone()));
+        let refused = |change: fn(&mut GroupState)| {
+            let mut s = with_multicast();
+            change(&mut s);
+            match s.validate() {
+                Err(ProtocolError::Inconsistent(why)) => why,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(
+            refused(|s| s.participants[1].record.multicasts[0].creator_ns_pid = 99)
+                .contains("did not create and share")
+        );
+        assert!(
+            refused(|s| s.participants[0].record.multicasts[0].shared = false)
+                .contains("did not create and share")
+        );
+        assert!(
+            refused(|s| s.participants[1].record.multicasts[0].size = 2 << 20)
+                .contains("with that size")
+        );
+        assert!(
+            refused(|s| {
+                let dup = s.participants[0].record.multicasts[0].clone();
+                s.participants[0].record.multicasts.push(dup);
+            })
+            .contains("appears twice")
         );
     }
 }

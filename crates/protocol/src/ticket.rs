@@ -11,15 +11,19 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `CUITICKT` |
-//! | 8 | 2 | version (1) |
-//! | 10 | 2 | reserved, zero |
+//! | 8 | 2 | version (2) |
+//! | 10 | 1 | kind: 0 an allocation (`cuMemCreate`), 1 a multicast object (`cuMulticastCreate`) |
+//! | 11 | 1 | reserved, zero |
 //! | 12 | 4 | creator's namespace PID |
 //! | 16 | 16 | allocation ID |
 //! | 32 | 8 | allocation size in bytes |
 //! | 40 | 4 | CRC-32 (IEEE) of bytes 0..40 |
 //! | 44 | 4 | reserved, zero |
 //!
-//! Decoding is strict: every reserved byte must be zero and the checksum must match, so that a
+//! Version 2 added the kind: an importer must know before it imports whether the ticket names a
+//! multicast object, whose rebuild is a group-wide sequence of its own.
+//!
+//! Decoding is strict: every reserved byte must be zero, the kind 0 or 1, and the checksum must match, so that a
 //! reader and a writer can only agree on one encoding of a ticket (the prior design's writer and
 //! reader disagreed about reserved fields and nobody noticed).
 
@@ -29,7 +33,7 @@ use crate::record::AllocationId;
 /// First eight bytes of every ticket.
 pub const TICKET_MAGIC: [u8; 8] = *b"CUITICKT";
 /// The ticket layout this build writes and accepts.
-pub const TICKET_VERSION: u16 = 1;
+pub const TICKET_VERSION: u16 = 2;
 /// Exact length of an encoded ticket (and of the memfd holding it).
 pub const TICKET_LEN: usize = 48;
 
@@ -46,6 +50,8 @@ pub struct Ticket {
     pub id: AllocationId,
     /// Size of the allocation in bytes, as created.
     pub size: u64,
+    /// The ID names a multicast object, not an allocation.
+    pub multicast: bool,
 }
 
 impl Ticket {
@@ -54,6 +60,7 @@ impl Ticket {
         let mut out = [0u8; TICKET_LEN];
         out[0..8].copy_from_slice(&TICKET_MAGIC);
         out[8..10].copy_from_slice(&TICKET_VERSION.to_le_bytes());
+        out[10] = u8::from(self.multicast);
         out[12..16].copy_from_slice(&self.creator_ns_pid.to_le_bytes());
         out[16..32].copy_from_slice(&self.id.0);
         out[32..40].copy_from_slice(&self.size.to_le_bytes());
@@ -85,7 +92,13 @@ impl Ticket {
                 theirs: version,
             });
         }
-        for offset in (10..12).chain(44..48) {
+        if b[10] > 1 {
+            return Err(ProtocolError::Malformed(format!(
+                "ticket kind {} is neither an allocation (0) nor a multicast object (1)",
+                b[10]
+            )));
+        }
+        for offset in (11..12).chain(44..48) {
             if b[offset] != 0 {
                 return Err(ProtocolError::Reserved { offset });
             }
@@ -100,6 +113,7 @@ impl Ticket {
             creator_ns_pid: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
             id: AllocationId(id),
             size: u64::from_le_bytes([b[32], b[33], b[34], b[35], b[36], b[37], b[38], b[39]]),
+            multicast: b[10] == 1,
         })
     }
 }
@@ -113,6 +127,7 @@ mod tests {
             creator_ns_pid: 41,
             id: AllocationId(*b"0123456789abcdef"),
             size: 2 << 20,
+            multicast: false,
         }
     }
 
@@ -131,11 +146,13 @@ mod tests {
                 creator_ns_pid: u32::MAX,
                 id: AllocationId([0xff; 16]),
                 size: u64::MAX,
+                multicast: true,
             },
             Ticket {
                 creator_ns_pid: 0,
                 id: AllocationId([0; 16]),
                 size: 0,
+                multicast: false,
             },
         ] {
             let bytes = ticket.encode();
@@ -149,8 +166,14 @@ mod tests {
     fn layout_is_the_documented_one() {
         let bytes = sample().encode();
         assert_eq!(&bytes[0..8], b"CUITICKT");
-        assert_eq!(&bytes[8..10], &[1, 0]);
+        assert_eq!(&bytes[8..10], &[2, 0]);
         assert_eq!(&bytes[10..12], &[0, 0]);
+        let multicast = Ticket {
+            multicast: true,
+            ..sample()
+        }
+        .encode();
+        assert_eq!(&multicast[10..12], &[1, 0]);
         assert_eq!(&bytes[12..16], &41u32.to_le_bytes());
         assert_eq!(&bytes[16..32], b"0123456789abcdef");
         assert_eq!(&bytes[32..40], &(2u64 << 20).to_le_bytes());
@@ -201,7 +224,7 @@ mod tests {
 
     #[test]
     fn refuses_other_versions() {
-        for version in [0u16, 2, 0x100, u16::MAX] {
+        for version in [0u16, 1, 3, 0x100, u16::MAX] {
             let mut bytes = sample().encode();
             bytes[8..10].copy_from_slice(&version.to_le_bytes());
             fix_crc(&mut bytes);
@@ -217,9 +240,9 @@ mod tests {
 
     #[test]
     fn refuses_each_nonzero_reserved_byte() {
-        // Bytes 10..12 are under the checksum, 44..48 are not; both must be refused as reserved,
+        // Byte 11 is under the checksum, 44..48 are not; both must be refused as reserved,
         // whether or not the checksum was rewritten to match.
-        for offset in [10, 11, 44, 45, 46, 47] {
+        for offset in [11, 44, 45, 46, 47] {
             for value in [1u8, 0x80, 0xff] {
                 let mut bytes = sample().encode();
                 bytes[offset] = value;
@@ -230,6 +253,19 @@ mod tests {
                     "offset {offset} value {value:#x}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn refuses_an_unknown_kind() {
+        for value in [2u8, 0x80, 0xff] {
+            let mut bytes = sample().encode();
+            bytes[10] = value;
+            fix_crc(&mut bytes);
+            assert!(
+                matches!(Ticket::decode(&bytes), Err(ProtocolError::Malformed(_))),
+                "kind {value:#x}"
+            );
         }
     }
 

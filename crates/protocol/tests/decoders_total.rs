@@ -314,6 +314,7 @@ fn ticket_decoder_is_total() {
         creator_ns_pid: 41,
         id: AllocationId([0x5a; 16]),
         size: 2 << 20,
+        multicast: false,
     }
     .encode();
     assert!(check_ticket(&seed));

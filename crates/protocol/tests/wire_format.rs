@@ -207,6 +207,25 @@ fn backings() -> Vec<(&'static str, Backing)> {
         ("created", Backing::Created(id(0xa1))),
         ("imported", Backing::Imported(id(0xa2))),
         ("foreign", Backing::Foreign { serial: 9 }),
+        ("multicast", Backing::Multicast(id(0xa3))),
+    ]
+}
+
+fn bind_targets() -> Vec<(&'static str, BindTarget)> {
+    vec![
+        (
+            "memory",
+            BindTarget::Memory {
+                backing: Some(Backing::Created(id(0xa1))),
+                offset: 2 << 20,
+            },
+        ),
+        (
+            "address",
+            BindTarget::Address {
+                address: 0x7000_0000_0000,
+            },
+        ),
     ]
 }
 
@@ -242,16 +261,33 @@ fn blockers() -> Vec<(&'static str, Blocker)> {
             Blocker::LegacyIpcImport { address: 0x20 },
         ),
         (
-            "multicast_object",
-            Blocker::MulticastObject {
-                size: 1 << 21,
-                devices: 2,
+            "multicast_handle_type",
+            Blocker::MulticastHandleType {
+                id: id(0xb2),
+                handle_types: 9,
+            },
+        ),
+        (
+            "multicast_foreign_memory",
+            Blocker::MulticastForeignMemory {
+                id: id(0xb3),
+                device: 1,
+                mc_offset: 4 << 20,
+            },
+        ),
+        (
+            "multicast_out_of_bounds",
+            Blocker::MulticastOutOfBounds {
+                id: id(0xb4),
+                device: 2,
+                mc_offset: 6 << 20,
+                size: 8 << 20,
             },
         ),
     ]
 }
 
-/// A record with one of everything: every backing, every blocker.
+/// A record with one of everything: every backing, every blocker, every binding target.
 fn full_record() -> ProcessRecord {
     ProcessRecord {
         ns_pid: 41,
@@ -293,6 +329,29 @@ fn full_record() -> ProcessRecord {
         }],
         blockers: blockers().into_iter().map(|(_, b)| b).collect(),
         calls_in_flight: 3,
+        multicasts: vec![MulticastRecord {
+            id: id(0xa3),
+            creator_ns_pid: 41,
+            size: 32 << 20,
+            num_devices: 4,
+            handle_types: 1,
+            flags: 5,
+            granularity: 2 << 20,
+            shared: true,
+            devices: vec![0, 3],
+            bindings: bind_targets()
+                .into_iter()
+                .enumerate()
+                .map(|(i, (_, target))| MulticastBinding {
+                    device: i as i32,
+                    mc_offset: (i as u64) << 22,
+                    size: 2 << 20,
+                    flags: 6,
+                    target,
+                })
+                .collect(),
+            live_handles: 7,
+        }],
         unowned: unowned_kinds()
             .into_iter()
             .zip(1u64..)
@@ -335,6 +394,16 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("load", Request::Load),
         ("import", Request::Import),
         ("thaw", Request::Thaw),
+        ("multicast", Request::Multicast(MulticastStep::AddDevices)),
+    ]
+}
+
+fn multicast_steps() -> Vec<(&'static str, MulticastStep)> {
+    vec![
+        ("create", MulticastStep::Create),
+        ("import", MulticastStep::Import),
+        ("add_devices", MulticastStep::AddDevices),
+        ("bind", MulticastStep::Bind),
     ]
 }
 
@@ -422,6 +491,7 @@ fn group() -> GroupState {
         }],
         blockers: vec![],
         calls_in_flight: 0,
+        multicasts: vec![],
         unowned: vec![],
     };
     let importer = ProcessRecord {
@@ -445,6 +515,7 @@ fn group() -> GroupState {
         reservations: vec![],
         blockers: vec![],
         calls_in_flight: 0,
+        multicasts: vec![],
         unowned: vec![],
     };
     GroupState {
@@ -485,6 +556,7 @@ fn sample_ticket() -> Ticket {
         creator_ns_pid: 41,
         id: AllocationId(*b"0123456789abcdef"),
         size: 2 << 20,
+        multicast: false,
     }
 }
 
@@ -594,6 +666,8 @@ fn every_enum_variant_encodes_as_pinned() {
     entries.extend(variant_entries("backing", backings()));
     entries.extend(variant_entries("blocker", blockers()));
     entries.extend(variant_entries("suspend_mode", suspend_modes()));
+    entries.extend(variant_entries("bind_target", bind_targets()));
+    entries.extend(variant_entries("multicast_step", multicast_steps()));
     entries.extend(variant_entries("unowned_kind", unowned_kinds()));
     let golden = check_golden("variants.hex", &entries);
 
@@ -619,6 +693,12 @@ fn every_enum_variant_encodes_as_pinned() {
     }
     for (name, v) in suspend_modes() {
         back(decoded(&format!("suspend_mode.{name}")), &v);
+    }
+    for (name, v) in bind_targets() {
+        back(decoded(&format!("bind_target.{name}")), &v);
+    }
+    for (name, v) in multicast_steps() {
+        back(decoded(&format!("multicast_step.{name}")), &v);
     }
     for (name, v) in unowned_kinds() {
         back(decoded(&format!("unowned_kind.{name}")), &v);

@@ -114,6 +114,7 @@ mod tests {
             creator_ns_pid: 1234,
             id: AllocationId([7; 16]),
             size: 2 << 20,
+            multicast: false,
         }
     }
 

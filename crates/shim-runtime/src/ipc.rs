@@ -181,6 +181,8 @@ impl Runtime {
             creator_ns_pid: virt.creator_ns_pid,
             id: virt.id,
             size: virt.backing,
+            // An IPC handle names memory, never a multicast object.
+            multicast: false,
         };
         let imported = self.import_ticket(&ticket)?;
         let backing = usize::try_from(virt.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;

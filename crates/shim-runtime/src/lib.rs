@@ -35,6 +35,7 @@ pub mod fdutil;
 pub mod gate;
 pub mod ipc;
 pub mod log;
+pub mod multicast;
 pub mod owned_alloc;
 pub mod phases;
 pub mod registry;

@@ -12,10 +12,12 @@
 //!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
 //!   or absent do not matter), by the copy engine in the mode `CUINTERPOSE_CARRIER` chose
 //!   (`copy.rs`). Save and Load answer with the engine's statistics (`PhaseDone::stats`).
-//! - Release: imports are unmapped and released; creations leave the export cache, are unmapped
-//!   and released. VA reservations stay the application's, records stay as they were (INSPECT
-//!   reports the same topology in every phase). What the native checkpoint then sees of device
-//!   memory is only what the shim does not own (`Kind::Native` and untracked kinds).
+//! - Release: multicast objects go first (`multicast.rs`: export closed, mappings unmapped,
+//!   bindings unbound, handle released); imports are unmapped and released; creations leave the
+//!   export cache, are unmapped and released. VA reservations stay the application's, records stay
+//!   as they were (INSPECT reports the same topology in every phase). What the native checkpoint
+//!   then sees of device memory is only what the shim does not own (`Kind::Native` and untracked
+//!   kinds).
 //! - Load: each released creation is created again with its recorded properties, filled from the
 //!   carrier, mapped at its recorded addresses and offsets with its recorded access, and, when it
 //!   is shared, exported again into the export cache; the application's virtual handle now names
@@ -23,6 +25,8 @@
 //! - Import: each released import is fetched again from its creator (by the creator PID and ID
 //!   its ticket named) and mapped at its recorded addresses with its recorded access. Creators
 //!   must have loaded first (the tool sends Load to everyone, then Import to everyone).
+//! - Multicast (four steps after Import, each group-wide: create, import, add devices, bind and
+//!   map; `multicast.rs`): the multicast objects Release released, rebuilt.
 //! - Thaw: the gate opens.
 //!
 //! Rollback: Load and Import work from per-object state, not from the phase alone, so they are
@@ -115,7 +119,10 @@ impl PhaseError {
 }
 
 /// The phase error of a failed driver call, naming what it was for.
-fn check<T>(what: impl FnOnce() -> String, r: Result<T, CudaError>) -> Result<T, PhaseError> {
+pub(crate) fn check<T>(
+    what: impl FnOnce() -> String,
+    r: Result<T, CudaError>,
+) -> Result<T, PhaseError> {
     r.map_err(|e| PhaseError::Driver {
         call: e.call,
         what: what(),
@@ -167,6 +174,7 @@ impl Runtime {
             Request::Load => self.load(),
             Request::Import => plain(self.import()),
             Request::Thaw => plain(self.thaw()),
+            Request::Multicast(step) => plain(self.multicast_step(step)),
             other => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request"
             ))),
@@ -476,7 +484,7 @@ impl Runtime {
             (imports, creations)
         };
         self.control().release_started = true;
-        let mut bytes = 0;
+        let mut bytes = self.release_multicasts()?;
         for h in imports.into_iter().chain(creations) {
             bytes += self.release_object(h)?;
         }
@@ -486,7 +494,7 @@ impl Runtime {
 
     /// Maps the unmapped recorded mappings of an object at their addresses with their access.
     /// Returns the addresses mapped (for undo).
-    fn map_recorded(
+    pub(crate) fn map_recorded(
         &self,
         real: DriverHandle,
         unmapped: &[(u64, Mapping)],
@@ -525,7 +533,7 @@ impl Runtime {
     }
 
     /// Releases driver handles this phase made and never published (failure paths: logged).
-    fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
+    pub(crate) fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
         for real in handles {
             if let Err(e) = self.real.mem_release(real) {
                 log_warn!("an allocation this phase made was not released: {e}");
@@ -819,10 +827,11 @@ impl Runtime {
         if self.lock().phase() == Phase::Running {
             return Ok(0);
         }
-        let missing = self.not_rebuilt();
+        let mut missing = self.not_rebuilt();
+        missing.extend(self.multicasts_not_rebuilt());
         if !missing.is_empty() {
             return Err(PhaseError::NotRebuilt(format!(
-                "cannot thaw: {} allocations released and not rebuilt ({}); send Load and Import first",
+                "cannot thaw: {} objects released and not rebuilt ({}); send Load, Import and the multicast steps first",
                 missing.len(),
                 missing.join(", ")
             )));
@@ -896,5 +905,6 @@ fn request_name(request: &Request) -> &'static str {
         Request::Load => "Load",
         Request::Import => "Import",
         Request::Thaw => "Thaw",
+        Request::Multicast(step) => step.name(),
     }
 }

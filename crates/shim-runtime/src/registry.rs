@@ -10,6 +10,7 @@
 //! it exists while the application holds a reference or a mapping of it; so driver memory is freed
 //! at the same moment as without the shim (when the last of the handles and mappings goes).
 
+use crate::multicast::{self, McInfo};
 use cuda_abi::CUmemAllocationProp;
 use protocol::record::{
     AccessRecord, AllocationId, AllocationProps, AllocationRecord, Backing, Blocker, ImportRecord,
@@ -49,8 +50,8 @@ pub enum Kind {
     /// An allocation the shim did not see being made, found by `cuMemRetainAllocationHandle` (for
     /// example memory of `cuMemAlloc`). Private: native checkpoint handles it.
     Native,
-    /// A multicast object.
-    Multicast { size: u64, devices: u32 },
+    /// A multicast object, created here or imported through a ticket.
+    Multicast(Box<McInfo>),
 }
 
 /// One allocation of the process.
@@ -73,6 +74,7 @@ impl Object {
     pub fn id(&self) -> Option<AllocationId> {
         match &self.kind {
             Kind::Created { id, .. } | Kind::Imported { id, .. } => Some(*id),
+            Kind::Multicast(info) => Some(info.id),
             _ => None,
         }
     }
@@ -112,7 +114,8 @@ pub struct Dead {
     pub handle: VHandle,
     /// The driver reference the shim must release now.
     pub real: Option<DriverHandle>,
-    /// The allocation ID of a created object (its export cache entry goes with it).
+    /// The ID of an allocation or multicast object created here (its export cache entry goes
+    /// with it).
     pub created_id: Option<AllocationId>,
 }
 
@@ -308,8 +311,9 @@ impl Registry {
         {
             self.by_real.remove(&real);
         }
-        let created_id = match o.kind {
-            Kind::Created { id, .. } => Some(id),
+        let created_id = match &o.kind {
+            Kind::Created { id, .. } => Some(*id),
+            Kind::Multicast(info) if info.creator.is_none() => Some(info.id),
             _ => None,
         };
         Some(Dead {
@@ -451,8 +455,13 @@ impl Registry {
 
     /// The object mapped at `address`, if the shim tracks that mapping.
     pub fn mapping_at(&self, address: u64) -> Option<VHandle> {
+        self.mapping_containing(address).map(|(_, m)| m.handle)
+    }
+
+    /// The mapping record containing `address`, with its start.
+    pub fn mapping_containing(&self, address: u64) -> Option<(u64, &Mapping)> {
         let (&start, m) = self.mappings.range(..=address).next_back()?;
-        (address < start.saturating_add(m.size)).then_some(m.handle)
+        (address < start.saturating_add(m.size)).then_some((start, m))
     }
 
     pub fn mappings(&self) -> impl Iterator<Item = (u64, &Mapping)> {
@@ -549,10 +558,7 @@ impl Registry {
                         }
                     },
                 ),
-                Kind::Multicast { size, devices } => out.push(Blocker::MulticastObject {
-                    size: *size,
-                    devices: *devices,
-                }),
+                Kind::Multicast(info) => out.extend(multicast::blockers(self, info)),
                 Kind::Imported { .. } | Kind::Native => {}
             }
         }
@@ -574,6 +580,7 @@ impl Registry {
     pub fn report(&self, ns_pid: u32, calls_in_flight: u32) -> ProcessRecord {
         let mut allocations = Vec::new();
         let mut imports = Vec::new();
+        let mut multicasts = Vec::new();
         for o in self.objects.values() {
             match &o.kind {
                 Kind::Created { id, shared, .. } => allocations.push(AllocationRecord {
@@ -590,11 +597,15 @@ impl Registry {
                     props: o.props,
                     live_handles: o.refs,
                 }),
+                Kind::Multicast(info) => {
+                    multicasts.push(multicast::record(self, ns_pid, info, o.refs));
+                }
                 _ => {}
             }
         }
         allocations.sort_by_key(|a| a.id);
         imports.sort_by_key(|a| a.id);
+        multicasts.sort_by_key(|m| m.id);
         let mappings = self
             .mappings
             .iter()
@@ -603,8 +614,9 @@ impl Registry {
                     Kind::Created { id, .. } => Backing::Created(*id),
                     Kind::Imported { id, .. } => Backing::Imported(*id),
                     Kind::Foreign { serial, .. } => Backing::Foreign { serial: *serial },
-                    // Multicast mappings are covered by their blocker; native ones are private.
-                    Kind::Multicast { .. } | Kind::Native => return None,
+                    Kind::Multicast(info) => Backing::Multicast(info.id),
+                    // Native mappings are private: native checkpoint keeps them.
+                    Kind::Native => return None,
                 };
                 Some(MappingRecord {
                     address,
@@ -624,6 +636,7 @@ impl Registry {
             reservations: self.reservations.values().copied().collect(),
             blockers: self.blockers(),
             calls_in_flight,
+            multicasts,
             unowned: vec![], // counted outside the registry: Runtime::inspect fills it
         }
     }
@@ -824,11 +837,17 @@ mod tests {
             props(0),
             dh(0x40),
         );
+        let mc_prop = cuda_abi::CUmulticastObjectProp {
+            numDevices: 2,
+            size: 1 << 21,
+            handleTypes: cuda_abi::handle_type::POSIX_FILE_DESCRIPTOR.into(),
+            flags: 0,
+        };
+        let mut info = McInfo::created(AllocationId([5; 16]), &mc_prop, 1 << 21);
+        info.devices = vec![0, 1];
+        info.unsupported_exports = vec![cuda_abi::handle_type::FABRIC];
         let mc = r.insert(
-            Kind::Multicast {
-                size: 1 << 21,
-                devices: 2,
-            },
+            Kind::Multicast(Box::new(info)),
             1 << 21,
             UNKNOWN_PROPS,
             dh(0x50),
@@ -848,9 +867,12 @@ mod tests {
                     handle_type: cuda_abi::handle_type::FABRIC,
                     size: 0
                 },
-                Blocker::MulticastObject {
-                    size: 1 << 21,
-                    devices: 2
+                Blocker::MulticastHandleType {
+                    id: AllocationId([5; 16]),
+                    handle_types: u64::from(
+                        cuda_abi::handle_type::POSIX_FILE_DESCRIPTOR
+                            | cuda_abi::handle_type::FABRIC
+                    )
                 },
                 Blocker::LegacyIpcExport { address: 0x9000 },
                 Blocker::LegacyIpcImport { address: 0xa000 },

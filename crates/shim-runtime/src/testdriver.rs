@@ -345,17 +345,20 @@ unsafe extern "C" fn ipc_open(p: *mut CUdeviceptr, _: CUipcMemHandle, _: c_uint)
     unsafe { p.write(0xdead_0000) };
     OK
 }
-unsafe extern "C" fn mc_create(h: *mut u64, _: *const CUmulticastObjectProp) -> CUresult {
+unsafe extern "C" fn mc_create(h: *mut u64, prop: *const CUmulticastObjectProp) -> CUresult {
+    // SAFETY: the caller's property struct.
+    let prop = unsafe { *prop };
     let mut f = fake();
     let aid = f.id();
     let handle = f.id();
     f.allocs.insert(
         aid,
         Alloc {
-            data: Vec::new(),
+            data: vec![0; prop.size],
             handles: 1,
             maps: 0,
-            prop: (0, 0, 0, 0),
+            // Exportable as the handle types asked for; no location.
+            prop: (0, prop.handleTypes as u32, 0, 0),
             rdma: 0,
         },
     );
@@ -515,6 +518,14 @@ unsafe extern "C" fn granularity(g: *mut usize, _: *const CUmemAllocationProp, _
     unsafe { g.write(1 << 21) };
     OK
 }
+unsafe extern "C" fn mc_granularity(
+    g: *mut usize,
+    _: *const CUmulticastObjectProp,
+    _: u32,
+) -> CUresult {
+    unsafe { g.write(1 << 21) };
+    OK
+}
 unsafe extern "C" fn mem_info(free: *mut usize, total: *mut usize) -> CUresult {
     unsafe { free.write(1 << 33) };
     unsafe { total.write(1 << 33) };
@@ -578,6 +589,7 @@ pub fn real() -> Real {
         cuMemHostRegister_v2: host_register,
         cuMemHostUnregister: host_unregister,
         cuMemGetAllocationGranularity: granularity,
+        cuMulticastGetGranularity: mc_granularity,
         cuMemGetInfo_v2: mem_info,
         cuMemGetAccess: get_access,
         // Entries only the tool and the workloads call.

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use crate::registry::HANDLE_TAG;
+use crate::registry::{HANDLE_TAG, Kind};
 use crate::runtime::{Config, Runtime};
 use crate::testdriver::{self, FAIL_SIZE, fake};
 use crate::track::ExportTo;
@@ -432,10 +432,11 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     // Legacy IPC and multicast.
     let ipc = a.rt.ipc_get_mem_handle(0xabc000).unwrap();
     let opened = a.rt.ipc_open_mem_handle(ipc, 1).unwrap();
+    // A multicast object that can be shared as FABRIC too: refused (POSIX descriptors only).
     let prop = CUmulticastObjectProp {
         numDevices: 2,
         size: MB2,
-        handleTypes: 1,
+        handleTypes: u64::from(handle_type::POSIX_FILE_DESCRIPTOR | handle_type::FABRIC),
         flags: 0,
     };
     let mc = a.rt.multicast_create(&prop).unwrap().0;
@@ -448,9 +449,9 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
     assert_eq!(
         a.rt.inspect().blockers,
         vec![
-            Blocker::MulticastObject {
-                size: MB2 as u64,
-                devices: 1
+            Blocker::MulticastHandleType {
+                id: a.rt.inspect().multicasts[0].id,
+                handle_types: prop.handleTypes
             },
             Blocker::LegacyIpcExport { address: 0xabc000 },
             Blocker::LegacyIpcImport { address: opened },
@@ -1446,4 +1447,143 @@ fn peer_access_is_granted_on_owned_memory_and_replayed() {
     assert_eq!(devices_now(after), [0]);
     let later = p.rt.mem_alloc(MB2).unwrap();
     assert_eq!(devices_now(later), [0], "no grant after the disable");
+}
+
+/// A request the shim must refuse, with the message it gives.
+fn refused_with(p: &Proc, request: Request) -> (ErrorCode, String) {
+    match p.call(request.clone()) {
+        Response::Error { code, message } => (code, message),
+        other => panic!("{request:?} on {}: {other:?}", p.pid()),
+    }
+}
+
+#[test]
+fn multicast_objects_are_tracked_released_and_rebuilt_in_four_steps() {
+    use protocol::MulticastStep;
+    use protocol::record::BindTarget;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (Proc::new(dir.path()), Proc::new(dir.path()));
+    let prop = CUmulticastObjectProp {
+        numDevices: 2,
+        size: 2 * MB2,
+        handleTypes: handle_type::POSIX_FILE_DESCRIPTOR.into(),
+        flags: 0,
+    };
+    let mc = VirtualHandle(a.rt.multicast_create(&prop).unwrap().0);
+    let ticket = a.export(mc.0);
+    let mut bytes = [0u8; 48];
+    rustix::io::pread(&ticket, &mut bytes, 0).unwrap();
+    assert!(Ticket::decode(&bytes).unwrap().multicast);
+    let mc_b = VirtualHandle(b.import(&ticket).unwrap());
+    assert_eq!(a.rt.multicast_add_device(mc, 0), Ok(()));
+    assert_eq!(b.rt.multicast_add_device(mc_b, 1), Ok(()));
+    // a binds its member by handle, b by address (the v2 entry point, device explicit).
+    let mem_a = a.create(MB2, 0);
+    assert_eq!(
+        a.rt.multicast_bind_mem(mc, 0, VirtualHandle(mem_a), 0, MB2, 0),
+        Ok(())
+    );
+    let mem_b = b.create(2 * MB2, 1);
+    let va_b = b.map_new(mem_b, 2 * MB2, 1);
+    assert_eq!(
+        b.rt.multicast_bind_addr_v2(mc_b, 1, MB2, va_b + MB2 as u64, MB2, 0),
+        Ok(())
+    );
+    // Both map the multicast object.
+    let mva_a = a.map_new(mc.0, 2 * MB2, 0);
+    let mva_b = b.map_new(mc_b.0, 2 * MB2, 1);
+    let (ra, rb) = (a.rt.inspect(), b.rt.inspect());
+    assert!(ra.blockers.is_empty() && rb.blockers.is_empty());
+    let (ma, mb) = (&ra.multicasts[0], &rb.multicasts[0]);
+    assert_eq!(ma.id, mb.id);
+    assert_eq!((ma.creator_ns_pid, mb.creator_ns_pid), (a.pid(), a.pid()));
+    assert_eq!(
+        (ma.num_devices, ma.size, ma.granularity),
+        (2, 2 * MB2 as u64, 1 << 21)
+    );
+    assert!(ma.shared);
+    assert_eq!((ma.devices.clone(), mb.devices.clone()), (vec![0], vec![1]));
+    assert_eq!(
+        ma.bindings[0].target,
+        BindTarget::Memory {
+            backing: Some(Backing::Created(ra.allocations[0].id)),
+            offset: 0
+        }
+    );
+    assert_eq!(
+        (
+            mb.bindings[0].device,
+            mb.bindings[0].mc_offset,
+            mb.bindings[0].target
+        ),
+        (
+            1,
+            MB2 as u64,
+            BindTarget::Address {
+                address: va_b + MB2 as u64
+            }
+        )
+    );
+    let mapped_at = |r: &protocol::record::ProcessRecord| {
+        r.mappings
+            .iter()
+            .filter(|m| m.backing == Backing::Multicast(ma.id))
+            .map(|m| (m.address, m.access.len()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(mapped_at(&ra), vec![(mva_a, 1)]);
+    assert_eq!(mapped_at(&rb), vec![(mva_b, 1)]);
+
+    let real_before = a.rt.lock().real_of(mc).unwrap();
+    for request in [
+        Request::Freeze { timeout_ms: 10_000 },
+        Request::Save,
+        Request::Release,
+    ] {
+        for p in [&a, &b] {
+            p.phase(request.clone());
+        }
+    }
+    // Released: no multicast object, binding or mapping held; the export cache is empty.
+    for (p, h) in [(&a, mc), (&b, mc_b)] {
+        let reg = p.rt.lock();
+        assert!(reg.real_of(h).is_none());
+        assert!(reg.mappings_of(h).iter().all(|(_, m)| !m.mapped));
+        let Some(Kind::Multicast(info)) = reg.get(h).map(|o| &o.kind) else {
+            panic!("not a multicast object")
+        };
+        assert!(info.bindings.iter().all(|bd| !bd.live));
+        assert_eq!(info.added, 0);
+    }
+    assert!(!a.rt.exports.contains(&ma.id));
+    // A multicast step before Import is refused; so is Thaw before the multicast steps.
+    let early = refused_with(&a, Request::Multicast(MulticastStep::Create));
+    assert_eq!(early.0, ErrorCode::WrongPhase);
+    for request in [Request::Load, Request::Import] {
+        for p in [&a, &b] {
+            p.phase(request.clone());
+        }
+    }
+    let (code, message) = refused_with(&b, Request::Thaw);
+    assert_eq!(code, ErrorCode::WrongPhase);
+    assert!(message.contains("multicast object"), "{message}");
+    // Out of order: adding devices to an object not yet imported is refused, naming it.
+    let (_, message) = refused_with(&b, Request::Multicast(MulticastStep::AddDevices));
+    assert!(message.contains("not rebuilt"), "{message}");
+    for step in MulticastStep::ALL {
+        for p in [&a, &b] {
+            p.phase(Request::Multicast(step));
+        }
+    }
+    for p in [&a, &b] {
+        p.phase(Request::Thaw);
+    }
+    assert_eq!(a.rt.inspect(), ra);
+    assert_eq!(b.rt.inspect(), rb);
+    let real_after = a.rt.lock().real_of(mc).unwrap();
+    assert_ne!(real_after, real_before);
+    assert!(a.rt.exports.contains(&ma.id));
+    // The application's calls go on: unbind is recorded, release ends the object.
+    assert_eq!(b.rt.multicast_unbind(mc_b, 1, MB2, MB2), Ok(()));
+    assert!(b.rt.inspect().multicasts[0].bindings.is_empty());
 }

@@ -4,8 +4,8 @@
 //! Locking: a tracked call passes the [`crate::gate::Gate`] (counted in flight), then takes the
 //! state lock across its local driver call so that the record follows the driver's order. The
 //! calls that can wait for another process run without the state lock: the import of a ticket
-//! (its fetch from the creator's socket) and the multicast calls (a bind can wait for the whole
-//! team).
+//! (its fetch from the creator's socket) and the multicast calls (`multicast.rs`: a bind can wait
+//! for the whole team).
 //!
 //! Import error codes for tickets: a descriptor that starts like a ticket but is malformed
 //! (truncated, unsealed, other version, checksum, reserved bytes) gives `CUDA_ERROR_INVALID_VALUE`;
@@ -16,6 +16,7 @@
 
 use crate::fdutil::{self, Classified};
 use crate::log::{log_debug, log_warn};
+use crate::multicast::McInfo;
 use crate::registry::{Dead, Kind, Registry, UNKNOWN_PROPS, VHandle, record_props};
 use crate::runtime::Runtime;
 use core::ffi::c_uint;
@@ -314,15 +315,24 @@ impl Runtime {
                 creator_ns_pid: self.config.ns_pid,
                 id: *id,
                 size: object.size,
+                multicast: false,
             },
             // Re-export of an import: the ticket names the original creator.
             (Kind::Imported { id, creator_ns_pid }, true) => Ticket {
                 creator_ns_pid: *creator_ns_pid,
                 id: *id,
                 size: object.size,
+                multicast: false,
+            },
+            (Kind::Multicast(info), true) => Ticket {
+                creator_ns_pid: info.creator.unwrap_or(self.config.ns_pid),
+                id: info.id,
+                size: object.size,
+                multicast: true,
             },
             (kind, _) => {
                 let created = matches!(kind, Kind::Created { .. });
+                let multicast = matches!(kind, Kind::Multicast(_));
                 let exported = match to {
                     ExportTo::Descriptor if posix => self.real.mem_export_fd(real, flags).map(Some),
                     // A descriptor is what only a POSIX export writes.
@@ -346,6 +356,16 @@ impl Runtime {
                         "allocation {id} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives"
                     );
                 }
+                if multicast
+                    && let Some(Kind::Multicast(info)) = reg.get_mut(handle).map(|o| &mut o.kind)
+                    && !info.unsupported_exports.contains(&handle_type)
+                {
+                    info.unsupported_exports.push(handle_type);
+                    log_warn!(
+                        "multicast object {} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives",
+                        info.id
+                    );
+                }
                 return Ok(exported);
             }
         };
@@ -356,8 +376,23 @@ impl Runtime {
         // Every export by the application refreshes the cached descriptor: one descriptor taken
         // before a native checkpoint made without the shim's phases would name memory the driver
         // has since replaced, and exports are rare (set-up time), so the extra driver call is free.
-        if matches!(object.kind, Kind::Created { .. }) {
-            self.share_creation(&mut reg, handle, real, flags)?;
+        // A multicast object is exported by its creating process only (an importer's re-export
+        // names the creator through the ticket, and the creator's cache serves it).
+        let multicast_created_here = match &object.kind {
+            Kind::Created { .. } => Some(false),
+            Kind::Multicast(info) if info.creator.is_none() => Some(true),
+            _ => None,
+        };
+        match multicast_created_here {
+            Some(false) => self.share_creation(&mut reg, handle, real, flags)?,
+            Some(true) => {
+                let fd = self.real.mem_export_fd(real, flags).map_err(code)?;
+                self.exports.insert(ticket.id, fd);
+                if let Some(Kind::Multicast(info)) = reg.get_mut(handle).map(|o| &mut o.kind) {
+                    info.shared = true;
+                }
+            }
+            None => {}
         }
         drop(reg);
         match fdutil::make_ticket(&ticket) {
@@ -488,7 +523,12 @@ impl Runtime {
             e.result
         })?;
         drop(fd);
-        let props = self.driver_props(got);
+        // A multicast handle has no allocation properties to ask for.
+        let props = if ticket.multicast {
+            UNKNOWN_PROPS
+        } else {
+            self.driver_props(got)
+        };
         let mut reg = self.lock();
         if let Some(vh) = reg.by_id(&ticket.id) {
             // Another thread imported it meanwhile: one driver handle per allocation.
@@ -496,15 +536,19 @@ impl Runtime {
             reg.add_ref(vh);
             return Ok(vh);
         }
-        Ok(reg.insert(
+        let kind = if ticket.multicast {
+            Kind::Multicast(Box::new(McInfo::imported(
+                ticket.id,
+                ticket.creator_ns_pid,
+                ticket.size,
+            )))
+        } else {
             Kind::Imported {
                 id: ticket.id,
                 creator_ns_pid: ticket.creator_ns_pid,
-            },
-            ticket.size,
-            props,
-            got,
-        ))
+            }
+        };
+        Ok(reg.insert(kind, ticket.size, props, got))
     }
 
     /// `cuMemFree`. Not gated: it frees private memory; it only ends a legacy IPC export record.
@@ -541,135 +585,6 @@ impl Runtime {
         self.real.ipc_close_mem_handle(dptr).map_err(code)?;
         self.lock().ipc_closed(dptr);
         Ok(())
-    }
-
-    /// `cuMulticastCreate`.
-    pub fn multicast_create(&self, prop: &CUmulticastObjectProp) -> Tracked<VHandle> {
-        let _pass = self.gate.enter();
-        let got = self.real.multicast_create(prop).map_err(code)?;
-        let size = prop.size as u64;
-        Ok(self.lock().insert(
-            Kind::Multicast { size, devices: 0 },
-            size,
-            UNKNOWN_PROPS,
-            got,
-        ))
-    }
-
-    /// The driver handle of a multicast object (translation only; the call runs unlocked).
-    fn multicast_real(&self, handle: VHandle) -> Tracked<DriverHandle> {
-        let reg = self.lock();
-        reg.get(handle)
-            .filter(|o| matches!(o.kind, Kind::Multicast { .. }))
-            .and_then(|o| o.real)
-            .ok_or(CUresult::ERROR_INVALID_VALUE)
-    }
-
-    /// `cuMulticastAddDevice`.
-    pub fn multicast_add_device(&self, handle: VHandle, dev: CUdevice) -> Tracked {
-        let _pass = self.gate.enter();
-        let real = self.multicast_real(handle)?;
-        self.real.multicast_add_device(real, dev).map_err(code)?;
-        if let Some(Kind::Multicast { devices, .. }) =
-            self.lock().get_mut(handle).map(|o| &mut o.kind)
-        {
-            *devices = devices.saturating_add(1);
-        }
-        Ok(())
-    }
-
-    /// Translates the (multicast, memory) pair of a bind.
-    fn bind_pair(&self, mc: VHandle, mem: VHandle) -> Tracked<(DriverHandle, DriverHandle)> {
-        let mc = self.multicast_real(mc)?;
-        let mem = self
-            .lock()
-            .real_of(mem)
-            .ok_or(CUresult::ERROR_INVALID_VALUE)?;
-        Ok((mc, mem))
-    }
-
-    /// `cuMulticastBindMem`.
-    pub fn multicast_bind_mem(
-        &self,
-        mc: VHandle,
-        mc_offset: usize,
-        mem: VHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> Tracked {
-        let _pass = self.gate.enter();
-        let (mc, mem) = self.bind_pair(mc, mem)?;
-        self.real
-            .multicast_bind_mem(mc, mc_offset, mem, mem_offset, size, flags)
-            .map_err(code)
-    }
-
-    /// `cuMulticastBindMem_v2`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn multicast_bind_mem_v2(
-        &self,
-        mc: VHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        mem: VHandle,
-        mem_offset: usize,
-        size: usize,
-        flags: u64,
-    ) -> Tracked {
-        let _pass = self.gate.enter();
-        let (mc, mem) = self.bind_pair(mc, mem)?;
-        self.real
-            .multicast_bind_mem_v2(mc, dev, mc_offset, mem, mem_offset, size, flags)
-            .map_err(code)
-    }
-
-    /// `cuMulticastBindAddr`.
-    pub fn multicast_bind_addr(
-        &self,
-        mc: VHandle,
-        mc_offset: usize,
-        ptr: CUdeviceptr,
-        size: usize,
-        flags: u64,
-    ) -> Tracked {
-        let _pass = self.gate.enter();
-        let mc = self.multicast_real(mc)?;
-        self.real
-            .multicast_bind_addr(mc, mc_offset, ptr, size, flags)
-            .map_err(code)
-    }
-
-    /// `cuMulticastBindAddr_v2`.
-    pub fn multicast_bind_addr_v2(
-        &self,
-        mc: VHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        ptr: CUdeviceptr,
-        size: usize,
-        flags: u64,
-    ) -> Tracked {
-        let _pass = self.gate.enter();
-        let mc = self.multicast_real(mc)?;
-        self.real
-            .multicast_bind_addr_v2(mc, dev, mc_offset, ptr, size, flags)
-            .map_err(code)
-    }
-
-    /// `cuMulticastUnbind`.
-    pub fn multicast_unbind(
-        &self,
-        mc: VHandle,
-        dev: CUdevice,
-        mc_offset: usize,
-        size: usize,
-    ) -> Tracked {
-        let _pass = self.gate.enter();
-        let mc = self.multicast_real(mc)?;
-        self.real
-            .multicast_unbind(mc, dev, mc_offset, size)
-            .map_err(code)
     }
 }
 

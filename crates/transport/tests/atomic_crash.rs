@@ -52,6 +52,7 @@ fn state_of(tag: u8) -> GroupState {
         reservations: vec![],
         blockers: vec![],
         calls_in_flight: 0,
+        multicasts: vec![],
         unowned: vec![],
     };
     GroupState {

@@ -162,6 +162,7 @@ fn record_with_mappings(n: u64) -> ProcessRecord {
         reservations: vec![],
         blockers: vec![],
         calls_in_flight: 0,
+        multicasts: vec![],
         unowned: vec![],
     }
 }

@@ -38,6 +38,16 @@ impl Driver {
         self.loaded.table()
     }
 
+    /// Whether the library is the bundled fake driver: the gate of every multicast command.
+    pub fn is_bundled_fake(&self) -> bool {
+        self.loaded.is_bundled_fake()
+    }
+
+    /// The library's file.
+    pub fn path(&self) -> &'static Path {
+        self.loaded.path()
+    }
+
     /// The route the entry points came through.
     pub fn route(&self) -> Resolve {
         self.loaded.route()

@@ -722,6 +722,24 @@ impl Group {
     /// One process tree of `n` ranks (`cuinterpose-workload tree`): the root is rank 0 and owns
     /// the processes; every rank uses `options.device` and `options.resolve`.
     pub fn tree(env: &Launcher, n: usize, options: WorkloadOptions) -> Result<Group, LaunchError> {
+        let device = options.device;
+        Group::tree_on(env, n, options, &[device])
+    }
+
+    /// [`Group::tree`] with rank `r` on `devices[r % devices.len()]` (the workload's `--devices`).
+    pub fn tree_on(
+        env: &Launcher,
+        n: usize,
+        options: WorkloadOptions,
+        devices: &[i32],
+    ) -> Result<Group, LaunchError> {
+        let device_of = |rank: usize| {
+            devices
+                .get(rank % devices.len().max(1))
+                .copied()
+                .unwrap_or(0)
+        };
+        let list: Vec<String> = devices.iter().map(ToString::to_string).collect();
         let dir = env.socket_dir().join(&options.name);
         let args: Vec<OsString> = vec![
             "tree".into(),
@@ -730,17 +748,17 @@ impl Group {
             "--listen-dir".into(),
             dir.clone().into(),
             "--devices".into(),
-            options.device.to_string().into(),
+            list.join(",").into(),
             "--resolve".into(),
             options.resolve.as_str().into(),
         ];
-        let root = Workload::start(env, &options, args, dir.join("0.sock"), options.device)?;
+        let root = Workload::start(env, &options, args, dir.join("0.sock"), device_of(0))?;
         let mut members = vec![root];
         for rank in 1..n {
             members.push(Workload::attach(
                 format!("{}.{rank}", options.name),
                 dir.join(format!("{rank}.sock")),
-                options.device,
+                device_of(rank),
                 dir.join(format!("{rank}.log")),
             )?);
         }

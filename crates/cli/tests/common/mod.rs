@@ -344,6 +344,11 @@ impl Tree {
     /// `cuinterpose run -- cuinterpose-workload tree --processes n ...`: the tool execs the
     /// workload in place, so the root is rank 0 itself; ranks are named `r0`, `r1`, ...
     pub fn run_tree(env: &TestEnv, n: usize) -> Tree {
+        Tree::run_tree_on(env, n, "0")
+    }
+
+    /// [`Tree::run_tree`] with the ranks on `devices` (the workload's `--devices` list).
+    pub fn run_tree_on(env: &TestEnv, n: usize, devices: &str) -> Tree {
         let dir = env.socket_dir().join("tree");
         let workload = env.artifacts().workload().expect("workload binary");
         let mut cmd = env
@@ -354,7 +359,7 @@ impl Tree {
             .arg(&workload)
             .args(["tree", "--processes", &n.to_string(), "--listen-dir"])
             .arg(&dir)
-            .args(["--devices", "0"]);
+            .args(["--devices", devices]);
         let root = spawn_root(env, cmd, "tree-root");
         let mut tree = Tree {
             root,

@@ -54,6 +54,7 @@ fn records(
         }],
         blockers: vec![Blocker::LegacyIpcImport { address: 0x10 }],
         calls_in_flight: 0,
+        multicasts: vec![],
         unowned: vec![],
     };
     if let Some(id) = creator_of {

@@ -16,6 +16,8 @@ use crate::pattern::Pattern;
 use crate::reply::{Reply, kind};
 use crate::wire;
 
+mod multicast;
+
 /// Every command word with a one-line synopsis (the README holds the details).
 pub const COMMANDS: &[(&str, &str)] = &[
     ("ping", "ping"),
@@ -88,6 +90,26 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "recv-fd NAME (sent by peers, with the descriptor attached)",
     ),
     ("recv-ipc", "recv-ipc NAME HEX (sent by peers)"),
+    (
+        "mc-create",
+        "mc-create NAME SIZE --devices N [--handle-types T] (fake driver only)",
+    ),
+    (
+        "mc-add-device",
+        "mc-add-device MC [--device D] (fake driver only)",
+    ),
+    (
+        "mc-bind-mem",
+        "mc-bind-mem MC MC_OFFSET HANDLE --size S [--mem-offset O] (fake driver only)",
+    ),
+    (
+        "mc-bind-addr",
+        "mc-bind-addr MC MC_OFFSET ADDR [--size S] (fake driver only)",
+    ),
+    (
+        "mc-unbind",
+        "mc-unbind MC MC_OFFSET SIZE [--device D] (fake driver only)",
+    ),
 ];
 
 /// Copies move through host buffers of this size.
@@ -263,6 +285,11 @@ impl<'a> Exec<'a> {
             "ipc-get" => self.ipc_get(a),
             "ipc-open" => self.ipc_open(a),
             "ipc-close" => self.ipc_close(a),
+            "mc-create" => self.mc_create(a),
+            "mc-add-device" => self.mc_add_device(a),
+            "mc-bind-mem" => self.mc_bind_mem(a),
+            "mc-bind-addr" => self.mc_bind_addr(a),
+            "mc-unbind" => self.mc_unbind(a),
             "mem-info" => {
                 a.check(0, &[])?;
                 let (free, total) = self.driver.mem_info()?;
