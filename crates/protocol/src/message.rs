@@ -2,7 +2,7 @@
 //!
 //! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
 //! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
-//! byte), and only a [`Response::Fd`] carries one. The kind in the header repeats the message's
+//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`] and a [`Request::LoadFrom`] carry one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
 //!
@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -89,6 +89,13 @@ pub enum Request {
     Import,
     /// Let held calls go; back to running.
     Thaw,
+    /// Save into a data file instead of the host carrier (checkpoint to disk): creators stream
+    /// the bytes Save would copy into the file on this frame's descriptor, which the tool opened
+    /// for writing and left empty. Answered with [`Response::Streamed`].
+    SaveTo,
+    /// Load from the data file on this frame's descriptor instead of the carrier: `file` is what
+    /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest.
+    LoadFrom { file: DataFile },
 }
 
 /// What a shim answers.
@@ -114,7 +121,64 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+    /// SaveTo or LoadFrom finished: like PhaseDone, with the layout and digest of the data file
+    /// written or read, and how the streaming went.
+    Streamed {
+        phase: Phase,
+        bytes: u64,
+        micros: u64,
+        stats: StreamStats,
+        file: DataFile,
+    },
 }
+
+/// What one process's data file holds: its allocations one after the other, each starting at a
+/// multiple of [`DATA_ALIGN`] (so that every write and read is aligned for `O_DIRECT` and every
+/// block of [`DATA_ALIGN`] bytes belongs to one allocation); the gaps between them are holes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataFile {
+    /// Length of the file in bytes: the end of the last extent rounded up to [`DATA_ALIGN`].
+    pub length: u64,
+    /// Every allocation in the file, in file order.
+    pub extents: Vec<Extent>,
+    /// Blocks of [`DATA_ALIGN`] bytes (by index: file offset / `DATA_ALIGN`) that were all zeros
+    /// and were not written: holes in the file, set to zero on the device at load without being
+    /// read. Ascending.
+    pub zero_blocks: Vec<u64>,
+}
+
+/// How one process streamed a data file. Times in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamStats {
+    /// Bytes written to (SaveTo) or read from (LoadFrom) the file.
+    pub file_bytes: u64,
+    /// Bytes of zero blocks neither written nor read (set on the device instead).
+    pub zero_bytes: u64,
+    /// Whether the file was written or read with `O_DIRECT` to the end.
+    pub direct: bool,
+    /// I/O threads.
+    pub threads: u32,
+    /// Wall time of the streaming (threads started to the last block hashed).
+    pub micros: u64,
+}
+
+/// One allocation's bytes in a data file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub id: AllocationId,
+    /// Offset in the file, a multiple of [`DATA_ALIGN`].
+    pub offset: u64,
+    /// Bytes of the allocation (its whole size).
+    pub size: u64,
+    /// BLAKE3 of the allocation's `size` bytes (zero blocks as zeros): each allocation is
+    /// checked on its own, since a rollback may have to load only some of them.
+    pub blake3: [u8; 32],
+}
+
+/// Alignment of every extent in a data file, and the size of the zero blocks left out of it:
+/// 2 MiB, the allocation granularity of every GPU this project runs on (so aligning costs no file
+/// space there) and a multiple of every filesystem's `O_DIRECT` alignment.
+pub const DATA_ALIGN: u64 = 2 << 20;
 
 /// How a shim's copy engine reaches its host carrier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,7 +259,14 @@ impl Request {
             Request::Load => 7,
             Request::Import => 8,
             Request::Thaw => 9,
+            Request::SaveTo => 10,
+            Request::LoadFrom { .. } => 11,
         }
+    }
+
+    /// Whether a descriptor rides on this request's frame (exactly when it does: the data file).
+    pub fn carries_fd(&self) -> bool {
+        matches!(self, Request::SaveTo | Request::LoadFrom { .. })
     }
 }
 
@@ -207,6 +278,7 @@ impl Response {
             Response::Fd { .. } => 0x103,
             Response::PhaseDone { .. } => 0x104,
             Response::Error { .. } => 0x105,
+            Response::Streamed { .. } => 0x106,
         }
     }
 }

@@ -27,6 +27,7 @@
 
 pub mod config;
 pub mod copy;
+pub mod datafile;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;
