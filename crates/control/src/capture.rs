@@ -250,17 +250,62 @@ fn step_error(step: &'static str, process: &str, source: ControlError) -> Contro
     }
 }
 
+/// Where a capture's Save puts the shared bytes, and so where a rebuild loads them from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bytes<'a> {
+    /// The shims' host carriers (Save, Load): a suspend in place.
+    Carriers,
+    /// Data files the shims stream (SaveTo, LoadFrom): a checkpoint to disk.
+    Files(&'a crate::disk::DataFiles),
+}
+
+/// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
+fn save_all(
+    participants: &mut [Participant],
+    bytes: Bytes<'_>,
+    progress: &dyn Progress,
+) -> Result<(u64, f64), ControlError> {
+    match bytes {
+        Bytes::Carriers => {
+            phase_all(participants, "save", &Request::Save, progress).map(|(_, b, s)| (b, s))
+        }
+        Bytes::Files(files) => files.save_all(participants, progress),
+    }
+}
+
+/// Load (or LoadFrom) to every participant.
+fn load_all(
+    participants: &mut [Participant],
+    bytes: Bytes<'_>,
+    progress: &dyn Progress,
+) -> Result<(u64, f64), ControlError> {
+    match bytes {
+        Bytes::Carriers => {
+            phase_all(participants, "load", &Request::Load, progress).map(|(_, b, s)| (b, s))
+        }
+        Bytes::Files(files) => files.load_all(participants, progress),
+    }
+}
+
 /// Sends the rebuild (load, import, thaw) to every participant: the rollback of a capture that
 /// failed before the native lock. Returns every error it met.
-fn rebuild(group: &mut Group, clock: &mut Clock<'_>) -> Vec<ControlError> {
+fn rebuild(group: &mut Group, clock: &mut Clock<'_>, bytes: Bytes<'_>) -> Vec<ControlError> {
     let mut errors = Vec::new();
-    for (name, request) in [("load", Request::Load), ("import", Request::Import)] {
-        if let Err(e) = clock.time(name, None, || {
-            phase_all(&mut group.participants, name, &request, clock.progress)
-                .map(|(_, bytes, slowest)| ((), bytes, slowest))
-        }) {
-            errors.push(e);
-        }
+    if let Err(e) = clock.time("load", None, || {
+        load_all(&mut group.participants, bytes, clock.progress).map(|(b, s)| ((), b, s))
+    }) {
+        errors.push(e);
+    }
+    if let Err(e) = clock.time("import", None, || {
+        phase_all(
+            &mut group.participants,
+            "import",
+            &Request::Import,
+            clock.progress,
+        )
+        .map(|(_, bytes, slowest)| ((), bytes, slowest))
+    }) {
+        errors.push(e);
     }
     errors.extend(thaw_all(group));
     errors
@@ -286,7 +331,7 @@ fn roll_back(
     group: &mut Group,
     clock: &mut Clock<'_>,
     failure: ControlError,
-    rollback: fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
+    rollback: &dyn Fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
 ) -> ControlError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
@@ -329,7 +374,7 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = check_state_dir(&options.state_dir)?;
-    let (_group, captured) = capture(options, &state_path, &mut clock)?;
+    let (_group, captured) = capture(options, &state_path, &mut clock, Bytes::Carriers)?;
     Ok(Report {
         participants: summarize(&captured),
         phases: clock.phases,
@@ -356,6 +401,7 @@ pub(crate) fn capture(
     options: &SuspendOptions,
     state_path: &Path,
     clock: &mut Clock<'_>,
+    bytes: Bytes<'_>,
 ) -> Result<(Group, Vec<Snapshot>), ControlError> {
     let progress = clock.progress;
     let mut group = clock.time("inspect", None, || {
@@ -395,7 +441,7 @@ pub(crate) fn capture(
     });
     let captured = match frozen {
         Ok(frozen) => frozen,
-        Err(e) => return Err(roll_back(&mut group, clock, e, thaw_only)),
+        Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
     };
     let shared_bytes = shared_bytes(&captured);
     // The topology is published before anything is released: a tool killed from here on leaves a
@@ -414,7 +460,7 @@ pub(crate) fn capture(
     };
     if let Err(e) = published {
         unpublish();
-        return Err(roll_back(&mut group, clock, e, thaw_only));
+        return Err(roll_back(&mut group, clock, e, &thaw_only));
     }
 
     // Save and release: from here until the native lock, failures are rolled back.
@@ -425,8 +471,7 @@ pub(crate) fn capture(
             p.set_timeout(None)?;
         }
         clock.time("save", Some(shared_bytes), || {
-            phase_all(&mut group.participants, "save", &Request::Save, progress)
-                .map(|(_, b, s)| ((), b, s))
+            save_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
         })?;
         clock.time("release", None, || {
             phase_all(
@@ -455,7 +500,7 @@ pub(crate) fn capture(
         None => Ok(()),
     });
     if let Err(e) = destructive {
-        let error = roll_back(&mut group, clock, e, rebuild);
+        let error = roll_back(&mut group, clock, e, &|g, c| rebuild(g, c, bytes));
         // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
         if matches!(error, ControlError::RolledBack { .. }) {
             unpublish();
@@ -745,7 +790,8 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         // the shims rebuild into them (from any phase a suspend or an earlier resume left).
         SuspendMode::KeepContexts => {}
     }
-    let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
+    let (participants, shared_bytes) =
+        finish_rebuild(&mut group, &state, &mut clock, Bytes::Carriers)?;
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
         source: e,
@@ -1017,6 +1063,7 @@ pub(crate) fn finish_rebuild(
     group: &mut Group,
     state: &GroupState,
     clock: &mut Clock<'_>,
+    bytes: Bytes<'_>,
 ) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
     let total: u64 = state
         .participants
@@ -1027,8 +1074,7 @@ pub(crate) fn finish_rebuild(
     let progress = clock.progress;
     // Creators first, everywhere, so that every importer finds its allocation exported again.
     clock.time("load", Some(total), || {
-        phase_all(&mut group.participants, "load", &Request::Load, progress)
-            .map(|(_, b, s)| ((), b, s))
+        load_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
     })?;
     clock.time("import", None, || {
         phase_all(
