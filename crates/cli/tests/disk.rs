@@ -459,7 +459,42 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
     ] {
         assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
     }
-    assert!(report["image_bytes"].as_u64().expect("image bytes") > SIZE[0] + SIZE[1]);
+    // The shared bytes are in one data file per creating process, streamed there by its shim,
+    // and not in CRIU's images: no image holds a piece of them (no carrier, no staging buffer).
+    let data = manifest["data_files"].as_array().expect("data files");
+    assert_eq!(data.len(), 2, "{data:?}");
+    for d in data {
+        let ns_pid = d["ns_pid"].as_u64().expect("ns pid");
+        let path = disk
+            .checkpoint_dir()
+            .join("data")
+            .join(format!("gpu-{ns_pid}.data"));
+        assert_eq!(d["file"], format!("gpu-{ns_pid}.data"));
+        let extents = d["extents"].as_array().expect("extents");
+        assert_eq!(extents.len(), 1, "rank {ns_pid} creates one allocation");
+        assert_eq!(extents[0]["size"], SIZE[ns_pid as usize - 1]);
+        assert_eq!(
+            std::fs::metadata(&path).expect("data file").len(),
+            d["bytes"].as_u64().expect("bytes")
+        );
+        let bytes = std::fs::read(&path).expect("data file");
+        let needle = &bytes[(1 << 20)..(1 << 20) + 256];
+        for image in std::fs::read_dir(disk.checkpoint_dir().join("images")).expect("images") {
+            let image = image.expect("image").path();
+            let held = std::fs::read(&image).expect("image");
+            assert!(
+                !held.windows(needle.len()).any(|w| w == needle),
+                "{} holds bytes of {}",
+                image.display(),
+                path.display()
+            );
+        }
+    }
+    assert_eq!(
+        report["data_bytes"].as_u64().expect("data bytes")
+            + report["zero_bytes"].as_u64().expect("zero bytes"),
+        SIZE[0] + SIZE[1]
+    );
 
     // The manifest: participants with host and namespace PIDs, the shim's digest, driver, GPUs,
     // byte counts, timings, CRIU.
@@ -906,6 +941,21 @@ const DAMAGES: &[Damage] = &[
             })
         },
         message: "not a link_remap.<id> file and its kept name",
+    },
+    Damage {
+        name: "data file missing",
+        apply: |d| std::fs::remove_file(d.join("data/gpu-1.data")).expect("rm"),
+        message: "gpu-1.data",
+    },
+    Damage {
+        name: "data file truncated",
+        apply: |d| truncate(&d.join("data/gpu-1.data")),
+        message: "the manifest records",
+    },
+    Damage {
+        name: "data file tampered",
+        apply: |d| flip_byte(&d.join("data/gpu-2.data")),
+        message: "does not hash to the BLAKE3 the manifest records",
     },
     Damage {
         name: "images directory missing",

@@ -180,12 +180,13 @@ fn call_with(
     request: &Request,
     file: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<Response, ControlError> {
-    let (response, fd) = connection
-        .call_with(request, file)
-        .map_err(|source| ControlError::Participant {
-            process: info.label(),
-            source,
-        })?;
+    let (response, fd) =
+        connection
+            .call_with(request, file)
+            .map_err(|source| ControlError::Participant {
+                process: info.label(),
+                source,
+            })?;
     if fd.is_some() {
         return Err(ControlError::Protocol {
             process: info.label(),

@@ -160,8 +160,7 @@ impl DataFileEntry {
                 ));
             }
             let past = e.offset.checked_add(e.size);
-            if e.offset % DATA_ALIGN != 0 || e.offset < end || past.is_none_or(|p| p > self.bytes)
-            {
+            if e.offset % DATA_ALIGN != 0 || e.offset < end || past.is_none_or(|p| p > self.bytes) {
                 return Err(format!(
                     "{}: extent {} at {} of {} bytes is not aligned, in order and inside the                      file's {} bytes",
                     self.file, e.id, e.offset, e.size, self.bytes
@@ -203,7 +202,8 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex<const N: usize>(s: &str) -> Result<[u8; N], ProtocolError> {
-    let bad = || ProtocolError::Inconsistent(format!("{s:?} is not {} lower-case hex digits", 2 * N));
+    let bad =
+        || ProtocolError::Inconsistent(format!("{s:?} is not {} lower-case hex digits", 2 * N));
     let digit = |b: u8| match b {
         b'0'..=b'9' => Ok(b - b'0'),
         b'a'..=b'f' => Ok(b - b'a' + 10),

@@ -563,7 +563,11 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
             bytes: state_file.len() as u64,
             sha256: manifest::sha256_hex(state_file),
         },
-        data_files: vec![manifest::DataFileEntry::new(41, (4 << 20) - 4096, &data_file())],
+        data_files: vec![manifest::DataFileEntry::new(
+            41,
+            (4 << 20) - 4096,
+            &data_file(),
+        )],
     }
 }
 

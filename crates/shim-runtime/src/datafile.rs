@@ -66,7 +66,9 @@ pub enum DataFileError {
     },
     #[error("the data file ends before offset {offset}: truncated")]
     Truncated { offset: u64 },
-    #[error("allocation {id} in the data file hashes to {found}, the checkpoint recorded {expected}")]
+    #[error(
+        "allocation {id} in the data file hashes to {found}, the checkpoint recorded {expected}"
+    )]
     Digest {
         id: AllocationId,
         expected: String,
@@ -331,8 +333,10 @@ where
         for _ in 0..workers {
             let work = || {
                 let result = (|| {
-                    let mut buffer = None;
+                    // Declared before the buffer, so dropped after it: a pinned buffer is freed
+                    // under the context that made it.
                     let mut context: Option<(i32, copy::DeviceContext<'_>)> = None;
+                    let mut buffer = None;
                     loop {
                         if shared.ordered.failed.load(Ordering::Acquire) {
                             return Ok(());
@@ -420,9 +424,7 @@ pub fn write(
             .real
             .memcpy_dtoh(bytes, unit.va)
             .map_err(driver_error(unit.device))?;
-        let runs = runs(unit, |at, len| {
-            bytes.get(at..at + len).is_some_and(is_zero)
-        });
+        let runs = runs(unit, |at, len| bytes.get(at..at + len).is_some_and(is_zero));
         for (at, len, zero) in runs {
             if zero {
                 shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -518,7 +520,12 @@ pub fn read(
         zero_bytes: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
-    let zero_block = |offset: u64| record.zero_blocks.binary_search(&(offset / DATA_ALIGN)).is_ok();
+    let zero_block = |offset: u64| {
+        record
+            .zero_blocks
+            .binary_search(&(offset / DATA_ALIGN))
+            .is_ok()
+    };
     let step = |shared: &Shared<'_>, index: usize, unit: &Unit, buffer: &mut [u8]| {
         let runs = runs(unit, |at, _| zero_block(unit.offset + at as u64));
         for (at, len, zero) in runs {

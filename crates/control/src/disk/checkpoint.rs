@@ -1,5 +1,6 @@
 //! `cuinterpose checkpoint`: the capture of a suspend, then a CRIU dump of the process tree.
 
+use super::datafiles::DataFiles;
 use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
@@ -9,7 +10,6 @@ use super::{
     CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
 };
 use crate::ControlError;
-use super::datafiles::DataFiles;
 use crate::capture::{self, Bytes, Clock, Progress, Report, SuspendOptions};
 use crate::criu;
 use crate::discovery;

@@ -161,7 +161,11 @@ impl DataFiles {
         Ok(total)
     }
 
-    fn verify_one(&self, entry: &DataFileEntry, progress: &dyn Progress) -> Result<u64, ControlError> {
+    fn verify_one(
+        &self,
+        entry: &DataFileEntry,
+        progress: &dyn Progress,
+    ) -> Result<u64, ControlError> {
         use std::os::unix::fs::FileExt;
         let path = self.path(entry.ns_pid);
         let file = File::open(&path).map_err(|e| damaged(&path, e))?;
@@ -183,7 +187,11 @@ impl DataFiles {
             while at < extent.size {
                 let offset = extent.offset + at;
                 let len = (extent.size - at).min(DATA_ALIGN) as usize;
-                if record.zero_blocks.binary_search(&(offset / DATA_ALIGN)).is_ok() {
+                if record
+                    .zero_blocks
+                    .binary_search(&(offset / DATA_ALIGN))
+                    .is_ok()
+                {
                     hasher.update(zeros.get(..len).unwrap_or_default());
                 } else {
                     let bytes = buffer.get_mut(..len).unwrap_or_default();

@@ -1,11 +1,11 @@
 //! `cuinterpose restore`: everything checked before anything changes, then CRIU brings the tree
 //! back, then native restore (optionally onto other GPUs) and the rebuild a resume does.
 
+use super::datafiles::DataFiles;
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::read_manifest;
 use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
-use super::datafiles::DataFiles;
 use crate::capture::{self, Bytes, Clock, Progress, Report};
 use crate::criu::{self, Criu};
 use crate::discovery;
