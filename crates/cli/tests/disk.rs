@@ -107,6 +107,11 @@ impl Disk {
     /// `r` on device `r`) and builds the sharing both ways: rank 0 creates `a0`, rank 1 `a1`, each
     /// exported to the other, which imports and maps it; both filled with their seeds.
     fn start_group(&self) -> Running {
+        self.start_group_with(&[])
+    }
+
+    /// [`Disk::start_group`] with extra environment variables for the workload's shims.
+    fn start_group_with(&self, vars: &[(&str, &str)]) -> Running {
         let dir = self.listen_dir();
         let workload = self.env.artifacts().workload().expect("workload binary");
         let log = std::fs::File::create(self.env.log_dir().join("launcher.log")).expect("log");
@@ -114,6 +119,7 @@ impl Disk {
             .env
             .command(&self.tool, false)
             .expect("launcher command");
+        command.envs(vars.iter().copied());
         command
             .arg("run")
             .arg("--pid-namespace")
@@ -1268,4 +1274,119 @@ fn discard_removes_the_checkpoint_and_its_link_remaps() {
     let out = disk.tool(&["discard", "--dir", dir_arg]);
     assert_eq!(out.status.code(), Some(3), "a manifest that does not read");
     assert!(dir.join("manifest.json").is_file());
+}
+
+/// All-zero blocks of GPU memory are neither written nor read: the data file leaves them as
+/// holes, the manifest lists them and the report counts them, and the restore sets them to zero.
+/// The group runs with pinned carriers kept across two in-place cycles first: a checkpoint to
+/// disk after them streams to its data files all the same.
+#[test]
+fn zero_blocks_are_elided_and_pinned_carriers_still_work() {
+    let disk = Disk::new();
+    let mut group = disk.start_group_with(&[("CUINTERPOSE_CARRIER", "pinned")]);
+    let launcher = group.launcher.id().to_string();
+    for _ in 0..2 {
+        disk.tool_json(&["suspend", "--pid", &launcher]);
+        disk.tool_json(&["resume", "--pid", &launcher]);
+    }
+    verify_sharing(&group.ranks, 1);
+    // Round 3 left a0 with seed(0, 3); its second 2 MiB block becomes zeros.
+    let block = 2u64 << 20;
+    group.ranks[0]
+        .ok(&format!("memset a0 0 --offset {block} --len {block}"))
+        .expect("memset");
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    let rank0 = manifest["data_files"]
+        .as_array()
+        .expect("data files")
+        .iter()
+        .find(|d| d["ns_pid"] == 1)
+        .expect("rank 0's data file")
+        .clone();
+    assert_eq!(rank0["zero_blocks"], serde_json::json!([1]), "{rank0}");
+    assert_eq!(rank0["written_bytes"], SIZE[0] - block);
+    assert_eq!(
+        report["zero_bytes"], block,
+        "the report says what was saved"
+    );
+    let path = disk.checkpoint_dir().join("data/gpu-1.data");
+    let bytes = std::fs::read(&path).expect("data file");
+    assert!(
+        bytes[block as usize..].iter().all(|&b| b == 0),
+        "the zero block reads as zeros"
+    );
+    {
+        use std::os::unix::fs::MetadataExt;
+        let allocated = std::fs::metadata(&path).expect("metadata").blocks() * 512;
+        assert!(
+            allocated <= SIZE[0] - block,
+            "the zero block is a hole: {allocated} bytes allocated"
+        );
+    }
+
+    let (report, _restored) = restore(&disk, &[]);
+    assert_eq!(report["zero_bytes"], block);
+    let ranks = disk.attach();
+    for r in &ranks {
+        r.ok(&format!("verify a0 {} --len {block}", seed(0, 3)))
+            .expect("the written block is back");
+        r.ok(&format!(
+            "verify a0 --byte 0 --offset {block} --len {block}"
+        ))
+        .expect("the zero block is zeros");
+        r.assert_pattern("a1", seed(1, 3)).expect("a1 is back");
+    }
+}
+
+/// A disk that fills up while the shims stream their data files (a small tmpfs mounted for the
+/// test) is rolled back: the workload runs on with its memory and sharing, the tool exits 4, and
+/// nothing is left in the directory.
+#[test]
+fn a_full_disk_during_the_checkpoint_is_rolled_back() {
+    let disk = Disk::new();
+    let mount = disk.env.dir().join("small");
+    std::fs::create_dir_all(&mount).expect("mount point");
+    // Room for rank 1's data file, not for rank 0's.
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "cuinterpose-test"])
+        .arg(&mount)
+        .status();
+    match mounted {
+        Ok(s) if s.success() => {}
+        other => {
+            eprintln!("skipped: cannot mount a tmpfs here ({other:?}); needs root");
+            return;
+        }
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let group = disk.start_group();
+    let launcher = group.launcher.id().to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        mount.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("rolled back"), "{stderr}");
+    assert!(
+        stderr.contains("No space left on device"),
+        "the cause is named: {stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&mount)
+        .expect("mount")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the directory: {left:?}");
+    assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
+    verify_sharing(&group.ranks, 1);
 }
