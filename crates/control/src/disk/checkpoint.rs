@@ -15,7 +15,7 @@ use crate::criu;
 use crate::discovery;
 use crate::group::{Group, Snapshot};
 use crate::native::Driver;
-use protocol::manifest::{self, CriuInfo};
+use protocol::manifest::{self, CriuInfo, Manifest};
 use std::time::Instant;
 
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
@@ -142,8 +142,11 @@ pub fn checkpoint(
             criu_info,
             &clock,
             &state_path,
-            files.entries(),
         )?;
+        let manifest = Manifest {
+            data_files: files.entries(),
+            ..manifest
+        };
         transport::files::write_atomically(
             &dir.join(manifest::MANIFEST_FILE_NAME),
             &manifest::encode(&manifest),

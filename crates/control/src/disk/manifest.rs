@@ -19,7 +19,6 @@ pub(super) fn build_manifest(
     criu: CriuInfo,
     clock: &Clock<'_>,
     state_path: &Path,
-    data_files: Vec<manifest::DataFileEntry>,
 ) -> Result<Manifest, ControlError> {
     let state_bytes = transport::files::read_bounded(state_path, capture::STATE_FILE_LIMIT)
         .map_err(|e| state_error(state_path, e))?;
@@ -81,7 +80,8 @@ pub(super) fn build_manifest(
             bytes: state_bytes.len() as u64,
             sha256: manifest::sha256_hex(&state_bytes),
         },
-        data_files,
+        // The caller adds what its data files hold.
+        data_files: Vec::new(),
     })
 }
 
