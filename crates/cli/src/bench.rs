@@ -37,7 +37,7 @@ const REGISTRY_BYTES_PER_ALLOCATION: u64 = 621;
 /// Bound on each workload command: filling and verifying many GiB takes a while.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 /// Allocations are rounded to this (the usual VMM granularity).
-const GRANULE: u64 = 2 << 20;
+pub(crate) const GRANULE: u64 = 2 << 20;
 
 const BENCH_HELP: &str = "\
 Overhead: cuinterpose-workload bench without and with the shim in --repetitions pairs (order
@@ -105,6 +105,11 @@ pub struct BenchArgs {
     /// Also write the JSON report to FILE
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
+    /// Also checkpoint a ring group of --size bytes to DIR and restore it, phase by phase, next
+    /// to DIR's own sequential write and read rates measured with the same I/Os (needs root and
+    /// CRIU, as `checkpoint` does)
+    #[arg(long, value_name = "DIR")]
+    to_disk: Option<PathBuf>,
 }
 
 /// `8G`, `256M`, `4096`, `0x1000`.
@@ -136,6 +141,8 @@ pub struct BenchReport {
     pub overhead: Option<Overhead>,
     pub capture: Option<Capture>,
     pub whole: Option<Whole>,
+    /// `--to-disk DIR`.
+    pub disk: Option<crate::bench_disk::DiskBench>,
 }
 
 /// One process holding `bytes` of `cuMemAlloc` memory, suspended and resumed under the shim
@@ -339,12 +346,35 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
         }
         Some(w)
     };
+    let disk = match &args.to_disk {
+        None => None,
+        Some(dir) => {
+            let size = args
+                .size
+                .unwrap_or(if on_gpu { 8 << 30 } else { 256 << 20 });
+            let d = crate::bench_disk::disk_bench(
+                kind,
+                Artifacts::at(&here),
+                &driver,
+                dir,
+                size,
+                args.processes,
+                config,
+            )
+            .context("disk benchmark")?;
+            if tables {
+                crate::bench_disk::print_disk(&d);
+            }
+            Some(d)
+        }
+    };
     let report = BenchReport {
         driver: driver_name,
         on_gpu,
         overhead,
         capture,
         whole,
+        disk,
     };
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.json_out {

@@ -181,13 +181,13 @@ fn group_memory(env: &TestEnv, driver: &Driver, on_gpu: bool, pids: &[u32]) -> a
     Ok(sum)
 }
 
-fn seed(rank: usize, round: u64) -> u64 {
+pub(crate) fn seed(rank: usize, round: u64) -> u64 {
     1000 * round + rank as u64 + 1
 }
 
 /// Contents survived, and sharing is alive both ways: each importer sees the creator's bytes, then
 /// writes new ones that the creator sees.
-fn verify_after(group: &[Workload], what: &str) -> anyhow::Result<Vec<String>> {
+pub(crate) fn verify_after(group: &[Workload], what: &str) -> anyhow::Result<Vec<String>> {
     let n = group.len();
     let mut checks = Vec::new();
     for creator in 0..n {
@@ -330,9 +330,9 @@ fn demo_to_disk(
 }
 
 /// The group's launcher and, once restored, the restored tree: both ended when the demo ends.
-struct Launched {
-    launcher: Child,
-    restored: Option<u32>,
+pub(crate) struct Launched {
+    pub(crate) launcher: Child,
+    pub(crate) restored: Option<u32>,
 }
 
 impl Drop for Launched {
@@ -360,7 +360,11 @@ impl Drop for Launched {
 
 /// `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes N ...`, every rank
 /// on device 0; waits until rank 0 (which waits for the others) answers.
-fn launch_tree(env: &TestEnv, listen: &Path, processes: usize) -> anyhow::Result<Launched> {
+pub(crate) fn launch_tree(
+    env: &TestEnv,
+    listen: &Path,
+    processes: usize,
+) -> anyhow::Result<Launched> {
     let me = std::env::current_exe().context("finding this executable")?;
     let workload = env.artifacts().workload()?;
     let log_path = env.log_dir().join("launcher.log");
@@ -399,7 +403,7 @@ fn launch_tree(env: &TestEnv, listen: &Path, processes: usize) -> anyhow::Result
 }
 
 /// Handles on the ranks of a tree listening in `listen` (the original or a restored one).
-fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>> {
+pub(crate) fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>> {
     (0..processes)
         .map(|r| {
             Workload::attach(
@@ -415,7 +419,7 @@ fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>
 
 /// The ring of [`Group::ring`] on attached ranks: rank `i` creates `a<i>` and shares it with
 /// rank `(i + 1) % n`, which imports and maps it.
-fn ring(ranks: &[Workload], size: u64) -> anyhow::Result<()> {
+pub(crate) fn ring(ranks: &[Workload], size: u64) -> anyhow::Result<()> {
     let n = ranks.len();
     for (i, w) in ranks.iter().enumerate() {
         w.all_ok(&[

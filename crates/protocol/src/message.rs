@@ -179,6 +179,13 @@ pub struct Extent {
 /// 2 MiB, the allocation granularity of every GPU this project runs on (so aligning costs no file
 /// space there) and a multiple of every filesystem's `O_DIRECT` alignment.
 pub const DATA_ALIGN: u64 = 2 << 20;
+/// Largest write or read of a data file: large enough that each I/O runs at a disk's streaming
+/// rate, a multiple of [`DATA_ALIGN`] so that I/Os start on block boundaries. Shared by the shims
+/// and by `cuinterpose bench --to-disk`, which measures a directory with the same I/Os.
+pub const DATA_IO: u64 = 8 << 20;
+/// I/Os in flight on one data file (one thread each): several keep a disk array's queue busy while
+/// one thread copies or hashes.
+pub const DATA_WORKERS: usize = 4;
 
 /// How a shim's copy engine reaches its host carrier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,12 +37,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
-/// Largest write or read of one unit: large enough that each I/O runs at the device's streaming
-/// rate, a multiple of [`DATA_ALIGN`] so that units start on block boundaries.
-pub const IO_SIZE: usize = 8 << 20;
-/// I/O threads per process: several units in flight keep a disk array's queue busy while one
-/// thread copies or hashes.
-pub const WORKERS: usize = 4;
+/// Largest write or read of one unit ([`protocol::message::DATA_IO`]).
+pub const IO_SIZE: usize = protocol::message::DATA_IO as usize;
+/// I/O threads per process ([`protocol::message::DATA_WORKERS`]).
+pub const WORKERS: usize = protocol::message::DATA_WORKERS;
 /// `O_DIRECT` alignment of lengths (the buffers are page-aligned pinned memory).
 const PAGE: usize = 4096;
 const BLOCK: usize = DATA_ALIGN as usize;

@@ -305,3 +305,131 @@ fn totals(results: Vec<Result<Streamed, ControlError>>) -> Result<(u64, f64), Co
     }
     Ok((bytes, slowest as f64 / 1e3))
 }
+
+/// A directory's own sequential rates, measured the way the shims stream data files.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DirRate {
+    pub bytes: u64,
+    /// Whether the file was written and read with `O_DIRECT` (the choice a checkpoint makes).
+    pub direct: bool,
+    pub write_millis: f64,
+    pub read_millis: f64,
+}
+
+/// A buffer piece aligned for `O_DIRECT`; an I/O is a vector of them (at most `IOV_MAX`).
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Piece([u8; 64 << 10]);
+
+/// Writes `bytes` (rounded up to [`DATA_IO`]) into a new file in `dir` and reads it back as a data
+/// file is streamed: [`DATA_IO`] I/Os at aligned offsets, [`DATA_WORKERS`] in flight, `O_DIRECT`
+/// where a data file would get it (with the same fallback), synced after writing; the file is
+/// removed. Buffered I/O (tmpfs) reads from the page cache.
+pub fn measure_dir(dir: &Path, bytes: u64) -> Result<DirRate, ControlError> {
+    use protocol::message::{DATA_IO, DATA_WORKERS};
+    let path = dir.join(format!(".cuinterpose-rate-{}", std::process::id()));
+    let units = bytes.div_ceil(DATA_IO).max(1);
+    let run = |write: bool, file: &File| -> Result<f64, ControlError> {
+        let next = std::sync::atomic::AtomicU64::new(0);
+        let start = std::time::Instant::now();
+        let results: Vec<Result<(), ControlError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..DATA_WORKERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        let pieces = DATA_IO as usize / std::mem::size_of::<Piece>();
+                        let mut buffer = vec![Piece([0xa5; 64 << 10]); pieces];
+                        loop {
+                            let unit = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if unit >= units {
+                                return Ok(());
+                            }
+                            rate_io(file, &path, &mut buffer, unit * DATA_IO, write)?;
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ControlError::Protocol {
+                            process: "tool".into(),
+                            message: "a rate thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        if write {
+            file.sync_all().map_err(|e| state_error(&path, e))?;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    let measured = (|| {
+        let file = create(&path)?;
+        let write_millis = run(true, &file)?;
+        drop(file);
+        let file = open(&path)?;
+        let direct =
+            rustix::fs::fcntl_getfl(&file).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+        let read_millis = run(false, &file)?;
+        Ok(DirRate {
+            bytes: units * DATA_IO,
+            direct,
+            write_millis,
+            read_millis,
+        })
+    })();
+    let _ = std::fs::remove_file(&path);
+    measured
+}
+
+/// One I/O of the rate measurement; a direct I/O refused with `EINVAL` goes buffered, as a shim's.
+fn rate_io(
+    file: &File,
+    path: &Path,
+    buffer: &mut [Piece],
+    offset: u64,
+    write: bool,
+) -> Result<(), ControlError> {
+    use std::io::{IoSlice, IoSliceMut};
+    let expected = std::mem::size_of_val(buffer);
+    loop {
+        let done = if write {
+            let slices: Vec<IoSlice<'_>> = buffer.iter().map(|p| IoSlice::new(&p.0)).collect();
+            rustix::io::pwritev(file, &slices, offset)
+        } else {
+            let mut slices: Vec<IoSliceMut<'_>> = buffer
+                .iter_mut()
+                .map(|p| IoSliceMut::new(&mut p.0))
+                .collect();
+            rustix::io::preadv(file, &mut slices, offset)
+        };
+        match done {
+            Ok(n) if n == expected => return Ok(()),
+            Ok(n) => {
+                return Err(state_error(
+                    path,
+                    std::io::Error::other(format!("short I/O: {n} of {expected} bytes")),
+                ));
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::INVAL) => {
+                let flags = rustix::fs::fcntl_getfl(file)
+                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
+                if !flags.contains(rustix::fs::OFlags::DIRECT) {
+                    return Err(state_error(
+                        path,
+                        std::io::Error::from_raw_os_error(libc::EINVAL),
+                    ));
+                }
+                rustix::fs::fcntl_setfl(file, flags - rustix::fs::OFlags::DIRECT)
+                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
+            }
+            Err(e) => return Err(state_error(path, std::io::Error::from(e))),
+        }
+    }
+}
