@@ -16,6 +16,9 @@
 //!    verified. The speed-up compares bytes per second of suspend+resume with native
 //!    checkpoint+restore.
 //!
+//! 4. To disk (`--to-disk DIR`, crate::bench_disk): checkpoint and restore of a ring group to DIR
+//!    next to DIR's own rates.
+//!
 //! Figures only: nothing here passes or fails on a time.
 
 use crate::output::bytes;
@@ -59,7 +62,13 @@ CUINTERPOSE_CARRIER (read by each shim when its runtime starts; the group inheri
               straight into it; unregistered before the phase answers
   pinned      the carrier is registered once in 256 MiB pieces and kept registered; DMA goes
               straight into it (cycle 1 pays the pinning in its carrier time, later cycles none)
-The report says which mode ran. Figures only: nothing here passes or fails on a time.";
+The report says which mode ran.
+
+--to-disk DIR: a ring group of --size bytes is checkpointed to DIR and restored (root and CRIU, as
+for `checkpoint`), every phase timed with its bytes; before it, DIR's own sequential write and read
+rates are measured with the I/Os the shims use for data files (8 MiB, 4 in flight, O_DIRECT where
+DIR takes it), and the save, verify-data and load rates are given as shares of them (H200 target:
+>= 80% each way, the digests adding <= 10%). Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = BENCH_HELP)]
