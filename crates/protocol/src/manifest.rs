@@ -858,6 +858,46 @@ mod tests {
     }
 
     #[test]
+    fn data_file_entries_round_trip_and_bad_ones_are_refused() {
+        let (manifest, _) = sample();
+        let entry = &manifest.data_files[0];
+        let record = entry.record().unwrap();
+        assert_eq!(DataFileEntry::new(41, entry.written_bytes, &record), *entry);
+        assert_eq!(entry.extents[0].id, "a1".repeat(16));
+        type Edit = fn(&mut DataFileEntry);
+        let edits: [(&str, Edit); 9] = [
+            ("another name", |e| e.file = "../gpu-41.data".into()),
+            ("another participant", |e| {
+                e.ns_pid = 43;
+                e.file = data_file_name(43);
+            }),
+            ("a digest that is not hex", |e| {
+                e.extents[0].blake3 = "x".repeat(64)
+            }),
+            ("a short id", |e| e.extents[0].id = "a1".into()),
+            ("an unaligned extent", |e| e.extents[0].offset = 4096),
+            ("an extent past the end", |e| e.bytes = 2 << 20),
+            ("more written than held", |e| e.written_bytes = 8 << 20),
+            ("a zero block outside the extents", |e| {
+                e.zero_blocks = vec![5]
+            }),
+            ("zero blocks out of order", |e| e.zero_blocks = vec![1, 0]),
+        ];
+        for (what, edit) in edits {
+            let mut bad = manifest.clone();
+            edit(&mut bad.data_files[0]);
+            assert!(
+                matches!(bad.validate(), Err(ProtocolError::Inconsistent(_))),
+                "{what}: {:?}",
+                bad.validate()
+            );
+        }
+        let mut twice = manifest.clone();
+        twice.data_files.push(twice.data_files[0].clone());
+        assert!(twice.validate().is_err(), "two files of one participant");
+    }
+
+    #[test]
     fn sha256_hex_is_the_standard_digest() {
         assert_eq!(
             sha256_hex(b"abc"),
