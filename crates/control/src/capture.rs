@@ -790,8 +790,12 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         // the shims rebuild into them (from any phase a suspend or an earlier resume left).
         SuspendMode::KeepContexts => {}
     }
-    let (participants, shared_bytes) =
-        finish_rebuild(&mut group, &state, &mut clock, Bytes::Carriers)?;
+    // A checkpoint or restore killed while the shared bytes were only in its data files left
+    // a record of them beside the state file.
+    let files = crate::disk::DataFiles::recorded(&state_path).map_err(unchanged)?;
+    let bytes = files.as_ref().map_or(Bytes::Carriers, Bytes::Files);
+    let (participants, shared_bytes) = finish_rebuild(&mut group, &state, &mut clock, bytes)?;
+    crate::disk::remove_record(&state_path);
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
         source: e,

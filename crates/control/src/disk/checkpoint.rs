@@ -75,7 +75,7 @@ pub fn checkpoint(
         mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
-    let files = DataFiles::new(dir);
+    let files = DataFiles::new(dir, &work_state);
     let captured = capture::capture(
         &capture_options,
         &work_state,
@@ -87,6 +87,7 @@ pub fn checkpoint(
         Err(e) => {
             // Rolled back (or said why not) before anything was dumped: what this run wrote goes,
             // so a full disk leaves the directory as it found it.
+            super::datafiles::remove_record(&work_state);
             files.remove();
             let _ = std::fs::remove_dir(&images);
             let _ = std::fs::remove_file(dir.join(INCOMPLETE_MARKER));
@@ -176,6 +177,7 @@ pub fn checkpoint(
                     // Loaded back: the data files have no use any more. Kept when the rollback
                     // failed, since they hold the only copy of the group's shared bytes.
                     files.remove();
+                    super::datafiles::remove_record(&work_state);
                     capture::remove_state(&work_state);
                     ControlError::RolledBack {
                         failure: Box::new(e),
@@ -206,6 +208,7 @@ pub fn checkpoint(
         })?;
     }
     // The checkpoint holds its own copy; the group's is of no use any more.
+    super::datafiles::remove_record(&work_state);
     capture::remove_state(&work_state);
     let shared_bytes = manifest.bytes.shared_saved;
     let (data_bytes, zero_bytes) = data_totals(&manifest.data_files);

@@ -27,20 +27,48 @@ use std::sync::Mutex;
 /// Sub-directory of the data files in a checkpoint directory.
 pub const DATA_DIR: &str = "data";
 
+/// Name of the record kept beside a group's state file while its shared bytes are only in data
+/// files (from the end of SaveTo until the checkpoint is complete or rolled back, and during a
+/// restore's rebuild): where the files are and what they hold, so that `cuinterpose resume` after
+/// such a run was killed loads them back.
+pub const DATA_FILES_RECORD: &str = "cuinterpose.datafiles";
+
 /// The data files of one checkpoint, and what each shim wrote into its own.
 #[derive(Debug)]
 pub struct DataFiles {
     dir: PathBuf,
     /// By namespace PID: what SaveTo answered, or what the manifest lists.
     written: Mutex<BTreeMap<u32, DataFileEntry>>,
+    /// Where SaveTo's results are recorded for `resume` ([`DATA_FILES_RECORD`]), if anywhere.
+    record: Option<PathBuf>,
+}
+
+/// The content of [`DATA_FILES_RECORD`].
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Record {
+    dir: PathBuf,
+    files: Vec<DataFileEntry>,
+}
+
+/// The record beside the state file `state`.
+fn record_path(state: &Path) -> PathBuf {
+    state.with_file_name(DATA_FILES_RECORD)
+}
+
+/// Removes the record beside the state file `state` (the bytes are back, or in a complete
+/// checkpoint).
+pub fn remove_record(state: &Path) {
+    let _ = std::fs::remove_file(record_path(state));
 }
 
 impl DataFiles {
     /// The data files of a new checkpoint in `checkpoint` (none written yet).
-    pub fn new(checkpoint: &Path) -> DataFiles {
+    /// SaveTo's results are recorded beside the state file `state` ([`DATA_FILES_RECORD`]).
+    pub fn new(checkpoint: &Path, state: &Path) -> DataFiles {
         DataFiles {
             dir: checkpoint.join(DATA_DIR),
             written: Mutex::new(BTreeMap::new()),
+            record: Some(record_path(state)),
         }
     }
 
@@ -49,7 +77,42 @@ impl DataFiles {
         DataFiles {
             dir: checkpoint.join(DATA_DIR),
             written: Mutex::new(entries.iter().map(|e| (e.ns_pid, e.clone())).collect()),
+            record: None,
         }
+    }
+
+    /// The data files recorded beside the state file `state`, if a checkpoint or restore left
+    /// a record there.
+    pub fn recorded(state: &Path) -> Result<Option<DataFiles>, ControlError> {
+        let path = record_path(state);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(state_error(&path, e)),
+        };
+        let record: Record = serde_json::from_slice(&bytes)
+            .map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+        Ok(Some(DataFiles {
+            dir: record.dir,
+            written: Mutex::new(record.files.into_iter().map(|e| (e.ns_pid, e)).collect()),
+            record: None,
+        }))
+    }
+
+    /// Writes what these files hold beside the state file `state` ([`DATA_FILES_RECORD`]).
+    pub fn write_record(&self, state: &Path) -> Result<(), ControlError> {
+        let path = record_path(state);
+        self.write_record_to(&path)
+    }
+
+    fn write_record_to(&self, path: &Path) -> Result<(), ControlError> {
+        let record = Record {
+            dir: self.dir.clone(),
+            files: self.entries(),
+        };
+        let bytes =
+            serde_json::to_vec(&record).map_err(|e| state_error(path, std::io::Error::other(e)))?;
+        transport::files::write_atomically(path, &bytes).map_err(|e| state_error(path, e))
     }
 
     fn path(&self, ns_pid: u32) -> PathBuf {
@@ -98,7 +161,12 @@ impl DataFiles {
             }
             Ok(streamed)
         });
-        totals(results)
+        let done = totals(results)?;
+        // Before Release: from here on the bytes may be only in these files.
+        if let Some(path) = &self.record {
+            self.write_record_to(path)?;
+        }
+        Ok(done)
     }
 
     /// The rebuild's first step for a group saved into these files: LoadFrom to every

@@ -21,7 +21,7 @@ mod preflight;
 mod restore;
 
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
-pub use datafiles::{DATA_DIR, DataFiles, DirRate, measure_dir};
+pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, DirRate, measure_dir, remove_record};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use preflight::namespace_root;

@@ -327,6 +327,7 @@ fn rebuild_restored(
     // is finished by `cuinterpose resume --pid <restored root>`.
     let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
     capture::write_state_of(&state_path, &state)?;
+    files.write_record(&state_path)?;
     let rebuilt = clock
         .time("native-restore", None, || {
             capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
@@ -334,6 +335,7 @@ fn rebuild_restored(
         })
         .and_then(|()| capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)));
     // Done, or the tree is killed by the caller: the record has no use either way.
+    super::datafiles::remove_record(&state_path);
     capture::remove_state(&state_path);
     rebuilt
 }
