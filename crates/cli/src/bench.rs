@@ -20,6 +20,9 @@
 //!    verified. The speed-up compares bytes per second of suspend+resume with native
 //!    checkpoint+restore.
 //!
+//! 4. To disk (`--to-disk DIR`, crate::bench_disk): checkpoint and restore of a ring group to DIR
+//!    next to DIR's own rates.
+//!
 //! Figures only: nothing here passes or fails on a time.
 
 use crate::output::{Align, Table, bytes};
@@ -41,7 +44,7 @@ const REGISTRY_BYTES_PER_ALLOCATION: u64 = 621;
 /// Bound on each workload command: filling and verifying many GiB takes a while.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(600);
 /// Allocations are rounded to this (the usual VMM granularity).
-const GRANULE: u64 = 2 << 20;
+pub(crate) const GRANULE: u64 = 2 << 20;
 
 const BENCH_HELP: &str = "\
 Overhead: --repetitions pairs of warm workload processes, one without and one with the shim, pinned
@@ -65,7 +68,13 @@ CUINTERPOSE_CARRIER (read by each shim when its runtime starts; the group inheri
               straight into it; unregistered before the phase answers
   pinned      the carrier is registered once in 256 MiB pieces and kept registered; DMA goes
               straight into it (cycle 1 pays the pinning in its carrier time, later cycles none)
-The report says which mode ran. Figures only: nothing here passes or fails on a time.";
+The report says which mode ran.
+
+--to-disk DIR: a ring group of --size bytes is checkpointed to DIR and restored (root and CRIU, as
+for `checkpoint`), every phase timed with its bytes; before it, DIR's own sequential write and read
+rates are measured with the I/Os the shims use for data files (8 MiB, 4 in flight, O_DIRECT where
+DIR takes it), and the save, verify-data and load rates are given as shares of them (H200 target:
+>= 80% each way, the digests adding <= 10%). Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = BENCH_HELP)]
@@ -118,6 +127,11 @@ pub struct BenchArgs {
     /// Also write the JSON report to FILE
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
+    /// Also checkpoint a ring group of --size bytes to DIR and restore it, phase by phase, next
+    /// to DIR's own sequential write and read rates measured with the same I/Os (needs root and
+    /// CRIU, as `checkpoint` does)
+    #[arg(long, value_name = "DIR")]
+    to_disk: Option<PathBuf>,
 }
 
 /// `8G`, `256M`, `4096`, `0x1000`.
@@ -149,6 +163,8 @@ pub struct BenchReport {
     pub overhead: Option<Overhead>,
     pub capture: Option<Capture>,
     pub whole: Option<Whole>,
+    /// `--to-disk DIR`.
+    pub disk: Option<crate::bench_disk::DiskBench>,
 }
 
 /// One process holding `bytes` of `cuMemAlloc` memory, suspended and resumed under the shim
@@ -356,12 +372,35 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
         }
         Some(w)
     };
+    let disk = match &args.to_disk {
+        None => None,
+        Some(dir) => {
+            let size = args
+                .size
+                .unwrap_or(if on_gpu { 8 << 30 } else { 256 << 20 });
+            let d = crate::bench_disk::disk_bench(
+                &programs,
+                on_gpu,
+                &driver,
+                dir,
+                size,
+                args.processes,
+                config,
+            )
+            .context("disk benchmark")?;
+            if tables {
+                crate::bench_disk::print_disk(&d);
+            }
+            Some(d)
+        }
+    };
     let report = BenchReport {
         driver: driver_name,
         on_gpu,
         overhead,
         capture,
         whole,
+        disk,
     };
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.json_out {

@@ -269,13 +269,17 @@ fn device_memory_used(driver: &Driver) -> anyhow::Result<u64> {
     Ok(total.saturating_sub(free))
 }
 
-fn seed(rank: usize, round: u64) -> u64 {
+pub(crate) fn seed(rank: usize, round: u64) -> u64 {
     1000 * round + rank as u64 + 1
 }
 
 /// Contents survived, and sharing is alive both ways: each importer sees the creator's bytes, then
 /// writes new ones that the creator sees (for private memory the creator is its own reader).
-fn verify_after(group: &[Workload], what: &str, sharing: Sharing) -> anyhow::Result<Vec<String>> {
+pub(crate) fn verify_after(
+    group: &[Workload],
+    what: &str,
+    sharing: Sharing,
+) -> anyhow::Result<Vec<String>> {
     let n = group.len();
     let mut checks = Vec::new();
     for creator in 0..n {
@@ -546,9 +550,9 @@ fn demo_to_disk(
 }
 
 /// The group's launcher and, once restored, the restored tree: both ended when the demo ends.
-struct Launched {
-    launcher: Child,
-    restored: Option<u32>,
+pub(crate) struct Launched {
+    pub(crate) launcher: Child,
+    pub(crate) restored: Option<u32>,
 }
 
 impl Drop for Launched {
@@ -576,7 +580,7 @@ impl Drop for Launched {
 
 /// `cuinterpose run --pid-namespace -- cuinterpose-workload tree --processes N ...`, every rank
 /// on device 0; waits until rank 0 (which waits for the others) answers.
-fn launch_tree(
+pub(crate) fn launch_tree(
     env: &Launcher,
     listen: &Path,
     processes: usize,
@@ -626,7 +630,7 @@ fn launch_tree(
 }
 
 /// Handles on the ranks of a tree listening in `listen` (the original or a restored one).
-fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>> {
+pub(crate) fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>> {
     (0..processes)
         .map(|r| {
             Workload::attach(
@@ -642,7 +646,7 @@ fn attach_ranks(listen: &Path, processes: usize) -> anyhow::Result<Vec<Workload>
 
 /// The group's memory: rank `i` makes `a<i>` and, unless it is private, shares it with rank
 /// `(i + 1) % n`, which maps it as `a<i>` too.
-fn ring(ranks: &[Workload], size: u64, sharing: Sharing) -> anyhow::Result<()> {
+pub(crate) fn ring(ranks: &[Workload], size: u64, sharing: Sharing) -> anyhow::Result<()> {
     match sharing {
         Sharing::Vmm => vmm_ring(ranks, size),
         Sharing::LegacyIpc => ipc_ring(ranks, size),

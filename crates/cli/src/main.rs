@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod bench_disk;
 mod demo;
 mod docs;
 mod doctor;

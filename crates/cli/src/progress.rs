@@ -1,4 +1,5 @@
-//! Progress bars for long phases, drawn only on a terminal.
+//! Progress bars for long phases, and a line per phase that moved bytes with its rate, drawn only
+//! on a terminal.
 
 use control::capture::{PhaseTiming, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -46,11 +47,20 @@ impl Progress for Bars {
         }
     }
 
-    fn phase_finished(&self, _timing: &PhaseTiming) {
+    fn phase_finished(&self, timing: &PhaseTiming) {
         if let Ok(mut current) = self.current.lock()
             && let Some(bar) = current.take()
         {
             bar.finish_and_clear();
+        }
+        // What the bar showed, kept on the terminal: each phase that moved bytes, its rate.
+        if let Some(rate) = timing.gigabytes_per_second().filter(|_| self.enabled) {
+            eprintln!(
+                "{:>16} {} in {:.1} ms, {rate:.2} GB/s",
+                timing.name,
+                crate::output::bytes(timing.bytes),
+                timing.millis
+            );
         }
     }
 }

@@ -192,3 +192,84 @@ fn bench_prints_the_whole_process_table() {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
     }
 }
+
+/// `bench --to-disk DIR`: the directory's own rates, the checkpoint's and the restore's phases
+/// with bytes, a ratio for every phase that streams data files, and nothing left in DIR.
+#[test]
+fn bench_to_disk_reports_phases_next_to_the_directory_rate() {
+    let criu = std::env::var_os("CUINTERPOSE_CRIU")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.criu/bin/criu"));
+    assert!(
+        criu.is_file(),
+        "CRIU not found at {} (set CUINTERPOSE_CRIU): run scripts/install-criu.sh first",
+        criu.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(tool())
+        .args([
+            "bench",
+            "--fake",
+            "--json",
+            "--no-overhead",
+            "--no-capture",
+            "--no-whole",
+            "--size",
+            "16M",
+            "--to-disk",
+        ])
+        .arg(dir.path())
+        .env("CUINTERPOSE_CRIU", &criu)
+        .output()
+        .expect("running cuinterpose bench");
+    assert!(
+        output.status.success(),
+        "cuinterpose bench --to-disk failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON report");
+    let disk = &report["disk"];
+    positive(&disk["dir_write_gb_per_s"], "directory write rate");
+    positive(&disk["dir_read_gb_per_s"], "directory read rate");
+    assert_eq!(disk["dir_rate"]["bytes"], 16 << 20);
+    let ratios: Vec<(String, String)> = disk["ratios"]
+        .as_array()
+        .expect("ratios")
+        .iter()
+        .map(|r| {
+            positive(&r["gb_per_s"], "phase rate");
+            positive(&r["of_dir"], "ratio");
+            (
+                r["run"].as_str().expect("run").to_string(),
+                r["phase"].as_str().expect("phase").to_string(),
+            )
+        })
+        .collect();
+    for wanted in [
+        ("checkpoint", "save"),
+        ("restore", "verify-data"),
+        ("restore", "load"),
+    ] {
+        assert!(
+            ratios
+                .iter()
+                .any(|(r, p)| (r.as_str(), p.as_str()) == wanted),
+            "{wanted:?} in {ratios:?}"
+        );
+    }
+    let save = disk["checkpoint"]["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .find(|p| p["name"] == "save")
+        .expect("save phase");
+    assert_eq!(save["bytes"], 16 << 20);
+    assert_eq!(disk["checkpoint"]["data_bytes"], 16 << 20);
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the directory: {left:?}");
+}

@@ -103,12 +103,17 @@ impl Disk {
     /// `r` on device `r`) and builds the sharing both ways: rank 0 creates `a0`, rank 1 `a1`, each
     /// exported to the other, which imports and maps it; both filled with their seeds.
     fn start_group(&self) -> Running {
+        self.start_group_with(&[])
+    }
+
+    /// [`Disk::start_group`] with extra environment variables for the workload's shims.
+    fn start_group_with(&self, vars: &[(&str, &str)]) -> Running {
         let launcher = start_namespace(
             &self.env,
             "launcher",
             &self.listen_dir(),
             (2, "0,1"),
-            &[],
+            vars,
             READY_TIMEOUT,
         );
         let ranks = self.attach();
@@ -406,7 +411,42 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
     ] {
         assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
     }
-    assert!(report["image_bytes"].as_u64().expect("image bytes") > SIZE[0] + SIZE[1]);
+    // The shared bytes are in one data file per creating process, streamed there by its shim,
+    // and not in CRIU's images: no image holds a piece of them (no carrier, no staging buffer).
+    let data = manifest["data_files"].as_array().expect("data files");
+    assert_eq!(data.len(), 2, "{data:?}");
+    for d in data {
+        let ns_pid = d["ns_pid"].as_u64().expect("ns pid");
+        let path = disk
+            .checkpoint_dir()
+            .join("data")
+            .join(format!("gpu-{ns_pid}.data"));
+        assert_eq!(d["file"], format!("gpu-{ns_pid}.data"));
+        let extents = d["extents"].as_array().expect("extents");
+        assert_eq!(extents.len(), 1, "rank {ns_pid} creates one allocation");
+        assert_eq!(extents[0]["size"], SIZE[ns_pid as usize - 1]);
+        assert_eq!(
+            std::fs::metadata(&path).expect("data file").len(),
+            d["bytes"].as_u64().expect("bytes")
+        );
+        let bytes = std::fs::read(&path).expect("data file");
+        let needle = &bytes[(1 << 20)..(1 << 20) + 256];
+        for image in std::fs::read_dir(disk.checkpoint_dir().join("images")).expect("images") {
+            let image = image.expect("image").path();
+            let held = std::fs::read(&image).expect("image");
+            assert!(
+                !held.windows(needle.len()).any(|w| w == needle),
+                "{} holds bytes of {}",
+                image.display(),
+                path.display()
+            );
+        }
+    }
+    assert_eq!(
+        report["data_bytes"].as_u64().expect("data bytes")
+            + report["zero_bytes"].as_u64().expect("zero bytes"),
+        SIZE[0] + SIZE[1]
+    );
 
     // The manifest: participants with host and namespace PIDs, the shim's digest, driver, GPUs,
     // byte counts, timings, CRIU.
@@ -855,6 +895,21 @@ const DAMAGES: &[Damage] = &[
         message: "not a link_remap.<id> file and its kept name",
     },
     Damage {
+        name: "data file missing",
+        apply: |d| std::fs::remove_file(d.join("data/gpu-1.data")).expect("rm"),
+        message: "gpu-1.data",
+    },
+    Damage {
+        name: "data file truncated",
+        apply: |d| truncate(&d.join("data/gpu-1.data")),
+        message: "the manifest records",
+    },
+    Damage {
+        name: "data file tampered",
+        apply: |d| flip_byte(&d.join("data/gpu-2.data")),
+        message: "does not hash to the BLAKE3 the manifest records",
+    },
+    Damage {
         name: "images directory missing",
         apply: |d| std::fs::remove_dir_all(d.join("images")).expect("rm"),
         message: "images",
@@ -978,11 +1033,21 @@ fn demo_to_disk_reports_what_the_gpu_lane_reads() {
     let names = |side: &str| phase_names(&report[side]);
     assert!(names("checkpoint").contains(&"criu-dump".to_string()));
     assert!(names("restore").contains(&"criu-restore".to_string()));
+    // The images hold the processes' own memory; the shared GPU bytes are in the data files.
     assert!(
         report["checkpoint"]["image_bytes"]
             .as_u64()
             .expect("image bytes")
-            > 8 << 20
+            > 0
+    );
+    assert_eq!(
+        report["checkpoint"]["data_bytes"]
+            .as_u64()
+            .expect("data bytes")
+            + report["checkpoint"]["zero_bytes"]
+                .as_u64()
+                .expect("zero bytes"),
+        8 << 20
     );
     assert_eq!(report["group_memory_checkpointed"], 0);
     assert_eq!(
@@ -1344,4 +1409,119 @@ fn four_ranks_keep_a_multicast_object_through_checkpoint_to_disk_and_restore() {
     for from in 0..N {
         through(&ranks, from, 80 + from as u64);
     }
+}
+
+/// All-zero blocks of GPU memory are neither written nor read: the data file leaves them as
+/// holes, the manifest lists them and the report counts them, and the restore sets them to zero.
+/// The group runs with pinned carriers kept across two in-place cycles first: a checkpoint to
+/// disk after them streams to its data files all the same.
+#[test]
+fn zero_blocks_are_elided_and_pinned_carriers_still_work() {
+    let disk = Disk::new();
+    let mut group = disk.start_group_with(&[("CUINTERPOSE_CARRIER", "pinned")]);
+    let launcher = group.launcher.id().to_string();
+    for _ in 0..2 {
+        disk.tool_json(&["suspend", "--pid", &launcher]);
+        disk.tool_json(&["resume", "--pid", &launcher]);
+    }
+    verify_sharing(&group.ranks, 1);
+    // Round 3 left a0 with seed(0, 3); its second 2 MiB block becomes zeros.
+    let block = 2u64 << 20;
+    group.ranks[0]
+        .ok(&format!("memset a0 0 --offset {block} --len {block}"))
+        .expect("memset");
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    let rank0 = manifest["data_files"]
+        .as_array()
+        .expect("data files")
+        .iter()
+        .find(|d| d["ns_pid"] == 1)
+        .expect("rank 0's data file")
+        .clone();
+    assert_eq!(rank0["zero_blocks"], serde_json::json!([1]), "{rank0}");
+    assert_eq!(rank0["written_bytes"], SIZE[0] - block);
+    assert_eq!(
+        report["zero_bytes"], block,
+        "the report says what was saved"
+    );
+    let path = disk.checkpoint_dir().join("data/gpu-1.data");
+    let bytes = std::fs::read(&path).expect("data file");
+    assert!(
+        bytes[block as usize..].iter().all(|&b| b == 0),
+        "the zero block reads as zeros"
+    );
+    {
+        use std::os::unix::fs::MetadataExt;
+        let allocated = std::fs::metadata(&path).expect("metadata").blocks() * 512;
+        assert!(
+            allocated <= SIZE[0] - block,
+            "the zero block is a hole: {allocated} bytes allocated"
+        );
+    }
+
+    let (report, _restored) = restore(&disk, &[]);
+    assert_eq!(report["zero_bytes"], block);
+    let ranks = disk.attach();
+    for r in &ranks {
+        r.ok(&format!("verify a0 {} --len {block}", seed(0, 3)))
+            .expect("the written block is back");
+        r.ok(&format!(
+            "verify a0 --byte 0 --offset {block} --len {block}"
+        ))
+        .expect("the zero block is zeros");
+        r.assert_pattern("a1", seed(1, 3)).expect("a1 is back");
+    }
+}
+
+/// A disk that fills up while the shims stream their data files (a small tmpfs mounted for the
+/// test) is rolled back: the workload runs on with its memory and sharing, the tool exits 4, and
+/// nothing is left in the directory.
+#[test]
+fn a_full_disk_during_the_checkpoint_is_rolled_back() {
+    let disk = Disk::new();
+    let mount = disk.env.dir().join("small");
+    std::fs::create_dir_all(&mount).expect("mount point");
+    // Room for rank 1's data file, not for rank 0's.
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3m", "cuinterpose-test"])
+        .arg(&mount)
+        .status();
+    match mounted {
+        Ok(s) if s.success() => {}
+        other => {
+            eprintln!("skipped: cannot mount a tmpfs here ({other:?}); needs root");
+            return;
+        }
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(mount.clone());
+    let group = disk.start_group();
+    let launcher = group.launcher.id().to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &launcher,
+        "--dir",
+        mount.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("rolled back"), "{stderr}");
+    assert!(
+        stderr.contains("No space left on device"),
+        "the cause is named: {stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&mount)
+        .expect("mount")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the directory: {left:?}");
+    assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
+    verify_sharing(&group.ranks, 1);
 }

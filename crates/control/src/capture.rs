@@ -256,15 +256,54 @@ fn step_error(step: &'static str, process: &str, source: ControlError) -> Contro
     }
 }
 
+/// Where a capture's Save puts the shared bytes, and so where a rebuild loads them from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bytes<'a> {
+    /// The shims' host carriers (Save, Load): a suspend in place.
+    Carriers,
+    /// Data files the shims stream (SaveTo, LoadFrom): a checkpoint to disk.
+    Files(&'a crate::disk::DataFiles),
+}
+
+/// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
+fn save_all(
+    participants: &mut [Participant],
+    bytes: Bytes<'_>,
+    progress: &dyn Progress,
+) -> Result<(u64, f64), ControlError> {
+    match bytes {
+        Bytes::Carriers => {
+            phase_all(participants, "save", &Request::Save, progress).map(|(_, b, s)| (b, s))
+        }
+        Bytes::Files(files) => files.save_all(participants, progress),
+    }
+}
+
+/// Load (or LoadFrom) to every participant.
+fn load_all(
+    participants: &mut [Participant],
+    bytes: Bytes<'_>,
+    progress: &dyn Progress,
+) -> Result<(u64, f64), ControlError> {
+    match bytes {
+        Bytes::Carriers => {
+            phase_all(participants, "load", &Request::Load, progress).map(|(_, b, s)| (b, s))
+        }
+        Bytes::Files(files) => files.load_all(participants, progress),
+    }
+}
+
 /// Sends the rebuild (load, import, the multicast steps, thaw) to every participant: the rollback
 /// of a capture that failed before the native lock. Returns every error it met.
-fn rebuild(group: &mut Group, clock: &mut Clock<'_>) -> Vec<ControlError> {
+fn rebuild(group: &mut Group, clock: &mut Clock<'_>, bytes: Bytes<'_>) -> Vec<ControlError> {
     let mut errors = Vec::new();
+    if let Err(e) = clock.time("load", None, || {
+        load_all(&mut group.participants, bytes, clock.progress).map(|(b, s)| ((), b, s))
+    }) {
+        errors.push(e);
+    }
     let multicast = MulticastStep::ALL.map(|step| (step.name(), Request::Multicast(step)));
-    let steps = [("load", Request::Load), ("import", Request::Import)]
-        .into_iter()
-        .chain(multicast);
-    for (name, request) in steps {
+    for (name, request) in std::iter::once(("import", Request::Import)).chain(multicast) {
         if let Err(e) = clock.time(name, None, || {
             phase_all(&mut group.participants, name, &request, clock.progress)
                 .map(|(_, bytes, slowest)| ((), bytes, slowest))
@@ -296,7 +335,7 @@ fn roll_back(
     group: &mut Group,
     clock: &mut Clock<'_>,
     failure: ControlError,
-    rollback: fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
+    rollback: &dyn Fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
 ) -> ControlError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
@@ -339,7 +378,7 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = check_state_dir(&options.state_dir)?;
-    let (_group, captured) = capture(options, &state_path, &mut clock)?;
+    let (_group, captured) = capture(options, &state_path, &mut clock, Bytes::Carriers)?;
     Ok(Report {
         participants: summarize(&captured),
         phases: clock.phases,
@@ -366,6 +405,7 @@ pub(crate) fn capture(
     options: &SuspendOptions,
     state_path: &Path,
     clock: &mut Clock<'_>,
+    bytes: Bytes<'_>,
 ) -> Result<(Group, Vec<Snapshot>), ControlError> {
     let progress = clock.progress;
     let mut group = clock.time("inspect", None, || {
@@ -405,7 +445,7 @@ pub(crate) fn capture(
     });
     let captured = match frozen {
         Ok(frozen) => frozen,
-        Err(e) => return Err(roll_back(&mut group, clock, e, thaw_only)),
+        Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
     };
     let saved_bytes = saved_bytes(&captured);
     // The topology is published before anything is released: a tool killed from here on leaves a
@@ -424,7 +464,7 @@ pub(crate) fn capture(
     };
     if let Err(e) = published {
         unpublish();
-        return Err(roll_back(&mut group, clock, e, thaw_only));
+        return Err(roll_back(&mut group, clock, e, &thaw_only));
     }
 
     // Save and release: from here until the native lock, failures are rolled back.
@@ -435,8 +475,7 @@ pub(crate) fn capture(
             p.set_timeout(None)?;
         }
         clock.time("save", Some(saved_bytes), || {
-            phase_all(&mut group.participants, "save", &Request::Save, progress)
-                .map(|(_, b, s)| ((), b, s))
+            save_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
         })?;
         clock.time("release", None, || {
             phase_all(
@@ -466,7 +505,7 @@ pub(crate) fn capture(
         None => Ok(()),
     });
     if let Err(e) = destructive {
-        let error = roll_back(&mut group, clock, e, rebuild);
+        let error = roll_back(&mut group, clock, e, &|g, c| rebuild(g, c, bytes));
         // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
         if matches!(error, ControlError::RolledBack { .. }) {
             unpublish();
@@ -755,7 +794,12 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         // the shims rebuild into them (from any phase a suspend or an earlier resume left).
         SuspendMode::KeepContexts => {}
     }
-    let (participants, saved_bytes) = finish_rebuild(&mut group, &state, &mut clock)?;
+    // A checkpoint or restore killed while the shared bytes were only in its data files left
+    // a record of them beside the state file.
+    let files = crate::disk::DataFiles::recorded(&state_path).map_err(unchanged)?;
+    let bytes = files.as_ref().map_or(Bytes::Carriers, Bytes::Files);
+    let (participants, saved_bytes) = finish_rebuild(&mut group, &state, &mut clock, bytes)?;
+    crate::disk::remove_record(&state_path);
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
         path: state_path.clone(),
         source: e,
@@ -1027,6 +1071,7 @@ pub(crate) fn finish_rebuild(
     group: &mut Group,
     state: &GroupState,
     clock: &mut Clock<'_>,
+    bytes: Bytes<'_>,
 ) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
     let total: u64 = state
         .participants
@@ -1037,8 +1082,7 @@ pub(crate) fn finish_rebuild(
     let progress = clock.progress;
     // Creators first, everywhere, so that every importer finds its allocation exported again.
     clock.time("load", Some(total), || {
-        phase_all(&mut group.participants, "load", &Request::Load, progress)
-            .map(|(_, b, s)| ((), b, s))
+        load_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
     })?;
     clock.time("import", None, || {
         phase_all(

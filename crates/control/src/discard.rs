@@ -7,7 +7,7 @@
 //! that removes nothing. The manifest (or the marker) goes last, so a discard that failed part
 //! way can be run again.
 
-use crate::disk::{IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, read_manifest};
+use crate::disk::{DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, read_manifest};
 use crate::{ControlError, Refusal};
 use protocol::manifest::MANIFEST_FILE_NAME;
 use std::path::{Path, PathBuf};
@@ -46,6 +46,7 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
         manifest.state.file.as_str(),
         IMAGES_DIR,
         IMAGE_DIGESTS,
+        DATA_DIR,
     ];
     refuse_strangers(dir, &known)?;
     let images = dir.join(IMAGES_DIR);
@@ -87,6 +88,7 @@ fn discard_incomplete(dir: &Path) -> Result<DiscardReport, ControlError> {
         state,
         IMAGES_DIR,
         IMAGE_DIGESTS,
+        DATA_DIR,
     ];
     refuse_strangers(dir, &known)?;
     let image_bytes = crate::criu::directory_bytes(&dir.join(IMAGES_DIR));
@@ -142,17 +144,20 @@ fn refuse_strangers(dir: &Path, known: &[&str]) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// Removes the images, `files` in `dir` and the kept link remaps (whatever of them is left).
+/// Removes the images, the data files, `files` in `dir` and the kept link remaps (whatever of
+/// them is left).
 fn remove_parts(
     dir: &Path,
     files: &[&str],
     remaps: &[protocol::manifest::LinkRemap],
 ) -> Result<(), ControlError> {
-    let images = dir.join(IMAGES_DIR);
-    match std::fs::remove_dir_all(&images) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(removing(&images, e)),
+    for sub in [IMAGES_DIR, DATA_DIR] {
+        let path = dir.join(sub);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(removing(&path, e)),
+        }
     }
     for name in files {
         let path = dir.join(name);

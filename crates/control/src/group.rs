@@ -103,6 +103,40 @@ impl Participant {
         }
     }
 
+    /// Runs a phase request that streams the data file `file` (SaveTo, LoadFrom).
+    pub fn stream(
+        &mut self,
+        request: &Request,
+        file: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Streamed, ControlError> {
+        if self.last_used.elapsed() >= RECONNECT_AFTER {
+            let mut again = Participant::connect(self.info.clone(), self.connect_timeout)?;
+            again.set_timeout(self.timeout)?;
+            self.connection = again.connection;
+        }
+        let answer = call_with(&mut self.connection, &self.info, request, Some(file));
+        self.last_used = Instant::now();
+        match answer? {
+            Response::Streamed {
+                phase,
+                bytes,
+                micros,
+                stats,
+                file,
+            } => Ok(Streamed {
+                result: PhaseResult {
+                    phase,
+                    bytes,
+                    micros,
+                    stats: None,
+                },
+                stats,
+                file,
+            }),
+            other => Err(unexpected(&self.info, request, other)),
+        }
+    }
+
     pub fn set_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ControlError> {
         self.timeout = timeout;
         self.connection
@@ -124,17 +158,35 @@ pub struct PhaseResult {
     pub stats: Option<protocol::message::CopyStats>,
 }
 
+/// What a shim answered to SaveTo or LoadFrom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Streamed {
+    pub result: PhaseResult,
+    pub stats: protocol::message::StreamStats,
+    pub file: protocol::message::DataFile,
+}
+
 fn call(
     connection: &mut Connection,
     info: &ProcessInfo,
     request: &Request,
 ) -> Result<Response, ControlError> {
-    let (response, fd) = connection
-        .call(request)
-        .map_err(|source| ControlError::Participant {
-            process: info.label(),
-            source,
-        })?;
+    call_with(connection, info, request, None)
+}
+
+fn call_with(
+    connection: &mut Connection,
+    info: &ProcessInfo,
+    request: &Request,
+    file: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<Response, ControlError> {
+    let (response, fd) =
+        connection
+            .call_with(request, file)
+            .map_err(|source| ControlError::Participant {
+                process: info.label(),
+                source,
+            })?;
     if fd.is_some() {
         return Err(ControlError::Protocol {
             process: info.label(),

@@ -213,6 +213,15 @@ impl<'a> PinnedBuffer<'a> {
         self.ptr
     }
 
+    /// The buffer as bytes, for synchronous copies and CPU access.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is our own `cuMemHostAlloc` allocation of `len` bytes, alive until drop;
+        // `&mut self` excludes every other safe access, and a user of `as_mut_ptr` for an
+        // asynchronous copy synchronises it before the buffer is used again (its own unsafe
+        // contract), so no DMA writes it while the slice lives.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::ProtocolError;
-use crate::record::ProcessRecord;
+use crate::message::{DATA_ALIGN, DataFile, Extent};
+use crate::record::{AllocationId, ProcessRecord};
 use crate::state::{self, GroupState};
 
 /// File name of the manifest in a checkpoint directory.
@@ -18,7 +19,8 @@ pub const MANIFEST_FILE_NAME: &str = "manifest.json";
 pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// The manifest version this build writes and reads; bumped on any change of its fields, and on a
 /// change of the checkpoint directory it describes (4: the image digest list became BLAKE3,
-/// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage; 5:
+/// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage;
+/// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
 /// `bytes.shared_saved`).
 pub const MANIFEST_VERSION: u32 = 5;
@@ -53,6 +55,173 @@ pub struct Manifest {
     pub timings: Vec<PhaseTiming>,
     /// The state file beside the manifest.
     pub state: StateFileRef,
+    /// The data files beside the manifest: one per process that created shared allocations,
+    /// holding their bytes (checkpoint to disk).
+    pub data_files: Vec<DataFileEntry>,
+}
+
+/// One process's data file: the bytes of its shared allocations, which its shim streamed there
+/// and reads back at restore (`protocol::message::DataFile` in JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataFileEntry {
+    /// File name in the checkpoint directory (no directory part): `gpu-<ns pid>.data`.
+    pub file: String,
+    /// Namespace PID of the participant that wrote it (and reads it back).
+    pub ns_pid: u32,
+    /// Length of the file in bytes.
+    pub bytes: u64,
+    /// Bytes actually written: the rest are zero blocks left as holes.
+    pub written_bytes: u64,
+    /// The allocations in the file, in file order.
+    pub extents: Vec<DataExtent>,
+    /// Blocks of [`DATA_ALIGN`] bytes (by index) that were all zeros and were not written.
+    pub zero_blocks: Vec<u64>,
+}
+
+/// One allocation in a data file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataExtent {
+    /// The allocation ID, 32 lower-case hex digits.
+    pub id: String,
+    /// Offset in the file, a multiple of [`DATA_ALIGN`].
+    pub offset: u64,
+    pub size: u64,
+    /// BLAKE3 of its `size` bytes (zero blocks as zeros), 64 lower-case hex digits.
+    pub blake3: String,
+}
+
+/// Name of the data file of the participant with namespace PID `ns_pid`.
+pub fn data_file_name(ns_pid: u32) -> String {
+    format!("gpu-{ns_pid}.data")
+}
+
+impl DataFileEntry {
+    /// The entry of what the shim of `ns_pid` answered to SaveTo.
+    pub fn new(ns_pid: u32, written_bytes: u64, record: &DataFile) -> DataFileEntry {
+        DataFileEntry {
+            file: data_file_name(ns_pid),
+            ns_pid,
+            bytes: record.length,
+            written_bytes,
+            extents: record
+                .extents
+                .iter()
+                .map(|e| DataExtent {
+                    id: hex(&e.id.0),
+                    offset: e.offset,
+                    size: e.size,
+                    blake3: hex(&e.blake3),
+                })
+                .collect(),
+            zero_blocks: record.zero_blocks.clone(),
+        }
+    }
+
+    /// The record the shim wrote, to send back with LoadFrom.
+    pub fn record(&self) -> Result<DataFile, ProtocolError> {
+        let extents = self
+            .extents
+            .iter()
+            .map(|e| {
+                Ok(Extent {
+                    id: AllocationId(unhex(&e.id)?),
+                    offset: e.offset,
+                    size: e.size,
+                    blake3: unhex(&e.blake3)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ProtocolError>>()?;
+        Ok(DataFile {
+            length: self.bytes,
+            extents,
+            zero_blocks: self.zero_blocks.clone(),
+        })
+    }
+
+    /// Checks the entry on its own: a plain file name of the form [`data_file_name`] gives; the
+    /// extents well formed (hex), aligned, in order, apart and inside the file; zero blocks
+    /// ascending, inside the extents; no more written bytes than the extents hold.
+    fn validate(&self) -> Result<(), String> {
+        if self.file != data_file_name(self.ns_pid) {
+            return Err(format!(
+                "data file {:?} of namespace pid {} is not named {:?}",
+                self.file,
+                self.ns_pid,
+                data_file_name(self.ns_pid)
+            ));
+        }
+        let mut end = 0u64;
+        let mut held = 0u64;
+        for e in &self.extents {
+            if unhex::<16>(&e.id).is_err() || unhex::<32>(&e.blake3).is_err() {
+                return Err(format!(
+                    "{}: extent {:?} has an id or digest that is not lower-case hex of its size",
+                    self.file, e.id
+                ));
+            }
+            let past = e.offset.checked_add(e.size);
+            if e.offset % DATA_ALIGN != 0 || e.offset < end || past.is_none_or(|p| p > self.bytes) {
+                return Err(format!(
+                    "{}: extent {} at {} of {} bytes is not aligned, in order and inside the                      file's {} bytes",
+                    self.file, e.id, e.offset, e.size, self.bytes
+                ));
+            }
+            end = past.unwrap_or(u64::MAX);
+            held = held.saturating_add(e.size);
+        }
+        if self.written_bytes > held {
+            return Err(format!(
+                "{}: {} bytes written of extents holding {held}",
+                self.file, self.written_bytes
+            ));
+        }
+        let inside = |b: u64| {
+            let at = b.saturating_mul(DATA_ALIGN);
+            self.extents
+                .iter()
+                .any(|e| e.offset <= at && at < e.offset.saturating_add(e.size))
+        };
+        let ascending = self.zero_blocks.windows(2).all(|w| w[0] < w[1]);
+        if !ascending || !self.zero_blocks.iter().all(|&b| inside(b)) {
+            return Err(format!(
+                "{}: zero blocks not ascending or outside the extents",
+                self.file
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+fn unhex<const N: usize>(s: &str) -> Result<[u8; N], ProtocolError> {
+    let bad =
+        || ProtocolError::Inconsistent(format!("{s:?} is not {} lower-case hex digits", 2 * N));
+    let digit = |b: u8| match b {
+        b'0'..=b'9' => Ok(b - b'0'),
+        b'a'..=b'f' => Ok(b - b'a' + 10),
+        _ => Err(bad()),
+    };
+    let bytes = s.as_bytes();
+    if bytes.len() != 2 * N {
+        return Err(bad());
+    }
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        if let [hi, lo] = *pair {
+            *o = (digit(hi)? << 4) | digit(lo)?;
+        }
+    }
+    Ok(out)
 }
 
 /// One process of the group.
@@ -238,7 +407,9 @@ impl Manifest {
     /// - the CRIU version, when present, is non-empty, and its link remaps are well formed
     ///   ([`LinkRemap::is_well_formed`]); phase names are non-empty and unique;
     /// - the state file is a plain file name (no directory, so a manifest cannot point a restore
-    ///   at another file) with a well-formed digest.
+    ///   at another file) with a well-formed digest;
+    /// - each data file belongs to one participant, at most one per participant, and is well
+    ///   formed on its own ([`DataFileEntry`]: its name, extents and zero blocks).
     pub fn validate(&self) -> Result<(), ProtocolError> {
         let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
         if self.format != MANIFEST_FORMAT {
@@ -344,6 +515,16 @@ impl Manifest {
         let file = self.state.file.as_str();
         if file.is_empty() || file == "." || file == ".." || file.contains(['/', '\0']) {
             return bad(format!("state file {file:?} is not a plain file name"));
+        }
+        let mut writers = BTreeSet::new();
+        for d in &self.data_files {
+            d.validate().map_err(ProtocolError::Inconsistent)?;
+            if !ns_pids.contains(&d.ns_pid) || !writers.insert(d.ns_pid) {
+                return bad(format!(
+                    "data file {:?}: namespace pid {} is not a participant, or has two files",
+                    d.file, d.ns_pid
+                ));
+            }
         }
         if !crate::is_sha256_hex(&self.state.sha256) {
             return bad(format!(
@@ -556,6 +737,20 @@ mod tests {
                 bytes: state_file.len() as u64,
                 sha256: sha256_hex(&state_file),
             },
+            data_files: vec![DataFileEntry::new(
+                41,
+                2 << 20,
+                &DataFile {
+                    length: 4 << 20,
+                    extents: vec![Extent {
+                        id: AllocationId([0xa1; 16]),
+                        offset: 0,
+                        size: 4 << 20,
+                        blake3: [7; 32],
+                    }],
+                    zero_blocks: vec![1],
+                },
+            )],
         };
         (manifest, state_file)
     }
@@ -663,6 +858,46 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn data_file_entries_round_trip_and_bad_ones_are_refused() {
+        let (manifest, _) = sample();
+        let entry = &manifest.data_files[0];
+        let record = entry.record().unwrap();
+        assert_eq!(DataFileEntry::new(41, entry.written_bytes, &record), *entry);
+        assert_eq!(entry.extents[0].id, "a1".repeat(16));
+        type Edit = fn(&mut DataFileEntry);
+        let edits: [(&str, Edit); 9] = [
+            ("another name", |e| e.file = "../gpu-41.data".into()),
+            ("another participant", |e| {
+                e.ns_pid = 43;
+                e.file = data_file_name(43);
+            }),
+            ("a digest that is not hex", |e| {
+                e.extents[0].blake3 = "x".repeat(64)
+            }),
+            ("a short id", |e| e.extents[0].id = "a1".into()),
+            ("an unaligned extent", |e| e.extents[0].offset = 4096),
+            ("an extent past the end", |e| e.bytes = 2 << 20),
+            ("more written than held", |e| e.written_bytes = 8 << 20),
+            ("a zero block outside the extents", |e| {
+                e.zero_blocks = vec![5]
+            }),
+            ("zero blocks out of order", |e| e.zero_blocks = vec![1, 0]),
+        ];
+        for (what, edit) in edits {
+            let mut bad = manifest.clone();
+            edit(&mut bad.data_files[0]);
+            assert!(
+                matches!(bad.validate(), Err(ProtocolError::Inconsistent(_))),
+                "{what}: {:?}",
+                bad.validate()
+            );
+        }
+        let mut twice = manifest.clone();
+        twice.data_files.push(twice.data_files[0].clone());
+        assert!(twice.validate().is_err(), "two files of one participant");
     }
 
     #[test]

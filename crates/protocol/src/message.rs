@@ -2,7 +2,7 @@
 //!
 //! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
 //! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
-//! byte), and only a [`Response::Fd`] carries one. The kind in the header repeats the message's
+//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`] and a [`Request::LoadFrom`] carry one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
 //!
@@ -92,6 +92,13 @@ pub enum Request {
     /// One group-wide step of the multicast rebuild, after Import, with a barrier after each
     /// (the tool sends the next step only once every participant has done this one).
     Multicast(MulticastStep),
+    /// Save into a data file instead of the host carrier (checkpoint to disk): creators stream
+    /// the bytes Save would copy into the file on this frame's descriptor, which the tool opened
+    /// for writing and left empty. Answered with [`Response::Streamed`].
+    SaveTo,
+    /// Load from the data file on this frame's descriptor instead of the carrier: `file` is what
+    /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest.
+    LoadFrom { file: DataFile },
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -152,7 +159,71 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+    /// SaveTo or LoadFrom finished: like PhaseDone, with the layout and digest of the data file
+    /// written or read, and how the streaming went.
+    Streamed {
+        phase: Phase,
+        bytes: u64,
+        micros: u64,
+        stats: StreamStats,
+        file: DataFile,
+    },
 }
+
+/// What one process's data file holds: its allocations one after the other, each starting at a
+/// multiple of [`DATA_ALIGN`] (so that every write and read is aligned for `O_DIRECT` and every
+/// block of [`DATA_ALIGN`] bytes belongs to one allocation); the gaps between them are holes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataFile {
+    /// Length of the file in bytes: the end of the last extent rounded up to [`DATA_ALIGN`].
+    pub length: u64,
+    /// Every allocation in the file, in file order.
+    pub extents: Vec<Extent>,
+    /// Blocks of [`DATA_ALIGN`] bytes (by index: file offset / `DATA_ALIGN`) that were all zeros
+    /// and were not written: holes in the file, set to zero on the device at load without being
+    /// read. Ascending.
+    pub zero_blocks: Vec<u64>,
+}
+
+/// How one process streamed a data file. Times in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamStats {
+    /// Bytes written to (SaveTo) or read from (LoadFrom) the file.
+    pub file_bytes: u64,
+    /// Bytes of zero blocks neither written nor read (set on the device instead).
+    pub zero_bytes: u64,
+    /// Whether the file was written or read with `O_DIRECT` to the end.
+    pub direct: bool,
+    /// I/O threads.
+    pub threads: u32,
+    /// Wall time of the streaming (threads started to the last block hashed).
+    pub micros: u64,
+}
+
+/// One allocation's bytes in a data file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extent {
+    pub id: AllocationId,
+    /// Offset in the file, a multiple of [`DATA_ALIGN`].
+    pub offset: u64,
+    /// Bytes of the allocation (its whole size).
+    pub size: u64,
+    /// BLAKE3 of the allocation's `size` bytes (zero blocks as zeros): each allocation is
+    /// checked on its own, since a rollback may have to load only some of them.
+    pub blake3: [u8; 32],
+}
+
+/// Alignment of every extent in a data file, and the size of the zero blocks left out of it:
+/// 2 MiB, the allocation granularity of every GPU this project runs on (so aligning costs no file
+/// space there) and a multiple of every filesystem's `O_DIRECT` alignment.
+pub const DATA_ALIGN: u64 = 2 << 20;
+/// Largest write or read of a data file: large enough that each I/O runs at a disk's streaming
+/// rate, a multiple of [`DATA_ALIGN`] so that I/Os start on block boundaries. Shared by the shims
+/// and by `cuinterpose bench --to-disk`, which measures a directory with the same I/Os.
+pub const DATA_IO: u64 = 8 << 20;
+/// I/Os in flight on one data file (one thread each): several keep a disk array's queue busy while
+/// one thread copies or hashes.
+pub const DATA_WORKERS: usize = 4;
 
 /// How a shim's copy engine reaches its host carrier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,7 +305,14 @@ impl Request {
             Request::Import => 8,
             Request::Thaw => 9,
             Request::Multicast(_) => 10,
+            Request::SaveTo => 11,
+            Request::LoadFrom { .. } => 12,
         }
+    }
+
+    /// Whether a descriptor rides on this request's frame (exactly when it does: the data file).
+    pub fn carries_fd(&self) -> bool {
+        matches!(self, Request::SaveTo | Request::LoadFrom { .. })
     }
 }
 
@@ -246,6 +324,7 @@ impl Response {
             Response::Fd { .. } => 0x103,
             Response::PhaseDone { .. } => 0x104,
             Response::Error { .. } => 0x105,
+            Response::Streamed { .. } => 0x106,
         }
     }
 }

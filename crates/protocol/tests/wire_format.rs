@@ -15,7 +15,8 @@
 use cuinterpose_protocol::ipc::IpcHandle;
 use cuinterpose_protocol::manifest::{self, Manifest};
 use cuinterpose_protocol::message::{
-    self, CarrierMode, CopyStats, FrameHeader, HEADER_LEN, PROTOCOL_VERSION,
+    self, CarrierMode, CopyStats, DataFile, Extent, FrameHeader, HEADER_LEN, PROTOCOL_VERSION,
+    StreamStats,
 };
 use cuinterpose_protocol::state::{self, CarrierInfo, GroupState, ParticipantState, SuspendMode};
 use cuinterpose_protocol::ticket::Ticket;
@@ -395,6 +396,8 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("import", Request::Import),
         ("thaw", Request::Thaw),
         ("multicast", Request::Multicast(MulticastStep::AddDevices)),
+        ("save_to", Request::SaveTo),
+        ("load_from", Request::LoadFrom { file: data_file() }),
     ]
 }
 
@@ -405,6 +408,28 @@ fn multicast_steps() -> Vec<(&'static str, MulticastStep)> {
         ("add_devices", MulticastStep::AddDevices),
         ("bind", MulticastStep::Bind),
     ]
+}
+
+/// A data file of two allocations, the second with a zero block.
+fn data_file() -> DataFile {
+    DataFile {
+        length: 6 << 20,
+        extents: vec![
+            Extent {
+                id: id(0xd1),
+                offset: 0,
+                size: 2 << 20,
+                blake3: [0xb1; 32],
+            },
+            Extent {
+                id: id(0xd2),
+                offset: 2 << 20,
+                size: (4 << 20) - 4096,
+                blake3: [0xb2; 32],
+            },
+        ],
+        zero_blocks: vec![2],
+    }
 }
 
 /// One of each response kind (two of PhaseDone: with and without copy statistics).
@@ -444,6 +469,22 @@ fn responses() -> Vec<(&'static str, Response)> {
             Response::Error {
                 code: ErrorCode::Driver,
                 message: "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY".into(),
+            },
+        ),
+        (
+            "streamed",
+            Response::Streamed {
+                phase: Phase::Saved,
+                bytes: (6 << 20) - 4096,
+                micros: 900,
+                stats: StreamStats {
+                    file_bytes: (4 << 20) - 4096,
+                    zero_bytes: 2 << 20,
+                    direct: true,
+                    threads: 4,
+                    micros: 850,
+                },
+                file: data_file(),
             },
         ),
     ]
@@ -631,6 +672,11 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
             bytes: state_file.len() as u64,
             sha256: manifest::sha256_hex(state_file),
         },
+        data_files: vec![manifest::DataFileEntry::new(
+            41,
+            (4 << 20) - 4096,
+            &data_file(),
+        )],
     }
 }
 

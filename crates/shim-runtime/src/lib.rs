@@ -30,6 +30,7 @@
 pub mod config;
 pub mod contexts;
 pub mod copy;
+pub mod datafile;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;

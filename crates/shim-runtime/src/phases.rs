@@ -42,6 +42,7 @@
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
 
 use crate::copy::{self, CopyError, Direction, Unit};
+use crate::datafile::DataFileError;
 use crate::log::{log_debug, log_info, log_warn};
 use crate::registry::{Kind, Mapping, VHandle, driver_props};
 use crate::runtime::Runtime;
@@ -49,7 +50,7 @@ use crate::track::FetchError;
 use crate::track::access_desc;
 use cuda::{CudaError, DriverHandle};
 use cuda_abi::*;
-use protocol::message::CopyStats;
+use protocol::message::{CopyStats, DataFile, StreamStats};
 use protocol::record::{AllocationId, Phase};
 use protocol::{ErrorCode, Request, Response};
 use std::os::fd::AsFd;
@@ -70,6 +71,10 @@ pub struct Control {
     /// Imports whose creator has exited: they cannot be rebuilt, stay unmapped, and do not keep
     /// Thaw from bringing back the rest (`cuinterpose resume --allow-lost`).
     pub(crate) lost_imports: std::collections::HashSet<VHandle>,
+    /// The data file this capture's SaveTo wrote (checkpoint to disk), until Thaw: the bytes of
+    /// the allocations it lists are there, not in the carrier (process memory, so a process
+    /// restored by CRIU still knows it).
+    pub(crate) streamed: Option<DataFile>,
 }
 
 impl Control {
@@ -99,6 +104,8 @@ pub enum PhaseError {
     Copy(#[from] CopyError),
     #[error(transparent)]
     Fetch(#[from] FetchError),
+    #[error(transparent)]
+    DataFile(#[from] DataFileError),
     #[error("{0}")]
     Internal(String),
 }
@@ -110,7 +117,10 @@ impl PhaseError {
                 ErrorCode::WrongPhase
             }
             PhaseError::Timeout { .. } => ErrorCode::Timeout,
-            PhaseError::Driver { .. } | PhaseError::Copy(_) => ErrorCode::Driver,
+            PhaseError::Driver { .. }
+            | PhaseError::Copy(_)
+            | PhaseError::DataFile(DataFileError::Copy(_)) => ErrorCode::Driver,
+            PhaseError::DataFile(_) => ErrorCode::Internal,
             PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
             PhaseError::Fetch(_) => ErrorCode::Peer,
             PhaseError::Internal(_) => ErrorCode::Internal,
@@ -133,7 +143,7 @@ pub(crate) fn check<T>(
 /// A shim-owned mapping of a whole allocation, for copying: unmapped and its range freed on
 /// drop, which happens under the device's context ([`Runtime::drop_temp`]), or leaked while a copy
 /// may still use it.
-type TempMap<'a> = cuda::owned::Mapping<'a>;
+pub(crate) type TempMap<'a> = cuda::owned::Mapping<'a>;
 
 /// One import to rebuild: handle, ID, creator, size, surviving driver handle, unmapped mappings.
 type ImportItem = (
@@ -146,9 +156,9 @@ type ImportItem = (
 );
 
 /// One creation to rebuild.
-struct LoadItem {
+pub(crate) struct LoadItem {
     handle: VHandle,
-    id: AllocationId,
+    pub(crate) id: AllocationId,
     /// Exported before: exported again into the cache once rebuilt.
     shared: bool,
     size: usize,
@@ -156,32 +166,60 @@ struct LoadItem {
     props: protocol::record::AllocationProps,
     /// The driver handle, if it survived (a Release that failed half way).
     real: Option<DriverHandle>,
-    carrier: Option<u64>,
+    pub(crate) carrier: Option<u64>,
     unmapped: Vec<(u64, Mapping)>,
     cached: bool,
 }
 
+/// One allocation Save (or SaveTo) copies out.
+pub(crate) struct SaveItem {
+    pub(crate) handle: VHandle,
+    pub(crate) id: AllocationId,
+    pub(crate) real: DriverHandle,
+    pub(crate) size: usize,
+    pub(crate) device: i32,
+}
+
+/// What a phase request did.
+enum Done {
+    /// Bytes moved, and the copy engine's figures for Save and Load.
+    Phase(u64, Option<CopyStats>),
+    /// SaveTo and LoadFrom: bytes moved, how the streaming went, the data file.
+    Streamed(u64, StreamStats, DataFile),
+}
+
 impl Runtime {
-    /// Runs one phase request (on the control worker).
-    pub fn run_phase(&self, request: Request) -> Response {
+    /// Runs one phase request (on the control worker); `file` is the data file that came with
+    /// SaveTo or LoadFrom.
+    pub fn run_phase(&self, request: Request, file: Option<std::os::fd::OwnedFd>) -> Response {
         let start = Instant::now();
         let name = request_name(&request);
-        let plain = |r: Result<u64, PhaseError>| r.map(|bytes| (bytes, None));
-        let result = match request {
-            Request::Freeze { timeout_ms } => plain(self.freeze(timeout_ms)),
-            Request::Save => self.save(),
-            Request::Release => plain(self.release()),
-            Request::Load => self.load(),
-            Request::Import => plain(self.import()),
-            Request::Thaw => plain(self.thaw()),
-            Request::Multicast(step) => plain(self.multicast_step(step)),
-            other => Err(PhaseError::Internal(format!(
-                "{other:?} is not a phase request"
+        let plain = |r: Result<u64, PhaseError>| r.map(|bytes| Done::Phase(bytes, None));
+        let copied = |r: Result<(u64, Option<CopyStats>), PhaseError>| {
+            r.map(|(bytes, stats)| Done::Phase(bytes, stats))
+        };
+        let streamed = |r: Result<(u64, StreamStats, DataFile), PhaseError>| {
+            r.map(|(bytes, stats, file)| Done::Streamed(bytes, stats, file))
+        };
+        let result = match (request, file) {
+            (Request::Freeze { timeout_ms }, _) => plain(self.freeze(timeout_ms)),
+            (Request::Save, _) => copied(self.save()),
+            (Request::Release, _) => plain(self.release()),
+            (Request::Load, _) => copied(self.load()),
+            (Request::Import, _) => plain(self.import()),
+            (Request::Thaw, _) => plain(self.thaw()),
+            (Request::SaveTo, Some(file)) => streamed(self.save_to(file.as_fd())),
+            (Request::LoadFrom { file: record }, Some(file)) => {
+                streamed(self.load_from(file.as_fd(), record))
+            }
+            (Request::Multicast(step), _) => plain(self.multicast_step(step)),
+            (other, _) => Err(PhaseError::Internal(format!(
+                "{other:?} is not a phase request, or came without its descriptor"
             ))),
         };
         let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         match result {
-            Ok((bytes, stats)) => {
+            Ok(Done::Phase(bytes, stats)) => {
                 let phase = self.lock().phase();
                 log_info!("{name} done: {bytes} bytes in {micros} us, now {phase:?}");
                 Response::PhaseDone {
@@ -189,6 +227,20 @@ impl Runtime {
                     bytes,
                     micros,
                     stats,
+                }
+            }
+            Ok(Done::Streamed(bytes, stats, file)) => {
+                let phase = self.lock().phase();
+                log_info!(
+                    "{name} done: {bytes} bytes in {micros} us ({} zero bytes elided), now {phase:?}",
+                    stats.zero_bytes
+                );
+                Response::Streamed {
+                    phase,
+                    bytes,
+                    micros,
+                    stats,
+                    file,
                 }
             }
             Err(e) => {
@@ -206,7 +258,11 @@ impl Runtime {
         self.control().last
     }
 
-    fn expect_phase(&self, request: &'static str, allowed: &[Phase]) -> Result<Phase, PhaseError> {
+    pub(crate) fn expect_phase(
+        &self,
+        request: &'static str,
+        allowed: &[Phase],
+    ) -> Result<Phase, PhaseError> {
         let phase = self.lock().phase();
         if allowed.contains(&phase) {
             Ok(phase)
@@ -215,7 +271,7 @@ impl Runtime {
         }
     }
 
-    fn set_phase(&self, phase: Phase) {
+    pub(crate) fn set_phase(&self, phase: Phase) {
         self.lock().phase = Some(phase);
     }
 
@@ -260,7 +316,7 @@ impl Runtime {
         Ok(0)
     }
 
-    fn temp_map(
+    pub(crate) fn temp_map(
         &self,
         real: DriverHandle,
         size: usize,
@@ -281,7 +337,7 @@ impl Runtime {
 
     /// Removes temporary mappings under their device's context; one whose context cannot be
     /// entered is kept (never unmapped without its context).
-    fn drop_temp<'a>(&self, work: impl IntoIterator<Item = (TempMap<'a>, i32, u64)>) {
+    pub(crate) fn drop_temp<'a, T>(&self, work: impl IntoIterator<Item = (TempMap<'a>, i32, T)>) {
         for (map, device, _) in work {
             match copy::enter(&self.real, device) {
                 Ok(_ctx) => drop(map),
@@ -338,21 +394,34 @@ impl Runtime {
         }
     }
 
+    /// The allocations Save and SaveTo copy out, in handle order: the one place that says which.
+    pub(crate) fn save_items(&self) -> Vec<SaveItem> {
+        let reg = self.lock();
+        let mut v: Vec<_> = reg
+            .objects()
+            .filter(|(_, o)| o.is_creation())
+            .filter_map(|(h, o)| Some((h, o.id()?, o.real?, o.size as usize, o.props)))
+            .collect();
+        v.sort_by_key(|(h, ..)| *h);
+        drop(reg);
+        v.into_iter()
+            .map(|(handle, id, real, size, props)| SaveItem {
+                handle,
+                id,
+                real,
+                size,
+                device: self.copy_device(&props),
+            })
+            .collect()
+    }
+
     fn save(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
         self.expect_phase("Save", &[Phase::Frozen])?;
-        let items: Vec<(VHandle, DriverHandle, usize, i32)> = {
-            let reg = self.lock();
-            let mut v: Vec<_> = reg
-                .objects()
-                .filter(|(_, o)| o.is_creation())
-                .filter_map(|(h, o)| Some((h, o.real?, o.size as usize, o.props)))
-                .collect();
-            v.sort_by_key(|(h, ..)| *h);
-            drop(reg);
-            v.into_iter()
-                .map(|(h, real, size, props)| (h, real, size, self.copy_device(&props)))
-                .collect()
-        };
+        let items: Vec<(VHandle, DriverHandle, usize, i32)> = self
+            .save_items()
+            .into_iter()
+            .map(|i| (i.handle, i.real, i.size, i.device))
+            .collect();
         let total: usize = items.iter().map(|(_, _, size, _)| *size).sum();
         // The carrier is registered through the context of the first allocation's device.
         let pin_device = items.first().map_or(0, |(.., device)| *device);
@@ -460,6 +529,12 @@ impl Runtime {
 
     fn release(&self) -> Result<u64, PhaseError> {
         self.expect_phase("Release", &[Phase::Saved])?;
+        let streamed = self.control().streamed.clone();
+        let in_file = |id: Option<AllocationId>| {
+            streamed
+                .as_ref()
+                .is_some_and(|f| f.extents.iter().any(|e| Some(e.id) == id))
+        };
         let (imports, creations) = {
             let reg = self.lock();
             let mut imports = Vec::new();
@@ -468,7 +543,7 @@ impl Runtime {
                 match o.kind {
                     Kind::Imported { .. } => imports.push(h),
                     Kind::Created { .. } => {
-                        if o.carrier.is_none() && o.real.is_some() {
+                        if o.carrier.is_none() && !in_file(o.id()) && o.real.is_some() {
                             return Err(PhaseError::Internal(format!(
                                 "allocation {:?} was not saved; nothing released",
                                 o.id()
@@ -542,10 +617,37 @@ impl Runtime {
     }
 
     fn load(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
+        let rebuilt = self.rebuild_creations(
+            "Load",
+            |item| item.carrier,
+            |work| self.copy_through(work, Direction::ToDevice),
+            || self.control().carrier_poisoned(),
+        )?;
+        Ok(match rebuilt {
+            None => (0, None),
+            Some((loaded, stats)) => (
+                loaded,
+                Some(self.record_stats(stats, (Duration::ZERO, false))),
+            ),
+        })
+    }
+
+    /// Load and LoadFrom: recreates every released shared creation, fills the fresh ones with
+    /// `fill` from where `source` says each one's bytes are (a carrier offset, an extent of a
+    /// data file), then maps, exports and publishes them. `None` when everything was loaded
+    /// already (phase Imported). On a failed fill the fresh allocations are released unless
+    /// `keep` says a copy may still touch them.
+    pub(crate) fn rebuild_creations<'s, T, S>(
+        &'s self,
+        request: &'static str,
+        source: impl Fn(&LoadItem) -> Option<T>,
+        fill: impl FnOnce(Vec<(TempMap<'s>, i32, T)>) -> Result<S, PhaseError>,
+        keep: impl Fn() -> bool,
+    ) -> Result<Option<(u64, S)>, PhaseError> {
         // Imported comes after a Load that completed: a resume that stopped after Import and is
         // run again finds everything loaded, and the phase stays Imported.
         if self.expect_phase(
-            "Load",
+            request,
             &[
                 Phase::Frozen,
                 Phase::Saved,
@@ -555,7 +657,7 @@ impl Runtime {
             ],
         )? == Phase::Imported
         {
-            return Ok((0, None));
+            return Ok(None);
         }
         let items: Vec<LoadItem> = {
             let reg = self.lock();
@@ -606,10 +708,11 @@ impl Runtime {
             if item.real.is_some() {
                 continue;
             }
-            let Some(offset) = item.carrier else {
+            let Some(offset) = source(item) else {
                 undo_fresh(&fresh);
                 return Err(PhaseError::Internal(format!(
-                    "allocation {} was released without its bytes saved",
+                    "allocation {} was released without its bytes saved where {request} loads \
+                     from (carrier or data file)",
                     item.id
                 )));
             };
@@ -641,10 +744,10 @@ impl Runtime {
                 }
             }
         }
-        let stats = match self.copy_through(work, Direction::ToDevice) {
+        let stats = match fill(work) {
             Ok(stats) => stats,
             Err(e) => {
-                if !self.control().carrier_poisoned() {
+                if !keep() {
                     undo_fresh(&fresh);
                 }
                 return Err(e);
@@ -673,9 +776,8 @@ impl Runtime {
                 loaded += item.size as u64;
             }
         }
-        let recorded = self.record_stats(stats, (Duration::ZERO, false));
         self.set_phase(Phase::Loaded);
-        Ok((loaded, Some(recorded)))
+        Ok(Some((loaded, stats)))
     }
 
     /// Maps a rebuilt creation at its recorded addresses, exports it into the cache when it is
@@ -855,6 +957,7 @@ impl Runtime {
                 log_warn!("cannot give the pinned carrier back after resume: {e}");
             }
             control.carrier.discard();
+            control.streamed = None;
         }
         self.control().release_started = false;
         self.control().lost_imports.clear();
@@ -906,5 +1009,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::Import => "Import",
         Request::Thaw => "Thaw",
         Request::Multicast(step) => step.name(),
+        Request::SaveTo => "SaveTo",
+        Request::LoadFrom { .. } => "LoadFrom",
     }
 }

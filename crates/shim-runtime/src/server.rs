@@ -62,6 +62,8 @@ pub enum ServeError {
 /// A phase request and where its answer goes.
 struct Job {
     request: Request,
+    /// The data file of SaveTo and LoadFrom.
+    file: Option<std::os::fd::OwnedFd>,
     reply: mpsc::Sender<Response>,
 }
 
@@ -138,7 +140,7 @@ impl Runtime {
         let worker = self.clone();
         spawn_quiet("cuinterpose-ctl", move || {
             for job in rx {
-                let response = worker.run_phase(job.request);
+                let response = worker.run_phase(job.request, job.file);
                 let _ = job.reply.send(response);
             }
         })
@@ -239,7 +241,7 @@ impl Runtime {
         let mut class: Option<Class<'_>> = None;
         let mut served = 0usize;
         loop {
-            let request = match conn.recv_request() {
+            let (request, file) = match conn.recv_request_with_fd() {
                 Ok(r) => r,
                 Err(TransportError::Closed) => return,
                 Err(e @ TransportError::Protocol(ProtocolError::VersionMismatch { .. })) => {
@@ -314,7 +316,12 @@ impl Runtime {
                 Request::Inspect => (Response::Records(self.inspect()), None),
                 request => {
                     let (tx, rx) = mpsc::channel();
-                    let response = match jobs.try_send(Job { request, reply: tx }) {
+                    let job = Job {
+                        request,
+                        file,
+                        reply: tx,
+                    };
+                    let response = match jobs.try_send(job) {
                         Ok(()) => rx.recv().unwrap_or_else(|_| Response::Error {
                             code: ErrorCode::Internal,
                             message: "the control worker is gone".into(),

@@ -468,6 +468,12 @@ unsafe extern "C" fn htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUr
         None => CUresult::ERROR_ILLEGAL_ADDRESS,
     }
 }
+unsafe extern "C" fn memset_d8(dst: CUdeviceptr, value: u8, n: usize) -> CUresult {
+    match fake().write(dst, &vec![value; n]) {
+        Some(()) => OK,
+        None => CUresult::ERROR_ILLEGAL_ADDRESS,
+    }
+}
 unsafe extern "C" fn dtoh_async(
     dst: *mut c_void,
     src: CUdeviceptr,
@@ -579,6 +585,7 @@ pub fn real() -> Real {
         cuDeviceGetAttribute: device_attribute,
         cuMemcpyDtoH_v2: dtoh,
         cuMemcpyHtoD_v2: htod,
+        cuMemsetD8_v2: memset_d8,
         cuMemcpyDtoHAsync_v2: dtoh_async,
         cuMemcpyHtoDAsync_v2: htod_async,
         cuStreamCreate: stream_create,

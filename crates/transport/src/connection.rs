@@ -118,7 +118,22 @@ impl Connection {
 
     /// Sends one request frame.
     pub fn send_request(&mut self, request: &Request) -> Result<(), TransportError> {
-        self.send_frame(&message::encode_request(request), None)
+        self.send_request_with(request, None)
+    }
+
+    /// Sends one request frame with `fd`, which must be given exactly when the request carries a
+    /// descriptor ([`Request::carries_fd`]). The descriptor is only borrowed.
+    pub fn send_request_with(
+        &mut self,
+        request: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(), TransportError> {
+        match (request.carries_fd(), fd.is_some()) {
+            (true, false) => return Err(TransportError::MissingFd),
+            (false, true) => return Err(TransportError::UnexpectedFd),
+            _ => {}
+        }
+        self.send_frame(&message::encode_request(request), fd)
     }
 
     /// Receives one request frame. `Err(Closed)` when the peer closed the connection between
@@ -129,6 +144,21 @@ impl Connection {
             return Err(self.poison(TransportError::UnexpectedFd));
         }
         decode_request(&frame.header, &frame.body).map_err(|e| self.poison(e.into()))
+    }
+
+    /// Receives one request frame and its descriptor, which must come exactly with the requests
+    /// that carry one ([`Request::carries_fd`]); any other pairing is refused and the descriptor
+    /// closed. The descriptor is close-on-exec and owned by the caller.
+    pub fn recv_request_with_fd(&mut self) -> Result<(Request, Option<OwnedFd>), TransportError> {
+        let mut frame = self.recv_frame(true)?;
+        let request =
+            decode_request(&frame.header, &frame.body).map_err(|e| self.poison(e.into()))?;
+        let fd = frame.fds.pop();
+        match (request.carries_fd(), &fd) {
+            (true, None) => Err(self.poison(TransportError::MissingFd)),
+            (false, Some(_)) => Err(self.poison(TransportError::UnexpectedFd)),
+            _ => Ok((request, fd)),
+        }
     }
 
     /// Answers a peer whose frame was just refused for its protocol version
@@ -188,7 +218,17 @@ impl Connection {
         &mut self,
         request: &Request,
     ) -> Result<(Response, Option<OwnedFd>), TransportError> {
-        self.send_request(request)?;
+        self.call_with(request, None)
+    }
+
+    /// Sends a request with its descriptor ([`Connection::send_request_with`]) and receives its
+    /// response.
+    pub fn call_with(
+        &mut self,
+        request: &Request,
+        fd: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Option<OwnedFd>), TransportError> {
+        self.send_request_with(request, fd)?;
         self.recv_response()
     }
 

@@ -876,3 +876,40 @@ fn remove_stale_socket_follows_the_reclaim_rules() {
         Err(TransportError::PathTooLong { .. })
     ));
 }
+
+/// SaveTo and LoadFrom carry the data file: it arrives with them, and only with them; one sent
+/// without it, or a descriptor on another request, is refused on both sides.
+#[test]
+fn the_data_file_rides_on_save_to_and_nowhere_else() {
+    let (a, b) = UnixStream::pair().unwrap();
+    let mut tool = Connection::from_stream(a);
+    let mut shim = Connection::from_stream(b);
+    for c in [&tool, &shim] {
+        c.set_timeout(Some(TIMEOUT)).unwrap();
+    }
+    let file = tempfile::tempfile().unwrap();
+    tool.send_request_with(&Request::SaveTo, Some(file.as_fd()))
+        .unwrap();
+    let (request, got) = shim.recv_request_with_fd().unwrap();
+    assert_eq!(request, Request::SaveTo);
+    let got = got.expect("the data file");
+    let (ours, theirs) = (
+        file.metadata().unwrap(),
+        fs::File::from(got).metadata().unwrap(),
+    );
+    assert_eq!((ours.dev(), ours.ino()), (theirs.dev(), theirs.ino()));
+
+    assert!(matches!(
+        tool.send_request(&Request::SaveTo),
+        Err(TransportError::MissingFd)
+    ));
+    assert!(matches!(
+        tool.send_request_with(&Request::Load, Some(file.as_fd())),
+        Err(TransportError::UnexpectedFd)
+    ));
+    // Inspect arrives without one and is served as before.
+    tool.send_request(&Request::Inspect).unwrap();
+    let (request, got) = shim.recv_request_with_fd().unwrap();
+    assert_eq!(request, Request::Inspect);
+    assert!(got.is_none());
+}

@@ -1,5 +1,6 @@
 //! `cuinterpose checkpoint`: the capture of a suspend, then a CRIU dump of the process tree.
 
+use super::datafiles::DataFiles;
 use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
@@ -9,12 +10,12 @@ use super::{
     CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
 };
 use crate::ControlError;
-use crate::capture::{self, Clock, Progress, Report, SuspendOptions};
+use crate::capture::{self, Bytes, Clock, Progress, Report, SuspendOptions};
 use crate::criu;
 use crate::discovery;
 use crate::group::{Group, Snapshot};
 use crate::native::Driver;
-use protocol::manifest::{self, CriuInfo};
+use protocol::manifest::{self, CriuInfo, Manifest};
 use std::time::Instant;
 
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
@@ -59,6 +60,7 @@ pub fn checkpoint(
     let tcp = crate::tcp::survey(&tree)?;
     let tcp_established = tcp.connected_within > 0;
     let images = dir.join(IMAGES_DIR);
+    let dir_existed = dir.exists();
     // The marker goes first and leaves last: until it is gone the directory is an incomplete
     // checkpoint, which restore refuses and discard (or the next checkpoint here) removes.
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
@@ -73,7 +75,28 @@ pub fn checkpoint(
         mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
-    let (group, captured) = capture::capture(&capture_options, &work_state, &mut clock)?;
+    let files = DataFiles::new(dir, &work_state);
+    let captured = capture::capture(
+        &capture_options,
+        &work_state,
+        &mut clock,
+        Bytes::Files(&files),
+    );
+    let (group, captured) = match captured {
+        Ok(c) => c,
+        Err(e) => {
+            // Rolled back (or said why not) before anything was dumped: what this run wrote goes,
+            // so a full disk leaves the directory as it found it.
+            super::datafiles::remove_record(&work_state);
+            files.remove();
+            let _ = std::fs::remove_dir(&images);
+            let _ = std::fs::remove_file(dir.join(INCOMPLETE_MARKER));
+            if !dir_existed {
+                let _ = std::fs::remove_dir(dir);
+            }
+            return Err(e);
+        }
+    };
     let driver = Driver::load(capture_options.driver.as_deref())?;
     let gpus = gpu_list(&driver)?;
     // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
@@ -121,6 +144,10 @@ pub fn checkpoint(
             &clock,
             &state_path,
         )?;
+        let manifest = Manifest {
+            data_files: files.entries(),
+            ..manifest
+        };
         transport::files::write_atomically(
             &dir.join(manifest::MANIFEST_FILE_NAME),
             &manifest::encode(&manifest),
@@ -142,10 +169,15 @@ pub fn checkpoint(
             if let Err(e) = crate::remaps::discard(&link_remaps) {
                 tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
             }
-            let rollback = continue_dumped(root)
-                .and_then(|()| resume_in_place(&capture_options, &captured, &driver, &mut clock));
+            let rollback = continue_dumped(root).and_then(|()| {
+                resume_in_place(&capture_options, &captured, &driver, &files, &mut clock)
+            });
             return Err(match rollback {
                 Ok(()) => {
+                    // Loaded back: the data files have no use any more. Kept when the rollback
+                    // failed, since they hold the only copy of the group's shared bytes.
+                    files.remove();
+                    super::datafiles::remove_record(&work_state);
                     capture::remove_state(&work_state);
                     ControlError::RolledBack {
                         failure: Box::new(e),
@@ -162,7 +194,7 @@ pub fn checkpoint(
     if options.leave_running {
         // The link remaps stay: the checkpoint is restored through them once this tree is gone.
         continue_dumped(root)?;
-        resume_in_place(&capture_options, &captured, &driver, &mut clock)?;
+        resume_in_place(&capture_options, &captured, &driver, &files, &mut clock)?;
     } else {
         // What CRIU does after a dump without --leave-running; the checkpoint is complete.
         clock.time("stop", None, || {
@@ -176,8 +208,10 @@ pub fn checkpoint(
         })?;
     }
     // The checkpoint holds its own copy; the group's is of no use any more.
+    super::datafiles::remove_record(&work_state);
     capture::remove_state(&work_state);
     let saved_bytes = manifest.bytes.saved;
+    let (data_bytes, zero_bytes) = data_totals(&manifest.data_files);
     Ok(DiskReport {
         report: Report {
             participants: capture::summarize(&captured),
@@ -190,8 +224,21 @@ pub fn checkpoint(
         },
         dir: dir.clone(),
         image_bytes,
+        data_bytes,
+        zero_bytes,
         root,
     })
+}
+
+/// Bytes the data files hold on disk, and bytes of zero blocks left out of them.
+pub(super) fn data_totals(entries: &[protocol::manifest::DataFileEntry]) -> (u64, u64) {
+    let written: u64 = entries.iter().map(|e| e.written_bytes).sum();
+    let held: u64 = entries
+        .iter()
+        .flat_map(|e| &e.extents)
+        .map(|x| x.size)
+        .sum();
+    (written, held.saturating_sub(written))
 }
 
 /// Continues the tree CRIU left stopped after its dump, so the shims can answer again.
@@ -208,6 +255,7 @@ fn resume_in_place(
     options: &SuspendOptions,
     captured: &[Snapshot],
     driver: &Driver,
+    files: &DataFiles,
     clock: &mut Clock<'_>,
 ) -> Result<(), ControlError> {
     let mut group = Group::discover(options.root, options.config.answer_timeout)?;
@@ -215,7 +263,7 @@ fn resume_in_place(
         capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
     })?;
     let state = capture::state_of(captured, options.mode);
-    capture::finish_rebuild(&mut group, &state, clock).map(|_| ())
+    capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)).map(|_| ())
 }
 
 /// Name of the marker of an incomplete checkpoint: written before anything else, removed once the

@@ -132,7 +132,9 @@ pub fn cleanup(dir: &Path) -> Result<CleanupReport, ControlError> {
             process: format!("the restored tree (root pid {root})"),
             source: Box::new(source.into()),
         })?;
-        capture::remove_state(&capture::default_state_dir(root).join(capture::STATE_FILE));
+        let state = capture::default_state_dir(root).join(capture::STATE_FILE);
+        super::datafiles::remove_record(&state);
+        capture::remove_state(&state);
         report.killed_root = Some(root);
     }
     remove(&leftover.work_dir)?;

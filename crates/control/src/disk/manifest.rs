@@ -80,6 +80,8 @@ pub(super) fn build_manifest(
             bytes: state_bytes.len() as u64,
             sha256: manifest::sha256_hex(&state_bytes),
         },
+        // The caller adds what its data files hold.
+        data_files: Vec::new(),
     })
 }
 

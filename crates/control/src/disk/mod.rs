@@ -2,7 +2,8 @@
 //! the process tree; on restore, CRIU brings the tree back, then native restore (optionally onto other
 //! GPUs) and the same rebuild a resume does.
 //!
-//! A checkpoint directory holds `manifest.json`, `cuinterpose.state` and `images/` (CRIU's). Restore
+//! A checkpoint directory holds `manifest.json`, `cuinterpose.state`, `images/` (CRIU's) and
+//! `data/` (the GPU bytes, one data file per creating process: [`datafiles`]). Restore
 //! checks all of it before it changes anything, and never writes into the directory except CRIU's own
 //! restore log.
 //!
@@ -11,6 +12,7 @@
 //! ([`devices`]), the restore ([`restore`]) and what an interrupted restore leaves ([`leftovers`]).
 
 mod checkpoint;
+mod datafiles;
 mod devices;
 mod digests;
 pub mod leftovers;
@@ -19,6 +21,7 @@ mod preflight;
 mod restore;
 
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
+pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, DirRate, measure_dir, remove_record};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use preflight::namespace_root;
@@ -48,6 +51,10 @@ pub struct DiskReport {
     pub report: Report,
     pub dir: PathBuf,
     pub image_bytes: u64,
+    /// Bytes of GPU memory the data files hold on disk (written at checkpoint, read at restore).
+    pub data_bytes: u64,
+    /// Bytes of zero blocks neither written nor read (set to zero on the device at restore).
+    pub zero_bytes: u64,
     /// Host PID of the tree's root: the dumped one, or the restored one.
     pub root: u32,
 }

@@ -1,11 +1,12 @@
 //! `cuinterpose restore`: everything checked before anything changes, then CRIU brings the tree
 //! back, then native restore (optionally onto other GPUs) and the rebuild a resume does.
 
+use super::datafiles::DataFiles;
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::read_manifest;
 use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
-use crate::capture::{self, Clock, Progress, Report};
+use crate::capture::{self, Bytes, Clock, Progress, Report};
 use crate::criu::{self, Criu};
 use crate::discovery;
 use crate::group::Group;
@@ -185,7 +186,8 @@ fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRema
 
 /// Restores the checkpoint in `options.dir` into new processes.
 ///
-/// Everything is checked before anything changes (manifest, state file, image digests, shim bytes,
+/// Everything is checked before anything changes (manifest, state file, image digests, the data
+/// files' sizes and BLAKE3 digests, shim bytes,
 /// driver version, GPUs and the device map, that the original group is not running): a failure
 /// there is a refusal. After CRIU restored the tree, a failure kills the restored tree, so nothing
 /// half-restored is left running. The checkpoint directory is never written.
@@ -208,13 +210,25 @@ pub fn restore(
     clock.time("verify-images", Some(image_bytes), || {
         verify_images(&options.dir, progress).map(|()| ((), image_bytes, 0.0))
     })?;
+    let files = DataFiles::listed(&options.dir, &verified.manifest.data_files);
+    let (data_bytes, zero_bytes) = super::checkpoint::data_totals(&verified.manifest.data_files);
+    clock.time("verify-data", Some(data_bytes), || {
+        files.verify(progress).map(|read| ((), read, 0.0))
+    })?;
     let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = super::leftovers::create_work_dir(&options.dir)?;
     // CRIU's files of this restore (log, statistics, pid file) go with it, whatever its end: a
     // failure names CRIU's log tail in its error already. A restore killed before this line
     // leaves them to the next restore or `restore --cleanup` (super::leftovers).
-    let result = restore_into(options, &verified, &link_remaps, &work_dir, &mut clock);
+    let result = restore_into(
+        options,
+        &verified,
+        &link_remaps,
+        &files,
+        &work_dir,
+        &mut clock,
+    );
     let _ = std::fs::remove_dir_all(&work_dir);
     let (root, participants, saved_bytes) = result?;
     Ok(DiskReport {
@@ -229,6 +243,8 @@ pub fn restore(
         },
         dir: options.dir.clone(),
         image_bytes,
+        data_bytes,
+        zero_bytes,
         root,
     })
 }
@@ -238,6 +254,7 @@ fn restore_into(
     options: &RestoreOptions,
     verified: &Verified,
     link_remaps: &[LinkRemap],
+    files: &DataFiles,
     work_dir: &Path,
     clock: &mut Clock<'_>,
 ) -> Result<(u32, Vec<capture::ParticipantSummary>, u64), ControlError> {
@@ -254,7 +271,7 @@ fn restore_into(
             .map_err(ControlError::Criu)
     })?;
     // From here on a failure must not leave a half-restored tree running.
-    let rebuilt = rebuild_restored(root, verified, clock);
+    let rebuilt = rebuild_restored(root, verified, files, clock);
     match rebuilt {
         Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
         Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
@@ -278,6 +295,7 @@ fn restore_into(
 fn rebuild_restored(
     root: u32,
     verified: &Verified,
+    files: &DataFiles,
     clock: &mut Clock<'_>,
 ) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
     // The restored tree is a group like any other from here: no other run may act on it.
@@ -309,13 +327,15 @@ fn rebuild_restored(
     // is finished by `cuinterpose resume --pid <restored root>`.
     let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
     capture::write_state_of(&state_path, &state)?;
+    files.write_record(&state_path)?;
     let rebuilt = clock
         .time("native-restore", None, || {
             capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
                 .map(|()| ((), 0, 0.0))
         })
-        .and_then(|()| capture::finish_rebuild(&mut group, &state, clock));
+        .and_then(|()| capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)));
     // Done, or the tree is killed by the caller: the record has no use either way.
+    super::datafiles::remove_record(&state_path);
     capture::remove_state(&state_path);
     rebuilt
 }

@@ -210,5 +210,18 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
             bytes: state_file.len() as u64,
             sha256: manifest::sha256_hex(state_file),
         },
+        data_files: vec![manifest::DataFileEntry {
+            file: manifest::data_file_name(41),
+            ns_pid: 41,
+            bytes: 2 << 20,
+            written_bytes: 2 << 20,
+            extents: vec![manifest::DataExtent {
+                id: "a1".repeat(16),
+                offset: 0,
+                size: 2 << 20,
+                blake3: "b3".repeat(32),
+            }],
+            zero_blocks: vec![],
+        }],
     }
 }

@@ -1,0 +1,503 @@
+//! The data files of a checkpoint to disk: the tool creates one per creating process in the
+//! checkpoint's `data/` directory, hands it to the process's shim with SaveTo (the shim streams
+//! its shared allocations into it, crates/shim-runtime/src/datafile.rs) and records what the shim
+//! answered in the manifest; at restore it checks every file against the manifest before anything
+//! changes, and hands each back with LoadFrom.
+//!
+//! One file per process rather than per allocation: a frame carries one descriptor, a process's
+//! allocations then stream through one sequence of large writes, and a group of thousands of
+//! allocations does not make thousands of files. The files are opened with `O_DIRECT` where the
+//! filesystem takes it (tmpfs refuses it at open), which keeps the page cache from holding a
+//! second copy of GPU memory and lets the disk run at its streaming rate.
+
+use super::{damaged, state_error};
+use crate::ControlError;
+use crate::capture::Progress;
+use crate::group::{Participant, Streamed};
+use protocol::Request;
+use protocol::manifest::{DataFileEntry, data_file_name};
+use protocol::message::DATA_ALIGN;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Sub-directory of the data files in a checkpoint directory.
+pub const DATA_DIR: &str = "data";
+
+/// Name of the record kept beside a group's state file while its shared bytes are only in data
+/// files (from the end of SaveTo until the checkpoint is complete or rolled back, and during a
+/// restore's rebuild): where the files are and what they hold, so that `cuinterpose resume` after
+/// such a run was killed loads them back.
+pub const DATA_FILES_RECORD: &str = "cuinterpose.datafiles";
+
+/// The data files of one checkpoint, and what each shim wrote into its own.
+#[derive(Debug)]
+pub struct DataFiles {
+    dir: PathBuf,
+    /// By namespace PID: what SaveTo answered, or what the manifest lists.
+    written: Mutex<BTreeMap<u32, DataFileEntry>>,
+    /// Where SaveTo's results are recorded for `resume` ([`DATA_FILES_RECORD`]), if anywhere.
+    record: Option<PathBuf>,
+}
+
+/// The content of [`DATA_FILES_RECORD`].
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Record {
+    dir: PathBuf,
+    files: Vec<DataFileEntry>,
+}
+
+/// The record beside the state file `state`.
+fn record_path(state: &Path) -> PathBuf {
+    state.with_file_name(DATA_FILES_RECORD)
+}
+
+/// Removes the record beside the state file `state` (the bytes are back, or in a complete
+/// checkpoint).
+pub fn remove_record(state: &Path) {
+    let _ = std::fs::remove_file(record_path(state));
+}
+
+impl DataFiles {
+    /// The data files of a new checkpoint in `checkpoint` (none written yet).
+    /// SaveTo's results are recorded beside the state file `state` ([`DATA_FILES_RECORD`]).
+    pub fn new(checkpoint: &Path, state: &Path) -> DataFiles {
+        DataFiles {
+            dir: checkpoint.join(DATA_DIR),
+            written: Mutex::new(BTreeMap::new()),
+            record: Some(record_path(state)),
+        }
+    }
+
+    /// The data files a manifest lists, in `checkpoint`.
+    pub fn listed(checkpoint: &Path, entries: &[DataFileEntry]) -> DataFiles {
+        DataFiles {
+            dir: checkpoint.join(DATA_DIR),
+            written: Mutex::new(entries.iter().map(|e| (e.ns_pid, e.clone())).collect()),
+            record: None,
+        }
+    }
+
+    /// The data files recorded beside the state file `state`, if a checkpoint or restore left
+    /// a record there.
+    pub fn recorded(state: &Path) -> Result<Option<DataFiles>, ControlError> {
+        let path = record_path(state);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(state_error(&path, e)),
+        };
+        let record: Record = serde_json::from_slice(&bytes)
+            .map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+        Ok(Some(DataFiles {
+            dir: record.dir,
+            written: Mutex::new(record.files.into_iter().map(|e| (e.ns_pid, e)).collect()),
+            record: None,
+        }))
+    }
+
+    /// Writes what these files hold beside the state file `state` ([`DATA_FILES_RECORD`]).
+    pub fn write_record(&self, state: &Path) -> Result<(), ControlError> {
+        let path = record_path(state);
+        self.write_record_to(&path)
+    }
+
+    fn write_record_to(&self, path: &Path) -> Result<(), ControlError> {
+        let record = Record {
+            dir: self.dir.clone(),
+            files: self.entries(),
+        };
+        let bytes =
+            serde_json::to_vec(&record).map_err(|e| state_error(path, std::io::Error::other(e)))?;
+        transport::files::write_atomically(path, &bytes).map_err(|e| state_error(path, e))
+    }
+
+    fn path(&self, ns_pid: u32) -> PathBuf {
+        self.dir.join(data_file_name(ns_pid))
+    }
+
+    /// The entries for the manifest, by namespace PID.
+    pub fn entries(&self) -> Vec<DataFileEntry> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u32, DataFileEntry>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Removes the data files and their directory (a checkpoint that failed).
+    pub fn remove(&self) {
+        match std::fs::remove_dir_all(&self.dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(dir = %self.dir.display(), error = %e, "removing data files"),
+        }
+    }
+
+    /// SaveTo to every participant at once, each into a new file of its own. A participant
+    /// that creates nothing shared gets a file too (its shim answers with no extents), which is
+    /// then removed: the manifest lists only files that hold bytes.
+    pub fn save_all(
+        &self,
+        participants: &mut [Participant],
+        progress: &dyn Progress,
+    ) -> Result<(u64, f64), ControlError> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
+        let results = each_parallel(participants, |p| {
+            let ns_pid = p.hello.ns_pid;
+            let path = self.path(ns_pid);
+            let file = create(&path)?;
+            let streamed = p.stream(&Request::SaveTo, file.as_fd())?;
+            report(progress, "save", p, &streamed);
+            if streamed.file.extents.is_empty() {
+                drop(file);
+                std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
+            } else {
+                let entry = DataFileEntry::new(ns_pid, streamed.stats.file_bytes, &streamed.file);
+                self.lock().insert(ns_pid, entry);
+            }
+            Ok(streamed)
+        });
+        let done = totals(results)?;
+        // Before Release: from here on the bytes may be only in these files.
+        if let Some(path) = &self.record {
+            self.write_record_to(path)?;
+        }
+        Ok(done)
+    }
+
+    /// The rebuild's first step for a group saved into these files: LoadFrom to every
+    /// participant whose SaveTo wrote a file, Load to the others (the carrier path, which finds
+    /// nothing to load where nothing was released).
+    pub fn load_all(
+        &self,
+        participants: &mut [Participant],
+        progress: &dyn Progress,
+    ) -> Result<(u64, f64), ControlError> {
+        let results = each_parallel(participants, |p| {
+            let ns_pid = p.hello.ns_pid;
+            let entry = self.lock().get(&ns_pid).cloned();
+            let Some(entry) = entry else {
+                let r = p.phase(&Request::Load)?;
+                progress.advance(r.bytes);
+                progress.participant_done("load", &p.info.label(), &r);
+                return Ok(Streamed {
+                    result: r,
+                    stats: Default::default(),
+                    file: Default::default(),
+                });
+            };
+            let path = self.path(ns_pid);
+            let record = entry.record().map_err(|e| damaged(&path, e))?;
+            let file = open(&path)?;
+            let streamed = p.stream(&Request::LoadFrom { file: record }, file.as_fd())?;
+            report(progress, "load", p, &streamed);
+            Ok(streamed)
+        });
+        totals(results)
+    }
+
+    /// Checks every listed data file against the manifest before anything is restored: present,
+    /// of its recorded length, every extent's bytes hashing to its recorded BLAKE3 (zero blocks
+    /// are not read: the shim sets them to zero, whatever the file holds there). Read-only.
+    pub fn verify(&self, progress: &dyn Progress) -> Result<u64, ControlError> {
+        let entries = self.entries();
+        let results: Vec<Result<u64, ControlError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = entries
+                .iter()
+                .map(|entry| s.spawn(move || self.verify_one(entry, progress)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ControlError::Protocol {
+                            process: "tool".into(),
+                            message: "a data file check panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut total = 0;
+        for r in results {
+            total += r?;
+        }
+        Ok(total)
+    }
+
+    fn verify_one(
+        &self,
+        entry: &DataFileEntry,
+        progress: &dyn Progress,
+    ) -> Result<u64, ControlError> {
+        use std::os::unix::fs::FileExt;
+        let path = self.path(entry.ns_pid);
+        let file = File::open(&path).map_err(|e| damaged(&path, e))?;
+        let length = file.metadata().map_err(|e| damaged(&path, e))?.len();
+        if length != entry.bytes {
+            return Err(damaged(
+                &path,
+                format!("is {length} bytes, the manifest records {}", entry.bytes),
+            ));
+        }
+        let record = entry.record().map_err(|e| damaged(&path, e))?;
+        let block = DATA_ALIGN as usize;
+        let zeros = vec![0u8; block];
+        let mut buffer = vec![0u8; block];
+        let mut read = 0u64;
+        for extent in &record.extents {
+            let mut hasher = blake3::Hasher::new();
+            let mut at = 0u64;
+            while at < extent.size {
+                let offset = extent.offset + at;
+                let len = (extent.size - at).min(DATA_ALIGN) as usize;
+                if record
+                    .zero_blocks
+                    .binary_search(&(offset / DATA_ALIGN))
+                    .is_ok()
+                {
+                    hasher.update(zeros.get(..len).unwrap_or_default());
+                } else {
+                    let bytes = buffer.get_mut(..len).unwrap_or_default();
+                    file.read_exact_at(bytes, offset)
+                        .map_err(|e| damaged(&path, e))?;
+                    hasher.update(bytes);
+                    read += len as u64;
+                    progress.advance(len as u64);
+                }
+                at += len as u64;
+            }
+            if *hasher.finalize().as_bytes() != extent.blake3 {
+                return Err(damaged(
+                    &path,
+                    format!(
+                        "allocation {:?} does not hash to the BLAKE3 the manifest records: the \
+                         data file is damaged",
+                        extent.id
+                    ),
+                ));
+            }
+        }
+        Ok(read)
+    }
+}
+
+/// Creates a data file for writing, with `O_DIRECT` where the filesystem takes it.
+fn create(path: &Path) -> Result<File, ControlError> {
+    let open = |direct: bool| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+            .open(path)
+    };
+    match open(true) {
+        Ok(f) => Ok(f),
+        // tmpfs and some network filesystems refuse O_DIRECT at open.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let _ = std::fs::remove_file(path);
+            open(false).map_err(|e| state_error(path, e))
+        }
+        Err(e) => Err(state_error(path, e)),
+    }
+}
+
+/// Opens a data file for reading, with `O_DIRECT` where the filesystem takes it.
+fn open(path: &Path) -> Result<File, ControlError> {
+    let open = |direct: bool| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+            .open(path)
+    };
+    match open(true) {
+        Ok(f) => Ok(f),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            open(false).map_err(|e| damaged(path, e))
+        }
+        Err(e) => Err(damaged(path, e)),
+    }
+}
+
+fn report(progress: &dyn Progress, step: &'static str, p: &Participant, s: &Streamed) {
+    progress.advance(s.result.bytes);
+    progress.participant_done(step, &p.info.label(), &s.result);
+}
+
+/// Runs `f` for every participant at once (one thread each), naming the participant in errors.
+fn each_parallel(
+    participants: &mut [Participant],
+    f: impl Fn(&mut Participant) -> Result<Streamed, ControlError> + Sync,
+) -> Vec<Result<Streamed, ControlError>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = participants
+            .iter_mut()
+            .map(|p| {
+                let f = &f;
+                s.spawn(move || {
+                    f(p).map_err(|e| ControlError::Step {
+                        step: "data file",
+                        process: p.info.label(),
+                        source: Box::new(e),
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ControlError::Protocol {
+                        process: "tool".into(),
+                        message: "a data file thread panicked".into(),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
+/// Bytes moved and the slowest shim's milliseconds, or the first error.
+fn totals(results: Vec<Result<Streamed, ControlError>>) -> Result<(u64, f64), ControlError> {
+    let mut bytes = 0;
+    let mut slowest = 0;
+    for r in results {
+        let r = r?;
+        bytes += r.result.bytes;
+        slowest = slowest.max(r.result.micros);
+    }
+    Ok((bytes, slowest as f64 / 1e3))
+}
+
+/// A directory's own sequential rates, measured the way the shims stream data files.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DirRate {
+    pub bytes: u64,
+    /// Whether the file was written and read with `O_DIRECT` (the choice a checkpoint makes).
+    pub direct: bool,
+    pub write_millis: f64,
+    pub read_millis: f64,
+}
+
+/// A buffer piece aligned for `O_DIRECT`; an I/O is a vector of them (at most `IOV_MAX`).
+#[derive(Clone, Copy)]
+#[repr(C, align(4096))]
+struct Piece([u8; 64 << 10]);
+
+/// Writes `bytes` (rounded up to [`DATA_IO`]) into a new file in `dir` and reads it back as a data
+/// file is streamed: [`DATA_IO`] I/Os at aligned offsets, [`DATA_WORKERS`] in flight, `O_DIRECT`
+/// where a data file would get it (with the same fallback), synced after writing; the file is
+/// removed. Buffered I/O (tmpfs) reads from the page cache.
+pub fn measure_dir(dir: &Path, bytes: u64) -> Result<DirRate, ControlError> {
+    use protocol::message::{DATA_IO, DATA_WORKERS};
+    let path = dir.join(format!(".cuinterpose-rate-{}", std::process::id()));
+    let units = bytes.div_ceil(DATA_IO).max(1);
+    let run = |write: bool, file: &File| -> Result<f64, ControlError> {
+        let next = std::sync::atomic::AtomicU64::new(0);
+        let start = std::time::Instant::now();
+        let results: Vec<Result<(), ControlError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..DATA_WORKERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        let pieces = DATA_IO as usize / std::mem::size_of::<Piece>();
+                        let mut buffer = vec![Piece([0xa5; 64 << 10]); pieces];
+                        loop {
+                            let unit = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if unit >= units {
+                                return Ok(());
+                            }
+                            rate_io(file, &path, &mut buffer, unit * DATA_IO, write)?;
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(ControlError::Protocol {
+                            process: "tool".into(),
+                            message: "a rate thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+        if write {
+            file.sync_all().map_err(|e| state_error(&path, e))?;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    let measured = (|| {
+        let file = create(&path)?;
+        let write_millis = run(true, &file)?;
+        drop(file);
+        let file = open(&path)?;
+        let direct =
+            rustix::fs::fcntl_getfl(&file).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
+        let read_millis = run(false, &file)?;
+        Ok(DirRate {
+            bytes: units * DATA_IO,
+            direct,
+            write_millis,
+            read_millis,
+        })
+    })();
+    let _ = std::fs::remove_file(&path);
+    measured
+}
+
+/// One I/O of the rate measurement; a direct I/O refused with `EINVAL` goes buffered, as a shim's.
+fn rate_io(
+    file: &File,
+    path: &Path,
+    buffer: &mut [Piece],
+    offset: u64,
+    write: bool,
+) -> Result<(), ControlError> {
+    use std::io::{IoSlice, IoSliceMut};
+    let expected = std::mem::size_of_val(buffer);
+    loop {
+        let done = if write {
+            let slices: Vec<IoSlice<'_>> = buffer.iter().map(|p| IoSlice::new(&p.0)).collect();
+            rustix::io::pwritev(file, &slices, offset)
+        } else {
+            let mut slices: Vec<IoSliceMut<'_>> = buffer
+                .iter_mut()
+                .map(|p| IoSliceMut::new(&mut p.0))
+                .collect();
+            rustix::io::preadv(file, &mut slices, offset)
+        };
+        match done {
+            Ok(n) if n == expected => return Ok(()),
+            Ok(n) => {
+                return Err(state_error(
+                    path,
+                    std::io::Error::other(format!("short I/O: {n} of {expected} bytes")),
+                ));
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::INVAL) => {
+                let flags = rustix::fs::fcntl_getfl(file)
+                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
+                if !flags.contains(rustix::fs::OFlags::DIRECT) {
+                    return Err(state_error(
+                        path,
+                        std::io::Error::from_raw_os_error(libc::EINVAL),
+                    ));
+                }
+                rustix::fs::fcntl_setfl(file, flags - rustix::fs::OFlags::DIRECT)
+                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
+            }
+            Err(e) => return Err(state_error(path, std::io::Error::from(e))),
+        }
+    }
+}

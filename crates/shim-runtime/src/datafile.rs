@@ -1,0 +1,792 @@
+//! Data files: the bytes of a checkpoint to disk, streamed by the shim itself between device
+//! memory and a file the tool opened in the checkpoint directory (SaveTo, LoadFrom), so that the
+//! bytes never pass through the host carrier and CRIU dumps only the process's own memory.
+//!
+//! One file per process (the tool passes one descriptor per request, the only kind a frame
+//! carries), its allocations one after the other at multiples of [`DATA_ALIGN`] (2 MiB), as
+//! [`layout`] places them. Each of [`WORKERS`] threads takes the next unit of at most [`IO_SIZE`]
+//! bytes in file order, copies it between the device and its own pinned buffer (synchronous
+//! copies: the buffer is reused at once), and writes or reads it at its offset with `pwrite` /
+//! `pread`, so several large aligned I/Os are in flight. `O_DIRECT` is used when the tool could
+//! open the file with it; a filesystem that refuses an aligned direct I/O (`EINVAL`) gets
+//! buffered I/O from then on, logged once.
+//!
+//! BLAKE3 is computed while the bytes stream, one digest per allocation ([`Extent::blake3`]: a
+//! rollback may load only some allocations back): the units are hashed in file order, each by the
+//! thread that holds it once every earlier unit is hashed (units are taken in order, so the
+//! thread holding the earliest unhashed one never waits). LoadFrom refuses an allocation whose
+//! bytes do not hash to the digest the checkpoint recorded (the tool verified the files already
+//! before the restore; this check covers what changed since).
+//!
+//! Blocks of [`DATA_ALIGN`] bytes that are all zeros (free blocks of caching allocators,
+//! preallocated caches) are not written: they stay holes and are listed in the file's record
+//! ([`DataFile::zero_blocks`]), which is robust where holes are not (a copy of the directory may
+//! fill them); LoadFrom sets them to zero on the device instead of reading and copying them.
+
+use crate::Real;
+use crate::copy::{self, CopyError};
+use crate::log::log_warn;
+use crate::phases::{LoadItem, PhaseError, TempMap};
+use cuda::owned::PinnedBuffer;
+use protocol::message::{DATA_ALIGN, DataFile, Extent, StreamStats};
+use protocol::record::{AllocationId, Phase};
+use rustix::fs::OFlags;
+use rustix::io::Errno;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// Largest write or read of one unit ([`protocol::message::DATA_IO`]).
+pub const IO_SIZE: usize = protocol::message::DATA_IO as usize;
+/// I/O threads per process ([`protocol::message::DATA_WORKERS`]).
+pub const WORKERS: usize = protocol::message::DATA_WORKERS;
+/// `O_DIRECT` alignment of lengths (the buffers are page-aligned pinned memory).
+const PAGE: usize = 4096;
+const BLOCK: usize = DATA_ALIGN as usize;
+
+/// Why streaming a data file failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataFileError {
+    #[error(transparent)]
+    Copy(#[from] CopyError),
+    #[error("cannot write the data file at offset {offset}: {source}")]
+    Write {
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the data file at offset {offset}: {source}")]
+    Read {
+        offset: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the data file ends before offset {offset}: truncated")]
+    Truncated { offset: u64 },
+    #[error(
+        "allocation {id} in the data file hashes to {found}, the checkpoint recorded {expected}"
+    )]
+    Digest {
+        id: AllocationId,
+        expected: String,
+        found: String,
+    },
+    #[error("the data file does not describe this process's allocations: {0}")]
+    Mismatch(String),
+    #[error("cannot start a data file thread: {0}")]
+    Spawn(std::io::Error),
+}
+
+/// An allocation to stream: mapped at `va` for copies through `device`'s context, its bytes at
+/// `extent` in the file (for a write, the extent's digest is what the write computes).
+#[derive(Clone, Copy, Debug)]
+pub struct Region {
+    pub device: i32,
+    pub va: u64,
+    pub extent: Extent,
+}
+
+/// Places allocations (ID and size, in the order given) in a data file: each at the next multiple
+/// of [`DATA_ALIGN`]. Returns the extents (digests still zero) and the file's length.
+pub fn layout(allocations: &[(AllocationId, u64)]) -> (Vec<Extent>, u64) {
+    let mut offset = 0u64;
+    let extents = allocations
+        .iter()
+        .map(|&(id, size)| {
+            let extent = Extent {
+                id,
+                offset,
+                size,
+                blake3: [0; 32],
+            };
+            offset = (offset + size).next_multiple_of(DATA_ALIGN);
+            extent
+        })
+        .collect();
+    (extents, offset)
+}
+
+/// One unit of work: `len` bytes of region `region`, at `offset` in the file and `va` on the
+/// device.
+#[derive(Clone, Copy, Debug)]
+struct Unit {
+    region: usize,
+    device: i32,
+    va: u64,
+    offset: u64,
+    len: usize,
+}
+
+fn units(regions: &[Region]) -> Vec<Unit> {
+    let mut out = Vec::new();
+    for (region, r) in regions.iter().enumerate() {
+        let size = usize::try_from(r.extent.size).unwrap_or(usize::MAX);
+        let mut done = 0;
+        while done < size {
+            let len = IO_SIZE.min(size - done);
+            out.push(Unit {
+                region,
+                device: r.device,
+                va: r.va + done as u64,
+                offset: r.extent.offset + done as u64,
+                len,
+            });
+            done += len;
+        }
+    }
+    out
+}
+
+/// The hashers (one per region) and whose turn it is, shared by the workers.
+struct Ordered {
+    state: Mutex<(usize, Vec<blake3::Hasher>)>,
+    turn: Condvar,
+    failed: AtomicBool,
+}
+
+impl Ordered {
+    fn new(regions: usize) -> Ordered {
+        Ordered {
+            state: Mutex::new((0, vec![blake3::Hasher::new(); regions])),
+            turn: Condvar::new(),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Hashes unit `index`'s bytes into its region's digest once every earlier unit is hashed;
+    /// false when another worker failed meanwhile (the digests will not be used).
+    fn hash(&self, index: usize, unit: &Unit, bytes: &[u8]) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        while state.0 != index {
+            if self.failed.load(Ordering::Acquire) {
+                return false;
+            }
+            state = self.turn.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        if let Some(hasher) = state.1.get_mut(unit.region) {
+            hasher.update(bytes);
+        }
+        state.0 += 1;
+        self.turn.notify_all();
+        true
+    }
+
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+        // Taken so that no waiter misses the flag between its check and its wait.
+        let _state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.turn.notify_all();
+    }
+
+    fn digests(self) -> Vec<[u8; 32]> {
+        let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
+        state.1.iter().map(|h| *h.finalize().as_bytes()).collect()
+    }
+}
+
+/// Whether the file is open with `O_DIRECT`; cleared for good when the filesystem refuses it.
+struct Direct {
+    on: AtomicBool,
+}
+
+impl Direct {
+    fn of(file: BorrowedFd<'_>) -> Direct {
+        let on = rustix::fs::fcntl_getfl(file).is_ok_and(|f| f.contains(OFlags::DIRECT));
+        Direct {
+            on: AtomicBool::new(on),
+        }
+    }
+
+    /// After `EINVAL` on a direct I/O: buffered from now on. True when a retry can help.
+    fn give_up(&self, file: BorrowedFd<'_>) -> bool {
+        let Ok(flags) = rustix::fs::fcntl_getfl(file) else {
+            return false;
+        };
+        if !flags.contains(OFlags::DIRECT) {
+            return false;
+        }
+        if rustix::fs::fcntl_setfl(file, flags - OFlags::DIRECT).is_err() {
+            return false;
+        }
+        if self.on.swap(false, Ordering::AcqRel) {
+            log_warn!("the data file's filesystem refused O_DIRECT; streaming buffered");
+        }
+        true
+    }
+}
+
+fn write_all(
+    file: BorrowedFd<'_>,
+    direct: &Direct,
+    bytes: &[u8],
+    offset: u64,
+) -> Result<(), DataFileError> {
+    let mut done = 0;
+    while let Some(rest) = bytes.get(done..).filter(|r| !r.is_empty()) {
+        let at = offset + done as u64;
+        match rustix::io::pwrite(file, rest, at) {
+            Ok(0) => {
+                return Err(DataFileError::Write {
+                    offset: at,
+                    source: std::io::Error::from(std::io::ErrorKind::WriteZero),
+                });
+            }
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::INVAL) if direct.give_up(file) => {}
+            Err(e) => {
+                return Err(DataFileError::Write {
+                    offset: at,
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn read_exact(
+    file: BorrowedFd<'_>,
+    direct: &Direct,
+    bytes: &mut [u8],
+    offset: u64,
+) -> Result<(), DataFileError> {
+    let mut done = 0;
+    while done < bytes.len() {
+        let at = offset + done as u64;
+        let Some(rest) = bytes.get_mut(done..) else {
+            break;
+        };
+        match rustix::io::pread(file, rest, at) {
+            Ok(0) => return Err(DataFileError::Truncated { offset: at }),
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::INVAL) if direct.give_up(file) => {}
+            Err(e) => {
+                return Err(DataFileError::Read {
+                    offset: at,
+                    source: e.into(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    static ZERO: [u8; PAGE] = [0; PAGE];
+    bytes
+        .chunks(PAGE)
+        .all(|c| ZERO.get(..c.len()).is_some_and(|z| z == c))
+}
+
+/// The blocks of a unit as (start within the unit, length, all zeros?), merged into runs of
+/// equal kind.
+fn runs(unit: &Unit, zero: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize, bool)> {
+    let mut out: Vec<(usize, usize, bool)> = Vec::new();
+    let mut at = 0;
+    while at < unit.len {
+        let len = BLOCK.min(unit.len - at);
+        let z = zero(at, len);
+        match out.last_mut() {
+            Some(last) if last.2 == z => last.1 += len,
+            _ => out.push((at, len, z)),
+        }
+        at += len;
+    }
+    out
+}
+
+/// What the workers share besides the hasher.
+struct Shared<'a> {
+    real: &'a Real,
+    file: BorrowedFd<'a>,
+    direct: Direct,
+    units: Vec<Unit>,
+    next: AtomicUsize,
+    ordered: Ordered,
+    file_bytes: AtomicU64,
+    zero_bytes: AtomicU64,
+    first_error: Mutex<Option<DataFileError>>,
+}
+
+/// Runs [`WORKERS`] threads over the units; each enters its units' device context as needed and
+/// owns one pinned buffer of [`IO_SIZE`] bytes. `step` does one unit in the buffer and answers
+/// `Ok(false)` when the digests will not be used (another worker failed).
+fn run<F>(shared: &Shared<'_>, step: &F) -> u32
+where
+    F: Fn(&Shared<'_>, usize, &Unit, &mut [u8]) -> Result<bool, DataFileError> + Sync,
+{
+    let workers = WORKERS.min(shared.units.len());
+    let fail = |e: DataFileError| {
+        shared.ordered.fail();
+        shared
+            .first_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert(e);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            let work = || {
+                let result = (|| {
+                    // Declared before the buffer, so dropped after it: a pinned buffer is freed
+                    // under the context that made it.
+                    let mut context: Option<(i32, copy::DeviceContext<'_>)> = None;
+                    let mut buffer = None;
+                    loop {
+                        if shared.ordered.failed.load(Ordering::Acquire) {
+                            return Ok(());
+                        }
+                        let index = shared.next.fetch_add(1, Ordering::AcqRel);
+                        let Some(unit) = shared.units.get(index) else {
+                            return Ok(());
+                        };
+                        if context.as_ref().is_none_or(|(d, _)| *d != unit.device) {
+                            // The buffer is freed under the context that made it.
+                            buffer = None;
+                            drop(context.take());
+                            context = Some((unit.device, copy::enter(shared.real, unit.device)?));
+                        }
+                        if buffer.is_none() {
+                            let made =
+                                PinnedBuffer::new(shared.real, IO_SIZE, 0, copy::log_cleanup)
+                                    .map_err(|e| CopyError::Driver {
+                                        call: e.call,
+                                        device: unit.device,
+                                        result: e.result,
+                                    })?;
+                            buffer = Some(made);
+                        }
+                        let Some(buffer) = buffer.as_mut() else {
+                            return Ok(());
+                        };
+                        if !step(shared, index, unit, buffer.as_mut_slice())? {
+                            return Ok(());
+                        }
+                    }
+                })();
+                if let Err(e) = result {
+                    fail(e);
+                }
+            };
+            if let Err(e) = std::thread::Builder::new()
+                .name("cuinterpose-file".into())
+                .spawn_scoped(s, work)
+            {
+                fail(DataFileError::Spawn(e));
+            }
+        }
+    });
+    u32::try_from(workers).unwrap_or(u32::MAX)
+}
+
+fn driver_error(device: i32) -> impl Fn(cuda::CudaError) -> DataFileError {
+    move |e| {
+        DataFileError::Copy(CopyError::Driver {
+            call: e.call,
+            device,
+            result: e.result,
+        })
+    }
+}
+
+/// Writes every region into `file` (empty, opened for writing) at its extent (from [`layout`])
+/// and returns the file's record: the extents with their digests, and the zero blocks. The file
+/// has `length` bytes at the end (trailing zero blocks are holes too) and is synced.
+pub fn write(
+    real: &Real,
+    file: BorrowedFd<'_>,
+    regions: &[Region],
+    length: u64,
+) -> Result<(DataFile, StreamStats), DataFileError> {
+    let start = Instant::now();
+    let shared = Shared {
+        real,
+        file,
+        direct: Direct::of(file),
+        units: units(regions),
+        next: AtomicUsize::new(0),
+        ordered: Ordered::new(regions.len()),
+        file_bytes: AtomicU64::new(0),
+        zero_bytes: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    };
+    let zero_blocks = Mutex::new(Vec::new());
+    let step = |shared: &Shared<'_>, index: usize, unit: &Unit, buffer: &mut [u8]| {
+        let bytes = buffer
+            .get_mut(..unit.len)
+            .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
+        shared
+            .real
+            .memcpy_dtoh(bytes, unit.va)
+            .map_err(driver_error(unit.device))?;
+        let runs = runs(unit, |at, len| bytes.get(at..at + len).is_some_and(is_zero));
+        for (at, len, zero) in runs {
+            if zero {
+                shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                let mut blocks = zero_blocks.lock().unwrap_or_else(|e| e.into_inner());
+                let first = (unit.offset + at as u64) / DATA_ALIGN;
+                blocks.extend(first..first + (len as u64).div_ceil(DATA_ALIGN));
+                continue;
+            }
+            // A run ending inside a block is the end of its allocation: padded with zeros to the
+            // page for O_DIRECT (the gap after an extent is never read as data).
+            let padded = len.next_multiple_of(PAGE);
+            if let Some(pad) = buffer.get_mut(at + len..at + padded) {
+                pad.fill(0);
+            }
+            let run = buffer
+                .get(at..at + padded)
+                .ok_or_else(|| DataFileError::Mismatch("a run past its buffer".into()))?;
+            write_all(shared.file, &shared.direct, run, unit.offset + at as u64)?;
+            shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        }
+        let hashed = buffer.get(..unit.len).unwrap_or_default();
+        Ok(shared.ordered.hash(index, unit, hashed))
+    };
+    let threads = run(&shared, &step);
+    if let Some(e) = shared
+        .first_error
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+    {
+        return Err(e);
+    }
+    rustix::fs::ftruncate(file, length).map_err(|e| DataFileError::Write {
+        offset: length,
+        source: e.into(),
+    })?;
+    rustix::fs::fsync(file).map_err(|e| DataFileError::Write {
+        offset: length,
+        source: e.into(),
+    })?;
+    let mut zero_blocks = zero_blocks.into_inner().unwrap_or_else(|e| e.into_inner());
+    zero_blocks.sort_unstable();
+    let stats = StreamStats {
+        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
+        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
+        direct: shared.direct.on.load(Ordering::Acquire),
+        threads,
+        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+    };
+    let extents = regions
+        .iter()
+        .zip(shared.ordered.digests())
+        .map(|(r, blake3)| Extent { blake3, ..r.extent })
+        .collect();
+    let record = DataFile {
+        length,
+        extents,
+        zero_blocks,
+    };
+    Ok((record, stats))
+}
+
+/// Reads the regions' extents of `record`'s file back into them, setting zero blocks to zero on
+/// the device, and checks each extent's digest. On any error the regions' contents are undefined
+/// (the caller releases them).
+pub fn read(
+    real: &Real,
+    file: BorrowedFd<'_>,
+    regions: &[Region],
+    record: &DataFile,
+) -> Result<StreamStats, DataFileError> {
+    let start = Instant::now();
+    if regions.is_empty() {
+        // Nothing was released (a rollback before Release): the file is not needed.
+        return Ok(StreamStats::default());
+    }
+    let size = rustix::fs::fstat(file)
+        .map(|st| u64::try_from(st.st_size).unwrap_or(0))
+        .map_err(|e| DataFileError::Read {
+            offset: 0,
+            source: e.into(),
+        })?;
+    if size < record.length {
+        return Err(DataFileError::Truncated { offset: size });
+    }
+    let shared = Shared {
+        real,
+        file,
+        direct: Direct::of(file),
+        units: units(regions),
+        next: AtomicUsize::new(0),
+        ordered: Ordered::new(regions.len()),
+        file_bytes: AtomicU64::new(0),
+        zero_bytes: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    };
+    let zero_block = |offset: u64| {
+        record
+            .zero_blocks
+            .binary_search(&(offset / DATA_ALIGN))
+            .is_ok()
+    };
+    let step = |shared: &Shared<'_>, index: usize, unit: &Unit, buffer: &mut [u8]| {
+        let runs = runs(unit, |at, _| zero_block(unit.offset + at as u64));
+        for (at, len, zero) in runs {
+            let dev = unit.va + at as u64;
+            if zero {
+                shared
+                    .real
+                    .memset_d8(dev, 0, len)
+                    .map_err(driver_error(unit.device))?;
+                if let Some(bytes) = buffer.get_mut(at..at + len) {
+                    bytes.fill(0);
+                }
+                shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                continue;
+            }
+            let padded = len.next_multiple_of(PAGE);
+            let run = buffer
+                .get_mut(at..at + padded)
+                .ok_or_else(|| DataFileError::Mismatch("a run past its buffer".into()))?;
+            read_exact(shared.file, &shared.direct, run, unit.offset + at as u64)?;
+            let data = run.get(..len).unwrap_or_default();
+            shared
+                .real
+                .memcpy_htod(dev, data)
+                .map_err(driver_error(unit.device))?;
+            shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        }
+        let hashed = buffer.get(..unit.len).unwrap_or_default();
+        Ok(shared.ordered.hash(index, unit, hashed))
+    };
+    let threads = run(&shared, &step);
+    if let Some(e) = shared
+        .first_error
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+    {
+        return Err(e);
+    }
+    for (r, found) in regions.iter().zip(shared.ordered.digests()) {
+        if found != r.extent.blake3 {
+            return Err(DataFileError::Digest {
+                id: r.extent.id,
+                expected: hex(&r.extent.blake3),
+                found: hex(&found),
+            });
+        }
+    }
+    // Memsets of device memory may still run after they return; the rebuilt memory must hold
+    // its bytes before anyone maps it.
+    let mut devices: Vec<i32> = regions.iter().map(|r| r.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for device in devices {
+        let _ctx = copy::enter(real, device)?;
+        real.ctx_synchronize().map_err(driver_error(device))?;
+    }
+    Ok(StreamStats {
+        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
+        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
+        direct: shared.direct.on.load(Ordering::Acquire),
+        threads,
+        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+    })
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(digest: &[u8; 32]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl crate::runtime::Runtime {
+    /// SaveTo: what Save does, into the data file `file` instead of the carrier. The allocations
+    /// stay live (Release lets them go, as after Save).
+    pub(crate) fn save_to(
+        &self,
+        file: BorrowedFd<'_>,
+    ) -> Result<(u64, StreamStats, DataFile), PhaseError> {
+        self.expect_phase("SaveTo", &[Phase::Frozen])?;
+        let items = self.save_items();
+        let sizes: Vec<(AllocationId, u64)> = items.iter().map(|i| (i.id, i.size as u64)).collect();
+        let (extents, length) = layout(&sizes);
+        let mut work = Vec::with_capacity(items.len());
+        for (item, extent) in items.iter().zip(extents) {
+            let mapped = copy::enter(&self.real, item.device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| self.temp_map(item.real, item.size, item.device));
+            match mapped {
+                Ok(map) => work.push((map, item.device, extent)),
+                Err(e) => {
+                    self.drop_temp(work);
+                    return Err(e);
+                }
+            }
+        }
+        let regions = regions_of(&work);
+        // Synchronous copies only: when `write` returns no copy can touch the mappings.
+        let written = write(&self.real, file, &regions, length);
+        self.drop_temp(work);
+        let (record, stats) = written?;
+        let bytes = record.extents.iter().map(|e| e.size).sum();
+        self.control().streamed = Some(record.clone());
+        self.set_phase(Phase::Saved);
+        Ok((bytes, stats, record))
+    }
+
+    /// LoadFrom: what Load does, from the data file `file` that this process's SaveTo wrote and
+    /// `record` describes (the checkpoint's copy of SaveTo's answer, which must be the one this
+    /// process kept).
+    pub(crate) fn load_from(
+        &self,
+        file: BorrowedFd<'_>,
+        record: DataFile,
+    ) -> Result<(u64, StreamStats, DataFile), PhaseError> {
+        let ours = self.control().streamed.clone();
+        match ours {
+            Some(ours) if ours == record => {}
+            Some(_) => {
+                return Err(DataFileError::Mismatch(
+                    "it differs from the one this process wrote in this capture".into(),
+                )
+                .into());
+            }
+            None => {
+                return Err(DataFileError::Mismatch(
+                    "this process wrote no data file in this capture".into(),
+                )
+                .into());
+            }
+        }
+        let extent_of = |item: &LoadItem| record.extents.iter().find(|e| e.id == item.id).copied();
+        let rebuilt = self.rebuild_creations(
+            "LoadFrom",
+            extent_of,
+            |work| {
+                let read = read(&self.real, file, &regions_of(&work), &record);
+                // Synchronous copies and a synchronised context: nothing touches the mappings.
+                self.drop_temp(work);
+                read.map_err(PhaseError::from)
+            },
+            || false,
+        )?;
+        let (bytes, stats) = rebuilt.unwrap_or_default();
+        Ok((bytes, stats, record))
+    }
+}
+
+fn regions_of(work: &[(TempMap<'_>, i32, Extent)]) -> Vec<Region> {
+    work.iter()
+        .map(|(map, device, extent)| Region {
+            device: *device,
+            va: map.va(),
+            extent: *extent,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdriver;
+    use cuda_abi::{CUmemAllocationProp, CUmemLocation, allocation_type, location_type};
+    use std::os::fd::AsFd;
+
+    const MIB: usize = 1 << 20;
+
+    /// A mapped test-driver allocation of `len` bytes: a pattern, with the 2 MiB blocks listed in
+    /// `zero` all zeros.
+    fn allocation(real: &Real, len: usize, salt: u8, zero: &[usize]) -> (u64, Vec<u8>) {
+        let prop = CUmemAllocationProp {
+            type_: allocation_type::PINNED,
+            location: CUmemLocation {
+                type_: location_type::DEVICE,
+                id: 0,
+            },
+            ..Default::default()
+        };
+        let handle = real.mem_create(len, &prop, 0).expect("create");
+        let va = real.mem_address_reserve(len, 0, 0, 0).expect("reserve");
+        real.mem_map(va, len, 0, handle, 0).expect("map");
+        let mut bytes: Vec<u8> = (0..len)
+            .map(|i| (i as u8).wrapping_mul(29) ^ salt | 1)
+            .collect();
+        for &b in zero {
+            bytes[b * BLOCK..((b + 1) * BLOCK).min(len)].fill(0);
+        }
+        real.memcpy_htod(va, &bytes).expect("fill");
+        (va, bytes)
+    }
+
+    fn device(real: &Real, va: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        real.memcpy_dtoh(&mut out, va).expect("read back");
+        out
+    }
+
+    #[test]
+    fn a_data_file_round_trips_with_zero_blocks_elided_and_digests_checked() {
+        let real = testdriver::real();
+        // 20 MiB: three units (8, 8, 4 MiB), blocks 1 and 4-5 zero (5 ends a unit); then an
+        // allocation that ends inside a block, its last block zero.
+        let (a_len, b_len) = (20 * MIB, 4 * MIB + 64 * 1024);
+        let (a, a_bytes) = allocation(&real, a_len, 3, &[1, 4, 5]);
+        let (b, b_bytes) = allocation(&real, b_len, 9, &[2]);
+        let ids = [AllocationId([1; 16]), AllocationId([2; 16])];
+        let (extents, length) = layout(&[(ids[0], a_len as u64), (ids[1], b_len as u64)]);
+        assert_eq!(extents[1].offset, 20 * MIB as u64, "aligned to the block");
+        assert_eq!(length, 26 * MIB as u64);
+        let regions: Vec<Region> = [a, b]
+            .iter()
+            .zip(&extents)
+            .map(|(&va, &extent)| Region {
+                device: 0,
+                va,
+                extent,
+            })
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gpu.data");
+        let file = std::fs::File::create_new(&path).expect("create");
+        let (record, stats) = write(&real, file.as_fd(), &regions, length).expect("write");
+        assert_eq!(record.zero_blocks, vec![1, 4, 5, 12]);
+        let zero = 3 * BLOCK as u64 + (64 * 1024);
+        assert_eq!(stats.zero_bytes, zero);
+        assert_eq!(stats.file_bytes, (a_len + b_len) as u64 - zero);
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), length);
+        assert_eq!(
+            record.extents[0].blake3,
+            *blake3::hash(&a_bytes).as_bytes(),
+            "each extent's digest is BLAKE3 of the allocation's bytes"
+        );
+        assert_eq!(record.extents[1].blake3, *blake3::hash(&b_bytes).as_bytes());
+        let on_disk = std::fs::read(&path).expect("read");
+        assert!(on_disk[..a_len] == a_bytes[..], "written in place");
+
+        let regions: Vec<Region> = regions
+            .iter()
+            .zip(&record.extents)
+            .map(|(r, &extent)| Region { extent, ..*r })
+            .collect();
+        // Poison the device copy, then read back: zero blocks come back as zeros unread.
+        real.memcpy_htod(a, &vec![0xee; a_len]).expect("wipe");
+        real.memcpy_htod(b, &vec![0xee; b_len]).expect("wipe");
+        let file = std::fs::File::open(&path).expect("open");
+        let read_stats = read(&real, file.as_fd(), &regions, &record).expect("read");
+        assert_eq!(read_stats.zero_bytes, zero);
+        assert_eq!(read_stats.file_bytes, stats.file_bytes);
+        assert!(device(&real, a, a_len) == a_bytes, "first allocation back");
+        assert!(device(&real, b, b_len) == b_bytes, "second allocation back");
+
+        // One byte changed: refused by its allocation's digest.
+        let mut bad = on_disk.clone();
+        bad[(20 * MIB) + 7] ^= 1;
+        std::fs::write(&path, &bad).expect("corrupt");
+        let file = std::fs::File::open(&path).expect("open");
+        let error = read(&real, file.as_fd(), &regions, &record).expect_err("corrupt");
+        assert!(
+            matches!(error, DataFileError::Digest { id, .. } if id == ids[1]),
+            "{error}"
+        );
+        // Cut short: refused as truncated before anything is read.
+        std::fs::write(&path, &on_disk[..12 * MIB]).expect("truncate");
+        let file = std::fs::File::open(&path).expect("open");
+        let error = read(&real, file.as_fd(), &regions, &record).expect_err("short");
+        assert!(matches!(error, DataFileError::Truncated { .. }), "{error}");
+    }
+}
