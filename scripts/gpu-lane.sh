@@ -228,6 +228,26 @@ if wants disk; then
     else
         row "demo --to-disk" "-" "$(tail -3 "$logs/demo-disk.err" | tr '\n\t' '  ')" FAIL
     fi
+    # The bench group (8 GiB over two processes) to a directory on the machine's disk, next to the
+    # directory's own sequential rates measured with the data files' I/Os.
+    bench_dir=$(mktemp -d /var/tmp/lane-bench-disk.XXXXXX)
+    if timeout 300 "$bin/cuinterpose" bench --no-overhead --no-capture --no-whole --to-disk "$bench_dir" \
+            --json-out "$logs/bench-disk.json" >"$logs/bench-disk.txt" 2>"$logs/bench-disk.err"; then
+        cat "$logs/bench-disk.txt"
+        row "bench --to-disk" "-" "$(python3 - "$logs/bench-disk.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))["disk"]
+parts = ["dir write %.2f read %.2f GB/s (O_DIRECT %s)" % (d["dir_write_gb_per_s"], d["dir_read_gb_per_s"], d["dir_rate"].get("direct"))]
+parts += ["%s %s %.2f GB/s = %.0f%% of dir" % (r["run"], r["phase"], r["gb_per_s"], 100 * r["of_dir"]) for r in d["ratios"]]
+c = d["checkpoint"]
+parts.append("data %d MiB, zeros %d MiB, images %d MiB" % (c["data_bytes"] >> 20, c["zero_bytes"] >> 20, c["image_bytes"] >> 20))
+print("; ".join(parts))
+PY
+)" measured
+    else
+        row "bench --to-disk" "-" "$(tail -2 "$logs/bench-disk.err" | tr '\n\t' '  ')" FAIL
+    fi
+    rm -rf "$bench_dir"
 fi
 
 if wants torch-disk; then

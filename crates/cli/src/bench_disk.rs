@@ -65,7 +65,7 @@ pub fn disk_bench(
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir_rate = disk::measure_dir(dir, per * processes as u64)
         .with_context(|| format!("measuring {}", dir.display()))?;
-    let env = Launcher::new(programs.clone(), false).context("bench environment")?;
+    let env = Launcher::new(programs.clone(), true).context("bench environment")?;
     let listen = env.socket_dir().join("disk-bench");
     let mut launched: Launched = launch_tree(&env, &listen, processes, Sharing::Vmm)?;
     let ranks = attach_ranks(&listen, processes)?;

@@ -149,11 +149,13 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     }
 
     let env = Launcher::new(programs, true).context("preparing the demo's directory")?;
+    // Before the group starts: what other processes hold on the device is not the group's.
+    let gauge = GroupMemory::measure(&driver)?;
     if args.multicast {
         return demo_multicast(&args, config, env, &driver, driver_name, size);
     }
     if args.to_disk {
-        return demo_to_disk(&args, config, &env, &driver, driver_name, on_gpu, size);
+        return demo_to_disk(&args, config, &env, &gauge, driver_name, on_gpu, size);
     }
     let mut options = WorkloadOptions::new("demo").shim(true);
     if let Some((key, value)) = args.sharing.env() {
@@ -166,7 +168,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     for (rank, w) in group.members().iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
     }
-    let before = device_memory_used(&driver)?;
+    let before = gauge.now()?;
 
     let state_dir = env.dir().join("state");
     let mut suspend_options = SuspendOptions::new(root, config);
@@ -174,7 +176,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     suspend_options.driver = (!on_gpu).then(|| driver.path().to_path_buf());
     let progress = Bars::new(!args.json);
     let suspended = capture::suspend(&suspend_options, &progress).context("suspend")?;
-    let during = device_memory_used(&driver)?;
+    let during = gauge.now()?;
 
     let mut resume_options = ResumeOptions::new(root, config);
     resume_options.state_dir = state_dir;
@@ -262,6 +264,26 @@ pub(crate) fn pick_driver(force_fake: bool) -> anyhow::Result<Target> {
 /// on a GPU the whole device's, other processes on the machine included; on the fake driver that
 /// of every live process sharing its state directory (this process and the group it started),
 /// where this process holds none.
+/// The group's device memory: what device 0 has in use (`cuMemGetInfo`, on the fake driver as on
+/// a GPU) beyond what it had before the group started.
+struct GroupMemory<'a> {
+    driver: &'a Driver,
+    baseline: u64,
+}
+
+impl<'a> GroupMemory<'a> {
+    fn measure(driver: &'a Driver) -> anyhow::Result<GroupMemory<'a>> {
+        Ok(GroupMemory {
+            driver,
+            baseline: device_memory_used(driver)?,
+        })
+    }
+
+    fn now(&self) -> anyhow::Result<u64> {
+        Ok(device_memory_used(self.driver)?.saturating_sub(self.baseline))
+    }
+}
+
 fn device_memory_used(driver: &Driver) -> anyhow::Result<u64> {
     let (free, total) = driver
         .memory_info(0)
@@ -451,11 +473,12 @@ fn demo_to_disk(
     args: &DemoArgs,
     config: &ToolConfig,
     env: &Launcher,
-    driver: &Driver,
+    gauge: &GroupMemory<'_>,
     driver_name: String,
     on_gpu: bool,
     size: u64,
 ) -> anyhow::Result<()> {
+    let driver = gauge.driver;
     let listen = env.socket_dir().join("disk");
     let mut launched = launch_tree(env, &listen, args.processes, args.sharing)?;
     let ranks = attach_ranks(&listen, args.processes)?;
@@ -463,7 +486,7 @@ fn demo_to_disk(
     for (rank, w) in ranks.iter().enumerate() {
         w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
     }
-    let before = device_memory_used(driver)?;
+    let before = gauge.now()?;
 
     let dir = env.dir().join("checkpoint");
     let mut capture = SuspendOptions::new(launched.launcher.id(), config);
@@ -497,7 +520,7 @@ fn demo_to_disk(
             "pid {pid} still exists after the dump"
         );
     }
-    let checkpointed = device_memory_used(driver)?;
+    let checkpointed = gauge.now()?;
 
     let restore = disk::restore(
         &RestoreOptions {
@@ -514,7 +537,7 @@ fn demo_to_disk(
     let ranks = attach_ranks(&listen, args.processes)?;
     let verified =
         verify_after(&ranks, "restore", args.sharing).context("verifying after the restore")?;
-    let restored = device_memory_used(driver)?;
+    let restored = gauge.now()?;
     if !on_gpu {
         ensure!(
             checkpointed == 0,

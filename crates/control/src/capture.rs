@@ -1080,6 +1080,11 @@ pub(crate) fn finish_rebuild(
         .map(|c| c.bytes)
         .sum();
     let progress = clock.progress;
+    // Copies of many GiB take as long as they take (private memory included: a whole process's);
+    // a dead shim still fails the socket at once.
+    for p in &mut group.participants {
+        p.set_timeout(None)?;
+    }
     // Creators first, everywhere, so that every importer finds its allocation exported again.
     clock.time("load", Some(total), || {
         load_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))

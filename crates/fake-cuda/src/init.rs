@@ -75,7 +75,11 @@ fn first_init() -> Res {
             eprintln!("fake-cuda: cannot publish device usage: {err}");
             CUresult::ERROR_OPERATING_SYSTEM
         })?;
-    let agent_path = config.state_dir.join(format!("agent-{pid}.sock"));
+    // The start token at cuInit as well as the pid: processes of different PID namespaces (groups
+    // run under `cuinterpose run --pid-namespace`) share pids, and may share the state directory.
+    // The name is kept as it is through a checkpoint to disk and restore (CRIU restores the
+    // socket), so clients match the pid and take the token as it is.
+    let agent_path = config.state_dir.join(format!("agent-{pid}-{start}.sock"));
     let driver = Driver::new(config, pid, start, publisher);
     state::install(driver);
     checkpoint::agent::start(&agent_path).map_err(|err| {

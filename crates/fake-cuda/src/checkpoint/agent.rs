@@ -1,5 +1,5 @@
 //! The checkpoint agent of a process: a thread started at the first successful `cuInit`,
-//! listening on `$FAKE_CUDA_STATE_DIR/agent-<getpid()>.sock` (mode 0600, close-on-exec), with
+//! listening on `$FAKE_CUDA_STATE_DIR/agent-<getpid()>-<start token>.sock` (mode 0600, close-on-exec), with
 //! every signal blocked. Each connection carries one request from another process's
 //! `cuCheckpointProcess*` call, served on a thread of its own (so a `GetState` query from a
 //! peer's checkpoint is answered while a lock waits); peers must have our uid or be root.

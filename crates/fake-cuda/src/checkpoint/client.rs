@@ -1,5 +1,6 @@
 //! The caller's side of `cuCheckpointProcess*`: finds the target's agent socket through
-//! `/proc/<pid>/fd` and `/proc/<pid>/net/unix` (a listening socket named `agent-<ns pid>.sock`),
+//! `/proc/<pid>/fd` and `/proc/<pid>/net/unix` (a listening socket named
+//! `agent-<ns pid>-<start token at cuInit>.sock`),
 //! connects through `/proc/<pid>/root<path>` (so it works across mount namespaces), sends one
 //! request and reads the response.
 //!
@@ -52,9 +53,11 @@ fn ns_pid(pid: i32) -> Option<u32> {
 
 /// The path of `pid`'s listening agent socket, as its own mount namespace names it. The name
 /// must carry the target's own namespace pid: a child forked after `cuInit` inherits its
-/// parent's listening socket, and must not be taken for its parent.
+/// parent's listening socket, and must not be taken for its parent. The token after it (the
+/// start token at the target's cuInit, which only keeps socket names of different PID
+/// namespaces apart) is not checked: it stays what it was through a restore.
 pub(crate) fn find_agent(pid: i32) -> Option<PathBuf> {
-    let own_name = format!("agent-{}.sock", ns_pid(pid)?);
+    let own_prefix = format!("agent-{}-", ns_pid(pid)?);
     let inodes = socket_inodes(pid)?;
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).ok()?;
     for line in table.lines().skip(1) {
@@ -66,7 +69,11 @@ pub(crate) fn find_agent(pid: i32) -> Option<PathBuf> {
             continue;
         };
         let name = path.rsplit('/').next().unwrap_or_default();
-        if flags & ACCEPTCON != 0 && inodes.contains(&inode) && name == own_name {
+        let own = name
+            .strip_prefix(&own_prefix)
+            .and_then(|rest| rest.strip_suffix(".sock"))
+            .is_some_and(|token| !token.is_empty() && token.bytes().all(|b| b.is_ascii_digit()));
+        if flags & ACCEPTCON != 0 && inodes.contains(&inode) && own {
             return Some(PathBuf::from(path));
         }
     }
