@@ -811,7 +811,11 @@ fn a_peer_with_another_uid_is_refused() {
     rustix::fs::chmod(dir.path(), rustix::fs::Mode::from_raw_mode(0o777)).unwrap();
     rustix::fs::chmod(&path, rustix::fs::Mode::from_raw_mode(0o777)).unwrap();
     use std::os::unix::process::CommandExt as _;
-    let exe = std::env::current_exe().unwrap();
+    // The other uid runs a copy of this test binary from the world-readable directory: the
+    // checkout may sit under a directory it cannot traverse (a fresh clone in a 0700 mktemp -d).
+    let exe = dir.path().join("uid-probe");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    rustix::fs::chmod(&exe, rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
     let status = std::process::Command::new(exe)
         .args([
             "--exact",
