@@ -10,7 +10,9 @@
 //! `--sharing` picks how the memory is made and shared: `vmm` (the default: `cuMemCreate` and POSIX
 //! descriptors, each importer mapping its neighbour's allocation), `legacy-ipc` (`cuMemAlloc`, the
 //! neighbour opening it with `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`, served by the shims) or
-//! `private` (`cuMemAlloc` memory that no other process sees; each process checks its own).
+//! `private` (`cuMemAlloc` memory that no other process sees; each process checks its own), or
+//! `multicast` (one multicast object every process binds a member to, suspended and resumed in
+//! place; the bundled fake driver only, refused on any other before any multicast call).
 //! `legacy-ipc` and `private` run the group with `CUINTERPOSE_ALLOC=vmm`, so the shim owns that
 //! memory whatever the caller's environment says.
 //!
@@ -51,14 +53,10 @@ pub struct DemoArgs {
     #[arg(long, requires = "to_disk")]
     criu: Option<PathBuf>,
     /// How the group's memory is made and shared: VMM descriptors (cuMemCreate), legacy CUDA IPC
-    /// (cuMemAlloc and cuIpcOpenMemHandle), or private cuMemAlloc memory shared with nobody
+    /// (cuMemAlloc and cuIpcOpenMemHandle), private cuMemAlloc memory shared with nobody, or one
+    /// multicast object (in place, on the bundled fake driver only)
     #[arg(long, value_enum, default_value_t = Sharing::Vmm)]
     sharing: Sharing,
-    /// Share one multicast object instead (each process binds a member on its own device),
-    /// suspended and resumed in place. The bundled fake driver only: refused on any other driver,
-    /// before any multicast call
-    #[arg(long, conflicts_with = "to_disk")]
-    multicast: bool,
 }
 
 /// How the demo group's memory is made and shared (`--sharing`).
@@ -71,6 +69,10 @@ pub enum Sharing {
     LegacyIpc,
     /// cuMemAlloc, used by its own rank only.
     Private,
+    /// One multicast object, each rank binding a member on its own device; suspended and resumed
+    /// in place. The bundled fake driver only: refused on any other driver, before any multicast
+    /// call.
+    Multicast,
 }
 
 impl Sharing {
@@ -78,7 +80,7 @@ impl Sharing {
     /// modes built on it.
     fn env(self) -> Option<(&'static str, &'static str)> {
         match self {
-            Sharing::Vmm => None,
+            Sharing::Vmm | Sharing::Multicast => None,
             Sharing::LegacyIpc | Sharing::Private => Some(("CUINTERPOSE_ALLOC", "vmm")),
         }
     }
@@ -86,7 +88,7 @@ impl Sharing {
     /// The rank that reads and writes rank `creator`'s memory in a group of `n`.
     fn peer(self, creator: usize, n: usize) -> usize {
         match self {
-            Sharing::Vmm | Sharing::LegacyIpc => (creator + 1) % n,
+            Sharing::Vmm | Sharing::LegacyIpc | Sharing::Multicast => (creator + 1) % n,
             Sharing::Private => creator,
         }
     }
@@ -116,10 +118,16 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
         driver,
         programs,
     } = pick_driver(args.fake)?;
+    let multicast = args.sharing == Sharing::Multicast;
+    ensure!(
+        !(multicast && args.to_disk),
+        "--sharing multicast runs in place only (the multicast demo suspends and resumes; \
+         multicast groups go to disk with `cuinterpose checkpoint`)"
+    );
     // Decided by what the driver library is, before anything else runs.
-    if args.multicast && !driver.is_bundled_fake() {
+    if multicast && !driver.is_bundled_fake() {
         bail!(
-            "--multicast runs on the bundled fake driver only, and {} is not it: a multicast \
+            "--sharing multicast runs on the bundled fake driver only, and {} is not it: a multicast \
              object on the GPU machines of this project can take shared GPUs out of service, so \
              cuinterpose never makes one there (add --fake to run it on the fake driver)",
             driver.path().display()
@@ -144,6 +152,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
                 Sharing::Vmm => "shared through VMM descriptors",
                 Sharing::LegacyIpc => "shared through legacy CUDA IPC",
                 Sharing::Private => "held privately",
+                Sharing::Multicast => "bound to one multicast object",
             }
         );
     }
@@ -151,7 +160,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let env = Launcher::new(programs, true).context("preparing the demo's directory")?;
     // Before the group starts: what other processes hold on the device is not the group's.
     let gauge = GroupMemory::measure(&driver)?;
-    if args.multicast {
+    if multicast {
         return demo_multicast(&args, config, env, &driver, driver_name, size);
     }
     if args.to_disk {
@@ -338,7 +347,7 @@ struct MulticastDemoReport {
     verified: Vec<String>,
 }
 
-/// The multicast demo (`--multicast`, on the bundled fake driver only: `demo` refused any other
+/// The multicast demo (`--sharing multicast`, on the bundled fake driver only: `demo` refused any other
 /// driver before calling this). Rank 0 creates a multicast object for one device per process and
 /// hands it to the others through the shim's tickets; every rank adds its device, binds a member
 /// (even ranks by allocation, odd ranks by address) and maps the object. A write through one
@@ -679,6 +688,8 @@ pub(crate) fn ring(ranks: &[Workload], size: u64, sharing: Sharing) -> anyhow::R
             }
             Ok(())
         }
+        // `demo` sends multicast groups to `demo_multicast` before any ring is built.
+        Sharing::Multicast => bail!("a multicast group is not built around a ring"),
     }
 }
 

@@ -241,15 +241,14 @@ fn bindings_the_shim_cannot_rebuild_are_refused_before_anything_changes() {
 }
 
 #[test]
-#[ignore = "its trigger no longer holds: the victim is natively locked so that it blocks at the first \
-            multicast step that calls the driver, but since private cuMemCreate memory is carried \
-            the victim's own member allocation is rebuilt at Load, which blocks first; needs a \
-            trigger that fires after Load and Import (see the round 2 session 3 note)"]
 fn a_participant_killed_during_the_multicast_rebuild_is_named_with_the_step() {
-    let env = env_of(2).env("CUINTERPOSE_LOG", "info");
+    // Rank 1 imports the multicast object once while the test sets the group up; its second
+    // import is the Import step of the rebuild, and the fake driver kills rank 1 inside it. Rank 0
+    // creates the object and imports nothing, so the rule touches rank 1 only.
+    let env = env_of(2).env("FAKE_CUDA_FAIL", "cuMemImportFromShareableHandle:2=die");
     let tree = Tree::run_tree_on(&env, 2, "0,1");
     let ranks = [tree.w("r0"), tree.w("r1")];
-    // Private members only: rank 1's first driver call of the rebuild is its multicast import.
+    // Private members only: rank 1's only import is the multicast object's.
     ok(
         ranks[0],
         &[&format!("mc-create mc {MC} --devices 2"), "export mc"],
@@ -278,34 +277,9 @@ fn a_participant_killed_during_the_multicast_rebuild_is_named_with_the_step() {
         );
     }
     through(&ranks, 0, 41);
-    // Suspended in place without native calls, so that the test's native lock of rank 1 holds
-    // its first driver call of the resume (the multicast import) until rank 1 is killed.
-    let root = tree.root().to_string();
-    let dir = state_dir(&env).display().to_string();
-    let driver = fake_driver(&env).display().to_string();
-    let common = [
-        "--pid",
-        &root,
-        "--state-dir",
-        &dir,
-        "--driver",
-        &driver,
-        "--json",
-    ];
-    tool(
-        &env,
-        &[&["suspend", "--keep-contexts"], &common[..]].concat(),
-    )
-    .ok();
     let victim = ranks[1].pid();
-    let log = ranks[1].log_path().to_path_buf();
-    env.native().unwrap().lock(victim, 60_000).unwrap();
-    let resume = start_tool(&env, &[&["resume"], &common[..]].concat(), &[]);
-    wait_until("rank 1 has done the multicast create step", || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("multicast-create done"))
-    });
-    signal(victim, rustix::process::Signal::KILL);
-    let run = resume.finish();
+    suspend(&env, tree.root(), &[]).ok();
+    let run = resume(&env, tree.root());
     assert_ne!(run.code, 0, "{}", run.describe());
     assert!(
         run.stderr
@@ -313,6 +287,11 @@ fn a_participant_killed_during_the_multicast_rebuild_is_named_with_the_step() {
             .any(|l| l.contains("multicast-import") && l.contains(&label(victim))),
         "the step and the process are named: {}",
         run.describe()
+    );
+    assert!(
+        std::fs::read_to_string(ranks[1].log_path())
+            .is_ok_and(|l| l.contains("dying in call 2 of cuMemImportFromShareableHandle")),
+        "rank 1 died where the rule says"
     );
 }
 
@@ -323,7 +302,8 @@ fn demo_multicast_passes_on_the_fake_driver() {
         &env,
         &[
             "demo",
-            "--multicast",
+            "--sharing",
+            "multicast",
             "--processes",
             "3",
             "--size",

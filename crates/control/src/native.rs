@@ -106,7 +106,7 @@ impl Driver {
     }
 
     /// Whether the library is the bundled fake driver (`cuda::Loaded::is_bundled_fake`): what
-    /// `cuinterpose demo --multicast` requires before it makes any multicast call.
+    /// `cuinterpose demo --sharing multicast` requires before it makes any multicast call.
     pub fn is_bundled_fake(&self) -> bool {
         self.loaded.is_bundled_fake()
     }

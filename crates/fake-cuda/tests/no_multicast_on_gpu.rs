@@ -45,7 +45,7 @@ const SCRIPT_APIS: [&str; 10] = [
     "nvshmem",
     "WindowRegister",
     "--sharing multicast",
-    "--multicast",
+    "--sharing=multicast",
 ];
 
 /// Names through which Rust code reaches a multicast entry point: the symbol names (dlsym,
@@ -133,7 +133,7 @@ fn gate_violations(source: &Source) -> Vec<String> {
     out
 }
 
-/// The demo's multicast path (`cuinterpose demo --multicast`) sends the workload's `mc-*`
+/// The demo's multicast path (`cuinterpose demo --sharing multicast`) sends the workload's `mc-*`
 /// commands; the workload refuses them on a real driver, and the demo must refuse first, by the
 /// library: its gate (`!driver.is_bundled_fake()` followed by a `bail!`) comes before the first
 /// `mc-` command it names.
@@ -149,7 +149,7 @@ fn demo_gate_violations(source: &Source) -> Vec<String> {
         Some(_) => Vec::new(),
         None => vec![format!(
             "{}: sends multicast commands without refusing first unless the driver is the bundled \
-             fake (`if args.multicast && !driver.is_bundled_fake() {{ bail!(..) }}`)",
+             fake (`if multicast && !driver.is_bundled_fake() {{ bail!(..) }}`)",
             source.name
         )],
     }
@@ -535,8 +535,10 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
         ),
         (
             "gpu-lane.sh",
-            Box::new(appended("\"$bin/cuinterpose\" demo --multicast --fake")),
-            "names multicast (--multicast)",
+            Box::new(appended(
+                "\"$bin/cuinterpose\" demo --fake --sharing=multicast",
+            )),
+            "names multicast (--sharing=multicast)",
         ),
         (
             "gpu-lane.sh",
