@@ -541,10 +541,11 @@ if wants keep; then
         row "bench whole process, CUINTERPOSE_ALLOC=$alloc" "-" "$(python3 - "$logs/bench-whole-$alloc.json" <<'PY'
 import json, sys
 w = json.load(open(sys.argv[1]))["whole"]
-p, k, n = w["plain"], w["keep_contexts"], w["native"]
-print("%d GiB %s: plain %.0f+%.0f ms (%.2fx native %.0f+%.0f ms); keep-contexts %.0f+%.0f ms, %.1f/%.1f GB/s" % (
+p, k1, k, n = w["plain"], w["keep_contexts_first"], w["keep_contexts"], w["native"]
+print("%d GiB %s: plain %.0f+%.0f ms (%.2fx native %.0f+%.0f ms); keep-contexts 1 %.0f+%.0f ms, %.1f/%.1f GB/s; 2 %.0f+%.0f ms, %.1f/%.1f GB/s" % (
     w["bytes"] >> 30, w["memory"], p["suspend_millis"], p["resume_millis"], w["speedup_vs_native"],
     n["lock_millis"] + n["checkpoint_millis"], n["restore_millis"] + n["unlock_millis"],
+    k1["suspend_millis"], k1["resume_millis"], k1["suspend_gb_per_s"], k1["resume_gb_per_s"],
     k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]))
 PY
 )" measured

@@ -67,6 +67,8 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
         ("registered", "Registered"),
         ("staged", "Staged"),
         ("pinned", "Pinned"),
+        // The default: the capture's cycles each have their native checkpoint, so staged.
+        ("auto", "Staged"),
     ] {
         let report = run_bench(carrier, &dir.join(format!("{carrier}.json")));
         assert_eq!(report["on_gpu"], false);
@@ -139,7 +141,7 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
             whole["memory"], memory,
             "the way the memory went, from inspect"
         );
-        for run in ["plain", "keep_contexts"] {
+        for run in ["plain", "keep_contexts_first", "keep_contexts"] {
             let r = &whole[run];
             positive(&r["suspend_millis"], "a whole-process suspend time");
             positive(&r["resume_millis"], "a whole-process resume time");
@@ -147,13 +149,24 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
             positive(&r["resume_gb_per_s"], "a whole-process resume rate");
             let moved = if memory == "owned" { 8 << 20 } else { 0 };
             assert_eq!(r["shim_bytes"], moved, "{run}: what the shim moved");
+            // `auto` pins for the cycles that skip the native checkpoint, and only for them.
+            let expected = match (memory, carrier, run) {
+                ("native", ..) => serde_json::Value::Null,
+                (_, "auto", "plain") => "Staged".into(),
+                (_, "auto", _) => "Pinned".into(),
+                _ => mode.into(),
+            };
+            assert_eq!(
+                r["carrier"], expected,
+                "{carrier}, {run}: the carrier Save used"
+            );
         }
         assert_eq!(whole["native"]["bytes"], 8 << 20);
         positive(
             &whole["speedup_vs_native"],
             "the whole-process ratio to native",
         );
-        assert_eq!(whole["verified"].as_array().map(Vec::len), Some(3));
+        assert_eq!(whole["verified"].as_array().map(Vec::len), Some(4));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -182,11 +195,13 @@ fn bench_prints_the_whole_process_table() {
         "whole process: 4.00 MiB of cuMemAlloc memory,",
         "RUN",
         "plain ",
-        "keep-contexts ",
+        "keep-contexts 1 ",
+        "keep-contexts 2 ",
         "native ",
         "x native; targets on the H200: >= 10x native",
         "ok  whole (plain): 4.00 MiB of cuMemAlloc memory kept",
-        "ok  whole (keep-contexts): 4.00 MiB of cuMemAlloc memory kept",
+        "ok  whole (keep-contexts-1): 4.00 MiB of cuMemAlloc memory kept",
+        "ok  whole (keep-contexts-2): 4.00 MiB of cuMemAlloc memory kept",
         "ok  native: 4.00 MiB of cuMemAlloc memory kept across checkpoint and restore",
     ] {
         assert!(text.contains(line), "no {line:?} in:\n{text}");

@@ -339,7 +339,7 @@ fn a_shim_setting_that_does_not_parse_is_logged_and_the_default_used() {
     let log = read(&env.log_dir().join("odd.log"));
     for line in [
         "CUINTERPOSE_STAGING_CHUNK=\"3K\" is not a multiple of 4K from 256K to 64M; using 1M",
-        "CUINTERPOSE_CARRIER=\"mapped\" is not staged, registered or pinned; using staged",
+        "CUINTERPOSE_CARRIER=\"mapped\" is not auto, staged, registered or pinned; using auto",
     ] {
         assert!(log.contains(line), "{line:?} not in the log:\n{log}");
     }

@@ -266,14 +266,21 @@ pub(crate) enum Bytes<'a> {
 }
 
 /// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
+/// `mode` tells the shims whether a native checkpoint follows (their `auto` carrier pins only
+/// for a cycle that skips it).
 fn save_all(
     participants: &mut [Participant],
     bytes: Bytes<'_>,
+    mode: SuspendMode,
     progress: &dyn Progress,
 ) -> Result<(u64, f64), ControlError> {
     match bytes {
         Bytes::Carriers => {
-            phase_all(participants, "save", &Request::Save, progress).map(|(_, b, s)| (b, s))
+            let save = match mode {
+                SuspendMode::Native => Request::Save,
+                SuspendMode::KeepContexts => Request::SaveKeepingContexts,
+            };
+            phase_all(participants, "save", &save, progress).map(|(_, b, s)| (b, s))
         }
         Bytes::Files(files) => files.save_all(participants, progress),
     }
@@ -475,7 +482,8 @@ pub(crate) fn capture(
             p.set_timeout(None)?;
         }
         clock.time("save", Some(saved_bytes), || {
-            save_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
+            save_all(&mut group.participants, bytes, options.mode, progress)
+                .map(|(b, s)| ((), b, s))
         })?;
         clock.time("release", None, || {
             phase_all(

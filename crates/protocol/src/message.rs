@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -99,6 +99,10 @@ pub enum Request {
     /// Load from the data file on this frame's descriptor instead of the carrier: `file` is what
     /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest.
     LoadFrom { file: DataFile },
+    /// Save for a cycle that skips the native checkpoint and restore (`suspend --keep-contexts`):
+    /// as Save, and a shim whose carrier setting is `auto` copies through a pinned carrier, which
+    /// no native restore will have to re-pin.
+    SaveKeepingContexts,
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -307,6 +311,7 @@ impl Request {
             Request::Multicast(_) => 10,
             Request::SaveTo => 11,
             Request::LoadFrom { .. } => 12,
+            Request::SaveKeepingContexts => 13,
         }
     }
 

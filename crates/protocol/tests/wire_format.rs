@@ -398,6 +398,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("multicast", Request::Multicast(MulticastStep::AddDevices)),
         ("save_to", Request::SaveTo),
         ("load_from", Request::LoadFrom { file: data_file() }),
+        ("save_keeping_contexts", Request::SaveKeepingContexts),
     ]
 }
 

@@ -7,7 +7,7 @@
 //! must never break the application): the default is used and [`Invalid`] says so, which the
 //! runtime logs as a warning. An empty value counts as unset.
 
-use crate::copy::{CarrierMode, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
+use crate::copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
 use crate::owned_alloc::AllocMode;
 use std::ffi::OsString;
@@ -31,7 +31,7 @@ const LOG: Setting = Setting {
 };
 const CARRIER: Setting = Setting {
     name: "CUINTERPOSE_CARRIER",
-    default: "staged",
+    default: "auto",
 };
 const STAGING_CHUNK: Setting = Setting {
     name: "CUINTERPOSE_STAGING_CHUNK",
@@ -106,8 +106,8 @@ impl ShimConfig {
                 .flatten()
                 .unwrap_or(log::Level::Warn as u8),
             copy: CopyConfig {
-                mode: reader
-                    .parse(&CARRIER, CARRIER_EXPECTED, carrier_mode)
+                carrier: reader
+                    .parse(&CARRIER, CARRIER_EXPECTED, carrier_policy)
                     .unwrap_or_default(),
                 chunk: reader
                     .parse(&STAGING_CHUNK, CHUNK_EXPECTED, staging_chunk)
@@ -159,19 +159,21 @@ impl<F: Fn(&str) -> Option<OsString>> Reader<F> {
 }
 
 const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a filter list";
-const CARRIER_EXPECTED: &str = "staged, registered or pinned";
+const CARRIER_EXPECTED: &str = "auto, staged, registered or pinned";
 const RELEASE_EXPECTED: &str = "never or after-resume";
 const ALLOC_EXPECTED: &str = "vmm or native";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
-/// `staged` or `registered`. Staged is the default because it measured faster on the H200
-/// (2026-12-02, 8 GiB over two processes: staged 29-30 GB/s save and load; registered 16-19 GB/s,
-/// its `cuMemHostRegister` of the carrier costing more than the copy).
-fn carrier_mode(value: &str) -> Option<CarrierMode> {
+/// `auto` (the default: staged for cycles with a native checkpoint, pinned from the first that
+/// skips it; `copy.rs` says why), or one mode for every cycle: `staged`, `registered` (slowest
+/// on the H200: 16-19 GB/s, its per-cycle `cuMemHostRegister` costing more than the copy) or
+/// `pinned`.
+fn carrier_policy(value: &str) -> Option<CarrierPolicy> {
     match value.trim() {
-        "staged" => Some(CarrierMode::Staged),
-        "registered" => Some(CarrierMode::Registered),
-        "pinned" => Some(CarrierMode::Pinned),
+        "auto" => Some(CarrierPolicy::Auto),
+        "staged" => Some(CarrierPolicy::Always(CarrierMode::Staged)),
+        "registered" => Some(CarrierPolicy::Always(CarrierMode::Registered)),
+        "pinned" => Some(CarrierPolicy::Always(CarrierMode::Pinned)),
         _ => None,
     }
 }
@@ -227,7 +229,7 @@ mod tests {
         ShimConfig::from_lookup(|name| vars.get(name).cloned())
     }
 
-    fn mode_from(value: Option<&str>) -> CarrierMode {
+    fn policy_from(value: Option<&str>) -> CarrierPolicy {
         with(
             &value
                 .map(|v| (CARRIER.name, v))
@@ -236,7 +238,7 @@ mod tests {
         )
         .0
         .copy
-        .mode
+        .carrier
     }
 
     fn chunk_from(value: Option<&str>) -> usize {
@@ -253,12 +255,17 @@ mod tests {
 
     #[test]
     fn the_carrier_knob_names_a_mode() {
-        assert_eq!(mode_from(None), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("registered")), CarrierMode::Registered);
-        assert_eq!(mode_from(Some("staged")), CarrierMode::Staged);
-        assert_eq!(mode_from(Some("pinned")), CarrierMode::Pinned);
-        assert_eq!(mode_from(Some("mapped")), CarrierMode::Staged);
+        let always = CarrierPolicy::Always;
+        assert_eq!(policy_from(None), CarrierPolicy::Auto);
+        assert_eq!(policy_from(Some("")), CarrierPolicy::Auto);
+        assert_eq!(policy_from(Some("auto")), CarrierPolicy::Auto);
+        assert_eq!(
+            policy_from(Some("registered")),
+            always(CarrierMode::Registered)
+        );
+        assert_eq!(policy_from(Some("staged")), always(CarrierMode::Staged));
+        assert_eq!(policy_from(Some("pinned")), always(CarrierMode::Pinned));
+        assert_eq!(policy_from(Some("mapped")), CarrierPolicy::Auto);
     }
 
     #[test]
@@ -298,7 +305,7 @@ mod tests {
                 control_dir: Some(PathBuf::from("/run/cui")),
                 log_level: log::Level::Debug as u8,
                 copy: CopyConfig {
-                    mode: CarrierMode::Registered,
+                    carrier: CarrierPolicy::Always(CarrierMode::Registered),
                     chunk: 8 << 20,
                     release: CarrierRelease::AfterResume,
                 },
@@ -327,7 +334,7 @@ mod tests {
         );
         assert_eq!(
             invalid[1].to_string(),
-            "CUINTERPOSE_CARRIER=\"mapped\" is not staged, registered or pinned; using staged"
+            "CUINTERPOSE_CARRIER=\"mapped\" is not auto, staged, registered or pinned; using auto"
         );
 
         // A value that is not UTF-8 is invalid too; a control directory need not be UTF-8.
@@ -337,7 +344,7 @@ mod tests {
             matches!(name, "CUINTERPOSE_CARRIER" | "CUINTERPOSE_CONTROL_DIR").then(|| odd.clone())
         });
         assert_eq!(config.control_dir, Some(PathBuf::from(odd.clone())));
-        assert_eq!(config.copy.mode, CarrierMode::Staged);
+        assert_eq!(config.copy.carrier, CarrierPolicy::Auto);
         assert_eq!(invalid.len(), 1);
         assert_eq!(invalid[0].name, "CUINTERPOSE_CARRIER");
     }

@@ -7,8 +7,8 @@
 //! First touch runs on one thread per core (up to 16) and is timed apart from the copies: on the
 //! GPU machine's VM, first touch of fresh memory costs more than the copy itself.
 //!
-//! Two ways between device and carrier, chosen by `CUINTERPOSE_CARRIER` (read once when the
-//! runtime starts; [`CarrierMode`]):
+//! Three ways between device and carrier ([`CarrierMode`]), chosen per cycle by
+//! `CUINTERPOSE_CARRIER` ([`CarrierPolicy`], read once when the runtime starts):
 //! - `registered`: each worker registers one segment of the carrier
 //!   (`cuMemHostRegister`), copies it with one asynchronous copy straight to or from the device,
 //!   synchronises and unregisters it. No CPU copy, so the rate is the link's; the pinning of one
@@ -21,7 +21,7 @@
 //!   or from it. When the driver refuses a registration the carrier is unregistered and the process
 //!   copies staged from then on (logged once). `CUINTERPOSE_CARRIER_RELEASE` ([`CarrierRelease`])
 //!   says whether Thaw gives it back.
-//! - `staged` (default): device → small pinned staging buffer (`cuMemcpyDtoHAsync`) → carrier (`memcpy`),
+//! - `staged`: device → small pinned staging buffer (`cuMemcpyDtoHAsync`) → carrier (`memcpy`),
 //!   and back. Each worker owns two streams and two staging buffers and double-buffers: while the
 //!   DMA of chunk i runs, the CPU moves chunk i-1. The CPU copy caps each worker's rate (about
 //!   10 GB/s), so several workers are needed to fill the link.
@@ -32,6 +32,14 @@
 //!   8 GiB over two processes). Streaming (non-temporal) stores into the carrier were measured
 //!   too and gained nothing (30.3 / 27.7 GB/s at 8 MiB, 28.5 / 34.1 at 1 MiB), so they are not
 //!   used.
+//!
+//! - `auto` (default): staged while every Save is followed by a native checkpoint, pinned from
+//!   the first Save that is not (`suspend --keep-contexts`) on. The driver re-pins a kept
+//!   registration at native restore, which costs about what the faster copies save, so a
+//!   process only ever suspended with its native checkpoint copies staged (35 GB/s on the H200);
+//!   a keep-contexts cycle skips the native pair and moves its bytes at the link's rate (49 against
+//!   33 GB/s end to end for 16 GiB, 2026-12-03). Once pinned the carrier stays pinned (under
+//!   `CUINTERPOSE_CARRIER_RELEASE=never`) and later cycles of either kind use it.
 //!
 //! Work is cut into segments so that several workers share one large allocation; each device gets
 //! its own workers with its primary context current.
@@ -66,7 +74,8 @@ pub const DEFAULT_CHUNK: usize = 1 << 20;
 /// when the runtime starts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyConfig {
-    pub mode: CarrierMode,
+    /// Which carrier mode each cycle uses.
+    pub carrier: CarrierPolicy,
     /// Staging buffer size (staged mode, and the fallbacks of the other two).
     pub chunk: usize,
     /// When a pinned carrier is given back (`CUINTERPOSE_CARRIER_RELEASE`).
@@ -76,9 +85,45 @@ pub struct CopyConfig {
 impl Default for CopyConfig {
     fn default() -> CopyConfig {
         CopyConfig {
-            mode: CarrierMode::default(),
+            carrier: CarrierPolicy::default(),
             chunk: DEFAULT_CHUNK,
             release: CarrierRelease::default(),
+        }
+    }
+}
+
+/// Which [`CarrierMode`] a cycle copies with (`CUINTERPOSE_CARRIER`; see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CarrierPolicy {
+    /// Staged until a Save that no native checkpoint follows, pinned from then on.
+    #[default]
+    Auto,
+    /// The same mode in every cycle.
+    Always(CarrierMode),
+}
+
+impl CarrierPolicy {
+    /// Whether a Save pins the carrier: `native_follows` says a native checkpoint (and so a
+    /// re-pin at its restore) comes after it, `pinned` that the carrier is pinned already.
+    pub fn pins(self, native_follows: bool, pinned: bool) -> bool {
+        match self {
+            CarrierPolicy::Auto => !native_follows || pinned,
+            CarrierPolicy::Always(mode) => mode == CarrierMode::Pinned,
+        }
+    }
+
+    /// The mode a copy of `needed` carrier bytes runs in, with `pinned` bytes of the carrier
+    /// registered: pinned wherever the whole range is (a refused pinning copies staged).
+    pub fn mode(self, needed: usize, pinned: usize) -> CarrierMode {
+        match self {
+            CarrierPolicy::Always(CarrierMode::Registered) => CarrierMode::Registered,
+            CarrierPolicy::Always(CarrierMode::Staged) => CarrierMode::Staged,
+            CarrierPolicy::Auto | CarrierPolicy::Always(CarrierMode::Pinned)
+                if pinned >= needed =>
+            {
+                CarrierMode::Pinned
+            }
+            CarrierPolicy::Auto | CarrierPolicy::Always(CarrierMode::Pinned) => CarrierMode::Staged,
         }
     }
 }
@@ -668,9 +713,9 @@ pub fn copy_all(
     real: &Real,
     units: Vec<Unit>,
     dir: Direction,
-    config: CopyConfig,
+    mode: CarrierMode,
+    chunk: usize,
 ) -> (CopyStats, Option<CopyError>) {
-    let mode = config.mode;
     let start = Instant::now();
     let bytes: u64 = units.iter().map(|u| u.len as u64).sum();
     let mut by_device: Vec<(i32, Mutex<VecDeque<Unit>>)> = Vec::new();
@@ -701,7 +746,7 @@ pub fn copy_all(
                 let work = move || {
                     let result = (|| {
                         let _ctx = enter(real, *device)?;
-                        let mut lane = Lane::new(real, *device, config.chunk)?;
+                        let mut lane = Lane::new(real, *device, chunk)?;
                         let result = (|| {
                             while !failed.load(Ordering::Relaxed) {
                                 let unit =
@@ -798,7 +843,12 @@ pub(crate) mod tests {
     }
 
     /// Saves a buffer of two segments and a bit into the carrier, wipes it, loads it back.
-    fn round_trip(real: &Real, config: CopyConfig, salt: u8) -> (CopyStats, CopyStats) {
+    fn round_trip(
+        real: &Real,
+        mode: CarrierMode,
+        chunk: usize,
+        salt: u8,
+    ) -> (CopyStats, CopyStats) {
         let len = SEGMENT + (4 << 20);
         let va = device_buffer(real, len, salt);
         let before = read_device(real, va, len);
@@ -807,7 +857,7 @@ pub(crate) mod tests {
         assert!(!reused);
         let units = segments(0, va, carrier.base(), len);
         assert_eq!(units.len(), 2);
-        let (saved, error) = copy_all(real, units.clone(), Direction::ToHost, config);
+        let (saved, error) = copy_all(real, units.clone(), Direction::ToHost, mode, chunk);
         assert!(error.is_none(), "{error:?}");
         // SAFETY: the carrier holds `len` bytes just written by the copy engine.
         let host = unsafe { std::slice::from_raw_parts(carrier.base() as *const u8, len) };
@@ -819,7 +869,7 @@ pub(crate) mod tests {
         // SAFETY: as in device_buffer.
         let r = unsafe { (real.cuMemcpyHtoD_v2)(va, zeros.as_ptr().cast(), len) };
         assert!(r.is_success());
-        let (loaded, error) = copy_all(real, units, Direction::ToDevice, config);
+        let (loaded, error) = copy_all(real, units, Direction::ToDevice, mode, chunk);
         assert!(error.is_none(), "{error:?}");
         assert!(
             read_device(real, va, len) == before,
@@ -833,24 +883,14 @@ pub(crate) mod tests {
     #[test]
     fn both_carrier_modes_move_every_byte_both_ways() {
         let real = testdriver::real();
-        let staged = |chunk| CopyConfig {
-            mode: CarrierMode::Staged,
-            chunk,
-            ..CopyConfig::default()
-        };
-        let registered = CopyConfig {
-            mode: CarrierMode::Registered,
-            ..CopyConfig::default()
-        };
-        for (config, salt) in [
-            (registered, 1),
-            (staged(DEFAULT_CHUNK), 2),
-            (staged(8 << 20), 4),
+        for (mode, chunk, salt) in [
+            (CarrierMode::Registered, DEFAULT_CHUNK, 1),
+            (CarrierMode::Staged, DEFAULT_CHUNK, 2),
+            (CarrierMode::Staged, 8 << 20, 4),
             // A chunk that does not divide the segments: the last DMA of each is short.
-            (staged(3 << 20), 5),
+            (CarrierMode::Staged, 3 << 20, 5),
         ] {
-            let mode = config.mode;
-            let (saved, loaded) = round_trip(&real, config, salt);
+            let (saved, loaded) = round_trip(&real, mode, chunk, salt);
             for stats in [saved, loaded] {
                 assert_eq!(stats.mode, mode);
                 assert_eq!(stats.bytes, (SEGMENT + (4 << 20)) as u64);
@@ -875,11 +915,7 @@ pub(crate) mod tests {
     fn a_refused_registration_falls_back_to_staging() {
         let mut real = testdriver::real();
         real.cuMemHostRegister_v2 = refuse_register;
-        let config = CopyConfig {
-            mode: CarrierMode::Registered,
-            ..CopyConfig::default()
-        };
-        let (saved, loaded) = round_trip(&real, config, 3);
+        let (saved, loaded) = round_trip(&real, CarrierMode::Registered, DEFAULT_CHUNK, 3);
         assert_eq!(saved.staged_fallbacks, 2, "both segments went staged");
         assert_eq!(loaded.staged_fallbacks, 2);
     }
@@ -927,10 +963,6 @@ pub(crate) mod tests {
         REAL_REGISTER.get_or_init(|| (real.cuMemHostRegister_v2, real.cuMemHostUnregister));
         real.cuMemHostRegister_v2 = count_register;
         real.cuMemHostUnregister = count_unregister;
-        let config = CopyConfig {
-            mode: CarrierMode::Pinned,
-            ..CopyConfig::default()
-        };
         // Four pieces of 4 MiB, the last one 2 MiB (the carrier is a multiple of 2 MiB).
         let piece = 4 << 20;
         let len = 3 * piece + (1 << 20);
@@ -951,7 +983,13 @@ pub(crate) mod tests {
             assert_eq!(UNREGISTERED.load(Ordering::SeqCst), 0);
             assert_eq!(carrier.pinned(), round_up(len, 2 << 20));
             let units = segments(0, va, carrier.base(), len);
-            let (saved, error) = copy_all(&real, units.clone(), Direction::ToHost, config);
+            let (saved, error) = copy_all(
+                &real,
+                units.clone(),
+                Direction::ToHost,
+                CarrierMode::Pinned,
+                DEFAULT_CHUNK,
+            );
             assert!(error.is_none(), "{error:?}");
             assert_eq!(saved.mode, CarrierMode::Pinned);
             assert_eq!(saved.bytes, len as u64);
@@ -965,7 +1003,13 @@ pub(crate) mod tests {
             // SAFETY: `zeros` has `len` bytes, `va` a mapping of `len` bytes.
             assert!(unsafe { (real.cuMemcpyHtoD_v2)(va, zeros.as_ptr().cast(), len) }.is_success());
             carrier.discard();
-            let (loaded, error) = copy_all(&real, units, Direction::ToDevice, config);
+            let (loaded, error) = copy_all(
+                &real,
+                units,
+                Direction::ToDevice,
+                CarrierMode::Pinned,
+                DEFAULT_CHUNK,
+            );
             assert!(error.is_none(), "{error:?}");
             assert_eq!(loaded.staged_fallbacks, 0);
             assert!(

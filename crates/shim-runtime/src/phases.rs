@@ -203,7 +203,8 @@ impl Runtime {
         };
         let result = match (request, file) {
             (Request::Freeze { timeout_ms }, _) => plain(self.freeze(timeout_ms)),
-            (Request::Save, _) => copied(self.save()),
+            (Request::Save, _) => copied(self.save(true)),
+            (Request::SaveKeepingContexts, _) => copied(self.save(false)),
             (Request::Release, _) => plain(self.release()),
             (Request::Load, _) => copied(self.load()),
             (Request::Import, _) => plain(self.import()),
@@ -356,7 +357,7 @@ impl Runtime {
         work: Vec<(TempMap<'_>, i32, u64)>,
         dir: Direction,
     ) -> Result<copy::CopyStats, PhaseError> {
-        let (base, mut config, pinned) = {
+        let (base, config, pinned) = {
             let control = self.control();
             (
                 control.carrier.base(),
@@ -374,11 +375,10 @@ impl Runtime {
             ));
         }
         let needed = units.iter().map(|u| u.host + u.len).max().unwrap_or(base) - base;
-        if config.mode == copy::CarrierMode::Pinned && pinned < needed {
-            // Pinning was refused (logged once by the carrier): the staged path.
-            config.mode = copy::CarrierMode::Staged;
-        }
-        let (stats, error) = copy::copy_all(&self.real, units, dir, config);
+        // Pinned only where the whole range is: a refused pinning (logged once by the carrier)
+        // copies staged.
+        let mode = config.carrier.mode(needed, pinned);
+        let (stats, error) = copy::copy_all(&self.real, units, dir, mode, config.chunk);
         if stats.dma_uncertain {
             // Fail-stop on this data: the mappings and the carrier may still be read or written.
             self.control().carrier.poison();
@@ -415,7 +415,9 @@ impl Runtime {
             .collect()
     }
 
-    fn save(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
+    /// Save; `native_follows` says a native checkpoint comes after it (not so for
+    /// `suspend --keep-contexts`), which decides whether an `auto` carrier is pinned.
+    fn save(&self, native_follows: bool) -> Result<(u64, Option<CopyStats>), PhaseError> {
         self.expect_phase("Save", &[Phase::Frozen])?;
         let items: Vec<(VHandle, DriverHandle, usize, i32)> = self
             .save_items()
@@ -427,7 +429,8 @@ impl Runtime {
         let pin_device = items.first().map_or(0, |(.., device)| *device);
         let carrier = {
             let mut control = self.control();
-            if control.copy.mode == copy::CarrierMode::Pinned {
+            let pinned = control.carrier.pinned() > 0;
+            if control.copy.carrier.pins(native_follows, pinned) {
                 let (took, reused, _pinned) = control.carrier.ensure_pinned(
                     &self.real,
                     total,
@@ -1004,6 +1007,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::GetFd { .. } => "GetFd",
         Request::Freeze { .. } => "Freeze",
         Request::Save => "Save",
+        Request::SaveKeepingContexts => "SaveKeepingContexts",
         Request::Release => "Release",
         Request::Load => "Load",
         Request::Import => "Import",

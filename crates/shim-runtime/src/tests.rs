@@ -583,9 +583,14 @@ fn check_contents(g: &Group) {
 }
 
 fn suspend_and_resume(g: &Group) {
+    cycle_with(g, Request::Save);
+}
+
+/// One suspend and resume whose Save is `save` (Save, or SaveKeepingContexts).
+fn cycle_with(g: &Group, save: Request) {
     for request in [
         Request::Freeze { timeout_ms: 10_000 },
-        Request::Save,
+        save,
         Request::Release,
     ] {
         for p in &g.procs {
@@ -1161,13 +1166,13 @@ fn private_creations_are_saved_released_and_rebuilt_without_an_export() {
 /// `after-resume` it is unpinned at thaw and pinned again by the next Save.
 #[test]
 fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
-    use crate::copy::{CarrierMode, CarrierRelease, CopyConfig};
+    use crate::copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig};
     let dir = tempfile::tempdir().unwrap();
     let g = build_group(dir.path(), 2);
     let policies = [CarrierRelease::Never, CarrierRelease::AfterResume];
     for (p, release) in g.procs.iter().zip(policies) {
         p.rt.control().copy = CopyConfig {
-            mode: CarrierMode::Pinned,
+            carrier: CarrierPolicy::Always(CarrierMode::Pinned),
             release,
             ..CopyConfig::default()
         };
@@ -1200,11 +1205,41 @@ fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
     }
 }
 
+/// The `auto` carrier: staged while every Save is followed by a native checkpoint, pinned by the
+/// first keep-contexts Save and kept pinned for the cycles after it, of either kind.
+#[test]
+fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
+    use crate::copy::{CarrierMode, CarrierPolicy};
+    let dir = tempfile::tempdir().unwrap();
+    let g = build_group(dir.path(), 2);
+    for p in &g.procs {
+        assert_eq!(p.rt.control().copy.carrier, CarrierPolicy::Auto);
+    }
+    let shared = 10 << 20;
+    let cycles = [
+        (Request::Save, CarrierMode::Staged, 0),
+        (Request::Save, CarrierMode::Staged, 0),
+        (Request::SaveKeepingContexts, CarrierMode::Pinned, shared),
+        (Request::Save, CarrierMode::Pinned, shared),
+    ];
+    for (cycle, (save, mode, pinned)) in cycles.into_iter().enumerate() {
+        cycle_with(&g, save);
+        check_contents(&g);
+        for p in &g.procs {
+            let control = p.rt.control();
+            // Load's statistics are the last: it copied in the mode Save chose.
+            assert_eq!(control.last.mode, mode, "cycle {cycle}");
+            assert_eq!(control.last.staged_fallbacks, 0, "cycle {cycle}");
+            assert_eq!(control.carrier.pinned(), pinned, "cycle {cycle}");
+        }
+    }
+}
+
 /// A refused registration in pinned mode: the cycle copies staged (contents intact) and the
 /// carrier holds nothing pinned.
 #[test]
 fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
-    use crate::copy::{CarrierMode, CopyConfig};
+    use crate::copy::{CarrierMode, CarrierPolicy, CopyConfig};
     let dir = tempfile::tempdir().unwrap();
     let mut real = testdriver::real();
     real.cuMemHostRegister_v2 = crate::copy::tests::refuse_register;
@@ -1217,7 +1252,7 @@ fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
     let imported = q.import(&p.export(h)).unwrap();
     let qva = q.map_new(imported, 4 * MB2, 0);
     p.rt.control().copy = CopyConfig {
-        mode: CarrierMode::Pinned,
+        carrier: CarrierPolicy::Always(CarrierMode::Pinned),
         ..CopyConfig::default()
     };
     let g = Group {
