@@ -4,7 +4,8 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang; bench-all adds two carriers)
+#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang; bench-all adds two carriers;
+#                                          attrs: the pointer-attributes scenario alone, without the shim)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -116,6 +117,10 @@ PY
 if wants scenarios; then
     log "scenarios on fake and real drivers, no shim"
     scenario_rows scen --skip-hangs
+elif wants attrs; then
+    # The driver's own answers for cuMemAlloc memory, which the shim's must equal (shim-scenarios).
+    log "pointer-attributes on fake and real drivers, no shim"
+    scenario_rows scen pointer-attributes
 fi
 if wants shim-scenarios; then
     log "scenarios on fake and real drivers, under the shim"

@@ -411,3 +411,84 @@ fn demo_sharing_private() {
 fn demo_sharing_private_to_disk() {
     demo_with("private", true);
 }
+
+/// `pointer-attrs` of `spec` in `w`: the attributes by name.
+fn pointer_attrs(w: &Workload, spec: &str) -> Vec<(&'static str, u64)> {
+    let reply = w.cmd(&format!("pointer-attrs {spec}")).unwrap();
+    assert!(reply.ok, "{}: {}", w.name(), reply.outcome());
+    [
+        "memory_type",
+        "device",
+        "legacy_ipc",
+        "range_start",
+        "range_size",
+        "mapped",
+    ]
+    .into_iter()
+    .map(|k| {
+        (
+            k,
+            reply
+                .u64(k)
+                .unwrap_or_else(|| panic!("no {k}: {}", reply.outcome())),
+        )
+    })
+    .collect()
+}
+
+/// `cuPointerGetAttribute(s)` answer for owned memory (VMM underneath) what the driver answers for
+/// its own cuMemAlloc memory: device memory of its device, legacy-IPC capable, the range of the
+/// requested size from the base (also from an interior pointer), mapped; and for a mapping opened
+/// through a virtual IPC handle what the driver answers for an opened IPC mapping; the same again
+/// after a suspend.
+#[test]
+fn pointer_attributes_of_owned_memory_are_those_of_cu_mem_alloc_memory() {
+    let env = env();
+    let tree = Tree::launch(
+        &env,
+        &[
+            owned("a"),
+            owned("b"),
+            Member::shim("n").env(ALLOC, "native"),
+            Member::shim("nb").env(ALLOC, "native"),
+        ],
+    );
+    let (a, b, n, nb) = (tree.w("a"), tree.w("b"), tree.w("n"), tree.w("nb"));
+    let requested = 3 * MIB + 16;
+    for w in [a, n] {
+        ok(w, &[&format!("malloc m {requested}")]);
+    }
+    send_handle(a, b, "h", "m");
+    open(b, "m", "h");
+    send_handle(n, nb, "h", "m");
+    open(nb, "m", "h");
+    let expected = |w: &Workload, legacy: u64| {
+        vec![
+            ("memory_type", 2),
+            ("device", 0),
+            ("legacy_ipc", legacy),
+            ("range_start", regions(w)["m"].base),
+            ("range_size", requested),
+            ("mapped", 1),
+        ]
+    };
+    let check = |members: &[(&Workload, u64)], round: &str| {
+        for (w, legacy) in members {
+            for spec in ["m", "m+8192"] {
+                assert_eq!(
+                    pointer_attrs(w, spec),
+                    expected(w, *legacy),
+                    "{} {spec}, {round}",
+                    w.name()
+                );
+            }
+        }
+    };
+    check(&[(a, 1), (n, 1), (b, 0), (nb, 0)], "before");
+    // Native legacy IPC is refused at capture: the native pair lets its memory go first.
+    ok(nb, &["ipc-close m"]);
+    ok(n, &["free m"]);
+    suspend(&env, tree.root(), &[]).ok();
+    resume(&env, tree.root()).ok();
+    check(&[(a, 1), (b, 0)], "after a suspend");
+}

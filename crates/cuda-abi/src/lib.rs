@@ -217,6 +217,22 @@ pub mod proc_address_status {
     pub const VERSION_NOT_SUFFICIENT: i32 = 2;
 }
 
+/// `CUpointer_attribute`: the attributes cuinterpose answers itself or the fake driver models.
+pub mod pointer_attribute {
+    pub const MEMORY_TYPE: u32 = 2;
+    pub const DEVICE_ORDINAL: u32 = 9;
+    pub const IS_LEGACY_CUDA_IPC_CAPABLE: u32 = 10;
+    pub const RANGE_START_ADDR: u32 = 11;
+    pub const RANGE_SIZE: u32 = 12;
+    pub const MAPPED: u32 = 13;
+}
+
+/// `CUmemorytype`.
+pub mod memory_type {
+    pub const HOST: u32 = 1;
+    pub const DEVICE: u32 = 2;
+}
+
 /// `cuIpcOpenMemHandle` flags.
 pub mod ipc_flags {
     pub const LAZY_ENABLE_PEER_ACCESS: u32 = 1;

@@ -73,6 +73,7 @@ interposer_table! {
         );
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
+        cuDevicePrimaryCtxReset_v2 = cuDevicePrimaryCtxReset @ 12000 (dev: CUdevice);
         cuCtxDestroy_v2 = cuCtxDestroy @ 12000 (ctx: CUcontext);
         cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
         cuCtxDisablePeerAccess(peer: CUcontext);
@@ -82,6 +83,13 @@ interposer_table! {
             base: *mut CUdeviceptr,
             size: *mut usize,
             dptr: CUdeviceptr,
+        );
+        cuPointerGetAttribute(data: *mut c_void, attribute: c_uint, ptr: CUdeviceptr);
+        cuPointerGetAttributes(
+            count: c_uint,
+            attributes: *mut c_uint,
+            data: *mut *mut c_void,
+            ptr: CUdeviceptr,
         );
         cuMemAllocPitch_v2 = cuMemAllocPitch @ 12000 (
             dptr: *mut CUdeviceptr,

@@ -6,7 +6,7 @@
 //! `unsafe` ones, and the owned types of [`crate::owned`] wrap them.
 
 use crate::{CudaError, DriverHandle, DriverTable, ForeignPtr};
-use core::ffi::{CStr, c_char, c_int, c_void};
+use core::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use cuda_abi::*;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
@@ -90,6 +90,12 @@ impl DriverTable {
     pub fn primary_ctx_release(&self, device: CUdevice) -> Result<()> {
         // SAFETY: no pointers.
         unsafe { self.cuDevicePrimaryCtxRelease_v2(device) }
+    }
+
+    /// `cuDevicePrimaryCtxReset`.
+    pub fn primary_ctx_reset(&self, device: CUdevice) -> Result<()> {
+        // SAFETY: no pointers.
+        unsafe { self.cuDevicePrimaryCtxReset_v2(device) }
     }
 
     /// `cuCtxDestroy`.
@@ -215,6 +221,38 @@ impl DriverTable {
         // SAFETY: valid out-pointers.
         unsafe { self.cuMemGetAddressRange_v2(&mut base, &mut size, ptr) }?;
         Ok((base, size))
+    }
+
+    /// `cuPointerGetAttribute` of an attribute whose value is a `T` (the caller picks the
+    /// attribute's width; a boolean attribute read as `u32` from a zeroed value is right for
+    /// either width the driver may write).
+    pub fn pointer_attribute<T: Copy + Default>(
+        &self,
+        attribute: c_uint,
+        ptr: CUdeviceptr,
+    ) -> Result<T> {
+        let mut value = T::default();
+        // SAFETY: a valid out-pointer of the width the caller chose for this attribute.
+        unsafe { self.cuPointerGetAttribute((&raw mut value).cast(), attribute, ptr) }?;
+        Ok(value)
+    }
+
+    /// `cuPointerGetAttributes` of `attributes`, each value read as a `u64` (zeroed first, so
+    /// narrower values read right on little-endian hosts).
+    pub fn pointer_attributes(&self, attributes: &[c_uint], ptr: CUdeviceptr) -> Result<Vec<u64>> {
+        let mut values = vec![0u64; attributes.len()];
+        let mut slots: Vec<*mut c_void> =
+            values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+        let mut attributes = attributes.to_vec();
+        let count = c_uint::try_from(attributes.len()).map_err(|_| CudaError {
+            call: "cuPointerGetAttributes",
+            result: CUresult::ERROR_INVALID_VALUE,
+        })?;
+        // SAFETY: `count` attributes and as many 8-byte slots, each valid for the call.
+        unsafe {
+            self.cuPointerGetAttributes(count, attributes.as_mut_ptr(), slots.as_mut_ptr(), ptr)
+        }?;
+        Ok(values)
     }
 
     /// `cuMemcpyHtoD`: the whole of `src` to `dst`.

@@ -338,6 +338,20 @@ pub(crate) fn primary_ctx_release(dev: CUdevice) -> Res {
     })
 }
 
+/// `cuDevicePrimaryCtxReset_v2`: the primary context's memory, streams and peer access go, as
+/// at its last release; its retains stay counted (the driver keeps the context retained and
+/// makes it anew when it is next used, which the fake's contexts need not model).
+pub(crate) fn primary_ctx_reset(dev: CUdevice) -> Res {
+    state::with(|d| {
+        let ordinal = d.ordinal(dev)?;
+        let id = ordinal as u64 + 1;
+        if d.contexts.contexts.contains_key(&id) {
+            teardown(d, id);
+        }
+        Ok(())
+    })
+}
+
 /// `cuCtxCreate_v2`: a new explicit context on `dev`, made current for the calling thread.
 pub(crate) unsafe fn ctx_create(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Res {
     if ctx.is_null() {

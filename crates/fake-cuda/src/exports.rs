@@ -138,6 +138,7 @@ entry_points! {
         => device::primary_ctx_retain(ctx, dev);
     Gated cuDevicePrimaryCtxRelease_v2(dev: CUdevice)
         => device::primary_ctx_release(dev);
+    Gated cuDevicePrimaryCtxReset_v2(dev: CUdevice) => device::primary_ctx_reset(dev);
     Gated cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)
         => device::ctx_create(ctx, flags, dev);
     Gated cuCtxCreate_v3(
@@ -191,6 +192,11 @@ entry_points! {
     Gated cuMemGetAddressRange_v2(
         base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr)
         => legacy::get_address_range(base, size, dptr);
+    Gated cuPointerGetAttribute(data: *mut c_void, attribute: c_uint, ptr: CUdeviceptr)
+        => legacy::pointer_attribute(data, attribute, ptr);
+    Gated cuPointerGetAttributes(
+        count: c_uint, attributes: *mut c_uint, data: *mut *mut c_void, ptr: CUdeviceptr)
+        => legacy::pointer_attributes(count, attributes, data, ptr);
     Gated cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint)
         => host::host_alloc(pp, bytes, flags);
     Gated cuMemFreeHost(p: *mut c_void) => host::free_host(p);

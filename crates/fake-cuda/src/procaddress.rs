@@ -49,6 +49,10 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
         &[(11000, "cuDevicePrimaryCtxRelease_v2")],
     ),
     (
+        "cuDevicePrimaryCtxReset",
+        &[(11000, "cuDevicePrimaryCtxReset_v2")],
+    ),
+    (
         "cuCtxCreate",
         &[
             (3020, "cuCtxCreate_v2"),
@@ -131,6 +135,11 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
         ],
     ),
     ("cuIpcCloseMemHandle", &[(4010, "cuIpcCloseMemHandle")]),
+    ("cuPointerGetAttribute", &[(4000, "cuPointerGetAttribute")]),
+    (
+        "cuPointerGetAttributes",
+        &[(7000, "cuPointerGetAttributes")],
+    ),
     ("cuMulticastCreate", &[(12010, "cuMulticastCreate")]),
     ("cuMulticastAddDevice", &[(12010, "cuMulticastAddDevice")]),
     ("cuMulticastBindMem", &[(12010, "cuMulticastBindMem")]),

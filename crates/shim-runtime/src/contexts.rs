@@ -169,6 +169,21 @@ impl Runtime {
         Ok(())
     }
 
+    /// `cuDevicePrimaryCtxReset`: the driver destroyed every allocation of the device's primary
+    /// context (which stays retained), so its owned memory is torn down too.
+    pub fn primary_ctx_reset(&self, device: CUdevice) -> Tracked {
+        self.real.primary_ctx_reset(device).map_err(|e| e.result)?;
+        let ctx = self.primary.lock().get(&device).map(|(ctx, _)| *ctx);
+        match ctx {
+            Some(ctx) => self.reclaim_context(ctx),
+            None => log_warn!(
+                "cuDevicePrimaryCtxReset of device {device}, whose primary context the shim did \
+                 not see retained: its owned memory is kept"
+            ),
+        }
+        Ok(())
+    }
+
     /// `cuCtxDestroy`: the context's owned memory is torn down after the driver destroyed it.
     pub fn ctx_destroy(&self, ctx: CUcontext) -> Tracked {
         self.real.ctx_destroy(ctx).map_err(|e| e.result)?;

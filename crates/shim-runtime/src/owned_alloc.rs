@@ -40,6 +40,18 @@ pub struct OwnedAlloc {
     pub ctx: usize,
 }
 
+/// An answer of `cuPointerGetAttribute(s)` the shim gives instead of the driver's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PointerValue {
+    /// A device address (`CUdeviceptr`, 8 bytes).
+    Address(CUdeviceptr),
+    /// A `size_t`.
+    Size(usize),
+    /// A boolean the driver answered false: its width is not documented, so the hook sets the
+    /// lowest byte of what the driver wrote as zero, which reads as true at any width.
+    True,
+}
+
 /// The owned `cuMemAlloc` allocations by base address. Its lock is never held across a driver
 /// call, nor while the state lock is taken.
 #[derive(Debug, Default)]
@@ -235,6 +247,29 @@ impl Runtime {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         self.mem_retain(addr)
+    }
+
+    /// What `cuPointerGetAttribute(s)` answers for `attribute` of `ptr` where owned memory, being
+    /// VMM, would get another answer from the driver than cuMemAlloc memory does: the range (base
+    /// and requested size, as [`Runtime::mem_address_range`]) of owned memory and of its opened
+    /// IPC mappings, and legacy-IPC capability of owned memory (the shims serve its IPC). `None`:
+    /// the driver's answer stands.
+    pub fn pointer_attribute(&self, ptr: CUdeviceptr, attribute: u32) -> Option<PointerValue> {
+        use cuda_abi::pointer_attribute as a;
+        let owned = self.owned.containing(ptr);
+        let (base, requested) = match &owned {
+            Some((base, o)) => (*base, o.requested),
+            None => {
+                let (base, o) = self.ipc.containing(ptr)?;
+                (base, o.requested)
+            }
+        };
+        match attribute {
+            a::RANGE_START_ADDR => Some(PointerValue::Address(base)),
+            a::RANGE_SIZE => Some(PointerValue::Size(requested as usize)),
+            a::IS_LEGACY_CUDA_IPC_CAPABLE if owned.is_some() => Some(PointerValue::True),
+            _ => None,
+        }
     }
 
     /// `cuMemGetAddressRange`: for owned memory, and for its opened IPC mappings, the base and

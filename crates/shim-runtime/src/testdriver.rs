@@ -578,6 +578,8 @@ pub fn real() -> Real {
         cuDeviceGetUuid: device_uuid,
         cuDevicePrimaryCtxRetain: primary_retain,
         cuDevicePrimaryCtxRelease_v2: primary_release,
+        // A reset, like a release, has nothing to do in the test driver's one context.
+        cuDevicePrimaryCtxReset_v2: primary_release,
         cuCtxGetCurrent: ctx_get,
         cuCtxSetCurrent: ctx_set,
         cuCtxSynchronize: ctx_sync,

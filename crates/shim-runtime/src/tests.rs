@@ -1384,7 +1384,8 @@ fn owned_memory_is_opened_through_virtual_ipc_handles() {
 }
 
 /// Context teardown: owned cuMemAlloc memory and IPC mappings made in a context go with it (a
-/// destroyed context, the last counted release of a primary context), and only then.
+/// destroyed context, the last counted release of a primary context, a primary context reset),
+/// and only then.
 #[test]
 fn owned_memory_and_ipc_mappings_go_with_their_context() {
     let dir = tempfile::tempdir().unwrap();
@@ -1429,6 +1430,23 @@ fn owned_memory_and_ipc_mappings_go_with_their_context() {
     a.rt.ctx_destroy(primary).unwrap();
     assert!(a.rt.owned.is_empty());
     assert!(fake().read(again, 1).is_none());
+    // cuDevicePrimaryCtxReset frees the primary context's memory and keeps it retained: memory
+    // made after it lives until the next teardown.
+    a.rt.primary_ctx_retain(0).unwrap();
+    let before_reset = a.rt.mem_alloc(MB2).unwrap();
+    a.rt.primary_ctx_reset(0).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert!(fake().read(before_reset, 1).is_none());
+    let after_reset = a.rt.mem_alloc(MB2).unwrap();
+    a.rt.primary_ctx_reset(1).unwrap();
+    assert_eq!(
+        a.rt.owned.len(),
+        1,
+        "a reset of a device the shim saw no retain of"
+    );
+    a.rt.primary_ctx_release(0).unwrap();
+    assert!(a.rt.owned.is_empty());
+    assert!(fake().read(after_reset, 1).is_none());
 }
 
 /// Peer access: an enabled peer device is granted access to the context's owned allocations made

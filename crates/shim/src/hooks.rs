@@ -16,6 +16,7 @@ use cuda_abi::{
     CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
     CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream, handle_type,
 };
+use shim_runtime::owned_alloc::PointerValue;
 use shim_runtime::runtime::{Active, Runtime, active};
 use shim_runtime::track::{ExportTo, Tracked};
 use shim_runtime::unowned::UnownedKind;
@@ -288,6 +289,16 @@ pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
     })
 }
 
+pub(crate) unsafe fn cuDevicePrimaryCtxReset_v2(
+    real: &'static DriverTable,
+    dev: CUdevice,
+) -> CUresult {
+    // SAFETY: no pointers.
+    dispatch!(real.cuDevicePrimaryCtxReset_v2(dev), |rt| done(
+        rt.primary_ctx_reset(dev)
+    ))
+}
+
 pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(
     real: &'static DriverTable,
     dev: CUdevice,
@@ -470,6 +481,75 @@ pub(crate) unsafe fn cuMemGetAddressRange_v2(
             }
         })
     })
+}
+
+/// Writes the shim's answer for one pointer attribute over the driver's.
+///
+/// # Safety
+/// `data` is non-null and the driver just wrote this attribute's value there.
+unsafe fn write_pointer_value(data: *mut c_void, value: PointerValue) {
+    let bytes: &[u8] = match &value {
+        PointerValue::Address(a) => &a.to_ne_bytes(),
+        PointerValue::Size(s) => &s.to_ne_bytes(),
+        PointerValue::True => &[1],
+    };
+    // SAFETY: the driver's out-pointer for an attribute of this width (8 bytes for an address or
+    // a size; at least one for a boolean), which it wrote.
+    unsafe { core::ptr::copy_nonoverlapping(bytes.as_ptr(), data.cast::<u8>(), bytes.len()) };
+}
+
+pub(crate) unsafe fn cuPointerGetAttribute(
+    real: &'static DriverTable,
+    data: *mut c_void,
+    attribute: c_uint,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    dispatch!(real.cuPointerGetAttribute(data, attribute, ptr), |rt| {
+        // The driver answers first (every attribute, with its own width and errors); the shim
+        // corrects only what VMM answers differently from cuMemAlloc memory.
+        // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+        let r = unsafe { (real.cuPointerGetAttribute)(data, attribute, ptr) };
+        if r.is_success()
+            && !data.is_null()
+            && let Some(value) = rt.pointer_attribute(ptr, attribute)
+        {
+            // SAFETY: the driver succeeded, so `data` holds this attribute's value.
+            unsafe { write_pointer_value(data, value) };
+        }
+        r
+    })
+}
+
+pub(crate) unsafe fn cuPointerGetAttributes(
+    real: &'static DriverTable,
+    count: c_uint,
+    attributes: *mut c_uint,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    dispatch!(
+        real.cuPointerGetAttributes(count, attributes, data, ptr),
+        |rt| {
+            // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+            let r = unsafe { (real.cuPointerGetAttributes)(count, attributes, data, ptr) };
+            if r.is_success() && !attributes.is_null() && !data.is_null() {
+                let count = count as usize;
+                // SAFETY: the driver's contract: `count` attributes, which it just read.
+                let attributes = unsafe { core::slice::from_raw_parts(attributes, count) };
+                // SAFETY: as above, `count` slots.
+                let slots = unsafe { core::slice::from_raw_parts(data, count) };
+                for (attribute, slot) in attributes.iter().zip(slots) {
+                    if let (false, Some(value)) =
+                        (slot.is_null(), rt.pointer_attribute(ptr, *attribute))
+                    {
+                        // SAFETY: the driver succeeded and filled every non-null slot.
+                        unsafe { write_pointer_value(*slot, value) };
+                    }
+                }
+            }
+            r
+        }
+    )
 }
 
 pub(crate) unsafe fn cuIpcGetMemHandle(

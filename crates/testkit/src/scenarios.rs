@@ -415,6 +415,16 @@ pub static SCENARIOS: &[Scenario] = &[
         run: legacy_ipc_importer,
     },
     Scenario {
+        name: "pointer-attributes",
+        about: "cuPointerGetAttribute(s) of cuMemAlloc memory (at its base and inside) and of a \
+                mapping opened from its legacy IPC handle: device memory of the device, \
+                legacy-IPC capable (the opened mapping not), the range of the requested size, \
+                mapped; under the shim, where cuMemAlloc is VMM, the answers must not change",
+        r580: "",
+        hangs: false,
+        run: pointer_attributes,
+    },
+    Scenario {
         name: "both-locked",
         about: "exporter and importer (live mapping) both locked, then both checkpointed, then \
                 both restored and unlocked",
@@ -878,6 +888,54 @@ fn legacy_ipc_importer(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
     let mut steps = Steps::default();
     if ops.cycle(&mut steps, "", b.pid(), |_| {}) {
         steps.check("verify-m", b.cmd("verify m 51"));
+    }
+    Ok(single(steps.outcome()))
+}
+
+fn pointer_attributes(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
+    let a = ctx.spawn("a")?;
+    let b = ctx.spawn("b")?;
+    // Not a multiple of the granularity: the range must be the requested size, not the backing.
+    let requested = ctx.size(&a)? - (1 << 20) + 16;
+    a.all_ok(&[
+        &format!("malloc m {requested}"),
+        "ipc-get h m",
+        &format!("send-ipc h --to {}", b.socket().display()),
+    ])?;
+    b.all_ok(&["ipc-open m --blob h"])?;
+    let mut steps = Steps::default();
+    for (w, legacy) in [(&a, 1), (&b, 0)] {
+        let base = w.regions()?.get("m").map_or(0, |r| r.base);
+        let expected = [
+            ("memory_type", u64::from(cuda_abi::memory_type::DEVICE)),
+            ("device", u64::try_from(w.device()).unwrap_or(u64::MAX)),
+            ("legacy_ipc", legacy),
+            ("range_start", base),
+            ("range_size", requested),
+            ("mapped", 1),
+        ];
+        for spec in ["m", "m --offset 8192"] {
+            let label = format!("{}:attrs-{}", w.name(), spec.replace(" --offset ", "+"));
+            let result = match w.cmd(&format!("pointer-attrs {spec}")) {
+                Ok(r) if r.ok => {
+                    let wrong: Vec<String> = expected
+                        .iter()
+                        .filter(|(k, v)| r.u64(k) != Some(*v))
+                        .map(|(k, _)| {
+                            format!("{k}:{}", r.u64(k).map_or("-".into(), |v| format!("{v:#x}")))
+                        })
+                        .collect();
+                    if wrong.is_empty() {
+                        "ok".to_owned()
+                    } else {
+                        wrong.join(",")
+                    }
+                }
+                Ok(r) => r.outcome(),
+                Err(e) => format!("({e})"),
+            };
+            steps.record(&label, result);
+        }
     }
     Ok(single(steps.outcome()))
 }

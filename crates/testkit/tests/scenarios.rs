@@ -181,6 +181,21 @@ fn legacy_ipc_importer() {
 }
 
 #[test]
+fn pointer_attributes() {
+    assert_eq!(outcome("pointer-attributes"), "ok");
+}
+
+/// Under the shim, where cuMemAlloc memory is VMM, and its legacy IPC virtual.
+#[test]
+fn pointer_attributes_under_the_shim() {
+    let mut settings = Settings::fake().expect("artifacts next to the test binary");
+    settings.shim = true;
+    let rows = scenarios::run_named("pointer-attributes", &settings).expect("a known scenario");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].outcome, "ok");
+}
+
+#[test]
 fn both_locked() {
     assert_eq!(
         outcome("both-locked"),

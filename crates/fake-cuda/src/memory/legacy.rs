@@ -8,7 +8,7 @@
 //! `magic[8] "FAKEIPC1" | pid u32 | fd u32 | inode u64 | offset u64 | size u64 | start_token u64 |
 //! alloc_id u64 | device u32 | zero u32`.
 
-use std::ffi::{c_char, c_uint};
+use std::ffi::{c_char, c_uint, c_void};
 use std::os::fd::AsRawFd;
 
 use cuda_abi::{CUdeviceptr, CUipcMemHandle, CUresult, CUstream, ipc_flags};
@@ -234,6 +234,100 @@ pub(crate) unsafe fn get_address_range(
     if !size.is_null() {
         // SAFETY: non-null; the caller passes a writable size_t.
         unsafe { write_out(size, s as usize) }?;
+    }
+    Ok(())
+}
+
+/// What the fake driver knows of a device pointer for `cuPointerGetAttribute(s)`.
+struct PointerFacts {
+    range: (u64, u64),
+    device: i32,
+    /// `cuMemAlloc` memory (legacy-IPC capable), not VMM mappings or opened IPC handles.
+    legacy: bool,
+}
+
+/// What `ptr` is, with `device` the current context's (the device of an opened IPC mapping).
+fn pointer_facts(d: &Driver, ptr: u64, device: usize) -> Option<PointerFacts> {
+    let range = range_of(d, ptr)?;
+    let legacy = d.mem.legacy.get(&range.0);
+    let vmm_device = || {
+        let (_, piece) = d.mem.pieces.range(..=ptr).next_back()?;
+        Some(d.mem.objects.get(&piece.handle)?.device)
+    };
+    let device = match legacy {
+        Some(l) => l.device,
+        None if d.mem.ipc_open.contains_key(&range.0) => device,
+        None => vmm_device().unwrap_or(device),
+    };
+    Some(PointerFacts {
+        range,
+        device: i32::try_from(device).unwrap_or(i32::MAX),
+        legacy: legacy.is_some(),
+    })
+}
+
+/// One attribute's value, written at `data` with the width the real driver uses for it
+/// (`bool` as one byte: the fake's own choice, since the driver's width is not documented).
+///
+/// # Safety
+/// `data` is null or points at writable memory of the attribute's width.
+unsafe fn write_attribute(data: *mut c_void, attribute: u32, facts: &PointerFacts) -> Res {
+    use cuda_abi::pointer_attribute as a;
+    let bytes: Vec<u8> = match attribute {
+        a::MEMORY_TYPE => cuda_abi::memory_type::DEVICE.to_ne_bytes().to_vec(),
+        a::DEVICE_ORDINAL => facts.device.to_ne_bytes().to_vec(),
+        a::IS_LEGACY_CUDA_IPC_CAPABLE => vec![u8::from(facts.legacy)],
+        a::RANGE_START_ADDR => facts.range.0.to_ne_bytes().to_vec(),
+        a::RANGE_SIZE => (facts.range.1 as usize).to_ne_bytes().to_vec(),
+        a::MAPPED => vec![1],
+        // Not modelled: the fake says so rather than answer wrongly.
+        _ => return Err(CUresult::ERROR_NOT_SUPPORTED),
+    };
+    if data.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null, and the caller's memory holds the attribute's width, `bytes.len()`.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), data.cast::<u8>(), bytes.len()) };
+    Ok(())
+}
+
+/// `cuPointerGetAttribute` for the attributes the fake models: memory type, device, legacy-IPC
+/// capability, range and mapped-ness of device memory it made (cuMemAlloc memory, VMM mappings,
+/// opened IPC handles); INVALID_VALUE for a pointer it did not make.
+pub(crate) unsafe fn pointer_attribute(data: *mut c_void, attribute: u32, ptr: CUdeviceptr) -> Res {
+    let facts = state::with(|d| {
+        let (_, device) = current(d)?;
+        pointer_facts(d, ptr, device).ok_or(CUresult::ERROR_INVALID_VALUE)
+    })?;
+    // SAFETY: the caller's out-pointer for this attribute.
+    unsafe { write_attribute(data, attribute, &facts) }
+}
+
+/// `cuPointerGetAttributes`: each attribute into its slot of `data` (a null slot is skipped, as
+/// the driver does).
+pub(crate) unsafe fn pointer_attributes(
+    count: u32,
+    attributes: *mut u32,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> Res {
+    if attributes.is_null() || data.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let facts = state::with(|d| {
+        let (_, device) = current(d)?;
+        pointer_facts(d, ptr, device).ok_or(CUresult::ERROR_INVALID_VALUE)
+    })?;
+    let count = count as usize;
+    // SAFETY: the caller's arrays hold `count` entries.
+    let attributes = unsafe { std::slice::from_raw_parts(attributes, count) };
+    // SAFETY: as above.
+    let slots = unsafe { std::slice::from_raw_parts(data, count) };
+    for (attribute, slot) in attributes.iter().zip(slots) {
+        if !slot.is_null() {
+            // SAFETY: the caller's out-pointer for this attribute.
+            unsafe { write_attribute(*slot, *attribute, &facts) }?;
+        }
     }
     Ok(())
 }

@@ -75,6 +75,7 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("ipc-get", "ipc-get NAME REGION"),
     ("ipc-open", "ipc-open NAME [--blob B] [--size S]"),
     ("ipc-close", "ipc-close NAME"),
+    ("pointer-attrs", "pointer-attrs REGION [--offset O]"),
     ("mem-info", "mem-info"),
     ("addresses", "addresses"),
     ("sync", "sync"),
@@ -290,6 +291,7 @@ impl<'a> Exec<'a> {
             "mc-bind-mem" => self.mc_bind_mem(a),
             "mc-bind-addr" => self.mc_bind_addr(a),
             "mc-unbind" => self.mc_unbind(a),
+            "pointer-attrs" => self.pointer_attrs(a),
             "mem-info" => {
                 a.check(0, &[])?;
                 let (free, total) = self.driver.mem_info()?;
@@ -958,6 +960,69 @@ impl<'a> Exec<'a> {
         }
         let pattern_start = a.num_opt("pattern-offset")?.unwrap_or(offset);
         Ok((addr + offset, len, pattern_start))
+    }
+
+    /// `cuPointerGetAttribute` of the attributes an application tells memory kinds apart by,
+    /// one call each, checked against one `cuPointerGetAttributes` of them all.
+    fn pointer_attrs(&mut self, a: &Args) -> Outcome {
+        use cuda_abi::pointer_attribute as attr;
+        a.check(1, &["offset"])?;
+        let (addr, _) = self.address(a.pos(0, "region")?)?;
+        let ptr = addr + a.num_opt("offset")?.unwrap_or(0);
+        let api = self.driver.api();
+        let single = [
+            (
+                "memory_type",
+                attr::MEMORY_TYPE,
+                u64::from(api.pointer_attribute::<u32>(attr::MEMORY_TYPE, ptr)?),
+            ),
+            (
+                "device",
+                attr::DEVICE_ORDINAL,
+                u64::from(api.pointer_attribute::<u32>(attr::DEVICE_ORDINAL, ptr)?),
+            ),
+            (
+                "legacy_ipc",
+                attr::IS_LEGACY_CUDA_IPC_CAPABLE,
+                u64::from(
+                    api.pointer_attribute::<u32>(attr::IS_LEGACY_CUDA_IPC_CAPABLE, ptr)? != 0,
+                ),
+            ),
+            (
+                "range_start",
+                attr::RANGE_START_ADDR,
+                api.pointer_attribute::<u64>(attr::RANGE_START_ADDR, ptr)?,
+            ),
+            (
+                "range_size",
+                attr::RANGE_SIZE,
+                api.pointer_attribute::<u64>(attr::RANGE_SIZE, ptr)?,
+            ),
+            (
+                "mapped",
+                attr::MAPPED,
+                u64::from(api.pointer_attribute::<u32>(attr::MAPPED, ptr)? != 0),
+            ),
+        ];
+        let attributes: Vec<u32> = single.iter().map(|(_, a, _)| *a).collect();
+        let together = api.pointer_attributes(&attributes, ptr)?;
+        let mut reply = Reply::ok("pointer-attrs");
+        for ((name, a, value), got) in single.into_iter().zip(together) {
+            // Booleans are compared as booleans: the driver's width for them is not documented.
+            let boolean = matches!(a, attr::IS_LEGACY_CUDA_IPC_CAPABLE | attr::MAPPED);
+            let got = if boolean {
+                u64::from(got & 0xff != 0)
+            } else {
+                got
+            };
+            if got != value {
+                return Err(state(format!(
+                    "{name}: cuPointerGetAttribute says {value:#x}, cuPointerGetAttributes {got:#x}"
+                )));
+            }
+            reply = reply.with(name, value);
+        }
+        Ok(reply)
     }
 
     fn fill(&mut self, a: &Args) -> Outcome {
