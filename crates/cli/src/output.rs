@@ -122,8 +122,12 @@ fn print_memory_paths(report: &InspectReport) {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let pinned = match snap.hello.carrier_pinned_bytes {
+            0 => String::new(),
+            n => format!(" (its carrier holds {} of host memory pinned)", bytes(n)),
+        };
         println!(
-            "  {}: {} in {} allocation(s) / {driver}",
+            "  {}: {} in {} allocation(s) / {driver}{pinned}",
             short(&snap.info.label()),
             bytes(carried),
             created.len()

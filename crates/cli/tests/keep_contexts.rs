@@ -85,6 +85,16 @@ fn inspect(env: &TestEnv, root: u32) -> serde_json::Value {
     .json()
 }
 
+/// The host memory `w`'s carrier holds pinned, as inspect reports it.
+fn carrier_pinned(env: &TestEnv, root: u32, w: &Workload) -> u64 {
+    let report = inspect(env, root);
+    report["snapshots"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["info"]["host_pid"] == w.pid()))
+        .and_then(|p| p["hello"]["carrier_pinned_bytes"].as_u64())
+        .unwrap_or_else(|| panic!("no pinned carrier figure for {} in {report}", w.name()))
+}
+
 /// Sends one phase request to the shim of `pid` directly, as a tool run would before it died.
 fn send_phase(env: &TestEnv, pid: u32, request: Request) -> Phase {
     let path = control_socket(env, pid);
@@ -135,6 +145,9 @@ fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
     build(&tree);
     let (a, b) = (tree.w("a"), tree.w("b"));
     let before = [regions(a), regions(b)];
+    for w in [a, b] {
+        assert_eq!(carrier_pinned(&env, tree.root(), w), 0, "{}", w.name());
+    }
 
     let run = keep_suspend(&env, tree.root());
     let report = run.ok().json();
@@ -177,6 +190,11 @@ fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
         assert!(usage(&env, w.pid()) >= SIZE + PRIVATE, "{}", w.name());
     }
     assert_intact(&tree);
+    // The default carrier (`auto`) was pinned by this cycle, which skipped the native
+    // checkpoint, and stays pinned for the next: each creator's carrier holds its allocation.
+    for w in [a, b] {
+        assert_eq!(carrier_pinned(&env, tree.root(), w), SIZE, "{}", w.name());
+    }
 
     // A normal suspend of the same group still takes the native checkpoint, and inspect says so.
     let run = suspend(&env, tree.root(), &[]);
@@ -193,6 +211,14 @@ fn keep_contexts_suspends_and_resumes_a_pair_without_the_native_checkpoint() {
     }
     resume(&env, tree.root()).ok();
     assert_intact(&tree);
+    for w in [a, b] {
+        assert_eq!(
+            carrier_pinned(&env, tree.root(), w),
+            SIZE,
+            "{} kept",
+            w.name()
+        );
+    }
 }
 
 #[test]

@@ -246,6 +246,8 @@ pub struct HelloReplyView {
     pub shim_version: String,
     pub shim_sha256: String,
     pub driver_version: i32,
+    /// Host memory its carrier holds pinned between cycles.
+    pub carrier_pinned_bytes: u64,
 }
 
 impl From<&HelloReply> for HelloReplyView {
@@ -254,6 +256,7 @@ impl From<&HelloReply> for HelloReplyView {
             shim_version: h.shim_version.clone(),
             shim_sha256: h.shim_sha256.clone(),
             driver_version: h.driver_version,
+            carrier_pinned_bytes: h.carrier_pinned_bytes,
         }
     }
 }

@@ -273,6 +273,9 @@ pub struct HelloReply {
     pub shim_sha256: String,
     /// `cuDriverGetVersion` of the driver the shim runs on.
     pub driver_version: i32,
+    /// Host memory of the process's carrier held pinned (registered with the driver) between
+    /// cycles: what a pinned carrier costs while the process runs.
+    pub carrier_pinned_bytes: u64,
 }
 
 /// Why a request failed. Only ever added to, at the end: postcard encodes a variant as its index in

@@ -443,6 +443,7 @@ fn responses() -> Vec<(&'static str, Response)> {
                 ns_pid: 41,
                 shim_sha256: "0f".repeat(32),
                 driver_version: 12080,
+                carrier_pinned_bytes: 256 << 20,
             }),
         ),
         ("records", Response::Records(full_record())),

@@ -161,6 +161,7 @@ impl Runtime {
                 .map(|i| i.shim_sha256.clone())
                 .unwrap_or_default(),
             driver_version: self.driver_version,
+            carrier_pinned_bytes: self.control().carrier.pinned() as u64,
         }
     }
 

@@ -99,6 +99,7 @@ fn hello_reply() -> Response {
         ns_pid: 41,
         shim_sha256: "ab".repeat(32),
         driver_version: 12080,
+        carrier_pinned_bytes: 256 << 20,
     })
 }
 

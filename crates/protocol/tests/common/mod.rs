@@ -104,6 +104,7 @@ pub fn responses() -> Vec<Response> {
             ns_pid: 41,
             shim_sha256: "0f".repeat(32),
             driver_version: 12080,
+            carrier_pinned_bytes: 256 << 20,
         }),
         Response::Records(records(
             41,
