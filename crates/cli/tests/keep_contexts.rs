@@ -261,3 +261,40 @@ fn resume_finishes_a_keep_contexts_suspend_from_any_phase_a_fault_left() {
         assert_intact(&tree);
     }
 }
+
+/// Found on the H200: a process whose allocations are packed in its carrier at 2 MiB offsets
+/// (a small one, then one larger than a pinned piece of 256 MiB) had every keep-contexts Save
+/// refused by the driver (a copy unit crossed from one registered piece into the next), after a
+/// plain cycle had run fine. The fake refuses such copies as r580 does; the cycles must pass.
+#[test]
+fn keep_contexts_moves_allocations_that_straddle_the_carriers_pinned_pieces() {
+    const BIG: u64 = 300 << 20;
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a")]);
+    let a = tree.w("a");
+    ok(
+        a,
+        &[
+            &format!("malloc small {PRIVATE}"),
+            &format!("malloc big {BIG}"),
+            "fill small 41",
+            "fill big 42",
+        ],
+    );
+    let check = |when: &str| {
+        for line in ["verify small 41", "verify big 42"] {
+            a.ok(line).unwrap_or_else(|e| panic!("{when}: {e}"));
+        }
+    };
+    suspend(&env, tree.root(), &[]).ok();
+    resume(&env, tree.root()).ok();
+    check("after a plain cycle");
+    for cycle in 0..2 {
+        let run = keep_suspend(&env, tree.root());
+        let report = run.ok().json();
+        assert_eq!(report["saved_bytes"], PRIVATE + BIG, "{}", run.describe());
+        resume(&env, tree.root()).ok();
+        check(&format!("after keep-contexts cycle {cycle}"));
+        assert_eq!(carrier_pinned(&env, tree.root(), a), PRIVATE + BIG);
+    }
+}

@@ -171,6 +171,10 @@ pub enum CopyError {
 /// process's other CUDA calls (a 94 GB call stalled a vLLM process 11.6 s, 1 GB pieces 2.0 s), so
 /// the carrier is pinned piece by piece.
 pub const PIN_PIECE: usize = 256 << 20;
+const _: () = assert!(
+    PIN_PIECE.is_multiple_of(SEGMENT),
+    "units must not cross pinned pieces"
+);
 
 /// The host carrier of a process.
 #[derive(Debug, Default)]
@@ -388,16 +392,22 @@ pub struct Unit {
     pub len: usize,
 }
 
-/// Splits a `len`-byte region into units of at most [`SEGMENT`] bytes.
-pub fn segments(device: i32, dev: u64, host: usize, len: usize) -> Vec<Unit> {
-    let mut out = Vec::with_capacity(len.div_ceil(SEGMENT));
+/// Splits the `len`-byte region that sits at `offset` in the carrier (based at `base`) into
+/// units that never cross a multiple of [`SEGMENT`] in the carrier. A pinned carrier is
+/// registered in [`PIN_PIECE`] pieces, a multiple of [`SEGMENT`], so every unit lies inside one
+/// registration: the driver refuses a copy whose host range spans two (r580 answers
+/// `CUDA_ERROR_INVALID_VALUE`; regions are packed at granularity offsets, so without the cut a
+/// unit of a 2 MiB-aligned region runs over a piece boundary).
+pub fn segments(device: i32, dev: u64, base: usize, offset: usize, len: usize) -> Vec<Unit> {
+    let mut out = Vec::with_capacity(len.div_ceil(SEGMENT) + 1);
     let mut off = 0;
     while off < len {
-        let n = SEGMENT.min(len - off);
+        let at = offset + off;
+        let n = (SEGMENT - at % SEGMENT).min(len - off);
         out.push(Unit {
             device,
             dev: dev + off as u64,
-            host: host + off,
+            host: base + at,
             len: n,
         });
         off += n;
@@ -855,7 +865,7 @@ pub(crate) mod tests {
         let mut carrier = Carrier::default();
         let (_, reused) = carrier.ensure(len).expect("carrier");
         assert!(!reused);
-        let units = segments(0, va, carrier.base(), len);
+        let units = segments(0, va, carrier.base(), 0, len);
         assert_eq!(units.len(), 2);
         let (saved, error) = copy_all(real, units.clone(), Direction::ToHost, mode, chunk);
         assert!(error.is_none(), "{error:?}");
@@ -878,6 +888,29 @@ pub(crate) mod tests {
         let (_, reused) = carrier.ensure(len).expect("carrier again");
         assert!(reused, "a big enough carrier is used again");
         (saved, loaded)
+    }
+
+    #[test]
+    fn units_never_cross_a_segment_of_the_carrier() {
+        // A 200 MiB region packed 2 MiB past a segment boundary (as regions after a 2 MiB one
+        // are): cut at each multiple of SEGMENT in the carrier, so none spans two pinned pieces.
+        let (base, offset, len) = (1 << 30, SEGMENT + (2 << 20), 200 << 20);
+        let units = segments(3, 0x7000_0000, base, offset, len);
+        let lens: Vec<usize> = units.iter().map(|u| u.len).collect();
+        assert_eq!(
+            lens,
+            [SEGMENT - (2 << 20), SEGMENT, SEGMENT, 10 << 20],
+            "{units:?}"
+        );
+        let mut next = (0x7000_0000u64, base + offset);
+        for u in &units {
+            assert_eq!((u.device, u.dev, u.host), (3, next.0, next.1));
+            let first = (u.host - base) / SEGMENT;
+            let last = (u.host - base + u.len - 1) / SEGMENT;
+            assert_eq!(first, last, "{u:?} crosses a segment");
+            next = (u.dev + u.len as u64, u.host + u.len);
+        }
+        assert_eq!(next.1, base + offset + len);
     }
 
     #[test]
@@ -982,7 +1015,7 @@ pub(crate) mod tests {
             );
             assert_eq!(UNREGISTERED.load(Ordering::SeqCst), 0);
             assert_eq!(carrier.pinned(), round_up(len, 2 << 20));
-            let units = segments(0, va, carrier.base(), len);
+            let units = segments(0, va, carrier.base(), 0, len);
             let (saved, error) = copy_all(
                 &real,
                 units.clone(),

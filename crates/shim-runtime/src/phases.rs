@@ -370,7 +370,8 @@ impl Runtime {
             units.extend(copy::segments(
                 *device,
                 map.va(),
-                base + *offset as usize,
+                base,
+                *offset as usize,
                 map.size(),
             ));
         }

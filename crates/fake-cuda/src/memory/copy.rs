@@ -15,12 +15,20 @@ use crate::state::{self, Driver};
 use crate::{Res, multicast, os};
 
 /// A host-side argument may be any memory, but where it is driver memory the driver's rules
-/// apply to it too.
+/// apply to it too. A range that reaches into page-locked host memory (`cuMemHostAlloc`,
+/// `cuMemHostRegister`) must lie inside one such range: r580 answers a copy whose host range
+/// spans two registrations, or runs off the end of one, with `CUDA_ERROR_INVALID_VALUE` (seen
+/// on the H200 when a carrier unit crossed from one registered piece into the next).
 fn check_host(d: &Driver, addr: u64, len: u64, need: Need) -> Res {
     if touches_driver_memory(d, addr, len) {
-        check_device(d, addr, len, need)
-    } else {
-        Ok(())
+        return check_device(d, addr, len, need);
+    }
+    let end = addr.checked_add(len).ok_or(CUresult::ERROR_INVALID_VALUE)?;
+    let mut locked = d.mem.host.range(..end).filter(|(b, h)| **b + h.size > addr);
+    match locked.next() {
+        None => Ok(()),
+        Some((&b, h)) if b <= addr && end <= b + h.size => Ok(()),
+        Some(_) => Err(CUresult::ERROR_INVALID_VALUE),
     }
 }
 

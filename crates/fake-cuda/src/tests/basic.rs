@@ -408,6 +408,51 @@ isolated_test!(pinned_host_memory, &[], {
     buf[0] = 1;
 });
 
+isolated_test!(a_copy_must_stay_inside_one_registration, &[], {
+    init_ctx(0);
+    let (_, dptr) = vmm_buffer(GRAN, 0, 0);
+    let mut buf = vec![0u8; 4 * 4096];
+    let bp = buf.as_mut_ptr();
+    // Two adjacent registrations of 8 KiB, as a carrier pinned in pieces has.
+    for piece in 0..2 {
+        // SAFETY: inside `buf`.
+        let at = unsafe { bp.add(piece * 8192) }.cast::<c_void>();
+        assert_eq!(cu!(x::cuMemHostRegister_v2(at, 8192, 0)), SUCCESS);
+    }
+    // SAFETY: inside `buf`.
+    let (first, second_half) = (
+        bp.cast::<c_void>(),
+        unsafe { bp.add(4096) }.cast::<c_void>(),
+    );
+    assert_eq!(cu!(x::cuMemcpyDtoH_v2(first, dptr, 8192)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuMemcpyDtoH_v2(second_half, dptr, 8192)),
+        CUresult::ERROR_INVALID_VALUE,
+        "a host range over two registrations"
+    );
+    assert_eq!(
+        cu!(x::cuMemcpyHtoD_v2(dptr, second_half.cast_const(), 8192)),
+        CUresult::ERROR_INVALID_VALUE,
+        "either way"
+    );
+    // SAFETY: inside `buf`.
+    let second = unsafe { bp.add(8192) }.cast::<c_void>();
+    assert_eq!(cu!(x::cuMemHostUnregister(second)), SUCCESS);
+    assert_eq!(
+        cu!(x::cuMemcpyDtoH_v2(second_half, dptr, 8192)),
+        CUresult::ERROR_INVALID_VALUE,
+        "a host range running off the end of a registration"
+    );
+    let plain = vec![0u8; 8192];
+    assert_eq!(
+        cu!(x::cuMemcpyHtoD_v2(dptr, plain.as_ptr().cast(), 8192)),
+        SUCCESS,
+        "pageable memory away from registrations copies"
+    );
+    assert_eq!(cu!(x::cuMemHostUnregister(first)), SUCCESS);
+    buf[0] = 1;
+});
+
 isolated_test!(peer_access_between_contexts, &[], {
     assert_eq!(init(), SUCCESS);
     let (mut zero, mut one): (CUcontext, CUcontext) = (std::ptr::null_mut(), std::ptr::null_mut());
