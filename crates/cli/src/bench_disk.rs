@@ -94,6 +94,7 @@ pub fn disk_bench(
         &RestoreOptions {
             dir: checkpoint_dir.clone(),
             device_map: Vec::new(),
+            namespaces_of: None,
             criu: None,
             driver: capture.driver.clone(),
             config: config.clone(),

@@ -535,6 +535,7 @@ fn demo_to_disk(
         &RestoreOptions {
             dir,
             device_map: Vec::new(),
+            namespaces_of: None,
             criu: args.criu.clone(),
             driver: capture.driver.clone(),
             config: config.clone(),

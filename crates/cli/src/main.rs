@@ -148,6 +148,11 @@ enum Command {
         /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
         #[arg(long, value_parser = parse_device_map)]
         device_map: Option<DeviceMap>,
+        /// Restore into the network, IPC and UTS namespaces of process PID, for each of them the
+        /// checkpointed tree did not share with the tool (a pod's: its sandbox held them); needed
+        /// when the tree had a network namespace of its own, which CRIU does not dump
+        #[arg(long, value_name = "PID")]
+        namespaces_of: Option<u32>,
         /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
@@ -156,7 +161,7 @@ enum Command {
         driver: Option<PathBuf>,
         /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
         /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "criu", "driver"])]
+        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "criu", "driver"])]
         cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
@@ -383,6 +388,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         Command::Restore {
             dir,
             device_map,
+            namespaces_of,
             criu,
             driver,
             cleanup: false,
@@ -391,6 +397,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             let options = disk::RestoreOptions {
                 dir: dir.clone(),
                 device_map: device_map.unwrap_or_default(),
+                namespaces_of,
                 criu,
                 driver,
                 config: config.clone(),

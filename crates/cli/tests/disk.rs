@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{attach_ranks, end_namespace, start_namespace, tool_path};
+use common::{attach_ranks, end_namespace, start_namespace, start_namespace_under, tool_path};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -108,13 +108,19 @@ impl Disk {
 
     /// [`Disk::start_group`] with extra environment variables for the workload's shims.
     fn start_group_with(&self, vars: &[(&str, &str)]) -> Running {
-        let launcher = start_namespace(
+        self.start_group_under(vars, &[])
+    }
+
+    /// [`Disk::start_group_with`], the launcher run by `wrapper` ([`start_namespace_under`]).
+    fn start_group_under(&self, vars: &[(&str, &str)], wrapper: &[&str]) -> Running {
+        let launcher = start_namespace_under(
             &self.env,
             "launcher",
             &self.listen_dir(),
             (2, "0,1"),
             vars,
             READY_TIMEOUT,
+            wrapper,
         );
         let ranks = self.attach();
         for (r, w) in ranks.iter().enumerate() {
@@ -994,6 +1000,106 @@ fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
 
     // The intact checkpoint restores.
     let (_report, _restored) = restore(&disk, &[]);
+    verify_sharing(&disk.attach(), 1);
+}
+
+/// The inode of namespace `ns` (`net`, `ipc`, `uts`) of `pid`.
+fn namespace_inode(pid: u32, ns: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/{ns}"))
+        .unwrap_or_else(|e| panic!("namespace {ns} of pid {pid}: {e}"))
+        .ino()
+}
+
+/// A pod's sandbox as the kubelet makes one: a process holding network, IPC and UTS namespaces
+/// of its own, which the pod's containers join.
+struct Sandbox(Child);
+
+impl Sandbox {
+    fn start() -> Sandbox {
+        let child = std::process::Command::new("unshare")
+            .args(["--net", "--ipc", "--uts", "--", "sleep", "600"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let pid = child.id();
+        let mine = namespace_inode(std::process::id(), "net");
+        let deadline = std::time::Instant::now() + READY_TIMEOUT;
+        while namespace_inode(pid, "net") == mine {
+            assert!(std::time::Instant::now() < deadline, "unshare did not run");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Sandbox(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A group whose network, IPC and UTS namespaces are not the tool's (a pod's containers): the
+/// checkpoint records them and dumps the network namespace as external; a restore without a
+/// process to take namespaces from is refused with nothing changed; with `--namespaces-of` of
+/// another sandbox (the placeholder pod) the restored tree is in that sandbox's namespaces.
+#[test]
+fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
+    let disk = Disk::new();
+    let mut group = disk.start_group_under(&[], &["unshare", "--net", "--ipc", "--uts", "--"]);
+    let rank0 = control::discovery::process_tree(group.launcher.id()).expect("tree")[1];
+    for ns in ["net", "ipc", "uts"] {
+        assert_ne!(
+            namespace_inode(rank0, ns),
+            namespace_inode(std::process::id(), ns),
+            "the group runs in a {ns} namespace of its own"
+        );
+    }
+    let (report, manifest) = checkpoint_and_stop(&disk, &mut group);
+    let all = serde_json::json!(["net", "ipc", "uts"]);
+    assert_eq!(manifest["criu"]["shared_namespaces"], all, "{manifest}");
+    assert_eq!(report["shared_namespaces"], all, "{report}");
+
+    let dir = disk.checkpoint_dir();
+    let before = hash_dir(&dir);
+    let out = disk.tool(&["restore", "--dir", dir.to_str().expect("utf-8 path")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("--namespaces-of PID"), "{stderr}");
+    assert_eq!(
+        hash_dir(&dir),
+        before,
+        "a refused restore changed the checkpoint"
+    );
+    assert!(
+        !disk.group_answers(),
+        "a refused restore restored something"
+    );
+
+    let placeholder = Sandbox::start();
+    let target = placeholder.pid().to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(report["shared_namespaces"], all, "{report}");
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    for pid in tree {
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                namespace_inode(pid, ns),
+                namespace_inode(placeholder.pid(), ns),
+                "restored pid {pid} is not in the placeholder's {ns} namespace"
+            );
+        }
+    }
     verify_sharing(&disk.attach(), 1);
 }
 

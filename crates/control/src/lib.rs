@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod group;
 pub mod launch;
 pub mod layout;
+pub mod namespaces;
 pub mod native;
 pub mod procfs;
 pub mod remaps;

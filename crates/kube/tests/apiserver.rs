@@ -8,7 +8,8 @@
 //! (that server serves no core API). A "pod" is a process tree in a kubelet-style cgroup path
 //! (`.../kubepods/besteffort/pod<uid>/<container id>` in the cgroup v2 hierarchy), started as a
 //! container would be (the root of its own PID namespace, with the shim preloaded by the
-//! launcher), and the agent reads the pod's metadata through its `PodLookup` seam from a fixed
+//! launcher, in network, IPC and UTS namespaces of the pod's own as a sandbox gives them), and
+//! the agent reads the pod's metadata through its `PodLookup` seam from a fixed
 //! list. Events go to events.k8s.io/v1 through the real server too: a CRD of that name stands in
 //! for the built-in resource.
 //!
@@ -220,13 +221,14 @@ impl Test {
     }
 
     /// Starts `program args` as a container of a pod would run: inside the container's cgroup
-    /// from its first instruction.
+    /// from its first instruction, in network, IPC and UTS namespaces of the pod's own (the
+    /// sandbox's, which the kubelet makes before the containers).
     fn start_in(&self, cgroup: &PodCgroup, program: &Path, args: &[&str], log: &str) -> Child {
         let log = std::fs::File::create(self.env.log_dir().join(format!("{log}.log"))).unwrap();
         let mut command = self.command(Path::new("/bin/sh"));
         command
             .arg("-c")
-            .arg("echo $$ > \"$0\" && exec \"$@\"")
+            .arg("echo $$ > \"$0\" && exec unshare --net --ipc --uts -- \"$@\"")
             .arg(cgroup.dir.join("cgroup.procs"))
             .arg(program)
             .args(args)
@@ -615,6 +617,29 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         3,
         "sleep + the two restored ranks: {members:?}"
     );
+    // ... and its network, IPC and UTS namespaces, not the agent's nor the source pod's.
+    assert!(
+        message.contains("in its net, ipc, uts namespaces"),
+        "{message}"
+    );
+    let ns_link = |pid: u32, ns: &str| {
+        std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+            .unwrap_or_else(|e| panic!("namespace {ns} of pid {pid}: {e}"))
+    };
+    for pid in &members {
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                ns_link(*pid, ns),
+                ns_link(keepalive.id(), ns),
+                "pid {pid} is not in the placeholder's {ns} namespace"
+            );
+            assert_ne!(
+                ns_link(*pid, ns),
+                ns_link(std::process::id(), ns),
+                "pid {pid} is in the agent's {ns} namespace"
+            );
+        }
+    }
     assert_eq!(
         inits.len(),
         1,

@@ -23,7 +23,7 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
 /// `bytes.shared_saved`).
-pub const MANIFEST_VERSION: u32 = 5;
+pub const MANIFEST_VERSION: u32 = 6;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -317,6 +317,38 @@ pub struct CriuInfo {
     /// Whether the images hold established TCP connections (every one with its other end in the
     /// tree), which the restore must ask CRIU for.
     pub tcp_established: bool,
+    /// The namespaces the tree shared with processes outside it at the dump (a pod's sandbox
+    /// holds its network, IPC and UTS namespaces), in the order of [`SharedNamespace`]. The
+    /// network namespace is dumped as external (CRIU cannot take a pod's interfaces), so a
+    /// restore must be given one to join; IPC and UTS are in the images and are joined instead
+    /// when the restore is told whose namespaces to enter.
+    pub shared_namespaces: Vec<SharedNamespace>,
+}
+
+/// A namespace a tree may share with the processes around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SharedNamespace {
+    Net,
+    Ipc,
+    Uts,
+}
+
+impl SharedNamespace {
+    pub const ALL: [SharedNamespace; 3] = [
+        SharedNamespace::Net,
+        SharedNamespace::Ipc,
+        SharedNamespace::Uts,
+    ];
+
+    /// The name in `/proc/PID/ns/` and in CRIU's options.
+    pub fn name(self) -> &'static str {
+        match self {
+            SharedNamespace::Net => "net",
+            SharedNamespace::Ipc => "ipc",
+            SharedNamespace::Uts => "uts",
+        }
+    }
 }
 
 /// One of CRIU's link remaps. CRIU names it `<dir>/link_remap.<id>` with an id that the next dump
@@ -500,6 +532,12 @@ impl Manifest {
                     "link remap {:?} kept as {:?}: not a link_remap.<id> file and its kept name \
                      in the same directory",
                     remap.link, remap.kept_as
+                ));
+            }
+            if !criu.shared_namespaces.is_sorted_by(|a, b| a < b) {
+                return bad(format!(
+                    "shared namespaces {:?}: not in order, or one twice",
+                    criu.shared_namespaces
                 ));
             }
         }
@@ -721,6 +759,7 @@ mod tests {
                     kept_as: "/dev/shm/link_remap.23.cuinterpose-0123456789abcdef".into(),
                 }],
                 tcp_established: true,
+                shared_namespaces: vec![SharedNamespace::Net, SharedNamespace::Uts],
             }),
             timings: vec![
                 PhaseTiming {
@@ -898,6 +937,27 @@ mod tests {
         let mut twice = manifest.clone();
         twice.data_files.push(twice.data_files[0].clone());
         assert!(twice.validate().is_err(), "two files of one participant");
+    }
+
+    #[test]
+    fn shared_namespaces_are_listed_once_in_order() {
+        let (manifest, _) = sample();
+        manifest.validate().unwrap();
+        use SharedNamespace::{Ipc, Net, Uts};
+        for (list, ok) in [
+            (vec![], true),
+            (vec![Net, Ipc, Uts], true),
+            (vec![Ipc, Net], false),
+            (vec![Uts, Uts], false),
+        ] {
+            let mut m = manifest.clone();
+            if let Some(criu) = m.criu.as_mut() {
+                criu.shared_namespaces = list.clone();
+            }
+            assert_eq!(m.validate().is_ok(), ok, "{list:?}");
+        }
+        let names: Vec<_> = SharedNamespace::ALL.iter().map(|n| n.name()).collect();
+        assert_eq!(names, ["net", "ipc", "uts"]);
     }
 
     #[test]

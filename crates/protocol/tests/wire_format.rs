@@ -658,6 +658,10 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
                 kept_as: "/dev/shm/link_remap.3.cuinterpose-00112233445566ff".into(),
             }],
             tcp_established: true,
+            shared_namespaces: vec![
+                manifest::SharedNamespace::Net,
+                manifest::SharedNamespace::Ipc,
+            ],
         }),
         timings: vec![
             manifest::PhaseTiming {

@@ -690,16 +690,37 @@ pub fn start_namespace(
     env: &TestEnv,
     name: &str,
     dir: &Path,
+    spec: (usize, &str),
+    extra: &[(&str, &str)],
+    timeout: Duration,
+) -> Child {
+    start_namespace_under(env, name, dir, spec, extra, timeout, &[])
+}
+
+/// [`start_namespace`] with the launcher run by `wrapper` (a program and its arguments, which
+/// then exec the launcher: `unshare --net --ipc --uts --`, as a pod's sandbox gives its
+/// containers namespaces of their own).
+pub fn start_namespace_under(
+    env: &TestEnv,
+    name: &str,
+    dir: &Path,
     (processes, devices): (usize, &str),
     extra: &[(&str, &str)],
     timeout: Duration,
+    wrapper: &[&str],
 ) -> Child {
     let workload = env.artifacts().workload().expect("workload binary");
     let log_path = env.log_dir().join(format!("{name}.log"));
     let log = std::fs::File::create(&log_path).expect("launcher log");
-    let mut command = env
-        .command(&tool_path(env), false)
-        .expect("launcher command");
+    let tool = tool_path(env);
+    let mut command = match wrapper.split_first() {
+        None => env.command(&tool, false),
+        Some((program, args)) => env.command(Path::new(program), false).map(|mut c| {
+            c.args(args).arg(&tool);
+            c
+        }),
+    }
+    .expect("launcher command");
     command.envs(extra.iter().copied());
     command
         .args(["run", "--pid-namespace", "--"])

@@ -5,6 +5,7 @@
 
 pub mod images;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -127,8 +128,16 @@ impl Criu {
     /// restore could not give the terminal back).
     ///
     /// `tcp`: the tree has established TCP connections, each with its other end in the tree
-    /// (control::tcp), to be saved in repair mode.
-    pub fn dump(&self, pid: u32, images: &Path, tcp: bool) -> Result<(), CriuError> {
+    /// (control::tcp), to be saved in repair mode. `namespaces`: the options that keep the
+    /// namespaces the tree shares with processes outside it out of the images
+    /// (crate::namespaces::Shared::dump_args).
+    pub fn dump(
+        &self,
+        pid: u32,
+        images: &Path,
+        tcp: bool,
+        namespaces: &[OsString],
+    ) -> Result<(), CriuError> {
         let mut command = self.command("dump", images);
         // --link-remap: files deleted while open that still have another name (every POSIX
         // semaphore of Python's multiprocessing, seen with PyTorch) are kept through a hard link.
@@ -137,7 +146,8 @@ impl Criu {
             .arg(pid.to_string())
             .args(EXTERNAL_MOUNTS)
             .arg("--link-remap")
-            .arg("--leave-stopped");
+            .arg("--leave-stopped")
+            .args(namespaces);
         if tcp {
             // The network lock keeps a peer outside the tree from changing a connection's state
             // while it is dumped. Every peer is inside the tree here, stopped like the rest of
@@ -155,8 +165,16 @@ impl Criu {
     /// `work_dir`, never into the checkpoint: a checkpoint directory is read-only to a restore, so
     /// the same images can be restored again and a failed restore leaves them as they were.
     ///
-    /// `tcp`: the images hold established TCP connections (the dump's `tcp`).
-    pub fn restore(&self, images: &Path, work_dir: &Path, tcp: bool) -> Result<u32, CriuError> {
+    /// `tcp`: the images hold established TCP connections (the dump's `tcp`). `namespaces`: the
+    /// options that put the tree into another process's namespaces
+    /// (crate::namespaces::Target::restore_args).
+    pub fn restore(
+        &self,
+        images: &Path,
+        work_dir: &Path,
+        tcp: bool,
+        namespaces: &[OsString],
+    ) -> Result<u32, CriuError> {
         let pid_file = work_dir.join(crate::disk::leftovers::CRIU_PID_FILE);
         let mut command = self.command("restore", images);
         command
@@ -167,7 +185,8 @@ impl Criu {
             .arg(&pid_file)
             // The tree's mount namespace is a slave copy of this one: restored over the same root.
             .args(["--root", "/", "--mntns-compat-mode"])
-            .args(EXTERNAL_MOUNTS);
+            .args(EXTERNAL_MOUNTS)
+            .args(namespaces);
         if tcp {
             command.arg("--tcp-established");
         }

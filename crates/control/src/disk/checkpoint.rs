@@ -59,6 +59,7 @@ pub fn checkpoint(
     let sockets = tree_sockets(&tree);
     let tcp = crate::tcp::survey(&tree)?;
     let tcp_established = tcp.connected_within > 0;
+    let namespaces = crate::namespaces::Shared::of(root)?;
     let images = dir.join(IMAGES_DIR);
     let dir_existed = dir.exists();
     // The marker goes first and leaves last: until it is gone the directory is an incomplete
@@ -107,7 +108,7 @@ pub fn checkpoint(
     // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
     // writing the digests or the manifest) can still be rolled back and the workload runs on.
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, tcp_established)
+        criu.dump(root, &images, tcp_established, &namespaces.dump_args())
             .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
@@ -134,6 +135,7 @@ pub fn checkpoint(
             image_bytes,
             link_remaps: link_remaps.clone(),
             tcp_established,
+            shared_namespaces: namespaces.namespaces.clone(),
         };
         let manifest = build_manifest(
             &captured,
@@ -227,6 +229,7 @@ pub fn checkpoint(
         data_bytes,
         zero_bytes,
         root,
+        shared_namespaces: namespaces.namespaces,
     })
 }
 

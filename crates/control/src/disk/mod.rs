@@ -57,6 +57,9 @@ pub struct DiskReport {
     pub zero_bytes: u64,
     /// Host PID of the tree's root: the dumped one, or the restored one.
     pub root: u32,
+    /// The namespaces the tree shared with processes outside it (checkpoint), or joined
+    /// (restore: those of `--namespaces-of`); see [`crate::namespaces`].
+    pub shared_namespaces: Vec<protocol::manifest::SharedNamespace>,
 }
 
 pub(crate) fn state_error(path: &Path, e: impl Into<crate::FileError>) -> ControlError {

@@ -10,9 +10,10 @@ use crate::capture::{self, Bytes, Clock, Progress, Report};
 use crate::criu::{self, Criu};
 use crate::discovery;
 use crate::group::Group;
+use crate::namespaces::Target;
 use crate::native::Driver;
 use crate::{ControlError, Refusal};
-use protocol::manifest::{self, LinkRemap, Manifest};
+use protocol::manifest::{self, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -27,6 +28,10 @@ pub struct RestoreOptions {
     pub driver: Option<PathBuf>,
     /// The tool's settings (CRIU when `criu` is not given, the answer timeout).
     pub config: crate::config::ToolConfig,
+    /// A process whose namespaces the tree joins, for each namespace the checkpoint's tree shared
+    /// with processes outside it (crate::namespaces; the agent gives a process of the
+    /// placeholder pod). Required when the tree had a network namespace of its own.
+    pub namespaces_of: Option<u32>,
 }
 
 /// Everything a restore checks before it changes anything.
@@ -38,6 +43,8 @@ struct Verified {
     gpu_pairs: Vec<(cuda_abi::CUuuid, cuda_abi::CUuuid)>,
     /// How long each restored shim may take to answer (the tool's settings).
     answer_timeout: std::time::Duration,
+    /// The namespaces the tree is restored into, when it shared any.
+    namespaces: Option<Target>,
 }
 
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
@@ -93,6 +100,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         }
     }
     check_sockets_stale(&manifest)?;
+    let namespaces = join_target(&manifest, options.namespaces_of)?;
     Ok(Verified {
         manifest,
         state,
@@ -100,7 +108,33 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         driver,
         gpu_pairs,
         answer_timeout: options.config.answer_timeout,
+        namespaces,
     })
+}
+
+/// The namespaces to restore into: those of `namespaces_of` for each one the checkpoint lists.
+/// A tree that had a network namespace of its own (a pod's) cannot be restored without one: CRIU
+/// dumped it as external.
+fn join_target(
+    manifest: &Manifest,
+    namespaces_of: Option<u32>,
+) -> Result<Option<Target>, ControlError> {
+    let shared = manifest
+        .criu
+        .as_ref()
+        .map(|c| c.shared_namespaces.clone())
+        .unwrap_or_default();
+    match namespaces_of {
+        Some(pid) => Target::open(pid, &shared).map(Some),
+        None if shared.contains(&SharedNamespace::Net) => Err(refuse(
+            "checkpoint",
+            "its processes ran in a network namespace of something outside them (a pod's \
+             sandbox), which CRIU does not dump: pass --namespaces-of PID, a process in the \
+             network, IPC and UTS namespaces to restore them into"
+                .into(),
+        )),
+        None => Ok(None),
+    }
 }
 
 /// Refuses while any socket the checkpoint recorded still answers (the original group, or a
@@ -246,6 +280,10 @@ pub fn restore(
         data_bytes,
         zero_bytes,
         root,
+        shared_namespaces: verified
+            .namespaces
+            .as_ref()
+            .map_or_else(Vec::new, Target::namespaces),
     })
 }
 
@@ -264,14 +302,18 @@ fn restore_into(
         // Under CRIU's names only while CRIU runs (crate::remaps).
         let _linked = crate::remaps::link_for_restore(link_remaps)?;
         let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
+        let namespaces = (verified.namespaces.as_ref()).map_or_else(Vec::new, Target::restore_args);
         verified
             .criu
-            .restore(&images, work_dir, tcp)
+            .restore(&images, work_dir, tcp, &namespaces)
             .map(|pid| (pid, image_bytes, 0.0))
             .map_err(ControlError::Criu)
     })?;
     // From here on a failure must not leave a half-restored tree running.
-    let rebuilt = rebuild_restored(root, verified, files, clock);
+    let rebuilt = match verified.namespaces.as_ref().map(|t| t.check_joined(root)) {
+        Some(Err(reason)) => Err(refuse("the restored tree", reason)),
+        _ => rebuild_restored(root, verified, files, clock),
+    };
     match rebuilt {
         Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
         Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {

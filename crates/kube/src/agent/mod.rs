@@ -754,7 +754,8 @@ async fn restore_into(
     // The placeholder's cgroup, found before the restore: nothing is restored for a pod whose
     // processes cannot be found on this node.
     let procfs = context.procfs.clone();
-    let cgroup = match procfs
+    // Its first process also gives the namespaces (network, IPC, UTS) the tree is restored into.
+    let found = procfs
         .container_processes(&pod.uid, container.id.as_deref())
         .map_err(|e| e.to_string())
         .and_then(|pids| {
@@ -765,21 +766,24 @@ async fn restore_into(
                 )
             })
         })
-        .and_then(|pid| procfs.cgroup2_path(pid).map_err(|e| e.to_string()))
-        .and_then(|path| {
-            procfs
+        .and_then(|pid| {
+            let path = procfs.cgroup2_path(pid).map_err(|e| e.to_string())?;
+            let cgroup = procfs
                 .cgroup2_mount()
                 .map(|m| m.join(path.trim_start_matches('/')))
-                .map_err(|e| e.to_string())
-        }) {
-        Ok(cgroup) => cgroup,
+                .map_err(|e| e.to_string())?;
+            Ok((pid, cgroup))
+        });
+    let (placeholder_pid, cgroup) = match found {
+        Ok(found) => found,
         Err(e) => return Ok(Err(e)),
     };
     let tool_options = context.tool.clone();
     let dir = PathBuf::from(dir);
     let placeholder = pod.name.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let report = tool::restore(&tool_options, &dir, device_map).map_err(|f| f.message)?;
+        let report = tool::restore(&tool_options, &dir, device_map, placeholder_pid)
+            .map_err(|f| f.message)?;
         let moved = tool::process_tree(report.root)
             .map_err(|f| f.message)
             .and_then(|pids| cgroup::move_into(&cgroup, &pids).map_err(|e| e.to_string()));
@@ -787,8 +791,12 @@ async fn restore_into(
             Ok(()) => format!("in its cgroup {}", cgroup.display()),
             Err(e) => format!("but not moved into its cgroup: {e}"),
         };
+        let joined = match report.namespaces.as_slice() {
+            [] => String::new(),
+            names => format!(", in its {} namespaces", names.join(", ")),
+        };
         Ok::<_, String>(format!(
-            "restored into pod {placeholder} (root pid {}) in {:.0} ms, {note}",
+            "restored into pod {placeholder} (root pid {}) in {:.0} ms{joined}, {note}",
             report.root, report.total_millis
         ))
     })

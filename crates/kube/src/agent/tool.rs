@@ -57,6 +57,9 @@ pub struct ToolReport {
     /// Host PID of the dumped or the restored tree's root.
     pub root: u32,
     pub total_millis: f64,
+    /// `net`, `ipc`, `uts`: the namespaces the tree shared with its pod (checkpoint) or joined
+    /// (restore).
+    pub namespaces: Vec<&'static str>,
 }
 
 /// Classifies an error of the tool as the CLI's exit codes do.
@@ -93,6 +96,7 @@ fn report(report: disk::DiskReport) -> ToolReport {
         image_bytes: report.image_bytes,
         root: report.root,
         total_millis: report.report.total_millis,
+        namespaces: report.shared_namespaces.iter().map(|n| n.name()).collect(),
     }
 }
 
@@ -117,15 +121,19 @@ pub fn checkpoint(
         .map_err(failure)
 }
 
-/// Restores the checkpoint in `dir` into new processes (blocking).
+/// Restores the checkpoint in `dir` into new processes (blocking), in the namespaces of process
+/// `namespaces_of` (a process of the placeholder pod) that the checkpointed tree had apart from
+/// the agent's.
 pub fn restore(
     options: &ToolOptions,
     dir: &Path,
     device_map: Vec<(u32, u32)>,
+    namespaces_of: u32,
 ) -> Result<ToolReport, ToolFailure> {
     let options = RestoreOptions {
         dir: dir.to_path_buf(),
         device_map,
+        namespaces_of: Some(namespaces_of),
         criu: options.criu.clone(),
         driver: options.driver.clone(),
         config: options.config.clone(),

@@ -201,6 +201,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
                 kept_as: "/dev/shm/link_remap.3.cuinterpose-00112233445566ff".into(),
             }],
             tcp_established: false,
+            shared_namespaces: Vec::new(),
         }),
         timings: vec![manifest::PhaseTiming {
             phase: "save".into(),
