@@ -328,7 +328,7 @@ ipc_in_place() {  # tag script args...: suspend/resume in place
 import json, sys
 s, r = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 print("blockers %s; suspend %.0f ms, resume %.0f ms, shim moved %d MiB" % (
-    sys.argv[3], s["total_millis"], r["total_millis"], s["shared_bytes"] >> 20))
+    sys.argv[3], s["total_millis"], r["total_millis"], s["saved_bytes"] >> 20))
 PY
 )" "${verdict%% *}"
             [ "$verdict" = ok ] || log "ipc $tag: $verdict"

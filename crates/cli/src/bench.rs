@@ -76,8 +76,9 @@ The report says which mode ran.
 --to-disk DIR: a ring group of --size bytes is checkpointed to DIR and restored (root and CRIU, as
 for `checkpoint`), every phase timed with its bytes; before it, DIR's own sequential write and read
 rates are measured with the I/Os the shims use for data files (8 MiB, 4 in flight, O_DIRECT where
-DIR takes it), and the save, verify-data and load rates are given as shares of them (H200 target:
->= 80% each way, the digests adding <= 10%). Figures only: nothing here passes or fails on a time.";
+DIR takes it), and the save and load rates are given as shares of them (the load reads each data
+file once and checks its digests as it goes; H200 target: >= 80% each way, the digests adding
+<= 10%). Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = BENCH_HELP)]

@@ -28,7 +28,8 @@ pub struct DiskBench {
     pub checkpoint: DiskReport,
     pub restore: DiskReport,
     /// Each byte-moving phase of the checkpoint and the restore against the directory's rate in
-    /// the same direction (save against write; verify-data and load against read).
+    /// the same direction (save against write; load, which
+    /// reads each data file once and checks its digests, against read).
     pub ratios: Vec<PhaseRatio>,
 }
 
@@ -95,6 +96,7 @@ pub fn disk_bench(
             dir: checkpoint_dir.clone(),
             device_map: Vec::new(),
             namespaces_of: None,
+            verify_data_first: false,
             criu: None,
             driver: capture.driver.clone(),
             config: config.clone(),

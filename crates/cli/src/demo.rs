@@ -536,6 +536,7 @@ fn demo_to_disk(
             dir,
             device_map: Vec::new(),
             namespaces_of: None,
+            verify_data_first: false,
             criu: args.criu.clone(),
             driver: capture.driver.clone(),
             config: config.clone(),

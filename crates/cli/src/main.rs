@@ -33,7 +33,8 @@ pub enum Exit {
     Usage = 2,
     /// Refused before anything changed: the workload runs as before.
     Refused = 3,
-    /// Failed, then rolled back: the workload runs as before.
+    /// Failed, then rolled back: the workload runs as before (a restore: what it brought back
+    /// was killed, the checkpoint is unchanged).
     RolledBack = 4,
     /// Failed after the native lock or while rebuilding: the workload needs attention.
     NeedsAttention = 5,
@@ -47,7 +48,8 @@ Exit codes:
   1  unexpected error
   2  bad arguments or a bad setting (an environment variable of README's table)
   3  refused before anything changed (the workload runs as before)
-  4  failed and rolled back (the workload runs as before)
+  4  failed and rolled back (the workload runs as before; a restore: what it brought back
+     was killed, the checkpoint is unchanged)
   5  failed after the native lock or while rebuilding (the workload needs attention)
   6  doctor: a check failed (each failed line says what to fix)";
 
@@ -153,6 +155,11 @@ enum Command {
         /// when the tree had a network namespace of its own, which CRIU does not dump
         #[arg(long, value_name = "PID")]
         namespaces_of: Option<u32>,
+        /// Read every data file and check its digests before CRIU runs, so that a damaged one is
+        /// refused before any process is created (default: lengths first, digests while the shims
+        /// load, a damaged file undoing the restore before its processes resume; one read less)
+        #[arg(long)]
+        verify_data_first: bool,
         /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
@@ -161,7 +168,7 @@ enum Command {
         driver: Option<PathBuf>,
         /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
         /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "criu", "driver"])]
+        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "criu", "driver"])]
         cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
@@ -240,7 +247,9 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. },
         ) => Exit::Refused,
-        Some(ControlError::RolledBack { .. }) => Exit::RolledBack,
+        Some(ControlError::RolledBack { .. } | ControlError::RestoreUndone { .. }) => {
+            Exit::RolledBack
+        }
         Some(
             ControlError::RollbackFailed { .. }
             | ControlError::Step { .. }
@@ -389,6 +398,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             dir,
             device_map,
             namespaces_of,
+            verify_data_first,
             criu,
             driver,
             cleanup: false,
@@ -398,6 +408,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 dir: dir.clone(),
                 device_map: device_map.unwrap_or_default(),
                 namespaces_of,
+                verify_data_first,
                 criu,
                 driver,
                 config: config.clone(),

@@ -118,6 +118,17 @@ pub enum ControlError {
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
     RolledBack { failure: Box<ControlError> },
+    /// A restore that failed after CRIU brought the tree back, before its rebuild finished (the
+    /// shims' gates were still closed), and killed the tree: nothing runs, the checkpoint is
+    /// unchanged.
+    #[error(
+        "{failure}\nundone: the restored processes (root pid {root}) were killed before their \
+         rebuild finished; the checkpoint is unchanged"
+    )]
+    RestoreUndone {
+        root: u32,
+        failure: Box<ControlError>,
+    },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {
         failure: Box<ControlError>,
@@ -170,6 +181,7 @@ impl ControlError {
             self,
             ControlError::Refused(_)
                 | ControlError::RolledBack { .. }
+                | ControlError::RestoreUndone { .. }
                 | ControlError::NoCudaProcesses(_)
                 | ControlError::NoSuchProcess(_)
                 | ControlError::Unchanged { .. }

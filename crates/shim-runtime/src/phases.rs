@@ -245,7 +245,11 @@ impl Runtime {
                 }
             }
             Err(e) => {
-                log_warn!("{name} failed: {e}");
+                // Not a warning: the tool reports it, naming the process. Written to the
+                // application's stderr by default, it would change a file a checkpoint recorded
+                // (CRIU restores a regular file only at its recorded size), and a restore whose
+                // rebuild failed could not be tried again.
+                log_info!("{name} failed: {e}");
                 Response::Error {
                     code: e.code(),
                     message: e.to_string(),

@@ -1,8 +1,9 @@
 //! The data files of a checkpoint to disk: the tool creates one per creating process in the
 //! checkpoint's `data/` directory, hands it to the process's shim with SaveTo (the shim streams
 //! its shared allocations into it, crates/shim-runtime/src/datafile.rs) and records what the shim
-//! answered in the manifest; at restore it checks every file against the manifest before anything
-//! changes, and hands each back with LoadFrom.
+//! answered in the manifest; at restore it checks every file's presence and length against the
+//! manifest before anything changes, and hands each back with LoadFrom, whose shim checks the
+//! digests as it reads (or, asked to, the tool reads and checks them all first).
 //!
 //! One file per process rather than per allocation: a frame carries one descriptor, a process's
 //! allocations then stream through one sequence of large writes, and a group of thousands of
@@ -200,9 +201,40 @@ impl DataFiles {
         totals(results)
     }
 
-    /// Checks every listed data file against the manifest before anything is restored: present,
-    /// of its recorded length, every extent's bytes hashing to its recorded BLAKE3 (zero blocks
-    /// are not read: the shim sets them to zero, whatever the file holds there). Read-only.
+    /// Checks that every listed data file is present, of its recorded length, with a record that
+    /// reads. Read-only, and cheap: what a restore checks of the data before anything changes
+    /// when the digests are left to the load (each shim hashes the bytes it reads and fails the
+    /// load on a mismatch, crates/shim-runtime/src/datafile.rs).
+    pub fn check_lengths(&self) -> Result<(), ControlError> {
+        for entry in self.entries() {
+            self.open_checked(&entry)?;
+        }
+        Ok(())
+    }
+
+    /// The data file of `entry`, open for reading, after checking its length against the
+    /// manifest; and its record.
+    fn open_checked(
+        &self,
+        entry: &DataFileEntry,
+    ) -> Result<(File, protocol::message::DataFile), ControlError> {
+        let path = self.path(entry.ns_pid);
+        let file = File::open(&path).map_err(|e| damaged(&path, e))?;
+        let length = file.metadata().map_err(|e| damaged(&path, e))?.len();
+        if length != entry.bytes {
+            return Err(damaged(
+                &path,
+                format!("is {length} bytes, the manifest records {}", entry.bytes),
+            ));
+        }
+        let record = entry.record().map_err(|e| damaged(&path, e))?;
+        Ok((file, record))
+    }
+
+    /// Checks every listed data file against the manifest before anything is restored (restore
+    /// `--verify-data-first`): [`Self::check_lengths`], then every extent's bytes hashing to its
+    /// recorded BLAKE3 (zero blocks are not read: the shim sets them to zero, whatever the file
+    /// holds there). Read-only.
     pub fn verify(&self, progress: &dyn Progress) -> Result<u64, ControlError> {
         let entries = self.entries();
         let results: Vec<Result<u64, ControlError>> = std::thread::scope(|s| {
@@ -236,15 +268,7 @@ impl DataFiles {
     ) -> Result<u64, ControlError> {
         use std::os::unix::fs::FileExt;
         let path = self.path(entry.ns_pid);
-        let file = File::open(&path).map_err(|e| damaged(&path, e))?;
-        let length = file.metadata().map_err(|e| damaged(&path, e))?.len();
-        if length != entry.bytes {
-            return Err(damaged(
-                &path,
-                format!("is {length} bytes, the manifest records {}", entry.bytes),
-            ));
-        }
-        let record = entry.record().map_err(|e| damaged(&path, e))?;
+        let (file, record) = self.open_checked(entry)?;
         let block = DATA_ALIGN as usize;
         let zeros = vec![0u8; block];
         let mut buffer = vec![0u8; block];

@@ -32,6 +32,10 @@ pub struct RestoreOptions {
     /// with processes outside it (crate::namespaces; the agent gives a process of the
     /// placeholder pod). Required when the tree had a network namespace of its own.
     pub namespaces_of: Option<u32>,
+    /// Read every data file and check its digests before CRIU runs (a pass of its own), instead
+    /// of the default: lengths checked first, digests checked by the shims as they load, a
+    /// mismatch killing the restored tree before its rebuild finishes (DataFiles::check_lengths).
+    pub verify_data_first: bool,
 }
 
 /// Everything a restore checks before it changes anything.
@@ -246,9 +250,14 @@ pub fn restore(
     })?;
     let files = DataFiles::listed(&options.dir, &verified.manifest.data_files);
     let (data_bytes, zero_bytes) = super::checkpoint::data_totals(&verified.manifest.data_files);
-    clock.time("verify-data", Some(data_bytes), || {
-        files.verify(progress).map(|read| ((), read, 0.0))
-    })?;
+    // A missing or truncated data file is refused here, before anything changes; its content is
+    // checked in one pass with the load (each shim hashes what it reads), unless asked first.
+    files.check_lengths()?;
+    if options.verify_data_first {
+        clock.time("verify-data", Some(data_bytes), || {
+            files.verify(progress).map(|read| ((), read, 0.0))
+        })?;
+    }
     let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = super::leftovers::create_work_dir(&options.dir)?;
@@ -317,10 +326,9 @@ fn restore_into(
     match rebuilt {
         Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
         Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
-            Ok(()) => ControlError::Step {
-                step: "restore (the restored processes were killed; the checkpoint is unchanged)",
-                process: format!("the restored tree (root pid {root})"),
-                source: Box::new(e),
+            Ok(()) => ControlError::RestoreUndone {
+                root,
+                failure: Box::new(e),
             },
             Err(kill) => {
                 tracing::error!(root, error = %kill, "killing the restored tree");

@@ -66,7 +66,7 @@ pub struct ToolReport {
 fn classify(error: &ControlError) -> Failure {
     match error {
         ControlError::Refused(_) | ControlError::NoCudaProcesses(_) => Failure::Refused,
-        ControlError::RolledBack { .. } => Failure::RolledBack,
+        ControlError::RolledBack { .. } | ControlError::RestoreUndone { .. } => Failure::RolledBack,
         _ if error.workload_untouched() => Failure::RolledBack,
         _ => Failure::NeedsAttention,
     }
@@ -134,6 +134,7 @@ pub fn restore(
         dir: dir.to_path_buf(),
         device_map,
         namespaces_of: Some(namespaces_of),
+        verify_data_first: false,
         criu: options.criu.clone(),
         driver: options.driver.clone(),
         config: options.config.clone(),
@@ -199,6 +200,11 @@ mod tests {
             failure: Box::new(ControlError::NoSuchProcess(7)),
         };
         assert_eq!(classify(&rolled), Failure::RolledBack);
+        let undone = ControlError::RestoreUndone {
+            root: 9,
+            failure: Box::new(ControlError::NoSuchProcess(7)),
+        };
+        assert_eq!(classify(&undone), Failure::RolledBack);
         let attention = ControlError::RollbackFailed {
             failure: Box::new(ControlError::NoSuchProcess(7)),
             rollback: vec![],
