@@ -5,7 +5,8 @@
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
 #                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang; bench-all adds two carriers;
-#                                          attrs: the pointer-attributes scenario alone, without the shim)
+#                                          attrs: the pointer-attributes scenario alone, without the shim;
+#                                          placement: where a pinned carrier lives, without the shim)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -644,6 +645,30 @@ for l in open('$logs/unlock.jsonl'):
     if r['phase'] == 'restored':
         print('returned=%s in %ss get_info=%s alloc=%s' % (r['returned'], r['seconds'], r.get('mem_get_info'), r.get('mem_alloc')))
 " 2>/dev/null || tail -1 "$logs/unlock.err")" measured
+fi
+
+if wants placement; then
+    log "open question: a pinned carrier in the application or in a helper never checkpointed"
+    for gib in 8 16; do
+        timeout 300 python3 scripts/gpu/carrier_placement.py --count "$gib" --size $((1 << 30)) \
+            >"$logs/placement-$gib.jsonl" 2>"$logs/placement-$gib.err"
+        placement_status=$?
+        while IFS=$'\t' read -r name figures; do
+            row "carrier placement: $name" "-" "$figures" measured
+        done < <(python3 -c "
+import json
+steps = {}
+for l in open('$logs/placement-$gib.jsonl'):
+    r = json.loads(l)
+    if r.get('summary'):
+        print('%s, %d GiB\tcycle %d: suspend %.0f ms, resume %.0f ms, %.2fx native; GPU used while suspended %d MiB (the tool/helper context %d MiB)' % (r['case'], r['bytes'] >> 30, r['last_cycle'], r['suspend_ms'], r['resume_ms'], r['x_native'], r['suspended_used_mib'], r['context_mib']))
+    elif 'step' in r and r['cycle'] == 2 and r['step'] != 'check':
+        steps.setdefault(r['case'], []).append('%s %.0f' % (r['step'], r['millis']))
+for case, parts in steps.items():
+    print('%s steps, $gib GiB\t%s' % (case, ', '.join(parts)))
+" 2>/dev/null)
+        [ "$placement_status" = 0 ] || row "carrier placement, $gib GiB" "-" "exit $placement_status: $(tail -1 "$logs/placement-$gib.err")" FAIL
+    done
 fi
 
 if wants hang; then
