@@ -12,11 +12,11 @@
 //! buffered I/O from then on, logged once.
 //!
 //! BLAKE3 is computed while the bytes stream, one digest per allocation ([`Extent::blake3`]: a
-//! rollback may load only some allocations back): the units are hashed in file order, each by the
-//! thread that holds it once every earlier unit is hashed (units are taken in order, so the
-//! thread holding the earliest unhashed one never waits). LoadFrom refuses an allocation whose
-//! bytes do not hash to the digest the checkpoint recorded (the tool verified the files already
-//! before the restore; this check covers what changed since).
+//! rollback may load only some allocations back): each worker hashes the unit it holds as a
+//! subtree of its allocation's BLAKE3 tree, in parallel with the others, and the digests are merged
+//! from the subtrees at the end (crate::digest). LoadFrom refuses an allocation whose bytes do not
+//! hash to the digest the checkpoint recorded; by default that is the restore's only check of the
+//! content (the tool checked the files' lengths before anything changed).
 //!
 //! Blocks of [`DATA_ALIGN`] bytes that are all zeros (free blocks of caching allocators,
 //! preallocated caches) are not written: they stay holes and are listed in the file's record
@@ -25,6 +25,7 @@
 
 use crate::Real;
 use crate::copy::{self, CopyError};
+use crate::digest::{DigestError, TreeDigests};
 use crate::log::log_warn;
 use crate::phases::{LoadItem, PhaseError, TempMap};
 use cuda::owned::PinnedBuffer;
@@ -33,8 +34,8 @@ use protocol::record::{AllocationId, Phase};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 use std::os::fd::BorrowedFd;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 /// Largest write or read of one unit ([`protocol::message::DATA_IO`]).
@@ -76,6 +77,8 @@ pub enum DataFileError {
     Mismatch(String),
     #[error("cannot start a data file thread: {0}")]
     Spawn(std::io::Error),
+    #[error(transparent)]
+    Tree(#[from] DigestError),
 }
 
 /// An allocation to stream: mapped at `va` for copies through `device`'s context, its bytes at
@@ -107,14 +110,15 @@ pub fn layout(allocations: &[(AllocationId, u64)]) -> (Vec<Extent>, u64) {
     (extents, offset)
 }
 
-/// One unit of work: `len` bytes of region `region`, at `offset` in the file and `va` on the
-/// device.
+/// One unit of work: `len` bytes of region `region` from byte `at` of it, at `offset` in the
+/// file and `va` on the device.
 #[derive(Clone, Copy, Debug)]
 struct Unit {
     region: usize,
     device: i32,
     va: u64,
     offset: u64,
+    at: u64,
     len: usize,
 }
 
@@ -130,59 +134,13 @@ fn units(regions: &[Region]) -> Vec<Unit> {
                 device: r.device,
                 va: r.va + done as u64,
                 offset: r.extent.offset + done as u64,
+                at: done as u64,
                 len,
             });
             done += len;
         }
     }
     out
-}
-
-/// The hashers (one per region) and whose turn it is, shared by the workers.
-struct Ordered {
-    state: Mutex<(usize, Vec<blake3::Hasher>)>,
-    turn: Condvar,
-    failed: AtomicBool,
-}
-
-impl Ordered {
-    fn new(regions: usize) -> Ordered {
-        Ordered {
-            state: Mutex::new((0, vec![blake3::Hasher::new(); regions])),
-            turn: Condvar::new(),
-            failed: AtomicBool::new(false),
-        }
-    }
-
-    /// Hashes unit `index`'s bytes into its region's digest once every earlier unit is hashed;
-    /// false when another worker failed meanwhile (the digests will not be used).
-    fn hash(&self, index: usize, unit: &Unit, bytes: &[u8]) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while state.0 != index {
-            if self.failed.load(Ordering::Acquire) {
-                return false;
-            }
-            state = self.turn.wait(state).unwrap_or_else(|e| e.into_inner());
-        }
-        if let Some(hasher) = state.1.get_mut(unit.region) {
-            hasher.update(bytes);
-        }
-        state.0 += 1;
-        self.turn.notify_all();
-        true
-    }
-
-    fn fail(&self) {
-        self.failed.store(true, Ordering::Release);
-        // Taken so that no waiter misses the flag between its check and its wait.
-        let _state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        self.turn.notify_all();
-    }
-
-    fn digests(self) -> Vec<[u8; 32]> {
-        let state = self.state.into_inner().unwrap_or_else(|e| e.into_inner());
-        state.1.iter().map(|h| *h.finalize().as_bytes()).collect()
-    }
 }
 
 /// Whether the file is open with `O_DIRECT`; cleared for good when the filesystem refuses it.
@@ -298,29 +256,31 @@ fn runs(unit: &Unit, zero: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize, 
     out
 }
 
-/// What the workers share besides the hasher.
+/// What the workers share.
 struct Shared<'a> {
     real: &'a Real,
     file: BorrowedFd<'a>,
     direct: Direct,
     units: Vec<Unit>,
     next: AtomicUsize,
-    ordered: Ordered,
+    digests: TreeDigests,
+    /// A worker failed: the others stop taking units (the digests will not be used).
+    failed: AtomicBool,
     file_bytes: AtomicU64,
     zero_bytes: AtomicU64,
     first_error: Mutex<Option<DataFileError>>,
 }
 
 /// Runs [`WORKERS`] threads over the units; each enters its units' device context as needed and
-/// owns one pinned buffer of [`IO_SIZE`] bytes. `step` does one unit in the buffer and answers
-/// `Ok(false)` when the digests will not be used (another worker failed).
+/// owns one pinned buffer of [`IO_SIZE`] bytes. `step` does one unit in the buffer, its digest
+/// included.
 fn run<F>(shared: &Shared<'_>, step: &F) -> u32
 where
-    F: Fn(&Shared<'_>, usize, &Unit, &mut [u8]) -> Result<bool, DataFileError> + Sync,
+    F: Fn(&Shared<'_>, &Unit, &mut [u8]) -> Result<(), DataFileError> + Sync,
 {
     let workers = WORKERS.min(shared.units.len());
     let fail = |e: DataFileError| {
-        shared.ordered.fail();
+        shared.failed.store(true, Ordering::Release);
         shared
             .first_error
             .lock()
@@ -336,7 +296,7 @@ where
                     let mut context: Option<(i32, copy::DeviceContext<'_>)> = None;
                     let mut buffer = None;
                     loop {
-                        if shared.ordered.failed.load(Ordering::Acquire) {
+                        if shared.failed.load(Ordering::Acquire) {
                             return Ok(());
                         }
                         let index = shared.next.fetch_add(1, Ordering::AcqRel);
@@ -362,9 +322,7 @@ where
                         let Some(buffer) = buffer.as_mut() else {
                             return Ok(());
                         };
-                        if !step(shared, index, unit, buffer.as_mut_slice())? {
-                            return Ok(());
-                        }
+                        step(shared, unit, buffer.as_mut_slice())?;
                     }
                 })();
                 if let Err(e) = result {
@@ -408,13 +366,14 @@ pub fn write(
         direct: Direct::of(file),
         units: units(regions),
         next: AtomicUsize::new(0),
-        ordered: Ordered::new(regions.len()),
+        digests: TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE),
+        failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
     let zero_blocks = Mutex::new(Vec::new());
-    let step = |shared: &Shared<'_>, index: usize, unit: &Unit, buffer: &mut [u8]| {
+    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
         let bytes = buffer
             .get_mut(..unit.len)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
@@ -444,7 +403,7 @@ pub fn write(
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         let hashed = buffer.get(..unit.len).unwrap_or_default();
-        Ok(shared.ordered.hash(index, unit, hashed))
+        Ok(shared.digests.add(unit.region, unit.at, hashed)?)
     };
     let threads = run(&shared, &step);
     if let Some(e) = shared
@@ -473,7 +432,7 @@ pub fn write(
     };
     let extents = regions
         .iter()
-        .zip(shared.ordered.digests())
+        .zip(shared.digests.finish()?)
         .map(|(r, blake3)| Extent { blake3, ..r.extent })
         .collect();
     let record = DataFile {
@@ -513,7 +472,8 @@ pub fn read(
         direct: Direct::of(file),
         units: units(regions),
         next: AtomicUsize::new(0),
-        ordered: Ordered::new(regions.len()),
+        digests: TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE),
+        failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
         first_error: Mutex::new(None),
@@ -524,7 +484,7 @@ pub fn read(
             .binary_search(&(offset / DATA_ALIGN))
             .is_ok()
     };
-    let step = |shared: &Shared<'_>, index: usize, unit: &Unit, buffer: &mut [u8]| {
+    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
         let runs = runs(unit, |at, _| zero_block(unit.offset + at as u64));
         for (at, len, zero) in runs {
             let dev = unit.va + at as u64;
@@ -552,7 +512,7 @@ pub fn read(
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         let hashed = buffer.get(..unit.len).unwrap_or_default();
-        Ok(shared.ordered.hash(index, unit, hashed))
+        Ok(shared.digests.add(unit.region, unit.at, hashed)?)
     };
     let threads = run(&shared, &step);
     if let Some(e) = shared
@@ -562,7 +522,7 @@ pub fn read(
     {
         return Err(e);
     }
-    for (r, found) in regions.iter().zip(shared.ordered.digests()) {
+    for (r, found) in regions.iter().zip(shared.digests.finish()?) {
         if found != r.extent.blake3 {
             return Err(DataFileError::Digest {
                 id: r.extent.id,

@@ -31,6 +31,7 @@ pub mod config;
 pub mod contexts;
 pub mod copy;
 pub mod datafile;
+pub mod digest;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;
