@@ -5,7 +5,9 @@ use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
 use super::preflight::namespace_root;
-use super::preflight::{check_new_dir, has_terminal, replaced_mappings, tree_sockets};
+use super::preflight::{
+    check_new_dir, foreign_roots, has_terminal, replaced_mappings, tree_sockets,
+};
 use super::{
     CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
 };
@@ -51,6 +53,10 @@ pub fn checkpoint(
              with `cuinterpose run --pid-namespace` (a new session) with stdio on files"
                 .into(),
         ));
+    }
+    let foreign = foreign_roots(&tree);
+    if !foreign.is_empty() {
+        return Err(ControlError::Refused(foreign));
     }
     let replaced = replaced_mappings(&tree);
     if !replaced.is_empty() {

@@ -1,5 +1,6 @@
 //! What a checkpoint to disk refuses before the capture starts: a workload that is not the root of
-//! its own PID namespace, a used directory, a controlling terminal, a large deleted mapping.
+//! its own PID namespace, a used directory, a controlling terminal, a root filesystem other than
+//! the tool's, a large deleted mapping.
 
 use super::{refuse, state_error};
 use crate::discovery;
@@ -135,4 +136,104 @@ pub(super) fn replaced_mappings(tree: &[u32]) -> Vec<Refusal> {
 /// Whether the process has a controlling terminal (CRIU then needs `--shell-job`).
 pub(super) fn has_terminal(pid: u32) -> bool {
     crate::procfs::stat(pid).is_some_and(|s| s.tty_nr != 0)
+}
+
+/// The processes of the tree whose root directory is not the tool's (a container's root
+/// filesystem). A restore brings the tree back over the restoring tool's root (CRIU's `--root /`,
+/// crate::criu), where such a process would find files that are not its own, or none: so the
+/// checkpoint refuses them before anything changes, instead of stopping a workload that no
+/// restore could bring back as it was (docs/design.md, "Namespaces", says what restoring into a
+/// container's filesystem needs). A root directory is known by the device and inode of
+/// `/proc/<pid>/root`; a workload of `cuinterpose run --pid-namespace` has a mount namespace of its
+/// own over the same root, which passes.
+pub(super) fn foreign_roots(tree: &[u32]) -> Vec<Refusal> {
+    use std::os::unix::fs::MetadataExt;
+    let identity = |path: &Path| std::fs::metadata(path).map(|m| (m.dev(), m.ino()));
+    let Ok(ours) = identity(Path::new("/")) else {
+        return Vec::new();
+    };
+    tree.iter()
+        .filter_map(|&pid| {
+            // A process gone meanwhile has no root to compare; the capture finds it gone.
+            let theirs = identity(&crate::procfs::path(pid, "root")).ok()?;
+            (theirs != ours).then(|| Refusal {
+                process: discovery::describe(pid)
+                    .map(|i| i.label())
+                    .unwrap_or_else(|_| format!("pid {pid}")),
+                reason: format!(
+                    "runs in a root filesystem of its own (device {}, inode {}; this tool's: \
+                     device {}, inode {}), as in a container: a restore would bring it back over \
+                     this tool's root, where its files are not its own; run the tool where the \
+                     workload's root is `/` (inside its container)",
+                    theirs.0, theirs.1, ours.0, ours.1
+                ),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::{Command, Stdio};
+
+    /// A process chrooted into a copy of `sleep` and its libraries (on tmpfs, another filesystem)
+    /// is refused; this process is not.
+    #[test]
+    fn a_process_in_a_root_filesystem_of_its_own_is_refused() {
+        let me = std::process::id();
+        assert!(foreign_roots(&[me]).is_empty());
+        let root = tempfile::Builder::new()
+            .prefix("cuinterpose-root-")
+            .tempdir_in("/dev/shm")
+            .expect("a directory on /dev/shm");
+        let sleep = which("sleep");
+        let mut files = vec![sleep.clone()];
+        let ldd = Command::new("ldd").arg(&sleep).output().expect("ldd");
+        files.extend(
+            String::from_utf8_lossy(&ldd.stdout)
+                .split_whitespace()
+                .filter(|w| w.starts_with('/'))
+                .map(std::path::PathBuf::from),
+        );
+        for file in &files {
+            let target = root.path().join(file.strip_prefix("/").expect("absolute"));
+            std::fs::create_dir_all(target.parent().expect("a parent")).expect("mkdir");
+            std::fs::copy(file, &target).expect("copying into the new root");
+        }
+        let mut child = Command::new("chroot")
+            .arg(root.path())
+            .arg(&sleep)
+            .arg("30")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("chroot (root only)");
+        let pid = child.id();
+        // Until chroot has execed sleep, the child's root is still ours.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let refused = loop {
+            let refused = foreign_roots(&[me, pid]);
+            if !refused.is_empty() || std::time::Instant::now() > deadline {
+                break refused;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert!(refused[0].process.contains(&pid.to_string()), "{refused:?}");
+        assert!(
+            refused[0].reason.contains("root filesystem of its own"),
+            "{refused:?}"
+        );
+    }
+
+    fn which(program: &str) -> std::path::PathBuf {
+        std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+            .unwrap_or_else(|| panic!("{program} on PATH"))
+    }
 }
