@@ -4,9 +4,9 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang; bench-all adds two carriers;
-#                                          attrs: the pointer-attributes scenario alone, without the shim;
-#                                          placement: where a pinned carrier lives, without the shim)
+#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement unlock hang;
+#                                          bench-all adds two carriers; placement: where a pinned carrier lives, without
+#                                          the shim; attrs: the pointer-attributes scenario alone, without the shim)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -25,7 +25,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
