@@ -210,4 +210,16 @@ pub fn print_disk(b: &DiskBench) {
             r.of_dir * 100.0
         );
     }
+    for (streaming, share) in [
+        ("save", b.checkpoint.digest_share),
+        ("load", b.restore.digest_share),
+    ] {
+        if let Some(share) = share {
+            println!(
+                "  digests: {:.1}% of the {streaming}'s worker time (at most what they cost it; \
+                 target <= 10%)",
+                share * 100.0
+            );
+        }
+    }
 }

@@ -180,6 +180,12 @@ pub fn print_disk_report(
         report.dir.display(),
         report.report.total_millis
     );
+    if let Some(share) = report.digest_share {
+        println!(
+            "digests: {:.1}% of the data-file workers' time",
+            share * 100.0
+        );
+    }
     Ok(())
 }
 

@@ -294,6 +294,13 @@ fn bench_to_disk_reports_phases_next_to_the_directory_rate() {
         .expect("save phase");
     assert_eq!(save["bytes"], 16 << 20);
     assert_eq!(disk["checkpoint"]["data_bytes"], 16 << 20);
+    // The digests' share of the shims' streaming: measured (hashing 16 MiB takes time), a share.
+    for run in ["checkpoint", "restore"] {
+        let share = disk[run]["digest_share"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{run}: digest_share in {}", disk[run]));
+        assert!(share > 0.0 && share <= 1.0, "{run}: digest share {share}");
+    }
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("dir")
         .flatten()

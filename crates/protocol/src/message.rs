@@ -18,7 +18,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -202,6 +202,10 @@ pub struct StreamStats {
     pub threads: u32,
     /// Wall time of the streaming (threads started to the last block hashed).
     pub micros: u64,
+    /// Time the threads spent hashing, summed over them: the digests' share of the streaming is
+    /// this over `threads` x `micros` (what they would save at most where the threads, not the
+    /// storage, set the pace).
+    pub hash_micros: u64,
 }
 
 /// One allocation's bytes in a data file.

@@ -485,6 +485,7 @@ fn responses() -> Vec<(&'static str, Response)> {
                     direct: true,
                     threads: 4,
                     micros: 850,
+                    hash_micros: 1200,
                 },
                 file: data_file(),
             },

@@ -268,7 +268,20 @@ struct Shared<'a> {
     failed: AtomicBool,
     file_bytes: AtomicU64,
     zero_bytes: AtomicU64,
+    /// Microseconds the workers spent hashing, summed ([`StreamStats::hash_micros`]).
+    hash_micros: AtomicU64,
     first_error: Mutex<Option<DataFileError>>,
+}
+
+impl Shared<'_> {
+    /// Hashes a unit's bytes into its allocation's digest, counting the time.
+    fn hash(&self, unit: &Unit, bytes: &[u8]) -> Result<(), DataFileError> {
+        let start = Instant::now();
+        self.digests.add(unit.region, unit.at, bytes)?;
+        let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.hash_micros.fetch_add(micros, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// Runs [`WORKERS`] threads over the units; each enters its units' device context as needed and
@@ -370,6 +383,7 @@ pub fn write(
         failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
+        hash_micros: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
     let zero_blocks = Mutex::new(Vec::new());
@@ -403,7 +417,7 @@ pub fn write(
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         let hashed = buffer.get(..unit.len).unwrap_or_default();
-        Ok(shared.digests.add(unit.region, unit.at, hashed)?)
+        shared.hash(unit, hashed)
     };
     let threads = run(&shared, &step);
     if let Some(e) = shared
@@ -429,6 +443,7 @@ pub fn write(
         direct: shared.direct.on.load(Ordering::Acquire),
         threads,
         micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
     };
     let extents = regions
         .iter()
@@ -476,6 +491,7 @@ pub fn read(
         failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
+        hash_micros: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
     let zero_block = |offset: u64| {
@@ -512,7 +528,7 @@ pub fn read(
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         let hashed = buffer.get(..unit.len).unwrap_or_default();
-        Ok(shared.digests.add(unit.region, unit.at, hashed)?)
+        shared.hash(unit, hashed)
     };
     let threads = run(&shared, &step);
     if let Some(e) = shared
@@ -546,6 +562,7 @@ pub fn read(
         direct: shared.direct.on.load(Ordering::Acquire),
         threads,
         micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
     })
 }
 

@@ -1,6 +1,6 @@
 //! `cuinterpose checkpoint`: the capture of a suspend, then a CRIU dump of the process tree.
 
-use super::datafiles::DataFiles;
+use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
@@ -236,6 +236,7 @@ pub fn checkpoint(
         zero_bytes,
         root,
         shared_namespaces: namespaces.namespaces,
+        digest_share: files.digest_share(Streaming::Save),
     })
 }
 

@@ -42,6 +42,38 @@ pub struct DataFiles {
     written: Mutex<BTreeMap<u32, DataFileEntry>>,
     /// Where SaveTo's results are recorded for `resume` ([`DATA_FILES_RECORD`]), if anywhere.
     record: Option<PathBuf>,
+    /// The shims' streaming work, summed over them: by SaveTo, and by LoadFrom.
+    saved: Mutex<Work>,
+    loaded: Mutex<Work>,
+}
+
+/// Worker time of data-file streaming, summed over the shims.
+#[derive(Debug, Default, Clone, Copy)]
+struct Work {
+    /// Spent hashing.
+    hash_micros: u64,
+    /// In all: each shim's threads times its streaming's wall time.
+    worker_micros: u64,
+}
+
+impl Work {
+    fn add(&mut self, stats: &protocol::message::StreamStats) {
+        self.hash_micros = self.hash_micros.saturating_add(stats.hash_micros);
+        self.worker_micros = self
+            .worker_micros
+            .saturating_add(u64::from(stats.threads).saturating_mul(stats.micros));
+    }
+
+    fn share(self) -> Option<f64> {
+        (self.worker_micros > 0).then(|| self.hash_micros as f64 / self.worker_micros as f64)
+    }
+}
+
+/// Which streaming [`DataFiles::digest_share`] is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streaming {
+    Save,
+    Load,
 }
 
 /// The content of [`DATA_FILES_RECORD`].
@@ -70,6 +102,8 @@ impl DataFiles {
             dir: checkpoint.join(DATA_DIR),
             written: Mutex::new(BTreeMap::new()),
             record: Some(record_path(state)),
+            saved: Mutex::default(),
+            loaded: Mutex::default(),
         }
     }
 
@@ -79,6 +113,8 @@ impl DataFiles {
             dir: checkpoint.join(DATA_DIR),
             written: Mutex::new(entries.iter().map(|e| (e.ns_pid, e.clone())).collect()),
             record: None,
+            saved: Mutex::default(),
+            loaded: Mutex::default(),
         }
     }
 
@@ -97,6 +133,8 @@ impl DataFiles {
             dir: record.dir,
             written: Mutex::new(record.files.into_iter().map(|e| (e.ns_pid, e)).collect()),
             record: None,
+            saved: Mutex::default(),
+            loaded: Mutex::default(),
         }))
     }
 
@@ -118,6 +156,18 @@ impl DataFiles {
 
     fn path(&self, ns_pid: u32) -> PathBuf {
         self.dir.join(data_file_name(ns_pid))
+    }
+
+    /// The share of the shims' data-file worker time that went to the digests in `streaming`
+    /// (hashing over threads x wall time, summed over the shims): at most what the digests cost
+    /// it, all of it where the workers set the pace and none where the storage does. `None` when
+    /// nothing was streamed that way.
+    pub fn digest_share(&self, streaming: Streaming) -> Option<f64> {
+        let work = match streaming {
+            Streaming::Save => &self.saved,
+            Streaming::Load => &self.loaded,
+        };
+        lock_work(work).share()
     }
 
     /// The entries for the manifest, by namespace PID.
@@ -152,6 +202,7 @@ impl DataFiles {
             let path = self.path(ns_pid);
             let file = create(&path)?;
             let streamed = p.stream(&Request::SaveTo, file.as_fd())?;
+            lock_work(&self.saved).add(&streamed.stats);
             report(progress, "save", p, &streamed);
             if streamed.file.extents.is_empty() {
                 drop(file);
@@ -195,6 +246,7 @@ impl DataFiles {
             let record = entry.record().map_err(|e| damaged(&path, e))?;
             let file = open(&path)?;
             let streamed = p.stream(&Request::LoadFrom { file: record }, file.as_fd())?;
+            lock_work(&self.loaded).add(&streamed.stats);
             report(progress, "load", p, &streamed);
             Ok(streamed)
         });
@@ -308,6 +360,10 @@ impl DataFiles {
         }
         Ok(read)
     }
+}
+
+fn lock_work(work: &Mutex<Work>) -> std::sync::MutexGuard<'_, Work> {
+    work.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Creates a data file for writing, with `O_DIRECT` where the filesystem takes it.

@@ -1,7 +1,7 @@
 //! `cuinterpose restore`: everything checked before anything changes, then CRIU brings the tree
 //! back, then native restore (optionally onto other GPUs) and the rebuild a resume does.
 
-use super::datafiles::DataFiles;
+use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::read_manifest;
@@ -293,6 +293,7 @@ pub fn restore(
             .namespaces
             .as_ref()
             .map_or_else(Vec::new, Target::namespaces),
+        digest_share: files.digest_share(Streaming::Load),
     })
 }
 
