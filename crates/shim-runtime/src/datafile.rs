@@ -40,6 +40,8 @@ use std::time::Instant;
 
 /// Largest write or read of one unit ([`protocol::message::DATA_IO`]).
 pub const IO_SIZE: usize = protocol::message::DATA_IO as usize;
+// A unit is a whole BLAKE3 subtree (crate::digest), which TreeDigests::new asserts.
+const _: () = assert!(IO_SIZE.is_power_of_two() && IO_SIZE >= blake3::CHUNK_LEN);
 /// I/O threads per process ([`protocol::message::DATA_WORKERS`]).
 pub const WORKERS: usize = protocol::message::DATA_WORKERS;
 /// `O_DIRECT` alignment of lengths (the buffers are page-aligned pinned memory).

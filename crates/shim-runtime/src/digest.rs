@@ -126,27 +126,24 @@ fn units_in(size: u64, unit: usize) -> usize {
 /// completed subtrees are merged while the stack holds more entries than the number of units
 /// before it has one bits; at the end the stack is merged from the top, the last merge as root.
 fn merge(units: &[Piece]) -> [u8; 32] {
-    match units {
-        [] => *blake3::hash(&[]).as_bytes(),
-        [root] => *root,
-        _ => {
-            let mut stack: Vec<ChainingValue> = Vec::new();
-            for (before, cv) in units.iter().enumerate() {
-                while stack.len() > before.count_ones() as usize {
-                    merge_top(&mut stack);
-                }
-                stack.push(*cv);
-            }
-            while stack.len() > 2 {
-                merge_top(&mut stack);
-            }
-            match stack.as_slice() {
-                [left, right] => *merge_subtrees_root(left, right, Mode::Hash).as_bytes(),
-                // Two units or more always leave two entries.
-                _ => unreachable!("a tree of two or more units has a root with two children"),
-            }
+    let mut stack: Vec<ChainingValue> = Vec::new();
+    for (before, cv) in units.iter().enumerate() {
+        while stack.len() > before.count_ones() as usize {
+            merge_top(&mut stack);
         }
+        stack.push(*cv);
     }
+    let Some(mut right) = stack.pop() else {
+        return *blake3::hash(&[]).as_bytes();
+    };
+    let Some(mut left) = stack.pop() else {
+        return right; // one unit: it is the root hash of the whole allocation
+    };
+    while let Some(next) = stack.pop() {
+        right = merge_subtrees_non_root(&left, &right, Mode::Hash);
+        left = next;
+    }
+    *merge_subtrees_root(&left, &right, Mode::Hash).as_bytes()
 }
 
 fn merge_top(stack: &mut Vec<ChainingValue>) {
