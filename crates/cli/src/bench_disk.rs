@@ -93,13 +93,8 @@ pub fn disk_bench(
     let _ = launched.launcher.wait();
     let restore = disk::restore(
         &RestoreOptions {
-            dir: checkpoint_dir.clone(),
-            device_map: Vec::new(),
-            namespaces_of: None,
-            verify_data_first: false,
-            criu: None,
             driver: capture.driver.clone(),
-            config: config.clone(),
+            ..RestoreOptions::new(checkpoint_dir.clone(), config)
         },
         &progress,
     );

@@ -533,13 +533,9 @@ fn demo_to_disk(
 
     let restore = disk::restore(
         &RestoreOptions {
-            dir,
-            device_map: Vec::new(),
-            namespaces_of: None,
-            verify_data_first: false,
             criu: args.criu.clone(),
             driver: capture.driver.clone(),
-            config: config.clone(),
+            ..RestoreOptions::new(dir, config)
         },
         &progress,
     )

@@ -38,6 +38,21 @@ pub struct RestoreOptions {
     pub verify_data_first: bool,
 }
 
+impl RestoreOptions {
+    /// A restore of `dir` as `cuinterpose restore --dir DIR` does it with no other option.
+    pub fn new(dir: PathBuf, config: &crate::config::ToolConfig) -> RestoreOptions {
+        RestoreOptions {
+            dir,
+            device_map: Vec::new(),
+            criu: None,
+            driver: None,
+            config: config.clone(),
+            namespaces_of: None,
+            verify_data_first: false,
+        }
+    }
+}
+
 /// Everything a restore checks before it changes anything.
 struct Verified {
     manifest: Manifest,

@@ -131,13 +131,11 @@ pub fn restore(
     namespaces_of: u32,
 ) -> Result<ToolReport, ToolFailure> {
     let options = RestoreOptions {
-        dir: dir.to_path_buf(),
         device_map,
         namespaces_of: Some(namespaces_of),
-        verify_data_first: false,
         criu: options.criu.clone(),
         driver: options.driver.clone(),
-        config: options.config.clone(),
+        ..RestoreOptions::new(dir.to_path_buf(), &options.config)
     };
     disk::restore(&options, &Quiet).map(report).map_err(failure)
 }
