@@ -4,9 +4,10 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement unlock hang;
+#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement floor unlock hang;
 #                                          bench-all adds two carriers; placement: where a pinned carrier lives, without
-#                                          the shim; attrs: the pointer-attributes scenario alone, without the shim)
+#                                          the shim; floor: the native pair of a nearly empty process with and without
+#                                          its context's stack; attrs: the pointer-attributes scenario alone, without the shim)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -25,7 +26,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement floor unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -670,6 +671,26 @@ for case, parts in steps.items():
 " 2>/dev/null)
         [ "$placement_status" = 0 ] || row "carrier placement, $gib GiB" "-" "exit $placement_status: $(tail -1 "$logs/placement-$gib.err")" FAIL
     done
+fi
+
+if wants floor; then
+    log "the native pair of a nearly empty process, with and without its context's stack"
+    (cd scripts/gpu && timeout 120 python3 context_floor.py --cycles 3) >"$logs/floor.jsonl" 2>"$logs/floor.err"
+    floor_status=$?
+    while IFS=$'\t' read -r name figures; do
+        row "context floor: $name" "-" "$figures" measured
+    done < <(python3 -c "
+import json
+rows = {}
+for l in open('$logs/floor.jsonl'):
+    r = json.loads(l)
+    rows.setdefault(r['case'], []).append(r)
+for case, rs in rows.items():
+    last = rs[-1]
+    freed = last.get('free_mib_shrunk', last['free_mib_before']) - last['free_mib_before']
+    print('%s\tcheckpoint %s ms, restore %s ms (cycles 1-%d); stack %s B, %d MiB freed by the shrink; bytes intact %s' % (case, '/'.join('%.0f' % r['checkpoint_ms'] for r in rs), '/'.join('%.0f' % r['restore_ms'] for r in rs), len(rs), last['stack'], freed, all(r['intact'] for r in rs)))
+" 2>/dev/null)
+    [ "$floor_status" = 0 ] || row "context floor" "-" "exit $floor_status: $(tail -1 "$logs/floor.err")" FAIL
 fi
 
 if wants hang; then

@@ -91,6 +91,7 @@ results! {
     ERROR_ILLEGAL_ADDRESS = 700, "an illegal memory access was encountered";
     ERROR_PEER_ACCESS_ALREADY_ENABLED = 704, "peer access is already enabled";
     ERROR_PEER_ACCESS_NOT_ENABLED = 705, "peer access has not been enabled";
+    ERROR_UNSUPPORTED_LIMIT = 215, "limit is not supported on this architecture";
     ERROR_PEER_ACCESS_UNSUPPORTED = 217, "peer access is not supported between these two devices";
     ERROR_CONTEXT_IS_DESTROYED = 709, "context is destroyed";
     ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712, "part or all of the requested memory range is already mapped";
@@ -162,6 +163,14 @@ pub mod device_attribute {
 pub mod allocation_type {
     pub const INVALID: u32 = 0;
     pub const PINNED: u32 = 1;
+}
+
+/// `CUlimit`: the context limits of `cuCtxGetLimit` / `cuCtxSetLimit` this crate uses.
+pub mod limit {
+    use core::ffi::c_int;
+    /// `CU_LIMIT_STACK_SIZE`: the per-thread stack, in bytes, for which the context reserves
+    /// local memory on its device.
+    pub const STACK_SIZE: c_int = 0;
 }
 
 /// `CUmemAllocationHandleType`, a bit set.

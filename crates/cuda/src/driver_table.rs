@@ -165,6 +165,8 @@ interposer_table! {
         cuCtxSetCurrent(ctx: CUcontext);
         cuCtxSynchronize();
         cuCtxGetDevice(device: *mut CUdevice);
+        cuCtxGetLimit(value: *mut usize, limit: c_int);
+        cuCtxSetLimit(limit: c_int, value: usize);
         cuMemcpyDtoH_v2 = cuMemcpyDtoH @ 12000 (dst: *mut c_void, src: CUdeviceptr, bytes: usize);
         cuMemcpyHtoD_v2 = cuMemcpyHtoD @ 12000 (dst: CUdeviceptr, src: *const c_void, bytes: usize);
         cuMemcpyDtoHAsync_v2 = cuMemcpyDtoHAsync @ 12000 (

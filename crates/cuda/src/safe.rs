@@ -152,6 +152,20 @@ impl DriverTable {
         Ok(dev)
     }
 
+    /// `cuCtxGetLimit`: a limit of the current context (`cuda_abi::limit`).
+    pub fn ctx_get_limit(&self, limit: c_int) -> Result<usize> {
+        let mut value = 0usize;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCtxGetLimit(&mut value, limit) }?;
+        Ok(value)
+    }
+
+    /// `cuCtxSetLimit`: sets a limit of the current context (`cuda_abi::limit`).
+    pub fn ctx_set_limit(&self, limit: c_int, value: usize) -> Result<()> {
+        // SAFETY: no pointers.
+        unsafe { self.cuCtxSetLimit(limit, value) }
+    }
+
     /// `cuCtxSynchronize`.
     pub fn ctx_synchronize(&self) -> Result<()> {
         // SAFETY: no pointers.

@@ -63,7 +63,12 @@ pub(crate) struct Context {
     pub refs: u32,
     /// Contexts this one enabled peer access to (`cuCtxEnablePeerAccess`).
     pub peers: std::collections::BTreeSet<u64>,
+    /// `CU_LIMIT_STACK_SIZE`, per thread, in bytes.
+    pub stack_size: usize,
 }
+
+/// The driver's default `CU_LIMIT_STACK_SIZE` (r580 reports 1024).
+pub(crate) const DEFAULT_STACK_SIZE: usize = 1024;
 
 #[derive(Debug)]
 struct Stream {
@@ -106,6 +111,7 @@ impl Contexts {
                         primary: true,
                         refs: 0,
                         peers: Default::default(),
+                        stack_size: DEFAULT_STACK_SIZE,
                     },
                 )
             })
@@ -373,6 +379,7 @@ pub(crate) unsafe fn ctx_create(ctx: *mut CUcontext, flags: c_uint, dev: CUdevic
                 primary: false,
                 refs: 1,
                 peers: Default::default(),
+                stack_size: DEFAULT_STACK_SIZE,
             },
         );
         Ok(id)
@@ -510,6 +517,42 @@ pub(crate) unsafe fn ctx_get_device(dev: *mut CUdevice) -> Res {
 
 pub(crate) fn ctx_synchronize() -> Res {
     state::with(|d| current(d).map(|_| ()))
+}
+
+/// `cuCtxGetLimit`; of the limits, only the stack size is modelled (others: unsupported).
+pub(crate) unsafe fn ctx_get_limit(value: *mut usize, limit: c_int) -> Res {
+    if value.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    if limit != cuda_abi::limit::STACK_SIZE {
+        return Err(CUresult::ERROR_UNSUPPORTED_LIMIT);
+    }
+    let size = state::with(|d| {
+        let (id, _) = current(d)?;
+        d.contexts
+            .live(id)
+            .map(|c| c.stack_size)
+            .ok_or(CUresult::ERROR_INVALID_CONTEXT)
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable size_t.
+    unsafe { write_out(value, size) }
+}
+
+/// `cuCtxSetLimit` of the stack size (any value, 0 included, as r580 takes it).
+pub(crate) fn ctx_set_limit(limit: c_int, value: usize) -> Res {
+    if limit != cuda_abi::limit::STACK_SIZE {
+        return Err(CUresult::ERROR_UNSUPPORTED_LIMIT);
+    }
+    state::with(|d| {
+        let (id, _) = current(d)?;
+        match d.contexts.contexts.get_mut(&id) {
+            Some(c) if c.refs > 0 => {
+                c.stack_size = value;
+                Ok(())
+            }
+            _ => Err(CUresult::ERROR_INVALID_CONTEXT),
+        }
+    })
 }
 
 pub(crate) unsafe fn stream_create(stream: *mut CUstream, flags: c_uint) -> Res {

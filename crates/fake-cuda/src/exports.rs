@@ -160,6 +160,8 @@ entry_points! {
         => device::ctx_get_current(ctx);
     Gated cuCtxGetDevice(dev: *mut CUdevice) => device::ctx_get_device(dev);
     Gated cuCtxSynchronize() => device::ctx_synchronize();
+    Gated cuCtxGetLimit(value: *mut usize, limit: c_int) => device::ctx_get_limit(value, limit);
+    Gated cuCtxSetLimit(limit: c_int, value: usize) => device::ctx_set_limit(limit, value);
 
     Gated cuStreamCreate(stream: *mut CUstream, flags: c_uint)
         => device::stream_create(stream, flags);

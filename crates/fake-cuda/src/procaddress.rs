@@ -70,6 +70,8 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
     ("cuCtxGetCurrent", &[(4000, "cuCtxGetCurrent")]),
     ("cuCtxGetDevice", &[(2000, "cuCtxGetDevice")]),
     ("cuCtxSynchronize", &[(2000, "cuCtxSynchronize")]),
+    ("cuCtxGetLimit", &[(3010, "cuCtxGetLimit")]),
+    ("cuCtxSetLimit", &[(3010, "cuCtxSetLimit")]),
     ("cuStreamCreate", &[(2000, "cuStreamCreate")]),
     ("cuStreamDestroy", &[(4000, "cuStreamDestroy_v2")]),
     ("cuStreamSynchronize", &[(2000, "cuStreamSynchronize")]),

@@ -454,6 +454,15 @@ unsafe extern "C" fn ctx_device(d: *mut CUdevice) -> CUresult {
 unsafe extern "C" fn ctx_sync() -> CUresult {
     OK
 }
+/// The stack size limit: the driver's default, whatever was set (a test that follows the limit
+/// gives its runtime entries of its own).
+unsafe extern "C" fn ctx_get_limit(value: *mut usize, _limit: c_int) -> CUresult {
+    unsafe { *value = 1024 };
+    OK
+}
+unsafe extern "C" fn ctx_set_limit(_limit: c_int, _value: usize) -> CUresult {
+    OK
+}
 unsafe extern "C" fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
     let Some(bytes) = fake().read(src, n) else {
         return CUresult::ERROR_ILLEGAL_ADDRESS;
@@ -583,6 +592,8 @@ pub fn real() -> Real {
         cuCtxGetCurrent: ctx_get,
         cuCtxSetCurrent: ctx_set,
         cuCtxSynchronize: ctx_sync,
+        cuCtxGetLimit: ctx_get_limit,
+        cuCtxSetLimit: ctx_set_limit,
         cuCtxGetDevice: ctx_device,
         cuDeviceGetAttribute: device_attribute,
         cuMemcpyDtoH_v2: dtoh,
@@ -727,4 +738,29 @@ pub unsafe extern "C" fn peer_enable_ok(_: CUcontext, _: c_uint) -> CUresult {
 /// `cuCtxDisablePeerAccess` that succeeds.
 pub unsafe extern "C" fn peer_disable_ok(_: CUcontext) -> CUresult {
     OK
+}
+
+/// The stack size of the test driver's context in `tests::the_context_stack_is_given_back_from_release_to_thaw`
+/// (it starts as an application's grown stack), and every value set, in order.
+pub(crate) static STACK: std::sync::Mutex<(usize, Vec<usize>)> =
+    std::sync::Mutex::new((4096, Vec::new()));
+
+pub(crate) unsafe extern "C" fn stack_get(value: *mut usize, limit: core::ffi::c_int) -> CUresult {
+    if limit != cuda_abi::limit::STACK_SIZE {
+        return CUresult::ERROR_UNSUPPORTED_LIMIT;
+    }
+    let size = STACK.lock().unwrap_or_else(|e| e.into_inner()).0;
+    // SAFETY: the runtime passes a valid out-pointer.
+    unsafe { *value = size };
+    CUresult::SUCCESS
+}
+
+pub(crate) unsafe extern "C" fn stack_set(limit: core::ffi::c_int, value: usize) -> CUresult {
+    if limit != cuda_abi::limit::STACK_SIZE {
+        return CUresult::ERROR_UNSUPPORTED_LIMIT;
+    }
+    let mut stack = STACK.lock().unwrap_or_else(|e| e.into_inner());
+    stack.0 = value;
+    stack.1.push(value);
+    CUresult::SUCCESS
 }

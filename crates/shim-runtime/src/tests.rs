@@ -1644,3 +1644,62 @@ fn multicast_objects_are_tracked_released_and_rebuilt_in_four_steps() {
     assert_eq!(b.rt.multicast_unbind(mc_b, 1, MB2, MB2), Ok(()));
     assert!(b.rt.inspect().multicasts[0].bindings.is_empty());
 }
+
+/// Release gives the context's stack back (zero) as its last step, in cycles with and without
+/// a native checkpoint; Thaw puts back the application's value, once, and the next cycle does
+/// the same again. (Release, Load, Import, Thaw with no native pair between them is also the
+/// rollback of a capture that failed before the native lock.)
+#[test]
+fn the_context_stack_is_given_back_from_release_to_thaw() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Proc::with_driver(
+        dir.path(),
+        crate::Real {
+            cuCtxGetLimit: testdriver::stack_get,
+            cuCtxSetLimit: testdriver::stack_set,
+            ..testdriver::real()
+        },
+    );
+    let h = p.create(2 * MB2, 0);
+    let va = p.map_new(h, 2 * MB2, 0);
+    let bytes = pattern(61, 2 * MB2);
+    write(va, &bytes);
+    let g = Group {
+        procs: vec![p],
+        regions: vec![(0, va, 2 * MB2, bytes)],
+        links: Vec::new(),
+    };
+    let p = &g.procs[0];
+    for save in [Request::Save, Request::SaveKeepingContexts, Request::Save] {
+        testdriver::STACK.lock().unwrap().1.clear();
+        for request in [Request::Freeze { timeout_ms: 10_000 }, save.clone()] {
+            p.phase(request);
+        }
+        assert!(
+            testdriver::STACK.lock().unwrap().1.is_empty(),
+            "{save:?}: kept until Release"
+        );
+        p.phase(Request::Release);
+        assert_eq!(
+            testdriver::STACK.lock().unwrap().0,
+            0,
+            "{save:?}: given back by Release"
+        );
+        for request in [Request::Load, Request::Import] {
+            p.phase(request);
+        }
+        assert_eq!(
+            testdriver::STACK.lock().unwrap().0,
+            0,
+            "{save:?}: not before Thaw"
+        );
+        p.phase(Request::Thaw);
+        assert_eq!(
+            testdriver::STACK.lock().unwrap().1,
+            vec![0, 4096],
+            "{save:?}: set to zero once, then back to the application's value once"
+        );
+        check_contents(&g);
+    }
+    assert!(p.rt.control().shrunk_stacks.is_empty());
+}

@@ -302,11 +302,30 @@ isolated_test!(contexts_and_streams, &[], {
         CUresult::ERROR_INVALID_HANDLE
     );
 
+    // The stack size limit, per context, 0 included; other limits are not modelled.
+    let mut stack = 0usize;
+    let stack_limit = cuda_abi::limit::STACK_SIZE;
+    assert_eq!(cu!(x::cuCtxGetLimit(&mut stack, stack_limit)), SUCCESS);
+    assert_eq!(stack, 1024, "r580's default");
+    assert_eq!(cu!(x::cuCtxSetLimit(stack_limit, 0)), SUCCESS);
+    assert_eq!(cu!(x::cuCtxGetLimit(&mut stack, stack_limit)), SUCCESS);
+    assert_eq!(stack, 0);
+    assert_eq!(
+        cu!(x::cuCtxSetLimit(1, 0)),
+        CUresult::ERROR_UNSUPPORTED_LIMIT
+    );
+    assert_eq!(
+        cu!(x::cuCtxGetLimit(std::ptr::null_mut(), stack_limit)),
+        CUresult::ERROR_INVALID_VALUE
+    );
+
     // An explicit context becomes current; its memory goes with it.
     let mut explicit: CUcontext = std::ptr::null_mut();
     assert_eq!(cu!(x::cuCtxCreate_v2(&mut explicit, 0, 0)), SUCCESS);
     assert_eq!(cu!(x::cuCtxGetCurrent(&mut ctx)), SUCCESS);
     assert_eq!(ctx, explicit);
+    assert_eq!(cu!(x::cuCtxGetLimit(&mut stack, stack_limit)), SUCCESS);
+    assert_eq!(stack, 1024, "a limit of the primary context only");
     let d = alloc(1000).unwrap();
     assert_eq!(usage(std::process::id() as i32, 0), GRAN as u64);
     assert_eq!(cu!(x::cuCtxDestroy_v2(explicit)), SUCCESS);
