@@ -190,12 +190,13 @@ if wants bench || wants bench-all; then
     # last cycle (carriers kept pinned) apart.
     # (registered, 18 GB/s, and staged with 8 MiB buffers, 27 GB/s, were measured on 2026-12-03 and
     # are left out to save device time: `scripts/gpu-lane.sh bench-all` runs them.)
-    variants=("staged" "pinned CUINTERPOSE_CARRIER=pinned")
+    variants=("staged" "pinned CUINTERPOSE_CARRIER=pinned" "helper")
     wants bench-all && variants+=("registered CUINTERPOSE_CARRIER=registered" "staged-8M CUINTERPOSE_STAGING_CHUNK=8M")
     for variant in "${variants[@]}"; do
         read -r carrier settings <<<"$variant"
-        extra=(--no-whole)  # the whole-process case runs once, in the step keep
+        extra=(--no-whole)  # the whole-process case runs in the step keep
         [ "$carrier" = staged ] || extra+=(--no-overhead)
+        [ "$carrier" = helper ] && extra+=(--carrier helper)
         # shellcheck disable=SC2086 # settings are VAR=value words
         if env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
             --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
@@ -538,14 +539,19 @@ print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'),
 fi
 
 if wants keep; then
-    # The whole-process case with cuMemAlloc left to the driver (CUINTERPOSE_ALLOC=native) and owned
-    # by the shim (vmm, the default).
-    for alloc in native vmm; do
+    # The whole-process case with cuMemAlloc owned by the shim (vmm, the default), each process's
+    # own carrier and the carrier helper; bench-all adds cuMemAlloc left to the driver
+    # (CUINTERPOSE_ALLOC=native: 0.84-0.93x native, measured in session 7).
+    wholes=(vmm vmm-helper)
+    wants bench-all && wholes+=(native)
+    for alloc in "${wholes[@]}"; do
+    carrier=process
+    [ "$alloc" = vmm-helper ] && carrier=helper
     log "keep: bench's whole-process case (16 GiB of cuMemAlloc ($alloc), plain twice, --keep-contexts twice, native)"
-    if CUINTERPOSE_ALLOC=$alloc timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --json-out "$logs/bench-whole-$alloc.json" \
-            >"$logs/bench-whole-$alloc.txt" 2>"$logs/bench-whole-$alloc.err"; then
+    if CUINTERPOSE_ALLOC=${alloc%-helper} timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --carrier "$carrier" \
+            --json-out "$logs/bench-whole-$alloc.json" >"$logs/bench-whole-$alloc.txt" 2>"$logs/bench-whole-$alloc.err"; then
         cat "$logs/bench-whole-$alloc.txt"
-        row "bench whole process, CUINTERPOSE_ALLOC=$alloc" "-" "$(python3 - "$logs/bench-whole-$alloc.json" <<'PY'
+        row "bench whole process ($alloc)" "-" "$(python3 - "$logs/bench-whole-$alloc.json" <<'PY'
 import json, sys
 w = json.load(open(sys.argv[1]))["whole"]
 p1, p, k1, k, n = w["plain_first"], w["plain"], w["keep_contexts_first"], w["keep_contexts"], w["native"]
@@ -558,7 +564,7 @@ print("%d GiB %s: plain 1 %.0f+%.0f ms (%.2fx), plain 2 %.0f+%.0f ms (%.2fx nati
 PY
 )" measured
     else
-        row "bench whole process, CUINTERPOSE_ALLOC=$alloc" "-" "$(tail -2 "$logs/bench-whole-$alloc.err" | tr '\n\t' '  ')" FAIL
+        row "bench whole process ($alloc)" "-" "$(tail -2 "$logs/bench-whole-$alloc.err" | tr '\n\t' '  ')" FAIL
     fi
     done
 fi

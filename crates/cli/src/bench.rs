@@ -131,6 +131,9 @@ pub struct BenchArgs {
     /// Also write the JSON report to FILE
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
+    /// Where the bytes wait between each suspend and its resume, as `suspend --carrier`
+    #[arg(long, value_enum, default_value_t = crate::CarrierPlace::Process)]
+    carrier: crate::CarrierPlace,
     /// Also checkpoint a ring group of --size bytes to DIR and restore it, phase by phase, next
     /// to DIR's own sequential write and read rates measured with the same I/Os (needs root and
     /// CRIU, as `checkpoint` does)
@@ -164,6 +167,8 @@ fn parse_size(text: &str) -> Result<u64, String> {
 pub struct BenchReport {
     pub driver: String,
     pub on_gpu: bool,
+    /// `--carrier`: where every suspend of the run left its bytes.
+    pub carrier: crate::CarrierPlace,
     pub overhead: Option<Overhead>,
     pub capture: Option<Capture>,
     pub whole: Option<Whole>,
@@ -357,6 +362,9 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let tables = !args.json;
     if tables {
         println!("cuinterpose bench on the {driver_name}");
+        if args.carrier == crate::CarrierPlace::Helper {
+            println!("every suspend saves through the carrier helper (--carrier helper)");
+        }
     }
     let overhead = if args.no_overhead {
         None
@@ -412,6 +420,7 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
     let report = BenchReport {
         driver: driver_name,
         on_gpu,
+        carrier: args.carrier,
         overhead,
         capture,
         whole,
@@ -768,6 +777,7 @@ fn capture_bench(
         let mut suspend_options = SuspendOptions::new(root, config);
         suspend_options.state_dir = state_dir.clone();
         suspend_options.driver = tool_driver.clone();
+        suspend_options.helper = args.carrier.launch(tool_driver.clone())?;
         let suspend = capture::suspend(&suspend_options, &collector)
             .with_context(|| format!("suspend, cycle {cycle}"))?;
         let save = summarize_copies(collector.take("save"));
@@ -879,6 +889,7 @@ fn whole_bench(
         let mut suspend_options = SuspendOptions::new(pid, config);
         suspend_options.state_dir = state_dir.clone();
         suspend_options.driver = tool_driver.clone();
+        suspend_options.helper = args.carrier.launch(tool_driver.clone())?;
         suspend_options.mode = mode;
         let suspend = capture::suspend(&suspend_options, &collector)
             .with_context(|| format!("suspend ({tag})"))?;

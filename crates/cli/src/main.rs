@@ -95,6 +95,13 @@ enum Command {
         /// contexts, modules and streams stay resident (a few hundred MiB per process)
         #[arg(long)]
         keep_contexts: bool,
+        /// Where the group's bytes wait until the resume: `process`, each process's own host
+        /// carrier; or `helper`, a carrier helper process that keeps them pinned between cycles
+        /// (copies at the link's rate, no pinned memory in the application at its native
+        /// checkpoint; its context stays on each GPU, and it holds the only copy of the bytes
+        /// until the resume)
+        #[arg(long, value_enum, default_value_t = CarrierPlace::Process)]
+        carrier: CarrierPlace,
         /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
@@ -197,6 +204,47 @@ enum Command {
     /// Print the layout of the CUDA structs this build mirrors (compared with cuda.h by the GPU lane)
     #[command(hide = true)]
     AbiLayout,
+    /// The carrier helper of a control directory (started by `suspend --carrier helper`)
+    #[command(hide = true)]
+    CarrierHelper {
+        /// The socket to listen on
+        #[arg(long)]
+        socket: PathBuf,
+        /// The CUDA driver library (default: libcuda.so.1 from the loader's path)
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        /// Seconds without any carrier held after which the helper exits
+        #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+        idle: u64,
+    },
+}
+
+/// `suspend --carrier` (and `bench --carrier`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum CarrierPlace {
+    /// Each process's own carrier
+    Process,
+    /// The carrier helper of the shims' control directory
+    Helper,
+}
+
+impl CarrierPlace {
+    /// How a suspend starts the carrier helper (this program, loading `driver`); `None` for
+    /// each process's own carrier.
+    pub(crate) fn launch(
+        self,
+        driver: Option<PathBuf>,
+    ) -> anyhow::Result<Option<control::carrier_helper::HelperLaunch>> {
+        Ok(match self {
+            CarrierPlace::Process => None,
+            CarrierPlace::Helper => Some(control::carrier_helper::HelperLaunch {
+                program: std::env::current_exe()
+                    .context("finding this program, to start the carrier helper")?,
+                driver,
+            }),
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -315,6 +363,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             freeze_timeout,
             driver,
             keep_contexts,
+            carrier,
             json,
         } => {
             let mut options = capture_options(pid, freeze_timeout, driver, config);
@@ -322,6 +371,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             if keep_contexts {
                 options.mode = protocol::state::SuspendMode::KeepContexts;
             }
+            options.helper = carrier.launch(options.driver.clone())?;
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
                 .with_context(|| format!("suspending the group under pid {pid}"))?;
@@ -446,6 +496,24 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         Command::AbiLayout => {
             print!("{}", cuda_abi::layout::report());
             Ok(())
+        }
+        Command::CarrierHelper {
+            socket,
+            driver,
+            idle,
+        } => {
+            let library = driver.unwrap_or_else(|| PathBuf::from("libcuda.so.1"));
+            let loaded = cuda::load(library.as_os_str(), cuda::Resolve::Dlsym)
+                .with_context(|| format!("loading {}", library.display()))?;
+            // The helper's own log (appended to cuinterpose-carrier.log by the tool that
+            // started it): what it served and gave back.
+            shim_runtime::log::set_max_level(shim_runtime::log::Level::Info as u8);
+            let config = shim_runtime::carrier_helper::HelperConfig {
+                socket,
+                idle: Duration::from_secs(idle),
+            };
+            shim_runtime::carrier_helper::serve(loaded.table(), &config)
+                .context("the carrier helper stopped")
         }
     }
 }

@@ -308,3 +308,65 @@ fn bench_to_disk_reports_phases_next_to_the_directory_rate() {
         .collect();
     assert!(left.is_empty(), "left in the directory: {left:?}");
 }
+
+/// `bench --carrier helper`: every suspend saves through the carrier helper; its copies are
+/// DMA into memory it keeps pinned (mode Pinned in every shim's figures), its carriers are reused
+/// by the second cycle, and the whole-process case keeps its bytes.
+#[test]
+fn bench_through_the_carrier_helper_reports_pinned_copies_and_reused_carriers() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let json_out = dir.path().join("helper.json");
+    let output = Command::new(tool())
+        .args([
+            "bench",
+            "--fake",
+            "--no-overhead",
+            "--carrier",
+            "helper",
+            "--size",
+            "8M",
+            "--whole-size",
+            "4M",
+            "--json",
+        ])
+        .arg("--json-out")
+        .arg(&json_out)
+        .output()
+        .expect("running cuinterpose bench");
+    assert!(
+        output.status.success(),
+        "cuinterpose bench --carrier helper failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["carrier"], "helper");
+    let cycles = report["capture"]["cycles"].as_array().expect("cycles");
+    for (i, cycle) in cycles.iter().enumerate() {
+        for copy in ["save", "load"] {
+            let shims = cycle[copy]["shims"]
+                .as_array()
+                .expect("per-shim statistics");
+            assert_eq!(shims.len(), 2, "{copy} of cycle {}", i + 1);
+            for shim in shims {
+                assert_eq!(
+                    shim[1]["mode"],
+                    "Pinned",
+                    "{copy} of cycle {}: {shim}",
+                    i + 1
+                );
+            }
+        }
+    }
+    assert_eq!(
+        cycles[1]["save"]["carriers_reused"], true,
+        "the second cycle reuses the helper's carriers"
+    );
+    let verified = report["whole"]["verified"].as_array().expect("verified");
+    assert!(
+        verified
+            .iter()
+            .any(|v| v.as_str().is_some_and(|s| s.starts_with("whole (plain-2)"))),
+        "{verified:?}"
+    );
+}

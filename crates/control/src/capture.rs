@@ -83,6 +83,9 @@ pub struct SuspendOptions {
     /// Whether the native lock and checkpoint follow the release (`KeepContexts`: they do not,
     /// and the contexts stay resident). A checkpoint to disk always captures `Native`.
     pub mode: SuspendMode,
+    /// Save through the carrier helper of the shims' control directory, started with this where
+    /// none runs (`suspend --carrier helper`); `None`: each process's own carrier.
+    pub helper: Option<crate::carrier_helper::HelperLaunch>,
 }
 
 impl SuspendOptions {
@@ -95,6 +98,7 @@ impl SuspendOptions {
             driver: None,
             config: config.clone(),
             mode: SuspendMode::Native,
+            helper: None,
         }
     }
 }
@@ -272,13 +276,17 @@ fn save_all(
     participants: &mut [Participant],
     bytes: Bytes<'_>,
     mode: SuspendMode,
+    through_helper: bool,
     progress: &dyn Progress,
 ) -> Result<(u64, f64), ControlError> {
     match bytes {
         Bytes::Carriers => {
-            let save = match mode {
-                SuspendMode::Native => Request::Save,
-                SuspendMode::KeepContexts => Request::SaveKeepingContexts,
+            let save = match (mode, through_helper) {
+                (_, true) => Request::SaveThroughHelper {
+                    native_follows: mode == SuspendMode::Native,
+                },
+                (SuspendMode::Native, false) => Request::Save,
+                (SuspendMode::KeepContexts, false) => Request::SaveKeepingContexts,
             };
             phase_all(participants, "save", &save, progress).map(|(_, b, s)| (b, s))
         }
@@ -424,6 +432,22 @@ pub(crate) fn capture(
         }
         Ok((group, 0, 0.0))
     })?;
+    // The carrier helper of every control directory of the group answers, or is started, before
+    // anything changes.
+    if let (Some(launch), Bytes::Carriers) = (&options.helper, bytes) {
+        let mut dirs: Vec<&Path> = group
+            .participants
+            .iter()
+            .filter_map(|p| p.info.control_socket.as_deref()?.parent())
+            .collect();
+        dirs.sort_unstable();
+        dirs.dedup();
+        for dir in dirs {
+            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
+                source: Box::new(e),
+            })?;
+        }
+    }
     // Load the driver before anything changes: without a checkpoint API nothing may start. The
     // keep mode makes no native call, so it needs none.
     let driver = match options.mode {
@@ -482,8 +506,14 @@ pub(crate) fn capture(
             p.set_timeout(None)?;
         }
         clock.time("save", Some(saved_bytes), || {
-            save_all(&mut group.participants, bytes, options.mode, progress)
-                .map(|(b, s)| ((), b, s))
+            save_all(
+                &mut group.participants,
+                bytes,
+                options.mode,
+                options.helper.is_some(),
+                progress,
+            )
+            .map(|(b, s)| ((), b, s))
         })?;
         clock.time("release", None, || {
             phase_all(

@@ -7,6 +7,7 @@
 //! back with the same Load/Import code a resume uses, so the workload keeps running.
 
 pub mod capture;
+pub mod carrier_helper;
 pub mod config;
 pub mod criu;
 pub mod discard;
@@ -96,6 +97,9 @@ pub enum ControlError {
     },
     #[error("state file {path}: {source}")]
     State { path: PathBuf, source: FileError },
+    /// The carrier helper (`suspend --carrier helper`) could not be started or reached.
+    #[error("carrier helper at {}: {message}", socket.display())]
+    CarrierHelper { socket: PathBuf, message: String },
     #[error("state file {path}: removing it: {source}")]
     Removing {
         path: PathBuf,

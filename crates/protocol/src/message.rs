@@ -2,7 +2,8 @@
 //!
 //! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
 //! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
-//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`] and a [`Request::LoadFrom`] carry one. The kind in the header repeats the message's
+//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`], a [`Request::LoadFrom`] and a
+//! [`Request::CarrierItem`] carry one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
 //!
@@ -18,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 5;
+pub const PROTOCOL_VERSION: u16 = 6;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -103,6 +104,25 @@ pub enum Request {
     /// as Save, and a shim whose carrier setting is `auto` copies through a pinned carrier, which
     /// no native restore will have to re-pin.
     SaveKeepingContexts,
+    /// Save into the carrier helper of the shim's control directory instead of the process's own
+    /// carrier (`suspend --carrier helper`): the helper, a process that is never checkpointed,
+    /// imports each allocation and copies it into memory it keeps pinned, so the process holds
+    /// no pinned memory through the native checkpoint. The Load of the cycle copies back from it.
+    SaveThroughHelper { native_follows: bool },
+    /// To a carrier helper: one allocation of the calling process, its descriptor on this frame,
+    /// for the next [`Request::CarrierCopy`] of this connection: its bytes go at (or come from)
+    /// `offset` of the caller's carrier; `device` is the UUID of its device.
+    CarrierItem {
+        offset: u64,
+        size: u64,
+        device: [u8; 16],
+    },
+    /// To a carrier helper: copy every item of this connection into the caller's carrier
+    /// (`to_host`), made or grown to `total` bytes and kept pinned, or out of it into the items.
+    /// Answered with [`Response::Copied`].
+    CarrierCopy { to_host: bool, total: u64 },
+    /// To a carrier helper: give the caller's carrier back (its pinned memory freed).
+    CarrierForget,
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -172,6 +192,12 @@ pub enum Response {
         stats: StreamStats,
         file: DataFile,
     },
+    /// A carrier helper took a [`Request::CarrierItem`] or gave a carrier back.
+    Accepted,
+    /// A carrier helper's [`Request::CarrierCopy`] finished.
+    Copied {
+        stats: CopyStats,
+    },
 }
 
 /// What one process's data file holds: its allocations one after the other, each starting at a
@@ -232,6 +258,9 @@ pub const DATA_IO: u64 = 8 << 20;
 /// I/Os in flight on one data file (one thread each): several keep a disk array's queue busy while
 /// one thread copies or hashes.
 pub const DATA_WORKERS: usize = 4;
+
+/// The carrier helper's socket in a control directory ([`Request::SaveThroughHelper`]).
+pub const CARRIER_HELPER_SOCKET: &str = "cuinterpose-carrier.sock";
 
 /// How a shim's copy engine reaches its host carrier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,12 +348,20 @@ impl Request {
             Request::SaveTo => 11,
             Request::LoadFrom { .. } => 12,
             Request::SaveKeepingContexts => 13,
+            Request::SaveThroughHelper { .. } => 14,
+            Request::CarrierItem { .. } => 15,
+            Request::CarrierCopy { .. } => 16,
+            Request::CarrierForget => 17,
         }
     }
 
-    /// Whether a descriptor rides on this request's frame (exactly when it does: the data file).
+    /// Whether a descriptor rides on this request's frame (exactly when it does: the data file,
+    /// or an allocation sent to a carrier helper).
     pub fn carries_fd(&self) -> bool {
-        matches!(self, Request::SaveTo | Request::LoadFrom { .. })
+        matches!(
+            self,
+            Request::SaveTo | Request::LoadFrom { .. } | Request::CarrierItem { .. }
+        )
     }
 }
 
@@ -337,6 +374,8 @@ impl Response {
             Response::PhaseDone { .. } => 0x104,
             Response::Error { .. } => 0x105,
             Response::Streamed { .. } => 0x106,
+            Response::Accepted => 0x107,
+            Response::Copied { .. } => 0x108,
         }
     }
 }

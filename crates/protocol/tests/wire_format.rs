@@ -399,6 +399,28 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("save_to", Request::SaveTo),
         ("load_from", Request::LoadFrom { file: data_file() }),
         ("save_keeping_contexts", Request::SaveKeepingContexts),
+        (
+            "save_through_helper",
+            Request::SaveThroughHelper {
+                native_follows: true,
+            },
+        ),
+        (
+            "carrier_item",
+            Request::CarrierItem {
+                offset: 2 << 20,
+                size: 4 << 20,
+                device: [0xe1; 16],
+            },
+        ),
+        (
+            "carrier_copy",
+            Request::CarrierCopy {
+                to_host: true,
+                total: 6 << 20,
+            },
+        ),
+        ("carrier_forget", Request::CarrierForget),
     ]
 }
 
@@ -488,6 +510,22 @@ fn responses() -> Vec<(&'static str, Response)> {
                     hash_micros: 1200,
                 },
                 file: data_file(),
+            },
+        ),
+        ("accepted", Response::Accepted),
+        (
+            "copied",
+            Response::Copied {
+                stats: CopyStats {
+                    mode: CarrierMode::Pinned,
+                    bytes: 6 << 20,
+                    threads: 8,
+                    carrier_micros: 0,
+                    carrier_reused: true,
+                    pin_micros: 0,
+                    copy_micros: 120,
+                    staged_fallbacks: 0,
+                },
             },
         ),
     ]

@@ -314,6 +314,25 @@ impl Carrier {
         Ok(())
     }
 
+    /// Gives the whole carrier back: unregistered and unmapped (no copy may be running into it).
+    /// A poisoned carrier stays mapped (a copy may still reach it).
+    pub fn free(&mut self, real: &Real) -> Result<(), CopyError> {
+        self.unpin(real)?;
+        if self.poisoned || self.len == 0 {
+            return Ok(());
+        }
+        // SAFETY: our own mapping, nothing registered in it any more and no copy running.
+        let _ = unsafe { rustix::mm::munmap(self.base as *mut _, self.len) };
+        self.base = 0;
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Bytes mapped (the most a copy may reach from [`Carrier::base`]).
+    pub fn mapped(&self) -> usize {
+        self.len
+    }
+
     /// Bytes of the carrier held pinned.
     pub fn pinned(&self) -> usize {
         self.pinned
@@ -430,6 +449,24 @@ pub struct CopyStats {
     pub staged_fallbacks: u32,
     /// A stream could not be synchronised: DMA may still touch the carrier.
     pub dma_uncertain: bool,
+}
+
+impl CopyStats {
+    /// The figures as a phase reports them, with `carrier`: the carrier's preparation time and
+    /// whether an earlier cycle's carrier was reused.
+    pub fn report(&self, carrier: (Duration, bool)) -> protocol::message::CopyStats {
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        protocol::message::CopyStats {
+            mode: self.mode,
+            bytes: self.bytes,
+            threads: u32::try_from(self.threads).unwrap_or(u32::MAX),
+            carrier_micros: micros(carrier.0),
+            carrier_reused: carrier.1,
+            pin_micros: micros(self.pin),
+            copy_micros: micros(self.wall),
+            staged_fallbacks: self.staged_fallbacks,
+        }
+    }
 }
 
 /// A primary context retained and made current on this thread, released on drop.

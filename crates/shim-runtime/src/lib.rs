@@ -27,6 +27,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod carrier_helper;
 pub mod config;
 pub mod contexts;
 pub mod copy;

@@ -78,6 +78,8 @@ pub struct Control {
     /// The per-thread stack size of each device's context that Release set to zero, to put back
     /// at Thaw ([`Runtime::shrink_stacks`]).
     pub(crate) shrunk_stacks: Vec<(i32, usize)>,
+    /// This cycle's Save went to the carrier helper: Load copies back from it.
+    pub(crate) through_helper: bool,
 }
 
 impl Control {
@@ -111,6 +113,9 @@ pub enum PhaseError {
     DataFile(#[from] DataFileError),
     #[error("{0}")]
     Internal(String),
+    /// The carrier helper could not be reached or failed; its message says which.
+    #[error("{0}")]
+    Helper(String),
 }
 
 impl PhaseError {
@@ -127,6 +132,7 @@ impl PhaseError {
             PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
             PhaseError::Fetch(_) => ErrorCode::Peer,
             PhaseError::Internal(_) => ErrorCode::Internal,
+            PhaseError::Helper(_) => ErrorCode::Peer,
         }
     }
 }
@@ -208,6 +214,9 @@ impl Runtime {
             (Request::Freeze { timeout_ms }, _) => plain(self.freeze(timeout_ms)),
             (Request::Save, _) => copied(self.save(true)),
             (Request::SaveKeepingContexts, _) => copied(self.save(false)),
+            (Request::SaveThroughHelper { native_follows }, _) => {
+                copied(self.save_through_helper(native_follows))
+            }
             (Request::Release, _) => plain(self.release()),
             (Request::Load, _) => copied(self.load()),
             (Request::Import, _) => plain(self.import()),
@@ -484,17 +493,11 @@ impl Runtime {
     /// Keeps and logs what a copying phase measured; `carrier` is the carrier's preparation
     /// (time, reused) for Save, nothing for Load.
     fn record_stats(&self, stats: copy::CopyStats, carrier: (Duration, bool)) -> CopyStats {
-        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-        let last = CopyStats {
-            mode: stats.mode,
-            bytes: stats.bytes,
-            threads: u32::try_from(stats.threads).unwrap_or(u32::MAX),
-            carrier_micros: micros(carrier.0),
-            carrier_reused: carrier.1,
-            pin_micros: micros(stats.pin),
-            copy_micros: micros(stats.wall),
-            staged_fallbacks: stats.staged_fallbacks,
-        };
+        self.record(stats.report(carrier))
+    }
+
+    /// Keeps and logs a copying phase's figures.
+    fn record(&self, last: CopyStats) -> CopyStats {
         log_debug!(
             "copied {} bytes {:?} with {} threads: carrier {} us (reused {}), pinning {} us, \
              copies {} us, {} staged fallbacks",
@@ -686,6 +689,19 @@ impl Runtime {
     }
 
     fn load(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
+        if self.control().through_helper {
+            let rebuilt = self.rebuild_creations(
+                "Load",
+                |item| item.carrier,
+                |work| self.load_from_helper(work),
+                // The helper's copies are confirmed before it answers, or it poisoned its own
+                // carrier and kept the mappings: ours may be released either way.
+                || false,
+            )?;
+            return Ok(rebuilt.map_or((0, None), |(loaded, stats)| {
+                (loaded, Some(self.record(stats)))
+            }));
+        }
         let rebuilt = self.rebuild_creations(
             "Load",
             |item| item.carrier,
@@ -699,6 +715,162 @@ impl Runtime {
                 Some(self.record_stats(stats, (Duration::ZERO, false))),
             ),
         })
+    }
+
+    /// Has the carrier helper give this process's carrier back (after a resume, under
+    /// `CUINTERPOSE_CARRIER_RELEASE=after-resume`); a failure is logged (the helper gives it
+    /// back anyway when this process exits).
+    fn forget_helper_carrier(&self) {
+        let socket = self.helper_socket();
+        let forgot = transport::Connection::connect(&socket, HELPER_TIMEOUT)
+            .and_then(|mut c| c.call(&Request::CarrierForget));
+        match forgot {
+            Ok((Response::Accepted, _)) => {}
+            Ok((other, _)) => {
+                log_warn!("the carrier helper kept this process's carrier: {other:?}")
+            }
+            Err(e) => log_warn!("the carrier helper kept this process's carrier: {e}"),
+        }
+    }
+
+    /// The carrier helper's socket (in this process's control directory).
+    fn helper_socket(&self) -> std::path::PathBuf {
+        self.config
+            .control_dir
+            .join(crate::carrier_helper::SOCKET_NAME)
+    }
+
+    /// Sends `allocations` (driver handle, size, device, offset in the carrier) to the carrier
+    /// helper and has it copy them into (`to_host`) or out of this process's carrier there.
+    fn helper_copy(
+        &self,
+        allocations: &[(DriverHandle, usize, i32, u64)],
+        to_host: bool,
+        total: u64,
+    ) -> Result<CopyStats, PhaseError> {
+        let socket = self.helper_socket();
+        let helper_error = |e: transport::TransportError| {
+            PhaseError::Helper(format!("carrier helper at {}: {e}", socket.display()))
+        };
+        let mut connection =
+            transport::Connection::connect(&socket, HELPER_TIMEOUT).map_err(helper_error)?;
+        connection
+            .set_timeout(Some(HELPER_TIMEOUT))
+            .map_err(helper_error)?;
+        let answer = |response: Response| match response {
+            Response::Accepted | Response::Copied { .. } => Ok(response),
+            Response::Error { message, .. } => Err(PhaseError::Helper(message)),
+            other => Err(PhaseError::Helper(format!(
+                "the carrier helper answered {other:?}"
+            ))),
+        };
+        for &(real, size, device, offset) in allocations {
+            let uuid = check(
+                || format!("device {device}"),
+                self.real
+                    .device_get(device)
+                    .and_then(|d| self.real.device_uuid(d)),
+            )?;
+            let fd = check(
+                || format!("an allocation of {size} bytes"),
+                self.real.mem_export_fd(real, 0),
+            )?;
+            let request = Request::CarrierItem {
+                offset,
+                size: size as u64,
+                device: crate::carrier_helper::uuid_bytes(&uuid),
+            };
+            let (response, _) = connection
+                .call_with(&request, Some(fd.as_fd()))
+                .map_err(helper_error)?;
+            answer(response)?;
+        }
+        let (response, _) = connection
+            .call(&Request::CarrierCopy { to_host, total })
+            .map_err(helper_error)?;
+        match answer(response)? {
+            Response::Copied { stats } => Ok(stats),
+            other => Err(PhaseError::Helper(format!(
+                "the carrier helper answered {other:?} to a copy"
+            ))),
+        }
+    }
+
+    /// Save through the carrier helper ([`Request::SaveThroughHelper`]): every allocation Save
+    /// would copy is exported to the helper, which copies it into this process's carrier there.
+    /// A creation that cannot be exported (made without a shareable handle type) makes the
+    /// cycle save into this process's own carrier instead, logged.
+    fn save_through_helper(
+        &self,
+        native_follows: bool,
+    ) -> Result<(u64, Option<CopyStats>), PhaseError> {
+        self.expect_phase("SaveThroughHelper", &[Phase::Frozen])?;
+        let items = self.save_items();
+        if let Some(private) = items.iter().find(|i| {
+            !self
+                .lock()
+                .get(i.handle)
+                .is_some_and(|o| exportable(&o.props))
+        }) {
+            log_info!(
+                "allocation {} has no shareable handle type: this cycle saves into the \
+                 process's own carrier",
+                private.id
+            );
+            return self.save(native_follows);
+        }
+        let mut allocations = Vec::with_capacity(items.len());
+        let mut offset = 0u64;
+        for item in &items {
+            allocations.push((item.real, item.size, item.device, offset));
+            offset += item.size as u64;
+        }
+        let stats = self.helper_copy(&allocations, true, offset)?;
+        {
+            let mut reg = self.lock();
+            for (item, (.., offset)) in items.iter().zip(&allocations) {
+                if let Some(o) = reg.get_mut(item.handle) {
+                    o.carrier = Some(*offset);
+                }
+            }
+            reg.phase = Some(Phase::Saved);
+        }
+        self.control().through_helper = true;
+        Ok((stats.bytes, Some(self.record(stats))))
+    }
+
+    /// Load's fill from the carrier helper: the fresh allocations, exported, are filled there.
+    fn load_from_helper(
+        &self,
+        work: Vec<(TempMap<'_>, i32, u64)>,
+    ) -> Result<CopyStats, PhaseError> {
+        let mut allocations = Vec::with_capacity(work.len());
+        let mut retained = Vec::with_capacity(work.len());
+        let mut result = Ok(());
+        for (map, device, offset) in &work {
+            let got = copy::enter(&self.real, *device)
+                .map_err(PhaseError::from)
+                .and_then(|_ctx| {
+                    check(
+                        || format!("the allocation at {:#x}", map.va()),
+                        self.real.mem_retain_allocation_handle(map.va()),
+                    )
+                });
+            match got {
+                Ok(real) => {
+                    retained.push(real);
+                    allocations.push((real, map.size(), *device, *offset));
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let copied = result.and_then(|()| self.helper_copy(&allocations, false, 0));
+        self.release_unpublished(retained);
+        self.drop_temp(work);
+        copied
     }
 
     /// Load and LoadFrom: recreates every released shared creation, fills the fresh ones with
@@ -1028,12 +1200,27 @@ impl Runtime {
             control.carrier.discard();
             control.streamed = None;
         }
+        if std::mem::take(&mut self.control().through_helper)
+            && self.control().copy.release == copy::CarrierRelease::AfterResume
+        {
+            self.forget_helper_carrier();
+        }
         self.control().release_started = false;
         self.control().lost_imports.clear();
         self.restore_stacks();
         self.gate.thaw();
         Ok(0)
     }
+}
+
+/// How long the shim waits for the carrier helper: to connect, and for each answer (a copy of
+/// the whole process's memory included).
+const HELPER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Whether an allocation was made with a POSIX descriptor handle type (so the carrier helper
+/// can import it).
+fn exportable(props: &protocol::record::AllocationProps) -> bool {
+    props.requested_handle_types & handle_type::POSIX_FILE_DESCRIPTOR != 0
 }
 
 /// Whether the process with namespace PID `ns_pid` (in ours) has exited: signal 0 finds no such
@@ -1082,5 +1269,9 @@ fn request_name(request: &Request) -> &'static str {
         Request::Multicast(step) => step.name(),
         Request::SaveTo => "SaveTo",
         Request::LoadFrom { .. } => "LoadFrom",
+        Request::SaveThroughHelper { .. } => "SaveThroughHelper",
+        Request::CarrierItem { .. } => "CarrierItem",
+        Request::CarrierCopy { .. } => "CarrierCopy",
+        Request::CarrierForget => "CarrierForget",
     }
 }

@@ -1,0 +1,196 @@
+//! `cuinterpose suspend --carrier helper` with the real binary on the fake driver: the tool
+//! starts the carrier helper of the control directory, the shims save through it (it imports each
+//! allocation, copies it into memory it keeps pinned and releases the import), the native
+//! checkpoint finds nothing of theirs, and the resume copies the bytes back from it; the next
+//! cycle reuses the same helper and its carriers; a helper killed while it holds the bytes makes
+//! the resume fail naming it; the helper gives a carrier back when its process exits, and exits
+//! when it holds none.
+
+mod common;
+
+use common::*;
+use protocol::message::CARRIER_HELPER_SOCKET;
+use std::path::PathBuf;
+use testkit::TestEnv;
+
+/// `suspend --carrier helper` of the group under `root`, with the state in the test's directory.
+fn helper_suspend(env: &TestEnv, root: u32, keep_contexts: bool) -> ToolRun {
+    let root = root.to_string();
+    let dir = state_dir(env).display().to_string();
+    let driver = fake_driver(env).display().to_string();
+    let mut args = vec![
+        "suspend",
+        "--carrier",
+        "helper",
+        "--pid",
+        &root,
+        "--state-dir",
+        &dir,
+        "--driver",
+        &driver,
+        "--json",
+    ];
+    if keep_contexts {
+        args.push("--keep-contexts");
+    }
+    tool(env, &args)
+}
+
+/// The pid of the carrier helper listening in the environment's control directory.
+fn helper_pid(env: &TestEnv) -> Option<u32> {
+    let socket = env.control_dir().join(CARRIER_HELPER_SOCKET);
+    let wanted = socket.display().to_string();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                // The tool names the socket through a participant's `/proc/PID/root`.
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args.contains(&&b"carrier-helper"[..])
+                    && args.iter().any(|a| a.ends_with(wanted.as_bytes()))
+            })
+        })
+        .filter(|pid| alive(*pid))
+}
+
+fn helper_log(env: &TestEnv) -> String {
+    let path: PathBuf = env.control_dir().join("cuinterpose-carrier.log");
+    std::fs::read_to_string(&path).unwrap_or_default()
+}
+
+/// `a` and `b` share both ways; `a` also holds a private allocation made without a shareable
+/// handle type, which the helper cannot import: `a` saves into its own carrier then.
+fn build(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    create_shared(a, "a0", SIZE);
+    create_shared(b, "a1", SIZE);
+    share(a, b, "a0", SIZE);
+    share(b, a, "a1", SIZE);
+    ok(
+        a,
+        &[
+            "fill a0 11",
+            "create p 2M --handle-types none",
+            "reserve r-p 2M",
+            "map p r-p",
+            "set-access p --device 0",
+            "fill p 15",
+        ],
+    );
+    // Owned `cuMemAlloc` memory: made with a POSIX descriptor handle type, so it goes through
+    // the helper like the shared allocations.
+    ok(b, &["fill a1 12", "malloc m 2M", "fill m 13"]);
+}
+
+fn assert_intact(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    ok(a, &["verify a0 11", "verify a1 12", "verify p 15"]);
+    ok(b, &["verify a0 11", "verify a1 12", "verify m 13"]);
+    ok(b, &["fill a0 14"]);
+    ok(a, &["verify a0 14", "fill a0 11"]);
+}
+
+#[test]
+fn a_group_saves_through_the_carrier_helper_cycle_after_cycle() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    build(&tree);
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    let before = [regions(a), regions(b)];
+    assert_eq!(helper_pid(&env), None);
+
+    let run = helper_suspend(&env, tree.root(), false);
+    let report = run.ok().json();
+    assert_eq!(
+        report["saved_bytes"],
+        2 * SIZE + (4 << 20),
+        "{}",
+        run.describe()
+    );
+    let helper = helper_pid(&env).unwrap_or_else(|| {
+        panic!(
+            "no carrier helper in {}; its log: {}; {}",
+            env.control_dir().display(),
+            helper_log(&env),
+            run.describe()
+        )
+    });
+    for w in [a, b] {
+        assert_eq!(
+            usage(&env, w.pid()),
+            0,
+            "{} natively checkpointed",
+            w.name()
+        );
+    }
+    resume(&env, tree.root()).ok();
+    assert_eq!([regions(a), regions(b)], before, "addresses changed");
+    assert_intact(&tree);
+
+    // The next cycles find the same helper, with the group's carriers kept, and a keep-contexts
+    // cycle goes through it too.
+    for keep_contexts in [false, true] {
+        helper_suspend(&env, tree.root(), keep_contexts).ok();
+        assert_eq!(
+            helper_pid(&env),
+            Some(helper),
+            "one helper per control directory"
+        );
+        resume(&env, tree.root()).ok();
+        assert_intact(&tree);
+    }
+    let log = helper_log(&env);
+    assert!(log.contains("carrier helper on"), "{log}");
+
+    // Once the group has exited, the helper gives its carriers back and exits by itself.
+    let pids = tree.pids();
+    drop(tree);
+    for pid in pids {
+        wait_gone(pid);
+    }
+    wait_until("the carrier helper exits", || !alive(helper));
+    let log = helper_log(&env);
+    assert!(log.contains("its carrier is given back"), "{log}");
+    assert!(!env.control_dir().join(CARRIER_HELPER_SOCKET).exists());
+}
+
+#[test]
+fn a_resume_whose_carrier_helper_was_killed_fails_naming_it() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    build(&tree);
+    helper_suspend(&env, tree.root(), false).ok();
+    let helper = helper_pid(&env).expect("a carrier helper");
+    signal(helper, rustix::process::Signal::KILL);
+    wait_gone(helper);
+    resume(&env, tree.root())
+        .expect_code(5)
+        .stderr_mentions(&["carrier helper", CARRIER_HELPER_SOCKET]);
+}
+
+#[test]
+fn a_carrier_helper_that_cannot_start_refuses_the_suspend_and_changes_nothing() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    build(&tree);
+    // A directory where the socket cannot be made: the control directory's socket path is
+    // taken by a regular file, so the helper cannot bind and exits.
+    std::fs::write(
+        env.control_dir().join(CARRIER_HELPER_SOCKET),
+        b"not a socket",
+    )
+    .unwrap();
+    let run = helper_suspend(&env, tree.root(), false);
+    run.expect_code(3)
+        .stderr_mentions(&["carrier helper", "nothing was changed"]);
+    for w in [tree.w("a"), tree.w("b")] {
+        assert_eq!(
+            phase_of(&env, w.pid()),
+            protocol::Phase::Running,
+            "{}",
+            w.name()
+        );
+    }
+    assert_intact(&tree);
+}
