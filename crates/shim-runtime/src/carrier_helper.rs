@@ -103,6 +103,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Runs the helper until it has been idle for `config.idle`: initialises the driver, keeps every
 /// device's primary context, listens and serves. Returns when it exits on its own.
 pub fn serve(real: &'static Real, config: &HelperConfig) -> Result<(), HelperError> {
+    // Between a Save and its Load this process holds the only copy of the group's bytes: the
+    // kernel's OOM killer is told never to take it (root only; another user's helper keeps the
+    // score it inherited).
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", "-1000") {
+        log_info!("the OOM score stays as inherited: {e}");
+    }
     real.init(0)?;
     let mut devices = Vec::new();
     for ordinal in 0..real.device_count()? {
