@@ -142,6 +142,7 @@ pub fn checkpoint(
             link_remaps: link_remaps.clone(),
             tcp_established,
             shared_namespaces: namespaces.namespaces.clone(),
+            in_container: false,
         };
         let manifest = build_manifest(
             &captured,
