@@ -8,6 +8,7 @@
 
 pub mod capture;
 pub mod config;
+pub mod container;
 pub mod criu;
 pub mod discard;
 pub mod discovery;
