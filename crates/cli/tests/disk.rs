@@ -1246,7 +1246,8 @@ impl Drop for Placeholder {
 /// `--namespaces-of` the init of another emulated container, every restored process runs over
 /// that container's root, the tree's PID namespace below the placeholder's, and the memory and
 /// its sharing are intact. A process that is the init of its container (no container around it
-/// to run CRIU in) is refused before anything changes.
+/// to run CRIU in) is refused before anything changes, and so is a CRIU that is not the bundled
+/// one (it could not be run by descriptor inside the container).
 #[test]
 fn a_group_in_a_container_is_restored_into_another_container() {
     let disk = Disk::new();
@@ -1261,12 +1262,39 @@ fn a_group_in_a_container_is_restored_into_another_container() {
         root_of(std::process::id()),
         "the group runs in its own root"
     );
+
+    // A CRIU that is not the bundled one (here a script in front of it) cannot be run by
+    // descriptor inside the container: refused, nothing changed.
+    let script = disk.env.dir().join("criu");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", disk.criu.display()),
+    )
+    .expect("a CRIU script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let init_arg = container_init.to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &init_arg,
+        "--dir",
+        dir_arg,
+        "--criu",
+        script.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not the bundled CRIU"), "{stderr}");
+    assert!(!dir.exists(), "nothing was written");
+    group.ranks[0].ok("ping").expect("the group still runs");
+
     let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, container_init);
     assert_eq!(manifest["criu"]["in_container"], true, "{manifest}");
     assert_eq!(report["in_container"], true, "{report}");
 
-    let dir = disk.checkpoint_dir();
-    let dir_arg = dir.to_str().expect("utf-8 path");
     let before = hash_dir(&dir);
     let me = std::process::id().to_string();
     for (extra, message) in [
