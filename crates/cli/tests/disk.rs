@@ -1073,8 +1073,9 @@ impl Drop for Sandbox {
 
 /// A group whose network, IPC and UTS namespaces are not the tool's (a pod's containers): the
 /// checkpoint records them and dumps the network namespace as external; a restore without a
-/// process to take namespaces from is refused with nothing changed; with `--namespaces-of` of
-/// another sandbox (the placeholder pod) the restored tree is in that sandbox's namespaces.
+/// process to take namespaces from, or into a process in a container of its own, is refused with
+/// nothing changed; with `--namespaces-of` of another sandbox (the placeholder pod) the restored
+/// tree is in that sandbox's namespaces.
 #[test]
 fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
     let disk = Disk::new();
@@ -1107,6 +1108,27 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
         !disk.group_answers(),
         "a refused restore restored something"
     );
+
+    // Into a container (its own root filesystem) a tree checkpointed outside any is refused: its
+    // files are not there.
+    let container = Placeholder::start(&disk, "root-c");
+    let into_container = container.init.to_string();
+    let out = disk.tool(&[
+        "restore",
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--namespaces-of",
+        &into_container,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("taken outside any"), "{stderr}");
+    assert_eq!(
+        hash_dir(&dir),
+        before,
+        "a refused restore changed the checkpoint"
+    );
+    drop(container);
 
     let placeholder = Sandbox::start();
     let target = placeholder.pid().to_string();
