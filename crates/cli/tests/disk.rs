@@ -1,7 +1,8 @@
 //! Checkpoint to disk and restore, end to end on the fake driver with the real CRIU: a two-process
 //! group sharing memory both ways, started by `cuinterpose run --pid-namespace`, checkpointed by
-//! `cuinterpose checkpoint`, gone, restored by `cuinterpose restore` (also onto swapped devices),
-//! and verified; `--leave-running`; and every kind of bad input a restore must refuse.
+//! `cuinterpose checkpoint`, gone, restored by `cuinterpose restore` (also onto swapped devices,
+//! into another sandbox's namespaces, from one emulated container into another), and verified;
+//! `--leave-running`; and every kind of bad input a restore must refuse.
 //!
 //! CRIU comes from `$CUINTERPOSE_CRIU` (scripts/test.sh exports it) or `<repo>/.criu/bin/criu`; a
 //! missing CRIU fails the tests with a message to run scripts/install-criu.sh. CRIU needs root.
@@ -352,12 +353,22 @@ fn phase_names(report: &serde_json::Value) -> Vec<String> {
 /// Checkpoints the running group into the test's checkpoint directory, checks that its processes
 /// are gone, and returns the report and the manifest.
 fn checkpoint_and_stop(disk: &Disk, group: &mut Running) -> (serde_json::Value, serde_json::Value) {
+    let launcher = group.launcher.id();
+    checkpoint_at_and_stop(disk, group, launcher)
+}
+
+/// [`checkpoint_and_stop`] with `--pid PID` (a process of the group's tree).
+fn checkpoint_at_and_stop(
+    disk: &Disk,
+    group: &mut Running,
+    pid: u32,
+) -> (serde_json::Value, serde_json::Value) {
     let dir = disk.checkpoint_dir();
-    let launcher = group.launcher.id().to_string();
+    let pid = pid.to_string();
     let report = disk.tool_json(&[
         "checkpoint",
         "--pid",
-        &launcher,
+        &pid,
         "--dir",
         dir.to_str().expect("utf-8 path"),
     ]);
@@ -1062,8 +1073,9 @@ impl Drop for Sandbox {
 
 /// A group whose network, IPC and UTS namespaces are not the tool's (a pod's containers): the
 /// checkpoint records them and dumps the network namespace as external; a restore without a
-/// process to take namespaces from is refused with nothing changed; with `--namespaces-of` of
-/// another sandbox (the placeholder pod) the restored tree is in that sandbox's namespaces.
+/// process to take namespaces from, or into a process in a container of its own, is refused with
+/// nothing changed; with `--namespaces-of` of another sandbox (the placeholder pod) the restored
+/// tree is in that sandbox's namespaces.
 #[test]
 fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
     let disk = Disk::new();
@@ -1097,6 +1109,27 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
         "a refused restore restored something"
     );
 
+    // Into a container (its own root filesystem) a tree checkpointed outside any is refused: its
+    // files are not there.
+    let container = Placeholder::start(&disk, "root-c");
+    let into_container = container.init.to_string();
+    let out = disk.tool(&[
+        "restore",
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--namespaces-of",
+        &into_container,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("taken outside any"), "{stderr}");
+    assert_eq!(
+        hash_dir(&dir),
+        before,
+        "a refused restore changed the checkpoint"
+    );
+    drop(container);
+
     let placeholder = Sandbox::start();
     let target = placeholder.pid().to_string();
     let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
@@ -1117,6 +1150,255 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
         }
     }
     verify_sharing(&disk.attach(), 1);
+}
+
+/// What makes an emulated container, as runc makes one (there is no container runtime here):
+/// run by `unshare --mount --pid --fork` (private propagation), it prepares `$1`, the new root,
+/// with bind mounts of the host's system directories, of the build's artifacts (`$2`) and of the
+/// test's directory (`$3`) at their own paths (so sockets, logs and the checkpoint are where the
+/// test looks), `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace, drops the
+/// old root, and execs the rest of its arguments as the container's init.
+const CONTAINER_SCRIPT: &str = r#"set -e
+root=$1; artifacts=$2; shared=$3; shift 3
+mount --bind "$root" "$root"
+for d in bin lib lib64 sbin; do
+    if [ -L "/$d" ]; then ln -sfn "$(readlink "/$d")" "$root/$d";
+    elif [ -d "/$d" ]; then mkdir -p "$root/$d"; mount --rbind "/$d" "$root/$d"; fi
+done
+for d in /usr /etc /dev; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
+for d in "$artifacts" "$shared"; do mkdir -p "$root$d"; mount --bind "$d" "$root$d"; done
+mkdir -p "$root/proc" "$root/tmp" "$root/.old-root"
+cd "$root"
+pivot_root . .old-root
+cd /
+mount -t proc proc /proc
+umount -l /.old-root
+rmdir /.old-root
+exec "$@"
+"#;
+
+/// The program and arguments that run a command as the init of a new emulated container over
+/// `root` (a new directory in the test's directory); killed when that `unshare` dies.
+fn container_wrapper(disk: &Disk, root: &str) -> Vec<String> {
+    let root = disk.env.dir().join(root);
+    std::fs::create_dir(&root).expect("the container's root");
+    let artifacts = disk.env.artifacts().dir().to_path_buf();
+    let mut wrapper: Vec<String> = [
+        "unshare",
+        "--mount",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        CONTAINER_SCRIPT,
+        "container",
+    ]
+    .map(String::from)
+    .to_vec();
+    for dir in [&root, &artifacts, &disk.env.dir().to_path_buf()] {
+        wrapper.push(dir.to_str().expect("utf-8 path").to_string());
+    }
+    wrapper
+}
+
+/// The root directory of `pid`, by device and inode.
+fn root_of(pid: u32) -> control::container::RootDir {
+    control::container::root_dir(Some(pid)).unwrap_or_else(|e| panic!("root of pid {pid}: {e}"))
+}
+
+/// An emulated container whose init is `sleep`: the placeholder a restore puts a tree into.
+struct Placeholder {
+    runtime: Child,
+    init: u32,
+}
+
+impl Placeholder {
+    fn start(disk: &Disk, root: &str) -> Placeholder {
+        let wrapper = container_wrapper(disk, root);
+        let mut runtime = std::process::Command::new(&wrapper[0])
+            .args(&wrapper[1..])
+            .args(["sleep", "600"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("unshare (util-linux)");
+        let deadline = std::time::Instant::now() + READY_TIMEOUT;
+        let init = loop {
+            // The init has pivoted into its root and execed sleep.
+            let init = control::discovery::process_tree(runtime.id())
+                .ok()
+                .and_then(|t| t.get(1).copied())
+                .filter(|&pid| {
+                    root_of(pid) != root_of(std::process::id())
+                        && std::fs::read(format!("/proc/{pid}/cmdline"))
+                            .is_ok_and(|c| c.starts_with(b"sleep\0"))
+                });
+            if let Some(init) = init {
+                break init;
+            }
+            if let Ok(Some(status)) = runtime.try_wait() {
+                panic!("the placeholder container exited: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the placeholder did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Placeholder { runtime, init }
+    }
+}
+
+impl Drop for Placeholder {
+    fn drop(&mut self) {
+        // --kill-child: the init, and with it everything in its PID namespace, dies with unshare.
+        let _ = self.runtime.kill();
+        let _ = self.runtime.wait();
+    }
+}
+
+/// A group in an emulated container (a mount and PID namespace of its own, `pivot_root` into a
+/// root of its own, the tool's launcher `cuinterpose run --pid-namespace` as the container's
+/// init): the checkpoint, given the container's init as the tool in a pod's node agent is, runs
+/// CRIU inside the container and records it; a restore without a container to restore into, or
+/// into a process in the tool's root, is refused with nothing changed; restored with
+/// `--namespaces-of` the init of another emulated container, every restored process runs over
+/// that container's root, the tree's PID namespace below the placeholder's, and the memory and
+/// its sharing are intact. A process that is the init of its container (no container around it
+/// to run CRIU in) is refused before anything changes, and so is a CRIU that is not the bundled
+/// one (it could not be run by descriptor inside the container).
+#[test]
+fn a_group_in_a_container_is_restored_into_another_container() {
+    let disk = Disk::new();
+    let wrapper = container_wrapper(&disk, "root-a");
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut group = disk.start_group_under(&[], &wrapper);
+    let tree = control::discovery::process_tree(group.launcher.id()).expect("tree");
+    // unshare, the container's init (the launcher), the two ranks.
+    let (container_init, rank0) = (tree[1], tree[2]);
+    assert_ne!(
+        root_of(rank0),
+        root_of(std::process::id()),
+        "the group runs in its own root"
+    );
+
+    // A CRIU that is not the bundled one (here a script in front of it) cannot be run by
+    // descriptor inside the container: refused, nothing changed.
+    let script = disk.env.dir().join("criu");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", disk.criu.display()),
+    )
+    .expect("a CRIU script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let dir = disk.checkpoint_dir();
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let init_arg = container_init.to_string();
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &init_arg,
+        "--dir",
+        dir_arg,
+        "--criu",
+        script.to_str().expect("utf-8 path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not the bundled CRIU"), "{stderr}");
+    assert!(!dir.exists(), "nothing was written");
+    group.ranks[0].ok("ping").expect("the group still runs");
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, container_init);
+    assert_eq!(manifest["criu"]["in_container"], true, "{manifest}");
+    assert_eq!(report["in_container"], true, "{report}");
+
+    let before = hash_dir(&dir);
+    let me = std::process::id().to_string();
+    for (extra, message) in [
+        (&[][..], "was taken in a container"),
+        (
+            &["--namespaces-of", me.as_str()][..],
+            "runs in this tool's root filesystem",
+        ),
+    ] {
+        let mut args = vec!["restore", "--dir", dir_arg];
+        args.extend_from_slice(extra);
+        let out = disk.tool(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{stderr}");
+        assert!(stderr.contains(message), "{stderr}");
+        assert_eq!(
+            hash_dir(&dir),
+            before,
+            "a refused restore changed the checkpoint"
+        );
+        assert!(
+            !disk.group_answers(),
+            "a refused restore restored something"
+        );
+    }
+
+    let placeholder = Placeholder::start(&disk, "root-b");
+    let target = placeholder.init.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(report["in_container"], true, "{report}");
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    let placeholder_pid_ns = namespace_inode(placeholder.init, "pid");
+    let parent = control::procfs::stat(restored.0)
+        .expect("restored root")
+        .ppid;
+    assert_eq!(
+        namespace_inode(parent, "pid"),
+        placeholder_pid_ns,
+        "the restored tree's PID namespace is below the placeholder's"
+    );
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder.init),
+            "restored pid {pid} does not run over the placeholder's root"
+        );
+        assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
+    }
+    assert!(disk.holds_file(tree[0]), "rank 0 holds its file again");
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
+
+    // The init of a container has no container around it to run CRIU in. (Here its parent,
+    // `unshare`, shares its mount namespace, so the refusal is that the container's /proc does not
+    // show that parent; under a container runtime the parent is in another root filesystem, which
+    // disk::preflight refuses as the unit test there shows.)
+    let out = disk.tool(&[
+        "checkpoint",
+        "--pid",
+        &target,
+        "--dir",
+        &format!("{dir_arg}-2"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("is not that of its PID namespace"),
+        "{stderr}"
+    );
+    assert!(
+        !Path::new(&format!("{dir_arg}-2")).exists(),
+        "nothing was written"
+    );
+    assert!(
+        control::procfs::stat(placeholder.init).is_some_and(|s| !s.exited()),
+        "the refused process still runs"
+    );
 }
 
 /// `cuinterpose demo --to-disk --json` gives what the GPU lane reads: `checkpoint.phases` and

@@ -9,6 +9,7 @@
 pub mod capture;
 pub mod carrier_helper;
 pub mod config;
+pub mod container;
 pub mod criu;
 pub mod discard;
 pub mod discovery;

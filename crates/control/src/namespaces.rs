@@ -8,8 +8,8 @@
 //! UTS are the pod's. So at a checkpoint every one of them that differs from the tool's is
 //! recorded in the manifest ([`SharedNamespace`]); the network namespace is dumped as external,
 //! and a restore is given a process whose namespaces the tree joins instead (the agent: a process
-//! of the placeholder pod). The tree's own PID and mount namespaces are restored from the images
-//! as before.
+//! of the placeholder pod). The tree's own PID and mount namespaces are restored from the images,
+//! below those of the CRIU that restores them: the tool's, or a container's (crate::container).
 
 use crate::ControlError;
 use crate::disk::refuse;
@@ -95,11 +95,10 @@ impl Shared {
 #[derive(Debug)]
 pub struct Target {
     pid: u32,
-    joins: Vec<(SharedNamespace, u64)>,
-    /// The target's network namespace, open for CRIU to inherit. Opened without `O_CLOEXEC` so
-    /// the CRIU child gets it under the same number; a child the tool started meanwhile would
-    /// hold it too, which only keeps that namespace alive a little longer.
-    net: Option<OwnedFd>,
+    /// Each namespace with its inode and a descriptor of it (close-on-exec), which CRIU inherits
+    /// ([`Target::restore_args`]): a descriptor names it in the CRIU that runs inside a container
+    /// too (crate::container), where `/proc/<pid>` of a host PID does not exist.
+    joins: Vec<(SharedNamespace, u64, OwnedFd)>,
 }
 
 impl Target {
@@ -113,55 +112,51 @@ impl Target {
             )
         };
         let mut joins = Vec::new();
-        let mut net = None;
         for &ns in shared {
             let inode = inode(Some(pid), ns).map_err(|e| unreadable(&e))?;
-            if ns == SharedNamespace::Net {
-                let fd = rustix::fs::open(
-                    path(Some(pid), ns),
-                    rustix::fs::OFlags::RDONLY,
-                    rustix::fs::Mode::empty(),
-                )
-                .map_err(|e| unreadable(&e))?;
-                net = Some(fd);
-            }
-            joins.push((ns, inode));
+            let fd = rustix::fs::open(
+                path(Some(pid), ns),
+                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map_err(|e| unreadable(&e))?;
+            joins.push((ns, inode, fd));
         }
-        Ok(Target { pid, joins, net })
+        Ok(Target { pid, joins })
     }
 
     /// The namespaces joined, in order.
     pub fn namespaces(&self) -> Vec<SharedNamespace> {
-        self.joins.iter().map(|(ns, _)| *ns).collect()
+        self.joins.iter().map(|(ns, _, _)| *ns).collect()
     }
 
-    /// CRIU's restore options: the network namespace inherited for the external one of the
-    /// dump, IPC and UTS joined by path (CRIU then skips the ones in the images).
-    pub fn restore_args(&self) -> Vec<OsString> {
+    /// CRIU's restore options, and the descriptors they name for CRIU to inherit: the network
+    /// namespace inherited for the external one of the dump, IPC and UTS joined through
+    /// `/proc/self/fd/N` (CRIU then skips the ones in the images).
+    pub fn restore_args(&self) -> std::io::Result<(Vec<OsString>, Vec<OwnedFd>)> {
         let mut args: Vec<OsString> = Vec::new();
-        for (ns, _) in &self.joins {
-            match (ns, &self.net) {
-                (SharedNamespace::Net, Some(fd)) => {
-                    args.push("--inherit-fd".into());
-                    args.push(format!("fd[{}]:{NET_KEY}", fd.as_raw_fd()).into());
-                    // Nothing was locked at the dump (Shared::dump_args): nothing to unlock.
-                    args.push("--network-lock".into());
-                    args.push("skip".into());
-                }
-                _ => {
-                    args.push("--join-ns".into());
-                    let mut arg = OsString::from(format!("{}:", ns.name()));
-                    arg.push(path(Some(self.pid), *ns));
-                    args.push(arg);
-                }
+        let mut fds = Vec::new();
+        for (ns, _, fd) in &self.joins {
+            let fd = fd.try_clone()?;
+            let n = fd.as_raw_fd();
+            fds.push(fd);
+            if *ns == SharedNamespace::Net {
+                args.push("--inherit-fd".into());
+                args.push(format!("fd[{n}]:{NET_KEY}").into());
+                // Nothing was locked at the dump (Shared::dump_args): nothing to unlock.
+                args.push("--network-lock".into());
+                args.push("skip".into());
+            } else {
+                args.push("--join-ns".into());
+                args.push(format!("{}:/proc/self/fd/{n}", ns.name()).into());
             }
         }
-        args
+        Ok((args, fds))
     }
 
     /// Checks that the restored tree's root is in every namespace it was to join.
     pub fn check_joined(&self, root: u32) -> Result<(), String> {
-        for &(ns, wanted) in &self.joins {
+        for &(ns, wanted, _) in &self.joins {
             match inode(Some(root), ns) {
                 Ok(got) if got == wanted => {}
                 Ok(got) => {
@@ -192,30 +187,27 @@ mod tests {
         let target = Target::open(me, &SharedNamespace::ALL).unwrap();
         assert_eq!(target.namespaces(), SharedNamespace::ALL);
         target.check_joined(me).unwrap();
-        let args: Vec<String> = target
-            .restore_args()
-            .into_iter()
-            .map(|a| a.into_string().unwrap())
-            .collect();
-        let fd = target.net.as_ref().unwrap().as_raw_fd();
+        let (args, fds) = target.restore_args().unwrap();
+        let args: Vec<String> = args.into_iter().map(|a| a.into_string().unwrap()).collect();
+        let [net, ipc, uts] = [0, 1, 2].map(|i| fds[i].as_raw_fd());
         assert_eq!(
             args,
             [
                 "--inherit-fd".to_string(),
-                format!("fd[{fd}]:cuinterpose-net"),
+                format!("fd[{net}]:cuinterpose-net"),
                 "--network-lock".into(),
                 "skip".into(),
                 "--join-ns".into(),
-                format!("ipc:/proc/{me}/ns/ipc"),
+                format!("ipc:/proc/self/fd/{ipc}"),
                 "--join-ns".into(),
-                format!("uts:/proc/{me}/ns/uts"),
+                format!("uts:/proc/self/fd/{uts}"),
             ]
         );
-        let flags = rustix::io::fcntl_getfd(target.net.as_ref().unwrap()).unwrap();
-        assert!(
-            !flags.contains(rustix::io::FdFlags::CLOEXEC),
-            "CRIU inherits it"
-        );
+        // Close-on-exec here: only the CRIU child clears it (crate::container::inherit_fds).
+        for fd in &fds {
+            let flags = rustix::io::fcntl_getfd(fd).unwrap();
+            assert!(flags.contains(rustix::io::FdFlags::CLOEXEC));
+        }
     }
 
     #[test]

@@ -8,8 +8,11 @@
 //!   at [`CONTROL_DIR`] for the shim's control socket, `CUINTERPOSE_CONTROL_DIR` pointing at it, and
 //!   its `command` prefixed with the launcher (`cuinterpose run --shim ... --`), which sees the
 //!   container's resolved environment, prepends the shim to `LD_PRELOAD` and execs the command in its
-//!   own place (no shell). The container's own process stays PID 1 of its PID namespace, which is
-//!   what checkpoint to disk needs.
+//!   own place (no shell). The container's own process stays PID 1 of its PID namespace. A
+//!   checkpoint to disk of a tree in a container runs CRIU inside the container's namespaces and
+//!   needs the workload below the container's init, as the init of a PID namespace of its own
+//!   (control::container; `run --pid-namespace`, which needs `CAP_SYS_ADMIN` in the container):
+//!   a pod shaped this way is refused at checkpoint, before anything changes.
 //!
 //! Shaping is idempotent (the API server may call the webhook again, `reinvocationPolicy: IfNeeded`):
 //! what is already there exactly as shaping would make it is left alone, and anything of the same

@@ -22,8 +22,8 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage;
 /// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
-/// `bytes.shared_saved`).
-pub const MANIFEST_VERSION: u32 = 6;
+/// `bytes.shared_saved`; 7: `criu.in_container`).
+pub const MANIFEST_VERSION: u32 = 7;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -323,6 +323,10 @@ pub struct CriuInfo {
     /// restore must be given one to join; IPC and UTS are in the images and are joined instead
     /// when the restore is told whose namespaces to enter.
     pub shared_namespaces: Vec<SharedNamespace>,
+    /// Whether the tree ran in a container (a root directory and mount namespace other than the
+    /// dumping tool's): CRIU dumped it from inside the container's mount and PID namespaces, and
+    /// a restore must be given a container to restore it into the same way.
+    pub in_container: bool,
 }
 
 /// A namespace a tree may share with the processes around it.
@@ -760,6 +764,7 @@ mod tests {
                 }],
                 tcp_established: true,
                 shared_namespaces: vec![SharedNamespace::Net, SharedNamespace::Uts],
+                in_container: false,
             }),
             timings: vec![
                 PhaseTiming {

@@ -701,6 +701,7 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
                 manifest::SharedNamespace::Net,
                 manifest::SharedNamespace::Ipc,
             ],
+            in_container: true,
         }),
         timings: vec![
             manifest::PhaseTiming {

@@ -2,10 +2,17 @@
 //! the CRIU bundled with the tool (crate::layout: the release's `libexec/`, a checkout's `.criu/`),
 //! or `PATH`. The command line is used rather than CRIU's RPC: the RPC needs protobuf bindings and
 //! gives nothing this tool uses, while the log files CRIU writes are what a user reads on failure.
+//!
+//! For a tree in a container CRIU runs inside the container's namespaces (crate::container), where
+//! no path of the tool's filesystem exists: every path CRIU is given (the images, the work
+//! directory, the pid file, and the bundled CRIU itself: its loader, libraries and binary) is then
+//! a descriptor opened here and inherited, named `/proc/self/fd/N`.
 
 pub mod images;
 
+use crate::container::Container;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +23,17 @@ pub enum CriuError {
         "criu not found (looked at {looked}); pass --criu PATH or set CUINTERPOSE_CRIU (in a checkout, scripts/install-criu.sh installs CRIU 4.2 into .criu/)"
     )]
     NotFound { looked: String },
+    #[error(
+        "{program} is not the bundled CRIU (its own loader and libraries beside it, as \
+         scripts/install-criu.sh installs it): inside a container only that one can be run, by \
+         descriptor"
+    )]
+    NotBundled { program: PathBuf },
+    #[error("opening {path} for CRIU: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("running {program}: {source}")]
     Spawn {
         program: PathBuf,
@@ -59,6 +77,66 @@ const EXTERNAL_MOUNTS: [&str; 4] = [
 pub struct Criu {
     program: PathBuf,
     version: String,
+    /// The parts of the bundled CRIU, when `program` is its wrapper.
+    bundle: Option<Bundle>,
+}
+
+/// The bundled CRIU (scripts/install-criu.sh): its wrapper `PREFIX/bin/criu` runs
+/// `PREFIX/usr/sbin/criu` through the prefix's own loader and libraries. Inside a container the
+/// wrapper cannot run (it names the prefix by path), so the three are opened and run by
+/// descriptor instead, the loader given the others as `/proc/self/fd/N`.
+#[derive(Debug, Clone)]
+struct Bundle {
+    loader: PathBuf,
+    libraries: PathBuf,
+    binary: PathBuf,
+}
+
+impl Bundle {
+    fn of(program: &Path) -> Option<Bundle> {
+        let prefix = std::fs::canonicalize(program)
+            .ok()?
+            .parent()?
+            .parent()?
+            .to_path_buf();
+        let libraries = prefix.join("usr/lib/x86_64-linux-gnu");
+        let bundle = Bundle {
+            loader: libraries.join("ld-linux-x86-64.so.2"),
+            binary: prefix.join("usr/sbin/criu"),
+            libraries,
+        };
+        (bundle.loader.is_file() && bundle.binary.is_file() && bundle.libraries.is_dir())
+            .then_some(bundle)
+    }
+}
+
+/// A CRIU command line being built, and the descriptors it inherits.
+struct Invocation<'a> {
+    command: Command,
+    inherit: Vec<OwnedFd>,
+    inside: Option<&'a Container>,
+}
+
+impl Invocation<'_> {
+    /// How CRIU is to name `path`: the path itself in the tool's namespaces; inside a container,
+    /// an inherited descriptor of it (a directory, or a file opened for reading).
+    fn path(&mut self, path: &Path) -> Result<OsString, CriuError> {
+        if self.inside.is_none() {
+            return Ok(path.into());
+        }
+        let fd = rustix::fs::open(
+            path,
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| CriuError::Open {
+            path: path.to_path_buf(),
+            source: e.into(),
+        })?;
+        let name = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        self.inherit.push(fd);
+        Ok(name.into())
+    }
 }
 
 impl Criu {
@@ -94,6 +172,7 @@ impl Criu {
             let text = String::from_utf8_lossy(&output.stdout);
             if let Some(version) = text.lines().find_map(|l| l.strip_prefix("Version:")) {
                 return Ok(Criu {
+                    bundle: Bundle::of(&program),
                     program,
                     version: version.trim().to_string(),
                 });
@@ -116,9 +195,20 @@ impl Criu {
         &self.program
     }
 
-    /// Dumps the tree rooted at `pid` (the init of its PID namespace) into `images` and leaves it
-    /// stopped (SIGSTOP): the caller continues it (SIGCONT) or kills it once the checkpoint is
-    /// complete or has failed.
+    /// Whether CRIU can run inside a container (crate::container): only the bundled one, by
+    /// descriptor. Checked before anything changes.
+    pub fn check_runs_inside(&self) -> Result<(), CriuError> {
+        match self.bundle {
+            Some(_) => Ok(()),
+            None => Err(CriuError::NotBundled {
+                program: self.program.clone(),
+            }),
+        }
+    }
+
+    /// Dumps the tree rooted at `pid` (the init of its PID namespace, as CRIU sees it: inside
+    /// `inside` when given) into `images` and leaves it stopped (SIGSTOP): the caller continues
+    /// it (SIGCONT) or kills it once the checkpoint is complete or has failed.
     ///
     /// `--leave-stopped`, not `--leave-running`: with the latter CRIU removes the link remaps it
     /// made as soon as the dump ends (it assumes the files stay reachable through the running
@@ -130,18 +220,20 @@ impl Criu {
     /// `tcp`: the tree has established TCP connections, each with its other end in the tree
     /// (control::tcp), to be saved in repair mode. `namespaces`: the options that keep the
     /// namespaces the tree shares with processes outside it out of the images
-    /// (crate::namespaces::Shared::dump_args).
+    /// (crate::namespaces::Shared::dump_args). `inside`: the container whose namespaces CRIU runs
+    /// in (crate::container).
     pub fn dump(
         &self,
         pid: u32,
         images: &Path,
         tcp: bool,
         namespaces: &[OsString],
+        inside: Option<&Container>,
     ) -> Result<(), CriuError> {
-        let mut command = self.command("dump", images);
+        let mut run = self.invocation("dump", images, inside)?;
         // --link-remap: files deleted while open that still have another name (every POSIX
         // semaphore of Python's multiprocessing, seen with PyTorch) are kept through a hard link.
-        command
+        run.command
             .arg("-t")
             .arg(pid.to_string())
             .args(EXTERNAL_MOUNTS)
@@ -153,13 +245,15 @@ impl Criu {
             // while it is dumped. Every peer is inside the tree here, stopped like the rest of
             // it, so there is nothing to lock out; and the lock would need iptables or nftables
             // on the host, which GPU servers and containers often lack.
-            command.args(["--tcp-established", "--network-lock", "skip"]);
+            run.command
+                .args(["--tcp-established", "--network-lock", "skip"]);
         }
-        self.execute("dump", command, images)
+        self.execute("dump", run, images)
     }
 
     /// Restores the tree in `images` detached from this process (`--restore-detached`: the restored
-    /// root is not our child, so it outlives the tool); returns the restored root's host PID.
+    /// root is not our child, so it outlives the tool); returns the restored root's PID as CRIU
+    /// saw it (inside `inside` when given: crate::container::Container::host_pid finds it here).
     ///
     /// Everything CRIU writes on a restore (its log, statistics and the pid file) goes to
     /// `work_dir`, never into the checkpoint: a checkpoint directory is read-only to a restore, so
@@ -167,39 +261,76 @@ impl Criu {
     ///
     /// `tcp`: the images hold established TCP connections (the dump's `tcp`). `namespaces`: the
     /// options that put the tree into another process's namespaces
-    /// (crate::namespaces::Target::restore_args).
+    /// (crate::namespaces::Target::restore_args), and `inherit` the descriptors they name.
+    /// `inside`: the container whose mount and PID namespaces CRIU runs in, over whose root the
+    /// tree is restored.
     pub fn restore(
         &self,
         images: &Path,
         work_dir: &Path,
         tcp: bool,
-        namespaces: &[OsString],
+        (namespaces, inherit): (&[OsString], Vec<OwnedFd>),
+        inside: Option<&Container>,
     ) -> Result<u32, CriuError> {
-        let pid_file = work_dir.join(crate::disk::leftovers::CRIU_PID_FILE);
-        let mut command = self.command("restore", images);
-        command
+        // Inside a container the PID CRIU writes is the container's, which no reader of the work
+        // directory may take for a host PID (crate::disk::leftovers kills the tree it names): it
+        // gets a name of its own, and the caller writes the host PID under the usual one.
+        let name = match inside {
+            None => crate::disk::leftovers::CRIU_PID_FILE,
+            Some(_) => crate::disk::leftovers::CRIU_INSIDE_PID_FILE,
+        };
+        let pid_file = work_dir.join(name);
+        let mut run = self.invocation("restore", images, inside)?;
+        run.inherit.extend(inherit);
+        let work = run.path(work_dir)?;
+        let mut named_pid_file = work.clone();
+        named_pid_file.push("/");
+        named_pid_file.push(name);
+        run.command
             .arg("--work-dir")
-            .arg(work_dir)
+            .arg(work)
             .arg("--restore-detached")
             .arg("--pidfile")
-            .arg(&pid_file)
-            // The tree's mount namespace is a slave copy of this one: restored over the same root.
+            .arg(named_pid_file)
+            // The tree's mount namespace is a slave copy of CRIU's: restored over its root.
             .args(["--root", "/", "--mntns-compat-mode"])
             .args(EXTERNAL_MOUNTS)
             .args(namespaces);
         if tcp {
-            command.arg("--tcp-established");
+            run.command.arg("--tcp-established");
         }
-        self.execute("restore", command, work_dir)?;
+        self.execute("restore", run, work_dir)?;
         std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|t| t.trim().parse().ok())
             .ok_or(CriuError::NoPid("restore"))
     }
 
-    fn command(&self, action: &str, images: &Path) -> Command {
-        let mut command = Command::new(&self.program);
-        command
+    fn invocation<'a>(
+        &self,
+        action: &str,
+        images: &Path,
+        inside: Option<&'a Container>,
+    ) -> Result<Invocation<'a>, CriuError> {
+        let mut run = Invocation {
+            command: Command::new(&self.program),
+            inherit: Vec::new(),
+            inside,
+        };
+        if inside.is_some() {
+            let bundle = self.bundle.as_ref().ok_or_else(|| CriuError::NotBundled {
+                program: self.program.clone(),
+            })?;
+            // What the wrapper does, by descriptor: the loader runs the binary with the bundle's
+            // libraries.
+            let loader = run.path(&bundle.loader)?;
+            let libraries = run.path(&bundle.libraries)?;
+            let binary = run.path(&bundle.binary)?;
+            run.command = Command::new(loader);
+            run.command.arg("--library-path").arg(libraries).arg(binary);
+        }
+        let images = run.path(images)?;
+        run.command
             .arg(action)
             .arg("--images-dir")
             .arg(images)
@@ -208,18 +339,22 @@ impl Criu {
             .arg("-v4")
             // Not the tool's terminal: nothing CRIU runs may read from it.
             .stdin(std::process::Stdio::null());
-        crate::launch::die_with_parent(&mut command);
-        command
+        crate::launch::die_with_parent(&mut run.command);
+        Ok(run)
     }
 
     /// Runs CRIU; on failure returns the error lines of its log (`log_dir/<action>.log`).
     fn execute(
         &self,
         action: &'static str,
-        mut command: Command,
+        run: Invocation<'_>,
         log_dir: &Path,
     ) -> Result<(), CriuError> {
-        let output = command.output().map_err(|source| CriuError::Spawn {
+        let output = match run.inside {
+            Some(container) => container.run(run.command, run.inherit),
+            None => crate::container::run_here(run.command, run.inherit),
+        }
+        .map_err(|source| CriuError::Spawn {
             program: self.program.clone(),
             source,
         })?;

@@ -6,7 +6,7 @@ use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
 use super::preflight::namespace_root;
 use super::preflight::{
-    check_new_dir, foreign_roots, has_terminal, replaced_mappings, tree_sockets,
+    check_new_dir, container_of, has_terminal, replaced_mappings, tree_sockets,
 };
 use super::{
     CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
@@ -23,8 +23,10 @@ use std::time::Instant;
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
 ///
 /// Everything CRIU cannot handle is refused before the capture starts (no CRIU, no PID namespace
-/// of its own, a controlling terminal, a large deleted mapping, a TCP connection to a peer outside
-/// the tree, a used directory). A dump that fails is rolled back: CRIU
+/// of its own, a controlling terminal, a tree over more than one root or mount namespace or
+/// outside its container's, a large deleted mapping, a TCP connection to a peer outside the tree,
+/// a used directory). A tree in a container is dumped from inside the container's mount and PID
+/// namespaces (crate::container). A dump that fails is rolled back: CRIU
 /// leaves the tree running, and the shims rebuild what they released.
 pub fn checkpoint(
     options: &CheckpointOptions,
@@ -54,10 +56,17 @@ pub fn checkpoint(
                 .into(),
         ));
     }
-    let foreign = foreign_roots(&tree);
-    if !foreign.is_empty() {
-        return Err(ControlError::Refused(foreign));
-    }
+    // A tree in a container is dumped by CRIU run inside it (crate::container), which only the
+    // bundled CRIU can be; the PID CRIU is given is the root's there.
+    let container = container_of(root, &tree)?;
+    let criu_pid = match &container {
+        Some(c) => {
+            criu.check_runs_inside()
+                .map_err(|e| refuse("criu", e.to_string()))?;
+            c.pid_inside(root)?
+        }
+        None => root,
+    };
     let replaced = replaced_mappings(&tree);
     if !replaced.is_empty() {
         return Err(ControlError::Refused(replaced));
@@ -114,8 +123,14 @@ pub fn checkpoint(
     // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
     // writing the digests or the manifest) can still be rolled back and the workload runs on.
     let dumped = clock.time("criu-dump", None, || {
-        criu.dump(root, &images, tcp_established, &namespaces.dump_args())
-            .map_err(ControlError::Criu)?;
+        criu.dump(
+            criu_pid,
+            &images,
+            tcp_established,
+            &namespaces.dump_args(),
+            container.as_ref(),
+        )
+        .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
     let mut link_remaps = Vec::new();
@@ -142,6 +157,7 @@ pub fn checkpoint(
             link_remaps: link_remaps.clone(),
             tcp_established,
             shared_namespaces: namespaces.namespaces.clone(),
+            in_container: container.is_some(),
         };
         let manifest = build_manifest(
             &captured,
@@ -236,6 +252,7 @@ pub fn checkpoint(
         zero_bytes,
         root,
         shared_namespaces: namespaces.namespaces,
+        in_container: container.is_some(),
         digest_share: files.digest_share(Streaming::Save),
     })
 }

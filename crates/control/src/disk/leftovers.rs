@@ -17,6 +17,9 @@ use std::path::{Path, PathBuf};
 
 /// The file CRIU writes the restored root's pid to (`--pidfile`), in the work directory.
 pub(crate) const CRIU_PID_FILE: &str = "restore.pid";
+/// The file CRIU run inside a container writes the restored root's pid to, as the container sees
+/// it; the restore writes the host pid to [`CRIU_PID_FILE`] once it has found it.
+pub(crate) const CRIU_INSIDE_PID_FILE: &str = "restore.pid.inside";
 /// The tool run that made the work directory: `<pid> <start time in clock ticks after boot>`.
 const TOOL_RECORD: &str = "tool";
 

@@ -1,26 +1,39 @@
 //! What a checkpoint to disk refuses before the capture starts: a workload that is not the root of
-//! its own PID namespace, a used directory, a controlling terminal, a root filesystem other than
-//! the tool's, a large deleted mapping.
+//! its own PID namespace, a used directory, a controlling terminal, a tree over more than one root
+//! filesystem or outside any container's namespaces, a large deleted mapping.
 
 use super::{refuse, state_error};
+use crate::container::{self, Container};
 use crate::discovery;
 use crate::{ControlError, Refusal};
 use std::path::Path;
 
-/// The init of the workload's PID namespace: `root` itself, or its only child that is one.
+/// The init of the workload's PID namespace: `root` itself, or its only descendant that is one.
+/// When `root` is the init of a container (its root directory not the tool's) with one such
+/// descendant, that one: the workload of `cuinterpose run --pid-namespace` in the container,
+/// whose launcher is the container's init (crate::container says why CRIU needs it so).
 pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
     let info = discovery::describe(root)?;
+    let inits = || -> Result<Vec<u32>, ControlError> {
+        Ok(discovery::process_tree(root)?
+            .into_iter()
+            .skip(1)
+            // A zombie (a restored tree's root the container's init has not reaped) is no init.
+            .filter(|&pid| !crate::procfs::exited(pid))
+            .filter_map(|pid| discovery::describe(pid).ok())
+            .filter(|p| p.ns_pid == 1 && p.pid_namespace != info.pid_namespace)
+            .map(|p| p.host_pid)
+            .collect())
+    };
     if info.ns_pid == 1 {
+        if container::root_dir(Some(root))? != container::root_dir(None)?
+            && let [init] = inits()?.as_slice()
+        {
+            return Ok(*init);
+        }
         return Ok(root);
     }
-    let inits: Vec<u32> = discovery::process_tree(root)?
-        .into_iter()
-        .skip(1)
-        .filter_map(|pid| discovery::describe(pid).ok())
-        .filter(|p| p.ns_pid == 1 && p.pid_namespace != info.pid_namespace)
-        .map(|p| p.host_pid)
-        .collect();
-    match inits.as_slice() {
+    match inits()?.as_slice() {
         [init] => Ok(*init),
         _ => Err(ControlError::Refused(vec![Refusal {
             process: info.label(),
@@ -138,38 +151,79 @@ pub(super) fn has_terminal(pid: u32) -> bool {
     crate::procfs::stat(pid).is_some_and(|s| s.tty_nr != 0)
 }
 
-/// The processes of the tree whose root directory is not the tool's (a container's root
-/// filesystem). A restore brings the tree back over the restoring tool's root (CRIU's `--root /`,
-/// crate::criu), where such a process would find files that are not its own, or none: so the
-/// checkpoint refuses them before anything changes, instead of stopping a workload that no
-/// restore could bring back as it was (docs/design.md, "Namespaces", says what restoring into a
-/// container's filesystem needs). A root directory is known by the device and inode of
-/// `/proc/<pid>/root`; a workload of `cuinterpose run --pid-namespace` has a mount namespace of its
-/// own over the same root, which passes.
-pub(super) fn foreign_roots(tree: &[u32]) -> Vec<Refusal> {
-    use std::os::unix::fs::MetadataExt;
-    let identity = |path: &Path| std::fs::metadata(path).map(|m| (m.dev(), m.ino()));
-    let Ok(ours) = identity(Path::new("/")) else {
-        return Vec::new();
+/// Where CRIU must run for the tree under `root` (the init of its PID namespace): `None`, the
+/// tool's namespaces, when the tree's root directory is the tool's (a workload of
+/// `cuinterpose run --pid-namespace` started here: a mount namespace of its own over the same
+/// root); else the container whose root directory it runs in (crate::container), found as the
+/// namespaces of `root`'s parent: the launcher, `cuinterpose run --pid-namespace` inside the
+/// container.
+///
+/// Refused before anything changes, each process named: a process of the tree in another root
+/// directory than the tree's root, or (in a container) in another mount namespace, since a
+/// restore brings the whole tree back over one root; a tree whose root has a root directory other
+/// than its parent's (the init of the container itself, or a workload that changed its root),
+/// since there is no container around it to run CRIU in; and a container in the tool's mount
+/// namespace (a `chroot`, crate::container::Container::open).
+pub(super) fn container_of(root: u32, tree: &[u32]) -> Result<Option<Container>, ControlError> {
+    let label = |pid: u32| {
+        discovery::describe(pid)
+            .map(|i| i.label())
+            .unwrap_or_else(|_| format!("pid {pid}"))
     };
-    tree.iter()
-        .filter_map(|&pid| {
-            // A process gone meanwhile has no root to compare; the capture finds it gone.
-            let theirs = identity(&crate::procfs::path(pid, "root")).ok()?;
-            (theirs != ours).then(|| Refusal {
-                process: discovery::describe(pid)
-                    .map(|i| i.label())
-                    .unwrap_or_else(|_| format!("pid {pid}")),
+    let root_dir = container::root_dir(Some(root))?;
+    let root_mnt = container::namespace(Some(root), "mnt")?;
+    let ours = container::root_dir(None)?;
+    let in_container = root_dir != ours;
+    let mut refusals = Vec::new();
+    for &pid in tree.iter().filter(|&&p| p != root) {
+        // A process gone meanwhile has no root to compare; the capture finds it gone.
+        let (Ok(dir), Ok(mnt)) = (
+            container::root_dir(Some(pid)),
+            container::namespace(Some(pid), "mnt"),
+        ) else {
+            continue;
+        };
+        if dir != root_dir {
+            refusals.push(Refusal {
+                process: label(pid),
                 reason: format!(
-                    "runs in a root filesystem of its own (device {}, inode {}; this tool's: \
-                     device {}, inode {}), as in a container: a restore would bring it back over \
-                     this tool's root, where its files are not its own; run the tool where the \
-                     workload's root is `/` (inside its container)",
-                    theirs.0, theirs.1, ours.0, ours.1
+                    "runs in a root directory ({dir}) other than the tree's root (pid {root}, \
+                     {root_dir}): a restore brings the whole tree back over one root"
                 ),
-            })
-        })
-        .collect()
+            });
+        } else if in_container && mnt != root_mnt {
+            refusals.push(Refusal {
+                process: label(pid),
+                reason: format!(
+                    "runs in a mount namespace ({mnt}) other than the tree's root (pid {root}, \
+                     {root_mnt}), in a container: not supported"
+                ),
+            });
+        }
+    }
+    if !refusals.is_empty() {
+        return Err(ControlError::Refused(refusals));
+    }
+    if !in_container {
+        return Ok(None);
+    }
+    let parent = crate::procfs::stat(root)
+        .map(|s| s.ppid)
+        .ok_or(ControlError::NoSuchProcess(root))?;
+    let parent_dir = container::root_dir(Some(parent))?;
+    if parent_dir != root_dir {
+        return Err(refuse(
+            &label(root),
+            format!(
+                "runs in a root filesystem of its own ({root_dir}; this tool's: {ours}) that its \
+                 parent (pid {parent}, {parent_dir}) does not share: it is the init of its \
+                 container (or changed its root), and CRIU can only run inside the container, \
+                 around the tree; start the workload with `cuinterpose run --pid-namespace` \
+                 inside its container"
+            ),
+        ));
+    }
+    Container::open(parent, &label(root)).map(Some)
 }
 
 #[cfg(test)]
@@ -177,12 +231,14 @@ mod tests {
     use super::*;
     use std::process::{Command, Stdio};
 
-    /// A process chrooted into a copy of `sleep` and its libraries (on tmpfs, another filesystem)
-    /// is refused; this process is not.
+    /// A process chrooted into a copy of `sleep` and its libraries (on tmpfs, another filesystem):
+    /// in this process's tree it is refused (two roots in one tree), and as a tree's root too
+    /// (its parent, this process, is in no container of that root); this process alone needs no
+    /// container.
     #[test]
-    fn a_process_in_a_root_filesystem_of_its_own_is_refused() {
+    fn a_tree_over_two_roots_or_outside_its_container_is_refused() {
         let me = std::process::id();
-        assert!(foreign_roots(&[me]).is_empty());
+        assert!(container_of(me, &[me]).unwrap().is_none());
         let root = tempfile::Builder::new()
             .prefix("cuinterpose-root-")
             .tempdir_in("/dev/shm")
@@ -211,20 +267,32 @@ mod tests {
         let pid = child.id();
         // Until chroot has execed sleep, the child's root is still ours.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let refused = loop {
-            let refused = foreign_roots(&[me, pid]);
-            if !refused.is_empty() || std::time::Instant::now() > deadline {
-                break refused;
-            }
+        while crate::container::root_dir(Some(pid)).ok() == crate::container::root_dir(None).ok() {
+            assert!(std::time::Instant::now() < deadline, "chroot did not run");
             std::thread::sleep(std::time::Duration::from_millis(20));
-        };
+        }
+        let two_roots = container_of(me, &[me, pid]);
+        let outside = container_of(pid, &[pid]);
         let _ = child.kill();
         let _ = child.wait();
-        assert_eq!(refused.len(), 1, "{refused:?}");
-        assert!(refused[0].process.contains(&pid.to_string()), "{refused:?}");
+        let refusals = |r: Result<Option<Container>, ControlError>| match r {
+            Err(ControlError::Refused(list)) => list,
+            other => panic!("not refused: {other:?}"),
+        };
+        let two_roots = refusals(two_roots);
+        assert_eq!(two_roots.len(), 1, "{two_roots:?}");
         assert!(
-            refused[0].reason.contains("root filesystem of its own"),
-            "{refused:?}"
+            two_roots[0].process.contains(&pid.to_string()),
+            "{two_roots:?}"
+        );
+        assert!(
+            two_roots[0].reason.contains("other than the tree's root"),
+            "{two_roots:?}"
+        );
+        let outside = refusals(outside);
+        assert!(
+            outside[0].reason.contains("init of its container"),
+            "{outside:?}"
         );
     }
 

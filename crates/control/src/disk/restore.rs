@@ -7,6 +7,7 @@ use super::digests::verify_images;
 use super::manifest::read_manifest;
 use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
 use crate::capture::{self, Bytes, Clock, Progress, Report};
+use crate::container::Container;
 use crate::criu::{self, Criu};
 use crate::discovery;
 use crate::group::Group;
@@ -30,7 +31,9 @@ pub struct RestoreOptions {
     pub config: crate::config::ToolConfig,
     /// A process whose namespaces the tree joins, for each namespace the checkpoint's tree shared
     /// with processes outside it (crate::namespaces; the agent gives a process of the
-    /// placeholder pod). Required when the tree had a network namespace of its own.
+    /// placeholder pod). Required when the tree had a network namespace of its own, and when it
+    /// ran in a container: CRIU then restores it from inside this process's mount and PID
+    /// namespaces (crate::container), over its root filesystem.
     pub namespaces_of: Option<u32>,
     /// Read every data file and check its digests before CRIU runs (a pass of its own), instead
     /// of the default: lengths checked first, digests checked by the shims as they load, a
@@ -64,6 +67,8 @@ struct Verified {
     answer_timeout: std::time::Duration,
     /// The namespaces the tree is restored into, when it shared any.
     namespaces: Option<Target>,
+    /// The container CRIU restores the tree in, when it was checkpointed in one.
+    container: Option<Container>,
 }
 
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
@@ -76,10 +81,20 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         .verify_state(&state_bytes)
         .map_err(|e| damaged(&state_path, e))?;
     let criu = locate_criu(options.criu.as_deref(), &options.config)?;
+    let container = container_target(&manifest, options.namespaces_of)?;
+    if container.is_some() {
+        criu.check_runs_inside()
+            .map_err(|e| refuse("criu", e.to_string()))?;
+    }
 
-    // The shim must be the same bytes at the same path: CRIU maps it back from there.
+    // The shim must be the same bytes at the same path: CRIU maps it back from there (in the
+    // container's filesystem when it restores inside one).
     let shim_path = Path::new(&manifest.shim.path);
-    let shim_bytes = std::fs::read(shim_path).map_err(|e| {
+    let shim_here = match &container {
+        Some(c) => discovery::reach_inside(c.pid(), shim_path),
+        None => shim_path.to_path_buf(),
+    };
+    let shim_bytes = std::fs::read(&shim_here).map_err(|e| {
         refuse(
             "checkpoint",
             format!("the shim {} cannot be read: {e}", shim_path.display()),
@@ -128,7 +143,53 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         gpu_pairs,
         answer_timeout: options.config.answer_timeout,
         namespaces,
+        container,
     })
+}
+
+/// The container to restore the tree in: that of `namespaces_of`, when the checkpoint was taken
+/// in one. Refused, before anything changes, without `--namespaces-of` or with a process that is
+/// not in a container (its root directory the tool's); and a checkpoint taken outside any
+/// container is refused into one, whose files would not be the tree's.
+fn container_target(
+    manifest: &Manifest,
+    namespaces_of: Option<u32>,
+) -> Result<Option<Container>, ControlError> {
+    let in_container = manifest.criu.as_ref().is_some_and(|c| c.in_container);
+    let Some(pid) = namespaces_of else {
+        return if in_container {
+            Err(refuse(
+                "checkpoint",
+                "was taken in a container (its processes' root filesystem was not the tool's): \
+                 pass --namespaces-of PID, a process of the container to restore it into (its \
+                 mount and PID namespaces, and root filesystem)"
+                    .into(),
+            ))
+        } else {
+            Ok(None)
+        };
+    };
+    let label = format!("--namespaces-of {pid}");
+    let unreadable = |e: ControlError| refuse(&label, format!("cannot be read: {e}"));
+    let theirs = crate::container::root_dir(Some(pid)).map_err(unreadable)?;
+    let ours = crate::container::root_dir(None).map_err(unreadable)?;
+    match (in_container, theirs != ours) {
+        (true, true) => Container::open(pid, &label).map(Some),
+        (false, false) => Ok(None),
+        (true, false) => Err(refuse(
+            &label,
+            "runs in this tool's root filesystem, and the checkpoint was taken in a container: \
+             give a process of the container to restore it into"
+                .into(),
+        )),
+        (false, true) => Err(refuse(
+            &label,
+            format!(
+                "runs in a root filesystem of its own ({theirs}), as in a container, and the \
+                 checkpoint was taken outside any: its processes would not find their files there"
+            ),
+        )),
+    }
 }
 
 /// The namespaces to restore into: those of `namespaces_of` for each one the checkpoint lists.
@@ -308,6 +369,7 @@ pub fn restore(
             .namespaces
             .as_ref()
             .map_or_else(Vec::new, Target::namespaces),
+        in_container: verified.container.is_some(),
         digest_share: files.digest_share(Streaming::Load),
     })
 }
@@ -327,12 +389,25 @@ fn restore_into(
         // Under CRIU's names only while CRIU runs (crate::remaps).
         let _linked = crate::remaps::link_for_restore(link_remaps)?;
         let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
-        let namespaces = (verified.namespaces.as_ref()).map_or_else(Vec::new, Target::restore_args);
-        verified
+        let (namespaces, inherit) = match verified.namespaces.as_ref() {
+            Some(target) => target.restore_args().map_err(|e| {
+                refuse(
+                    &format!("--namespaces-of {}", options.namespaces_of.unwrap_or(0)),
+                    format!("its namespaces cannot be passed to CRIU: {e}"),
+                )
+            })?,
+            None => (Vec::new(), Vec::new()),
+        };
+        let inside = verified.container.as_ref();
+        let pid = verified
             .criu
-            .restore(&images, work_dir, tcp, &namespaces)
-            .map(|pid| (pid, image_bytes, 0.0))
-            .map_err(ControlError::Criu)
+            .restore(&images, work_dir, tcp, (&namespaces, inherit), inside)
+            .map_err(ControlError::Criu)?;
+        let root = match inside {
+            Some(container) => host_root(container, pid, work_dir)?,
+            None => pid,
+        };
+        Ok((root, image_bytes, 0.0))
     })?;
     // From here on a failure must not leave a half-restored tree running.
     let rebuilt = match verified.namespaces.as_ref().map(|t| t.check_joined(root)) {
@@ -356,6 +431,23 @@ fn restore_into(
             }
         }),
     }
+}
+
+/// The host PID of the root CRIU restored inside `container` as `inside`, written to the work
+/// directory's pid file for crate::disk::leftovers (which reads host PIDs only).
+fn host_root(container: &Container, inside: u32, work_dir: &Path) -> Result<u32, ControlError> {
+    let root = container.host_pid(inside).map_err(|e| ControlError::Step {
+        step: "finding the restored root among this machine's processes",
+        process: format!(
+            "pid {inside} in the PID namespace of pid {}",
+            container.pid()
+        ),
+        source: Box::new(e),
+    })?;
+    let pid_file = work_dir.join(super::leftovers::CRIU_PID_FILE);
+    transport::files::write_atomically(&pid_file, format!("{root}\n").as_bytes())
+        .map_err(|e| super::state_error(&pid_file, e))?;
+    Ok(root)
 }
 
 fn rebuild_restored(
