@@ -8,11 +8,13 @@
 //!   at [`CONTROL_DIR`] for the shim's control socket, `CUINTERPOSE_CONTROL_DIR` pointing at it, and
 //!   its `command` prefixed with the launcher (`cuinterpose run --shim ... --`), which sees the
 //!   container's resolved environment, prepends the shim to `LD_PRELOAD` and execs the command in its
-//!   own place (no shell). The container's own process stays PID 1 of its PID namespace. A
-//!   checkpoint to disk of a tree in a container runs CRIU inside the container's namespaces and
-//!   needs the workload below the container's init, as the init of a PID namespace of its own
-//!   (control::container; `run --pid-namespace`, which needs `CAP_SYS_ADMIN` in the container):
-//!   a pod shaped this way is refused at checkpoint, before anything changes.
+//!   own place (no shell). A checkpoint to disk of a tree in a container runs CRIU inside the
+//!   container's namespaces and needs the workload below the container's init, as the init of a
+//!   PID namespace of its own (control::container): so a container that may make namespaces
+//!   (privileged, or `CAP_SYS_ADMIN` added) gets `run --pid-namespace`, the launcher staying the
+//!   container's init; in any other the container's own process stays its PID 1, which can be
+//!   suspended in place but is refused at checkpoint, before anything changes
+//!   ([`launcher_prefix`]).
 //!
 //! Shaping is idempotent (the API server may call the webhook again, `reinvocationPolicy: IfNeeded`):
 //! what is already there exactly as shaping would make it is left alone, and anything of the same
@@ -111,11 +113,46 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// The launcher prefix put before a target's `command`.
-pub fn launcher_prefix() -> Vec<String> {
-    [LAUNCHER, "run", "--shim", SHIM, "--"]
-        .map(String::from)
-        .to_vec()
+/// The launcher prefix put before the `command` of `container`: `run --pid-namespace` where
+/// the container may make namespaces (privileged, or `CAP_SYS_ADMIN` added), so that its workload
+/// runs as the init of a PID namespace below the container's and can be checkpointed to disk
+/// (control::container: CRIU runs inside the container around it); a plain `run` elsewhere, whose
+/// workload stays the container's PID 1 and can be suspended in place but is refused at
+/// checkpoint.
+pub fn launcher_prefix(container: &Container) -> Vec<String> {
+    let words: &[&str] = if may_make_namespaces(container) {
+        &[LAUNCHER, "run", "--pid-namespace", "--shim", SHIM, "--"]
+    } else {
+        &[LAUNCHER, "run", "--shim", SHIM, "--"]
+    };
+    words.iter().map(|w| w.to_string()).collect()
+}
+
+/// Whether `container` runs privileged or with `CAP_SYS_ADMIN` added (what a PID namespace with
+/// its own `/proc` needs).
+fn may_make_namespaces(container: &Container) -> bool {
+    let Some(security) = &container.security_context else {
+        return false;
+    };
+    security.privileged == Some(true)
+        || security
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.add.as_deref())
+            .is_some_and(|add| {
+                add.iter().any(|c| {
+                    c.trim_start_matches("CAP_")
+                        .eq_ignore_ascii_case("SYS_ADMIN")
+                })
+            })
+}
+
+/// Whether shaping put its launcher before `container`'s command.
+pub fn is_shaped(container: &Container) -> bool {
+    container
+        .command
+        .as_deref()
+        .is_some_and(|command| command.starts_with(&launcher_prefix(container)))
 }
 
 /// The name of a container's control-socket volume.
@@ -349,7 +386,7 @@ fn shape_container(
 ) {
     let name = &container.name;
     let base = format!("/spec/containers/{index}");
-    let prefix = launcher_prefix();
+    let prefix = launcher_prefix(container);
 
     match container.command.as_deref() {
         None | Some([]) => problems.push(format!(

@@ -292,3 +292,65 @@ fn the_image_must_be_pinned_by_digest() {
         );
     }
 }
+
+/// A container that may make namespaces (privileged, or `CAP_SYS_ADMIN` added, with or without
+/// the `CAP_` prefix) gets `run --pid-namespace`, so that its workload can be checkpointed to disk
+/// (CRIU runs inside the container around it); others the plain launcher. Idempotent both ways,
+/// and the agent knows both as shaped.
+#[test]
+fn a_container_that_may_make_namespaces_gets_its_workload_in_a_pid_namespace() {
+    for security in [
+        json!({"privileged": true}),
+        json!({"capabilities": {"add": ["SYS_ADMIN"]}}),
+        json!({"capabilities": {"add": ["NET_ADMIN", "CAP_SYS_ADMIN"]}}),
+    ] {
+        let mut value = minimal();
+        value["spec"]["containers"][0]["securityContext"] = security.clone();
+        let ops = shaping::shape(&pod(value.clone()), &config()).unwrap();
+        let command = ops
+            .iter()
+            .find(|op| op["path"] == "/spec/containers/0/command")
+            .unwrap_or_else(|| panic!("{security}: no command in {ops:?}"));
+        assert_eq!(
+            command["value"],
+            json!([
+                "/opt/cuinterpose/cuinterpose",
+                "run",
+                "--pid-namespace",
+                "--shim",
+                "/opt/cuinterpose/libcuinterpose.so",
+                "--",
+                "python3",
+                "train.py"
+            ]),
+            "{security}"
+        );
+        let once = apply(&value, &ops);
+        assert_eq!(
+            shaping::shape(&pod(once.clone()), &config()).unwrap(),
+            Vec::<Value>::new(),
+            "{security}: idempotent"
+        );
+        let shaped: Pod = pod(once);
+        assert!(
+            shaping::is_shaped(&shaped.spec.unwrap().containers[0]),
+            "{security}"
+        );
+    }
+    for security in [
+        json!({"privileged": false}),
+        json!({"capabilities": {"add": ["NET_ADMIN"], "drop": ["ALL"]}}),
+    ] {
+        let mut value = minimal();
+        value["spec"]["containers"][0]["securityContext"] = security.clone();
+        let ops = shaping::shape(&pod(value.clone()), &config()).unwrap();
+        let command = ops
+            .iter()
+            .find(|op| op["path"] == "/spec/containers/0/command")
+            .unwrap();
+        assert_eq!(
+            command["value"][2], "--shim",
+            "{security}: the plain launcher"
+        );
+    }
+}

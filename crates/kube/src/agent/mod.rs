@@ -78,7 +78,6 @@ impl PodInfo {
             .as_ref()
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
-        let prefix = shaping::launcher_prefix();
         let containers = pod
             .spec
             .as_ref()
@@ -87,10 +86,7 @@ impl PodInfo {
             .iter()
             .map(|c| PodContainer {
                 name: c.name.clone(),
-                shaped: c
-                    .command
-                    .as_deref()
-                    .is_some_and(|cmd| cmd.starts_with(&prefix)),
+                shaped: shaping::is_shaped(c),
                 id: statuses
                     .iter()
                     .find(|s| s.name == c.name)
