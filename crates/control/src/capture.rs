@@ -578,31 +578,40 @@ fn native_checkpoint(
     // the locks go in parallel too: no process can be waiting on work of another. Each native
     // step costs a few hundred milliseconds per process even with nearly no memory left to it
     // (measured on r580), so a group pays it once, not once per process.
-    let results = for_each_parallel(&pids, |&(pid, _)| driver.lock(pid, lock_timeout_ms));
-    let locked: Vec<u32> = pids
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_ok())
-        .map(|((pid, _), _)| *pid)
-        .collect();
-    if let Some(((_, label), Err(e))) = pids.iter().zip(results).find(|(_, r)| r.is_err()) {
+    let (locked, failed) = split(
+        &pids,
+        for_each_parallel(&pids, |&(pid, _)| driver.lock(pid, lock_timeout_ms)),
+    );
+    if let Some((label, e)) = failed {
         undo_native(driver, &[], &locked);
         return Err(step_error("native lock", label, e));
     }
     // Every process is locked, so nothing runs against memory the others are saving: the
     // checkpoints go in parallel (each is the driver moving one process's private memory).
-    let results = for_each_parallel(&pids, |&(pid, _)| driver.checkpoint(pid));
-    let checkpointed: Vec<u32> = pids
-        .iter()
-        .zip(&results)
-        .filter(|(_, r)| r.is_ok())
-        .map(|((pid, _), _)| *pid)
-        .collect();
-    if let Some(((_, label), Err(e))) = pids.iter().zip(results).find(|(_, r)| r.is_err()) {
+    let (checkpointed, failed) = split(
+        &pids,
+        for_each_parallel(&pids, |&(pid, _)| driver.checkpoint(pid)),
+    );
+    if let Some((label, e)) = failed {
         undo_native(driver, &checkpointed, &locked);
         return Err(step_error("native checkpoint", label, e));
     }
     Ok(())
+}
+
+/// The pids whose step succeeded, and the first failure in their order with its process's label.
+fn split<E>(pids: &[(u32, String)], results: Vec<Result<(), E>>) -> (Vec<u32>, Option<(&str, E)>) {
+    let mut succeeded = Vec::new();
+    let mut failed = None;
+    for ((pid, label), result) in pids.iter().zip(results) {
+        match result {
+            Ok(()) => succeeded.push(*pid),
+            Err(e) => {
+                failed.get_or_insert((label.as_str(), e));
+            }
+        }
+    }
+    (succeeded, failed)
 }
 
 /// Runs `f` on every item at once, one thread each, and returns the results in order.

@@ -297,7 +297,13 @@ mod tests {
             let init = crate::discovery::process_tree(runtime.id())
                 .ok()
                 .and_then(|t| t.get(1).copied())
-                .filter(|&p| namespace(Some(p), "mnt").ok() != namespace(None, "mnt").ok());
+                .filter(|&p| namespace(Some(p), "mnt").ok() != namespace(None, "mnt").ok())
+                // Only once it runs `sleep`: before its exec, unshare's child may not have
+                // mounted the namespace's /proc yet.
+                .filter(|&p| {
+                    std::fs::read_to_string(format!("/proc/{p}/comm"))
+                        .is_ok_and(|c| c.trim() == "sleep")
+                });
             if let Some(init) = init {
                 break init;
             }
