@@ -344,6 +344,14 @@ impl Helper {
         };
         let shared = carrier;
         let mut carrier = lock(&shared);
+        if carrier.is_poisoned() {
+            // A copy of an earlier request could not be confirmed finished: what the carrier
+            // holds is not known to be the caller's bytes, and it may still be written.
+            return Err(RequestError::Invalid(format!(
+                "the carrier of process {pid} is unusable: a copy into or out of it could not be \
+                 confirmed finished"
+            )));
+        }
         let prepared = if to_host {
             let total = usize::try_from(total).unwrap_or(usize::MAX);
             let device = items.first().map_or(0, |i| i.ordinal);
