@@ -1863,7 +1863,15 @@ fn zero_blocks_are_elided_and_pinned_carriers_still_work() {
         );
     }
 
-    let (report, _restored) = restore(&disk, &[]);
+    // Checked first, then loaded: the data file's runs of blocks and its hole both hash to the
+    // manifest's digests.
+    let (report, _restored) = restore(&disk, &["--verify-data-first"]);
+    assert!(
+        report["phases"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["name"] == "verify-data")),
+        "{report}"
+    );
     assert_eq!(report["zero_bytes"], block);
     let ranks = disk.attach();
     for r in &ranks {
