@@ -325,6 +325,13 @@ mod tests {
         command.arg("-c").arg(format!(
             "readlink /proc/self/ns/mnt /proc/self/ns/pid && cat /proc/self/fd/{n}/marker"
         ));
+        // Read while the container lives: once it is killed its /proc entries are gone.
+        let expected = |ns: &str| {
+            let link = std::fs::read_link(crate::procfs::path(init, &format!("ns/{ns}")));
+            link.map(|l| l.to_string_lossy().into_owned())
+                .expect("the container's namespace link")
+        };
+        let (mnt, pid) = (expected("mnt"), expected("pid"));
         let out = container.run(command, vec![fd]);
         let _ = runtime.kill();
         let _ = runtime.wait();
@@ -332,20 +339,8 @@ mod tests {
         assert!(out.status.success(), "{out:?}");
         let text = String::from_utf8_lossy(&out.stdout);
         let lines: Vec<&str> = text.lines().collect();
-        let expected = |ns: &str| {
-            let link = std::fs::read_link(crate::procfs::path(init, &format!("ns/{ns}")));
-            link.map(|l| l.to_string_lossy().into_owned())
-        };
-        assert_eq!(
-            lines.first().copied(),
-            expected("mnt").ok().as_deref(),
-            "{text}"
-        );
-        assert_eq!(
-            lines.get(1).copied(),
-            expected("pid").ok().as_deref(),
-            "{text}"
-        );
+        assert_eq!(lines.first().copied(), Some(mnt.as_str()), "{text}");
+        assert_eq!(lines.get(1).copied(), Some(pid.as_str()), "{text}");
         assert_eq!(lines.get(2).copied(), Some("here"), "{text}");
     }
 
