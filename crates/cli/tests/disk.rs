@@ -9,7 +9,9 @@
 
 mod common;
 
-use common::{attach_ranks, end_namespace, start_namespace, start_namespace_under, tool_path};
+use common::{
+    attach_ranks, end_namespace, start_namespace, start_namespace_under, start_under, tool_path,
+};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -123,6 +125,11 @@ impl Disk {
             READY_TIMEOUT,
             wrapper,
         );
+        self.started(launcher)
+    }
+
+    /// The sharing of [`Disk::start_group`] built in a tree `launcher` started.
+    fn started(&self, launcher: Child) -> Running {
         let ranks = self.attach();
         for (r, w) in ranks.iter().enumerate() {
             let size = SIZE[r];
@@ -1157,7 +1164,9 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
 /// with bind mounts of the host's system directories, of the build's artifacts (`$2`) and of the
 /// test's directory (`$3`) at their own paths (so sockets, logs and the checkpoint are where the
 /// test looks), `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace, drops the
-/// old root, and execs the rest of its arguments as the container's init.
+/// old root, opens its standard input and output again inside and closes every other descriptor
+/// (a runtime gives the container its own; the log is `<root>.log` in the test's directory), and
+/// execs the rest of its arguments as the container's init in a new session, as a runtime does.
 const CONTAINER_SCRIPT: &str = r#"set -e
 root=$1; artifacts=$2; shared=$3; shift 3
 mount --bind "$root" "$root"
@@ -1174,32 +1183,47 @@ cd /
 mount -t proc proc /proc
 umount -l /.old-root
 rmdir /.old-root
-exec "$@"
+exec </dev/null >>"$shared/${root##*/}.log" 2>&1
+for fd in $(ls /proc/self/fd); do [ "$fd" -gt 2 ] && eval "exec $fd<&-" 2>/dev/null; done
+exec setsid "$@"
 "#;
 
 /// The program and arguments that run a command as the init of a new emulated container over
 /// `root` (a new directory in the test's directory); killed when that `unshare` dies.
 fn container_wrapper(disk: &Disk, root: &str) -> Vec<String> {
+    let mut wrapper = container_wrapper_for_init(disk, root);
+    wrapper.insert(4, "--kill-child".into());
+    wrapper
+}
+
+/// [`container_wrapper`] for a container whose init is the tree to checkpoint: not killed with
+/// `unshare` (`--kill-child` would give the init a parent-death signal, which CRIU dumps and a
+/// restored tree would receive as soon as CRIU exits; a runtime gives its init none).
+fn container_wrapper_for_init(disk: &Disk, root: &str) -> Vec<String> {
     let root = disk.env.dir().join(root);
     std::fs::create_dir(&root).expect("the container's root");
-    let artifacts = disk.env.artifacts().dir().to_path_buf();
+    container_command(&root, disk.env.artifacts().dir(), disk.env.dir())
+}
+
+/// `unshare` running [`CONTAINER_SCRIPT`] over `root` with `artifacts` and `shared` bound in.
+fn container_command(root: &Path, artifacts: &Path, shared: &Path) -> Vec<String> {
     let mut wrapper: Vec<String> = [
         "unshare",
         "--mount",
         "--pid",
         "--fork",
-        "--kill-child",
         "--propagation",
         "private",
         "--",
-        "sh",
+        // bash: the script closes descriptors above 9, which dash cannot name.
+        "bash",
         "-c",
         CONTAINER_SCRIPT,
         "container",
     ]
     .map(String::from)
     .to_vec();
-    for dir in [&root, &artifacts, &disk.env.dir().to_path_buf()] {
+    for dir in [root, artifacts, shared] {
         wrapper.push(dir.to_str().expect("utf-8 path").to_string());
     }
     wrapper
@@ -1218,7 +1242,11 @@ struct Placeholder {
 
 impl Placeholder {
     fn start(disk: &Disk, root: &str) -> Placeholder {
-        let wrapper = container_wrapper(disk, root);
+        Placeholder::start_with(container_wrapper(disk, root))
+    }
+
+    /// A placeholder run by `wrapper`, which must kill its init when it dies (`--kill-child`).
+    fn start_with(wrapper: Vec<String>) -> Placeholder {
         let mut runtime = std::process::Command::new(&wrapper[0])
             .args(&wrapper[1..])
             .args(["sleep", "600"])
@@ -1314,8 +1342,11 @@ fn a_group_in_a_container_is_restored_into_another_container() {
     group.ranks[0].ok("ping").expect("the group still runs");
 
     let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, container_init);
-    assert_eq!(manifest["criu"]["in_container"], true, "{manifest}");
-    assert_eq!(report["in_container"], true, "{report}");
+    assert_eq!(
+        manifest["criu"]["placement"], "below_container_init",
+        "{manifest}"
+    );
+    assert_eq!(report["placement"], "below_container_init", "{report}");
 
     let before = hash_dir(&dir);
     let me = std::process::id().to_string();
@@ -1346,7 +1377,7 @@ fn a_group_in_a_container_is_restored_into_another_container() {
     let placeholder = Placeholder::start(&disk, "root-b");
     let target = placeholder.init.to_string();
     let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
-    assert_eq!(report["in_container"], true, "{report}");
+    assert_eq!(report["placement"], "below_container_init", "{report}");
     let tree = control::discovery::process_tree(restored.0).expect("restored tree");
     assert_eq!(
         tree.len(),
@@ -1373,32 +1404,138 @@ fn a_group_in_a_container_is_restored_into_another_container() {
     assert!(disk.holds_file(tree[0]), "rank 0 holds its file again");
     verify_sharing(&disk.attach(), 1);
     drop(restored);
+}
 
-    // The init of a container has no container around it to run CRIU in. (Here its parent,
-    // `unshare`, shares its mount namespace, so the refusal is that the container's /proc does not
-    // show that parent; under a container runtime the parent is in another root filesystem, which
-    // disk::preflight refuses as the unit test there shows.)
+/// A group whose root is its container's own init (an ordinary pod's process: `cuinterpose run`
+/// without a PID namespace of its own, as the webhook shapes a container that cannot make one):
+/// checkpointed by CRIU from a copy of the container's mount namespace, the container's bind
+/// mounts of the node's filesystems recorded as external; restored into another emulated
+/// container, the tree runs over that container's root, as the init of a PID namespace of its
+/// own, with the mount table it had, its memory and sharing intact. A container to restore into
+/// that lacks one of those mounts is refused with nothing changed.
+#[test]
+fn a_container_init_is_restored_into_another_container() {
+    let disk = Disk::new();
+    let wrapper = container_wrapper_for_init(&disk, "root-a");
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let launcher = start_under(
+        &disk.env,
+        "launcher",
+        &disk.listen_dir(),
+        (2, "0,1"),
+        &[],
+        READY_TIMEOUT,
+        (&wrapper, &[]),
+    );
+    let mut group = disk.started(launcher);
+    let tree = control::discovery::process_tree(group.launcher.id()).expect("tree");
+    // unshare, then rank 0 as the container's init, rank 1 its child.
+    let rank0 = tree[1];
+    // Not killed with unshare (container_wrapper_for_init): ended with the test whatever happens.
+    let _source = Restored(rank0);
+    let ns_pid = |pid: u32| control::discovery::describe(pid).expect("a process").ns_pid;
+    assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
+    assert_ne!(root_of(rank0), root_of(std::process::id()));
+    // Sorted: CRIU mounts in an order of its own.
+    let mount_points = |pid: u32| -> Vec<String> {
+        let mut points: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .expect("mountinfo")
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+            .collect();
+        points.sort();
+        points
+    };
+    let before = mount_points(rank0);
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, rank0);
+    let node_mounts = &manifest["criu"]["placement"]["container_init"]["node_mounts"];
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
+    );
+    let node_mounts: Vec<&str> = node_mounts
+        .as_array()
+        .unwrap_or_else(|| panic!("no node mounts: {manifest}"))
+        .iter()
+        .map(|m| m.as_str().expect("a path"))
+        .collect();
+    let test_dir = disk.env.dir().to_str().expect("utf-8 path").to_string();
+    for wanted in ["/usr", "/etc", "/dev", test_dir.as_str()] {
+        assert!(node_mounts.contains(&wanted), "{wanted}: {node_mounts:?}");
+    }
+    assert!(
+        !node_mounts
+            .iter()
+            .any(|m| *m == "/" || m.starts_with("/proc")),
+        "the root and the container's own /proc are not the node's: {node_mounts:?}"
+    );
+
+    // A container without one of those mounts (here the build's artifacts are not bound into
+    // it) cannot take the tree: refused, nothing changed.
+    let dir = disk.checkpoint_dir();
+    let before_files = hash_dir(&dir);
+    let bare_root = disk.env.dir().join("root-bare");
+    std::fs::create_dir(&bare_root).expect("a root");
+    let mut bare = container_command(&bare_root, disk.env.dir(), disk.env.dir());
+    bare.insert(4, "--kill-child".into());
+    let bare = Placeholder::start_with(bare);
+    let bare_arg = bare.init.to_string();
     let out = disk.tool(&[
-        "checkpoint",
-        "--pid",
-        &target,
+        "restore",
         "--dir",
-        &format!("{dir_arg}-2"),
+        dir.to_str().expect("utf-8 path"),
+        "--namespaces-of",
+        &bare_arg,
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(
-        stderr.contains("is not that of its PID namespace"),
-        "{stderr}"
+    assert!(stderr.contains("has no mount at"), "{stderr}");
+    assert_eq!(
+        hash_dir(&dir),
+        before_files,
+        "a refused restore changed the checkpoint"
     );
     assert!(
-        !Path::new(&format!("{dir_arg}-2")).exists(),
-        "nothing was written"
+        !disk.group_answers(),
+        "a refused restore restored something"
     );
-    assert!(
-        control::procfs::stat(placeholder.init).is_some_and(|s| !s.exited()),
-        "the refused process still runs"
+    drop(bare);
+
+    let placeholder = Placeholder::start(&disk, "root-b");
+    let target = placeholder.init.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
     );
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    assert_eq!(
+        ns_pid(restored.0),
+        1,
+        "the restored root is the init of its PID namespace"
+    );
+    let placeholder_pid_ns = namespace_inode(placeholder.init, "pid");
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder.init),
+            "restored pid {pid} does not run over the placeholder's root"
+        );
+        assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
+    }
+    assert_eq!(
+        mount_points(restored.0),
+        before,
+        "the restored tree's mount table is the one it had"
+    );
+    assert!(disk.holds_file(tree[0]), "rank 0 holds its file again");
+    verify_sharing(&disk.attach(), 1);
 }
 
 /// `cuinterpose demo --to-disk --json` gives what the GPU lane reads: `checkpoint.phases` and

@@ -19,6 +19,22 @@
 //! restores. Nothing of the tool's filesystem is reachable by path in there: the CRIU binary, its
 //! loader and libraries, the images and the work directory are opened here and passed as inherited
 //! descriptors (`/proc/self/fd/N`, crate::criu).
+//!
+//! The tree can also be the container's own init (an ordinary pod's process, which has no
+//! `CAP_SYS_ADMIN` to make a PID namespace of its own). CRIU cannot enter that PID namespace:
+//! the tree's root would be the init of CRIU's own namespace, which it cannot dump. So it stays in
+//! the tool's PID namespace and runs in a private copy of the container's mount namespace (its
+//! mounts made slaves, so nothing propagates back into the container) with a `/proc` of the
+//! tool's PID namespace mounted over the container's: the container's root is `/`, `/proc/self`
+//! is CRIU's, and the tree is the init of a PID namespace below CRIU's, the local case again. The
+//! tree's mount namespace is then the container's own, whose bind mounts CRIU cannot resolve by
+//! propagation: every mount that shows a filesystem of the node (a volume, the runtime's bind
+//! mounts of `/etc/hosts` or devices) is named external by its mount point and taken at a restore
+//! from the container restored into, at the same path; the container's own filesystems (its
+//! `/proc`, its tmpfs, its devpts) are dumped and made again by CRIU. Tried with CRIU 4.2 on
+//! emulated containers: dumped and restored so, the restored mount table is the original's, over
+//! the placeholder's root, with nothing left in the placeholder (CRIU's newer mount engine, not
+//! `--mntns-compat-mode`, which left its scratch mounts in the tree's table).
 
 #![allow(unsafe_code)] // CommandExt::pre_exec: the setns(2) before CRIU's exec
 
@@ -91,19 +107,43 @@ fn ns_pids(pid: u32) -> Result<Vec<u32>, ControlError> {
         .unwrap_or_default())
 }
 
+/// Namespace `ns` of `pid`, opened (close-on-exec) for `setns`.
+fn open_namespace(pid: u32, ns: &str) -> Result<OwnedFd, ControlError> {
+    let path = crate::procfs::path(pid, &format!("ns/{ns}"));
+    rustix::fs::open(
+        &path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| proc_error(pid, &path, e.into()))
+}
+
 /// The mount and PID namespaces of a container, open, for CRIU to run in.
 #[derive(Debug)]
 pub struct Container {
-    /// The process whose namespaces they are (host PID): the launcher of the tree at a checkpoint,
-    /// the placeholder at a restore.
+    /// The process whose namespaces they are (host PID): the launcher of the tree or the tree's
+    /// root at a checkpoint, the placeholder at a restore.
     pid: u32,
     mnt: OwnedFd,
-    /// `None` when the container's PID namespace is the tool's: only the mount namespace is
-    /// entered then.
-    pid_ns: Option<OwnedFd>,
-    /// How many PID namespaces the container's is below the tool's: a process's PID as CRIU sees
-    /// it is entry `level` of its `NSpid:`.
-    level: usize,
+    placement: Placement,
+}
+
+/// How CRIU runs for a tree in a container (the module comment says why each).
+#[derive(Debug)]
+enum Placement {
+    /// The tree is the init of a PID namespace below the container's: CRIU enters the
+    /// container's mount and PID namespaces.
+    BelowInit {
+        /// `None` when the container's PID namespace is the tool's: only the mount namespace is
+        /// entered then.
+        pid_ns: Option<OwnedFd>,
+        /// How many PID namespaces the container's is below the tool's: a process's PID as
+        /// CRIU sees it is entry `level` of its `NSpid:`.
+        level: usize,
+    },
+    /// The tree is the container's own init: CRIU stays in the tool's PID namespace, in a
+    /// private copy of the container's mount namespace with the tool's `/proc`.
+    Init,
 }
 
 impl Container {
@@ -111,32 +151,12 @@ impl Container {
     /// Refused, naming `label`, when its mount namespace is the tool's: a root directory of its
     /// own there is a `chroot`, whose root no CRIU of the tool's mount namespace restores over.
     pub fn open(pid: u32, label: &str) -> Result<Container, ControlError> {
-        if namespace(Some(pid), "mnt")? == namespace(None, "mnt")? {
-            return Err(refuse(
-                label,
-                format!(
-                    "pid {pid} runs in a root directory of its own ({}) in this tool's mount \
-                     namespace (chroot): CRIU restores a tree over the root of a mount namespace; \
-                     run the workload in a mount namespace of its own (a container)",
-                    root_dir(Some(pid))?
-                ),
-            ));
-        }
-        let open = |ns: &str| {
-            let path = crate::procfs::path(pid, &format!("ns/{ns}"));
-            rustix::fs::open(
-                &path,
-                rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-                rustix::fs::Mode::empty(),
-            )
-            .map_err(|e| proc_error(pid, &path, e.into()))
-        };
-        let mnt = open("mnt")?;
+        let mnt = Self::open_mount_namespace(pid, label)?;
         let same_pid_ns = namespace(Some(pid), "pid")? == namespace(None, "pid")?;
         let pid_ns = if same_pid_ns {
             None
         } else {
-            Some(open("pid")?)
+            Some(open_namespace(pid, "pid")?)
         };
         let pids = ns_pids(pid)?;
         let level = pids.len().saturating_sub(1);
@@ -166,9 +186,44 @@ impl Container {
         Ok(Container {
             pid,
             mnt,
-            pid_ns,
-            level,
+            placement: Placement::BelowInit { pid_ns, level },
         })
+    }
+
+    /// The namespaces of `pid`, the container's own init (its root directory other than the
+    /// tool's, its parent outside the container): CRIU runs in a copy of its mount namespace
+    /// and in the tool's PID namespace. Refused, naming `label`, as [`Container::open`] refuses.
+    pub fn open_init(pid: u32, label: &str) -> Result<Container, ControlError> {
+        let mnt = Self::open_mount_namespace(pid, label)?;
+        Ok(Container {
+            pid,
+            mnt,
+            placement: Placement::Init,
+        })
+    }
+
+    /// The mount namespace of `pid`, refused (naming `label`) when it is the tool's: a root
+    /// directory of its own there is a `chroot`, whose root no CRIU of the tool's mount
+    /// namespace restores over.
+    fn open_mount_namespace(pid: u32, label: &str) -> Result<OwnedFd, ControlError> {
+        if namespace(Some(pid), "mnt")? == namespace(None, "mnt")? {
+            return Err(refuse(
+                label,
+                format!(
+                    "pid {pid} runs in a root directory of its own ({}) in this tool's mount \
+                     namespace (chroot): CRIU restores a tree over the root of a mount namespace; \
+                     run the workload in a mount namespace of its own (a container)",
+                    root_dir(Some(pid))?
+                ),
+            ));
+        }
+        open_namespace(pid, "mnt")
+    }
+
+    /// Whether the tree is the container's own init (CRIU in the tool's PID namespace, the
+    /// node's mounts named external).
+    pub fn is_init(&self) -> bool {
+        matches!(self.placement, Placement::Init)
     }
 
     /// The process whose namespaces these are.
@@ -176,9 +231,13 @@ impl Container {
         self.pid
     }
 
-    /// The PID of host process `pid` in the container's PID namespace (what CRIU is given there).
+    /// The PID of host process `pid` as CRIU sees it: in the container's PID namespace when CRIU
+    /// enters it, else the host PID itself.
     pub fn pid_inside(&self, pid: u32) -> Result<u32, ControlError> {
-        ns_pids(pid)?.get(self.level).copied().ok_or_else(|| {
+        let Placement::BelowInit { level, .. } = self.placement else {
+            return Ok(pid);
+        };
+        ns_pids(pid)?.get(level).copied().ok_or_else(|| {
             refuse(
                 &format!("pid {pid}"),
                 format!(
@@ -189,10 +248,20 @@ impl Container {
         })
     }
 
+    /// Whether CRIU runs in the container's PID namespace, so that the PIDs it writes are the
+    /// container's, not host PIDs.
+    pub fn enters_pid_namespace(&self) -> bool {
+        matches!(self.placement, Placement::BelowInit { .. })
+    }
+
     /// The host PID of the process that is `inside` in the container's PID namespace and whose
     /// parent is in that namespace: the root CRIU restored detached, whose parent is then the
-    /// namespace's init (CRIU, its parent, has exited).
+    /// namespace's init (CRIU, its parent, has exited). `inside` itself when CRIU ran in the
+    /// tool's PID namespace.
     pub fn host_pid(&self, inside: u32) -> Result<u32, ControlError> {
+        let Placement::BelowInit { level, .. } = self.placement else {
+            return Ok(inside);
+        };
         let ours = namespace(Some(self.pid), "pid")?;
         let entries =
             std::fs::read_dir("/proc").map_err(|e| proc_error(0, Path::new("/proc"), e))?;
@@ -200,7 +269,7 @@ impl Container {
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
             .find(|&pid| {
-                ns_pids(pid).is_ok_and(|n| n.get(self.level) == Some(&inside))
+                ns_pids(pid).is_ok_and(|n| n.get(level) == Some(&inside))
                     && crate::procfs::stat(pid)
                         .is_some_and(|s| namespace(Some(s.ppid), "pid").is_ok_and(|p| p == ours))
             })
@@ -216,20 +285,50 @@ impl Container {
     /// spawns CRIU and waits for it (the parent-death signal of crate::launch::die_with_parent is
     /// tied to that thread, which lives until CRIU has exited). The mount namespace is entered
     /// in the child, single-threaded after the fork as `setns` of a mount namespace requires.
+    ///
+    /// For the container's own init, the child then takes a private copy of that mount
+    /// namespace, makes its mounts slaves (nothing it mounts reaches the container) and mounts a
+    /// `/proc` of the tool's PID namespace over the container's, and CRIU stays in the tool's PID
+    /// namespace.
     pub fn run(&self, mut command: Command, inherit: Vec<OwnedFd>) -> std::io::Result<Output> {
         let mnt = self.mnt.try_clone()?;
+        let own_proc = self.is_init();
         let setup = move || {
             inherit_fds(&inherit)?;
             rustix::thread::move_into_link_name_space(
                 mnt.as_fd(),
                 Some(rustix::thread::LinkNameSpaceType::Mount),
             )?;
+            if own_proc {
+                // SAFETY: unshare(2) of the mount namespace in the single-threaded child
+                // before exec: it changes only this process's view of mounts.
+                unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
+                rustix::mount::mount_change(
+                    c"/",
+                    rustix::mount::MountPropagationFlags::DOWNSTREAM
+                        | rustix::mount::MountPropagationFlags::REC,
+                )?;
+                rustix::mount::mount(
+                    c"proc",
+                    c"/proc",
+                    c"proc",
+                    rustix::mount::MountFlags::NOSUID
+                        | rustix::mount::MountFlags::NODEV
+                        | rustix::mount::MountFlags::NOEXEC,
+                    None,
+                )?;
+            }
             Ok(())
         };
         // SAFETY: `setup` runs in the forked child before exec and only makes system calls
-        // (fcntl, setns) on descriptors it owns: async-signal-safe, no allocation.
+        // (fcntl, setns, unshare, mount) on descriptors it owns and constant strings:
+        // async-signal-safe, no allocation.
         unsafe { command.pre_exec(setup) };
-        let Some(pid_ns) = &self.pid_ns else {
+        let Placement::BelowInit {
+            pid_ns: Some(pid_ns),
+            ..
+        } = &self.placement
+        else {
             return command.output();
         };
         let pid_ns = pid_ns.as_fd();
@@ -245,6 +344,117 @@ impl Container {
                 .join()
                 .unwrap_or_else(|_| Err(std::io::Error::other("the CRIU thread panicked")))
         })
+    }
+}
+
+/// One mount of a `mountinfo` table: its superblock's device (`major:minor`) and its mount point.
+struct Mount {
+    device: String,
+    mount_point: String,
+}
+
+/// The mounts of `/proc/<pid>/mountinfo`, in the table's order.
+fn mounts(pid: u32) -> Result<Vec<Mount>, ControlError> {
+    Ok(crate::procfs::read(pid, "mountinfo")?
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let device = fields.nth(2)?.to_string();
+            let mount_point = unescape_mountinfo(fields.nth(1)?);
+            Some(Mount {
+                device,
+                mount_point,
+            })
+        })
+        .collect())
+}
+
+/// A `mountinfo` path field as a path: the kernel writes space, tab, newline and backslash as
+/// three octal digits after a backslash.
+fn unescape_mountinfo(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |n, c| n.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl Container {
+    /// For the container's own init: the mount points of its mount namespace that show a
+    /// filesystem the node has mounted (its device is in the mount table of PID 1, the node's
+    /// init), in table order, the root left out (a restore runs over the placeholder's root).
+    /// CRIU cannot resolve these bind mounts from a copy of the container's own namespace, so
+    /// they are named external and a restore takes each from the placeholder at the same path:
+    /// the pod's volumes and the runtime's bind mounts belong to the pod, not to the tree.
+    /// Everything else (the container's `/proc`, its tmpfs, devpts, mqueue) CRIU dumps and
+    /// makes again.
+    ///
+    /// Refused, naming `label`: a node mount below `/proc` (CRIU would find it again in the
+    /// `/proc` it runs with, the tool's, not the placeholder's), and a mount point CRIU's
+    /// `mnt[...]` syntax cannot carry (`]`).
+    pub fn node_mounts(&self, label: &str) -> Result<Vec<String>, ControlError> {
+        let node: std::collections::HashSet<String> =
+            mounts(1)?.into_iter().map(|m| m.device).collect();
+        let mut points: Vec<String> = Vec::new();
+        for mount in mounts(self.pid)? {
+            if mount.mount_point == "/" || !node.contains(&mount.device) {
+                continue;
+            }
+            if mount.mount_point.starts_with("/proc/") || mount.mount_point.contains(']') {
+                return Err(refuse(
+                    label,
+                    format!(
+                        "its container mounts a filesystem of the node at {:?}, which a restore \
+                         could not take from the placeholder there (below /proc, or a `]` in \
+                         the path)",
+                        mount.mount_point
+                    ),
+                ));
+            }
+            if !points.contains(&mount.mount_point) {
+                points.push(mount.mount_point);
+            }
+        }
+        Ok(points)
+    }
+
+    /// Refuses, naming `label`, a container to restore into that lacks a mount point the
+    /// checkpoint's tree took from its own container's node mounts (CRIU would fail half way).
+    pub fn check_mount_points(&self, wanted: &[String], label: &str) -> Result<(), ControlError> {
+        let present: std::collections::HashSet<String> = mounts(self.pid)?
+            .into_iter()
+            .map(|m| m.mount_point)
+            .collect();
+        let missing: Vec<&str> = wanted
+            .iter()
+            .filter(|w| !present.contains(*w))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(refuse(
+            label,
+            format!(
+                "has no mount at {}, where the checkpointed container had a volume or bind \
+                 mount of the node; the container to restore into must mount the same paths",
+                missing.join(", ")
+            ),
+        ))
     }
 }
 

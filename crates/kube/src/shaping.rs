@@ -8,12 +8,11 @@
 //!   at [`CONTROL_DIR`] for the shim's control socket, `CUINTERPOSE_CONTROL_DIR` pointing at it, and
 //!   its `command` prefixed with the launcher (`cuinterpose run --shim ... --`), which sees the
 //!   container's resolved environment, prepends the shim to `LD_PRELOAD` and execs the command in its
-//!   own place (no shell). A checkpoint to disk of a tree in a container runs CRIU inside the
-//!   container's namespaces and needs the workload below the container's init, as the init of a
-//!   PID namespace of its own (control::container): so a container that may make namespaces
-//!   (privileged, or `CAP_SYS_ADMIN` added) gets `run --pid-namespace`, the launcher staying the
-//!   container's init; in any other the container's own process stays its PID 1, which can be
-//!   suspended in place but is refused at checkpoint, before anything changes
+//!   own place (no shell). A container that may make namespaces (privileged, or `CAP_SYS_ADMIN`
+//!   added) gets `run --pid-namespace`, the launcher staying the container's init and the
+//!   workload the init of a PID namespace below it; in any other the container's own process
+//!   stays its PID 1. Both are checkpointed to disk (control::container: CRIU runs inside the
+//!   container around the first, in a copy of the container's mount namespace for the second)
 //!   ([`launcher_prefix`]).
 //!
 //! Shaping is idempotent (the API server may call the webhook again, `reinvocationPolicy: IfNeeded`):
@@ -115,10 +114,10 @@ impl std::fmt::Display for Refusal {
 
 /// The launcher prefix put before the `command` of `container`: `run --pid-namespace` where
 /// the container may make namespaces (privileged, or `CAP_SYS_ADMIN` added), so that its workload
-/// runs as the init of a PID namespace below the container's and can be checkpointed to disk
-/// (control::container: CRIU runs inside the container around it); a plain `run` elsewhere, whose
-/// workload stays the container's PID 1 and can be suspended in place but is refused at
-/// checkpoint.
+/// runs as the init of a PID namespace below the container's (control::container: CRIU runs
+/// inside the container around it); a plain `run` elsewhere, whose workload stays the
+/// container's PID 1 (CRIU runs in a copy of the container's mount namespace). Both can be
+/// suspended in place and checkpointed to disk.
 pub fn launcher_prefix(container: &Container) -> Vec<String> {
     let words: &[&str] = if may_make_namespaces(container) {
         &[LAUNCHER, "run", "--pid-namespace", "--shim", SHIM, "--"]

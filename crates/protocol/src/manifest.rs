@@ -22,8 +22,9 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// `images.b3`, so a version-3 checkpoint's `images.sha256` is refused by name, not as damage;
 /// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
-/// `bytes.shared_saved`; 7: `criu.in_container`).
-pub const MANIFEST_VERSION: u32 = 7;
+/// `bytes.shared_saved`; 7: `criu.in_container`; 8: `criu.placement` in its place, with the
+/// container's own init as a third case).
+pub const MANIFEST_VERSION: u32 = 8;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -323,10 +324,36 @@ pub struct CriuInfo {
     /// restore must be given one to join; IPC and UTS are in the images and are joined instead
     /// when the restore is told whose namespaces to enter.
     pub shared_namespaces: Vec<SharedNamespace>,
-    /// Whether the tree ran in a container (a root directory and mount namespace other than the
-    /// dumping tool's): CRIU dumped it from inside the container's mount and PID namespaces, and
-    /// a restore must be given a container to restore it into the same way.
-    pub in_container: bool,
+    /// Where CRIU ran for the tree; a restore must run it the same way, in a container when the
+    /// tree ran in one.
+    pub placement: CriuPlacement,
+}
+
+/// Where CRIU ran for a dump, and so where a restore runs it (crate users: `control::container`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum CriuPlacement {
+    /// In the tool's namespaces: the tree ran in the tool's root filesystem.
+    Host,
+    /// Inside the container's mount and PID namespaces: the tree was the init of a PID namespace
+    /// below its container's (`cuinterpose run --pid-namespace` inside the container).
+    BelowContainerInit,
+    /// In the tool's PID namespace, in a private copy of the container's mount namespace: the
+    /// tree was its container's own init (an ordinary pod's process).
+    ContainerInit {
+        /// The mount points of the tree's mount namespace that showed filesystems of the node
+        /// (the pod's volumes, the runtime's bind mounts), in the order of their CRIU keys:
+        /// dumped as external, and taken at a restore from the container restored into, at the
+        /// same paths.
+        node_mounts: Vec<String>,
+    },
+}
+
+impl CriuPlacement {
+    /// Whether the tree ran in a container (a root directory other than the tool's).
+    pub fn in_container(&self) -> bool {
+        !matches!(self, CriuPlacement::Host)
+    }
 }
 
 /// A namespace a tree may share with the processes around it.
@@ -764,7 +791,7 @@ mod tests {
                 }],
                 tcp_established: true,
                 shared_namespaces: vec![SharedNamespace::Net, SharedNamespace::Uts],
-                in_container: false,
+                placement: CriuPlacement::Host,
             }),
             timings: vec![
                 PhaseTiming {

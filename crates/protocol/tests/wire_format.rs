@@ -701,7 +701,9 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
                 manifest::SharedNamespace::Net,
                 manifest::SharedNamespace::Ipc,
             ],
-            in_container: true,
+            placement: manifest::CriuPlacement::ContainerInit {
+                node_mounts: vec!["/etc/hosts".into(), "/dev/shm".into()],
+            },
         }),
         timings: vec![
             manifest::PhaseTiming {

@@ -704,10 +704,33 @@ pub fn start_namespace_under(
     env: &TestEnv,
     name: &str,
     dir: &Path,
-    (processes, devices): (usize, &str),
+    spec: (usize, &str),
     extra: &[(&str, &str)],
     timeout: Duration,
     wrapper: &[&str],
+) -> Child {
+    start_under(
+        env,
+        name,
+        dir,
+        spec,
+        extra,
+        timeout,
+        (wrapper, &["--pid-namespace"]),
+    )
+}
+
+/// [`start_namespace_under`] with `run`'s own options given: none makes the workload the
+/// process `wrapper` execs (a container's init, as the webhook shapes a container that cannot
+/// make a PID namespace), `--pid-namespace` the init of a PID namespace below it.
+pub fn start_under(
+    env: &TestEnv,
+    name: &str,
+    dir: &Path,
+    (processes, devices): (usize, &str),
+    extra: &[(&str, &str)],
+    timeout: Duration,
+    (wrapper, run_options): (&[&str], &[&str]),
 ) -> Child {
     let workload = env.artifacts().workload().expect("workload binary");
     let log_path = env.log_dir().join(format!("{name}.log"));
@@ -723,7 +746,9 @@ pub fn start_namespace_under(
     .expect("launcher command");
     command.envs(extra.iter().copied());
     command
-        .args(["run", "--pid-namespace", "--"])
+        .arg("run")
+        .args(run_options)
+        .arg("--")
         .arg(&workload)
         .args(["tree", "--processes", &processes.to_string()])
         .args(["--devices", devices, "--listen-dir"])

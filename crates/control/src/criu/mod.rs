@@ -11,6 +11,7 @@
 pub mod images;
 
 use crate::container::Container;
+use protocol::manifest::CriuPlacement;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -71,6 +72,37 @@ const EXTERNAL_MOUNTS: [&str; 4] = [
     "--enable-external-sharing",
     "--enable-external-masters",
 ];
+
+/// How CRIU finds the tree's external mounts, at a dump or a restore. A tree below its launcher
+/// (`run --pid-namespace`) has mounts that are slaves of CRIU's own: found by propagation, and
+/// restored with CRIU's compatible mount engine as ever. A container's own init has the
+/// container's mounts, related to nothing CRIU has: each node mount is named by its mount point
+/// at the dump (`mnt[POINT]:KEY`) and bound from the same path at the restore (`mnt[KEY]:POINT`,
+/// the placeholder's, CRIU running in a copy of its mount namespace), with CRIU's newer mount
+/// engine, which rebuilds exactly the dumped table (crate::container).
+fn mount_args(placement: &CriuPlacement, restore: bool) -> Vec<OsString> {
+    let CriuPlacement::ContainerInit { node_mounts } = placement else {
+        let compat = restore.then_some("--mntns-compat-mode");
+        return EXTERNAL_MOUNTS
+            .iter()
+            .chain(&compat)
+            .map(OsString::from)
+            .collect();
+    };
+    node_mounts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, point)| {
+            let key = format!("cuinterpose-node-{i}");
+            let spec = if restore {
+                format!("mnt[{key}]:{point}")
+            } else {
+                format!("mnt[{point}]:{key}")
+            };
+            [OsString::from("--external"), OsString::from(spec)]
+        })
+        .collect()
+}
 
 /// A CRIU binary that answered `--version`.
 #[derive(Debug, Clone)]
@@ -221,14 +253,14 @@ impl Criu {
     /// (control::tcp), to be saved in repair mode. `namespaces`: the options that keep the
     /// namespaces the tree shares with processes outside it out of the images
     /// (crate::namespaces::Shared::dump_args). `inside`: the container whose namespaces CRIU runs
-    /// in (crate::container).
+    /// in (crate::container), and `placement` how, as the manifest records it.
     pub fn dump(
         &self,
         pid: u32,
         images: &Path,
         tcp: bool,
         namespaces: &[OsString],
-        inside: Option<&Container>,
+        (inside, placement): (Option<&Container>, &CriuPlacement),
     ) -> Result<(), CriuError> {
         let mut run = self.invocation("dump", images, inside)?;
         // --link-remap: files deleted while open that still have another name (every POSIX
@@ -236,7 +268,7 @@ impl Criu {
         run.command
             .arg("-t")
             .arg(pid.to_string())
-            .args(EXTERNAL_MOUNTS)
+            .args(mount_args(placement, false))
             .arg("--link-remap")
             .arg("--leave-stopped")
             .args(namespaces);
@@ -262,22 +294,23 @@ impl Criu {
     /// `tcp`: the images hold established TCP connections (the dump's `tcp`). `namespaces`: the
     /// options that put the tree into another process's namespaces
     /// (crate::namespaces::Target::restore_args), and `inherit` the descriptors they name.
-    /// `inside`: the container whose mount and PID namespaces CRIU runs in, over whose root the
-    /// tree is restored.
+    /// `inside`: the container whose namespaces CRIU runs in, over whose root the tree is
+    /// restored, and `placement` how, as the dump ran (the manifest's).
     pub fn restore(
         &self,
         images: &Path,
         work_dir: &Path,
         tcp: bool,
         (namespaces, inherit): (&[OsString], Vec<OwnedFd>),
-        inside: Option<&Container>,
+        (inside, placement): (Option<&Container>, &CriuPlacement),
     ) -> Result<u32, CriuError> {
-        // Inside a container the PID CRIU writes is the container's, which no reader of the work
-        // directory may take for a host PID (crate::disk::leftovers kills the tree it names): it
-        // gets a name of its own, and the caller writes the host PID under the usual one.
+        // In a container's PID namespace the PID CRIU writes is the container's, which no reader
+        // of the work directory may take for a host PID (crate::disk::leftovers kills the tree
+        // it names): it gets a name of its own, and the caller writes the host PID under the
+        // usual one.
         let name = match inside {
-            None => crate::disk::leftovers::CRIU_PID_FILE,
-            Some(_) => crate::disk::leftovers::CRIU_INSIDE_PID_FILE,
+            Some(c) if c.enters_pid_namespace() => crate::disk::leftovers::CRIU_INSIDE_PID_FILE,
+            _ => crate::disk::leftovers::CRIU_PID_FILE,
         };
         let pid_file = work_dir.join(name);
         let mut run = self.invocation("restore", images, inside)?;
@@ -292,9 +325,9 @@ impl Criu {
             .arg("--restore-detached")
             .arg("--pidfile")
             .arg(named_pid_file)
-            // The tree's mount namespace is a slave copy of CRIU's: restored over its root.
-            .args(["--root", "/", "--mntns-compat-mode"])
-            .args(EXTERNAL_MOUNTS)
+            // Restored over the root of CRIU's mount namespace.
+            .args(["--root", "/"])
+            .args(mount_args(placement, true))
             .args(namespaces);
         if tcp {
             run.command.arg("--tcp-established");

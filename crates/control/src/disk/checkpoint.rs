@@ -17,7 +17,7 @@ use crate::criu;
 use crate::discovery;
 use crate::group::{Group, Snapshot};
 use crate::native::Driver;
-use protocol::manifest::{self, CriuInfo, Manifest};
+use protocol::manifest::{self, CriuInfo, CriuPlacement, Manifest};
 use std::time::Instant;
 
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
@@ -59,13 +59,23 @@ pub fn checkpoint(
     // A tree in a container is dumped by CRIU run inside it (crate::container), which only the
     // bundled CRIU can be; the PID CRIU is given is the root's there.
     let container = container_of(root, &tree)?;
-    let criu_pid = match &container {
+    let (criu_pid, placement) = match &container {
         Some(c) => {
             criu.check_runs_inside()
                 .map_err(|e| refuse("criu", e.to_string()))?;
-            c.pid_inside(root)?
+            let placement = if c.is_init() {
+                let label = discovery::describe(root)
+                    .map(|i| i.label())
+                    .unwrap_or_else(|_| format!("pid {root}"));
+                CriuPlacement::ContainerInit {
+                    node_mounts: c.node_mounts(&label)?,
+                }
+            } else {
+                CriuPlacement::BelowContainerInit
+            };
+            (c.pid_inside(root)?, placement)
         }
-        None => root,
+        None => (root, CriuPlacement::Host),
     };
     let replaced = replaced_mappings(&tree);
     if !replaced.is_empty() {
@@ -128,7 +138,7 @@ pub fn checkpoint(
             &images,
             tcp_established,
             &namespaces.dump_args(),
-            container.as_ref(),
+            (container.as_ref(), &placement),
         )
         .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
@@ -157,7 +167,7 @@ pub fn checkpoint(
             link_remaps: link_remaps.clone(),
             tcp_established,
             shared_namespaces: namespaces.namespaces.clone(),
-            in_container: container.is_some(),
+            placement: placement.clone(),
         };
         let manifest = build_manifest(
             &captured,
@@ -252,7 +262,7 @@ pub fn checkpoint(
         zero_bytes,
         root,
         shared_namespaces: namespaces.namespaces,
-        in_container: container.is_some(),
+        placement,
         digest_share: files.digest_share(Streaming::Save),
     })
 }

@@ -60,9 +60,9 @@ pub struct DiskReport {
     /// The namespaces the tree shared with processes outside it (checkpoint), or joined
     /// (restore: those of `--namespaces-of`); see [`crate::namespaces`].
     pub shared_namespaces: Vec<protocol::manifest::SharedNamespace>,
-    /// Whether CRIU ran inside a container's mount and PID namespaces (crate::container): the
-    /// tree's at a checkpoint, the one of `--namespaces-of` at a restore.
-    pub in_container: bool,
+    /// Where CRIU ran (crate::container): in the tool's namespaces, or in a container's, the
+    /// tree's at a checkpoint and the one of `--namespaces-of` at a restore.
+    pub placement: protocol::manifest::CriuPlacement,
     /// The share of the shims' data-file worker time the digests took (the save at a checkpoint,
     /// the load at a restore; `DataFiles::digest_share`); `None` when no bytes were streamed.
     pub digest_share: Option<f64>,

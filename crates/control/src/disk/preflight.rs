@@ -160,10 +160,9 @@ pub(super) fn has_terminal(pid: u32) -> bool {
 ///
 /// Refused before anything changes, each process named: a process of the tree in another root
 /// directory than the tree's root, or (in a container) in another mount namespace, since a
-/// restore brings the whole tree back over one root; a tree whose root has a root directory other
-/// than its parent's (the init of the container itself, or a workload that changed its root),
-/// since there is no container around it to run CRIU in; and a container in the tool's mount
-/// namespace (a `chroot`, crate::container::Container::open).
+/// restore brings the whole tree back over one root; and a root directory of its own in the
+/// tool's mount namespace (a `chroot`, crate::container::Container::open), whose root no CRIU
+/// restores over.
 pub(super) fn container_of(root: u32, tree: &[u32]) -> Result<Option<Container>, ControlError> {
     let label = |pid: u32| {
         discovery::describe(pid)
@@ -210,20 +209,20 @@ pub(super) fn container_of(root: u32, tree: &[u32]) -> Result<Option<Container>,
     let parent = crate::procfs::stat(root)
         .map(|s| s.ppid)
         .ok_or(ControlError::NoSuchProcess(root))?;
-    let parent_dir = container::root_dir(Some(parent))?;
-    if parent_dir != root_dir {
-        return Err(refuse(
-            &label(root),
-            format!(
-                "runs in a root filesystem of its own ({root_dir}; this tool's: {ours}) that its \
-                 parent (pid {parent}, {parent_dir}) does not share: it is the init of its \
-                 container (or changed its root), and CRIU can only run inside the container, \
-                 around the tree; start the workload with `cuinterpose run --pid-namespace` \
-                 inside its container"
-            ),
-        ));
+    // `cuinterpose run --pid-namespace` inside the container gives its workload a mount namespace
+    // of its own (control::launch): a root whose parent shares its root filesystem from another
+    // mount namespace is such a workload, the init of a PID namespace below the container's, and
+    // CRIU runs inside the container's namespaces, its parent's. Otherwise (the parent in another
+    // root filesystem, as a runtime is, or in the same mount namespace) the root is the
+    // container's own init (an ordinary pod's process), dumped from a copy of the container's
+    // mount namespace.
+    let below_launcher = container::root_dir(Some(parent))? == root_dir
+        && container::namespace(Some(parent), "mnt")? != root_mnt;
+    if below_launcher {
+        Container::open(parent, &label(root)).map(Some)
+    } else {
+        Container::open_init(root, &label(root)).map(Some)
     }
-    Container::open(parent, &label(root)).map(Some)
 }
 
 #[cfg(test)]
@@ -233,7 +232,7 @@ mod tests {
 
     /// A process chrooted into a copy of `sleep` and its libraries (on tmpfs, another filesystem):
     /// in this process's tree it is refused (two roots in one tree), and as a tree's root too
-    /// (its parent, this process, is in no container of that root); this process alone needs no
+    /// (a root of its own in this tool's mount namespace, a chroot); this process alone needs no
     /// container.
     #[test]
     fn a_tree_over_two_roots_or_outside_its_container_is_refused() {
@@ -290,10 +289,7 @@ mod tests {
             "{two_roots:?}"
         );
         let outside = refusals(outside);
-        assert!(
-            outside[0].reason.contains("init of its container"),
-            "{outside:?}"
-        );
+        assert!(outside[0].reason.contains("chroot"), "{outside:?}");
     }
 
     fn which(program: &str) -> std::path::PathBuf {

@@ -14,7 +14,7 @@ use crate::group::Group;
 use crate::namespaces::Target;
 use crate::native::Driver;
 use crate::{ControlError, Refusal};
-use protocol::manifest::{self, LinkRemap, Manifest, SharedNamespace};
+use protocol::manifest::{self, CriuPlacement, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -155,7 +155,8 @@ fn container_target(
     manifest: &Manifest,
     namespaces_of: Option<u32>,
 ) -> Result<Option<Container>, ControlError> {
-    let in_container = manifest.criu.as_ref().is_some_and(|c| c.in_container);
+    let placement = manifest.criu.as_ref().map(|c| &c.placement);
+    let in_container = placement.is_some_and(CriuPlacement::in_container);
     let Some(pid) = namespaces_of else {
         return if in_container {
             Err(refuse(
@@ -174,7 +175,14 @@ fn container_target(
     let theirs = crate::container::root_dir(Some(pid)).map_err(unreadable)?;
     let ours = crate::container::root_dir(None).map_err(unreadable)?;
     match (in_container, theirs != ours) {
-        (true, true) => Container::open(pid, &label).map(Some),
+        (true, true) => match placement {
+            Some(CriuPlacement::ContainerInit { node_mounts }) => {
+                let container = Container::open_init(pid, &label)?;
+                container.check_mount_points(node_mounts, &label)?;
+                Ok(Some(container))
+            }
+            _ => Container::open(pid, &label).map(Some),
+        },
         (false, false) => Ok(None),
         (true, false) => Err(refuse(
             &label,
@@ -369,7 +377,11 @@ pub fn restore(
             .namespaces
             .as_ref()
             .map_or_else(Vec::new, Target::namespaces),
-        in_container: verified.container.is_some(),
+        placement: verified
+            .manifest
+            .criu
+            .as_ref()
+            .map_or(CriuPlacement::Host, |c| c.placement.clone()),
         digest_share: files.digest_share(Streaming::Load),
     })
 }
@@ -399,13 +411,23 @@ fn restore_into(
             None => (Vec::new(), Vec::new()),
         };
         let inside = verified.container.as_ref();
+        let placement =
+            (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
         let pid = verified
             .criu
-            .restore(&images, work_dir, tcp, (&namespaces, inherit), inside)
+            .restore(
+                &images,
+                work_dir,
+                tcp,
+                (&namespaces, inherit),
+                (inside, placement),
+            )
             .map_err(ControlError::Criu)?;
         let root = match inside {
-            Some(container) => host_root(container, pid, work_dir)?,
-            None => pid,
+            Some(container) if container.enters_pid_namespace() => {
+                host_root(container, pid, work_dir)?
+            }
+            _ => pid,
         };
         Ok((root, image_bytes, 0.0))
     })?;

@@ -202,7 +202,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
             }],
             tcp_established: false,
             shared_namespaces: Vec::new(),
-            in_container: false,
+            placement: manifest::CriuPlacement::Host,
         }),
         timings: vec![manifest::PhaseTiming {
             phase: "save".into(),
