@@ -1163,7 +1163,8 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
 /// run by `unshare --mount --pid --fork` (private propagation), it prepares `$1`, the new root,
 /// with bind mounts of the host's system directories, of the build's artifacts (`$2`) and of the
 /// test's directory (`$3`) at their own paths (so sockets, logs and the checkpoint are where the
-/// test looks), `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace, drops the
+/// test looks), and `<root>.shm` at `/pod-shm` (a directory of the container's own that the tool
+/// does not see at that path, as a pod's `/dev/shm`), `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace, drops the
 /// old root, opens its standard input and output again inside and closes every other descriptor
 /// (a runtime gives the container its own; the log is `<root>.log` in the test's directory), and
 /// execs the rest of its arguments as the container's init in a new session, as a runtime does.
@@ -1176,6 +1177,7 @@ for d in bin lib lib64 sbin; do
 done
 for d in /usr /etc /dev; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
 for d in "$artifacts" "$shared"; do mkdir -p "$root$d"; mount --bind "$d" "$root$d"; done
+mkdir -p "$root.shm" "$root/pod-shm"; mount --bind "$root.shm" "$root/pod-shm"
 mkdir -p "$root/proc" "$root/tmp" "$root/.old-root"
 cd "$root"
 pivot_root . .old-root
@@ -1401,7 +1403,11 @@ fn a_group_in_a_container_is_restored_into_another_container() {
         );
         assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
     }
-    assert!(disk.holds_file(tree[0]), "rank 0 holds its file again");
+    // A copy of the file kept in the checkpoint (a container's files are its own).
+    assert!(
+        holds_content(tree[0], b"held by rank 0"),
+        "rank 0 holds its file again"
+    );
     verify_sharing(&disk.attach(), 1);
     drop(restored);
 }
@@ -1447,8 +1453,33 @@ fn a_container_init_is_restored_into_another_container() {
         points
     };
     let before = mount_points(rank0);
+    // A file held under a deleted name in the container's own shm directory, as a Python
+    // semaphore in a pod's /dev/shm: CRIU makes a link remap there, which the tool cannot reach
+    // at that path.
+    let shm_a = disk.env.dir().join("root-a.shm");
+    std::fs::write(shm_a.join("sem.tmp"), b"a semaphore in the pod").expect("a file");
+    group.ranks[0]
+        .ok("open-fd sem /pod-shm/sem.tmp")
+        .expect("open-fd");
+    std::fs::hard_link(shm_a.join("sem.tmp"), shm_a.join("sem")).expect("final name");
+    std::fs::remove_file(shm_a.join("sem.tmp")).expect("unlinking the temporary name");
 
     let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, rank0);
+    let remaps = manifest["criu"]["link_remaps"]
+        .as_array()
+        .expect("link remaps");
+    assert_eq!(remaps.len(), 2, "the held files' link remaps: {remaps:?}");
+    for remap in remaps {
+        let kept = remap["kept_as"].as_str().expect("kept_as");
+        assert!(kept.starts_with("remaps/"), "kept as a copy: {remap}");
+        assert!(disk.checkpoint_dir().join(kept).is_file(), "{remap}");
+    }
+    let left_in_shm: Vec<_> = std::fs::read_dir(&shm_a)
+        .expect("shm")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left_in_shm, ["sem"], "CRIU's name freed in the container");
     let node_mounts = &manifest["criu"]["placement"]["container_init"]["node_mounts"];
     assert_eq!(
         report["placement"], manifest["criu"]["placement"],
@@ -1534,8 +1565,29 @@ fn a_container_init_is_restored_into_another_container() {
         before,
         "the restored tree's mount table is the one it had"
     );
-    assert!(disk.holds_file(tree[0]), "rank 0 holds its file again");
+    for content in [&b"held by rank 0"[..], b"a semaphore in the pod"] {
+        assert!(
+            holds_content(tree[0], content),
+            "rank 0 holds {:?} again",
+            String::from_utf8_lossy(content)
+        );
+    }
+    let shm_b = disk.env.dir().join("root-b.shm");
+    assert_eq!(
+        std::fs::read_dir(&shm_b).expect("shm").count(),
+        0,
+        "nothing of the restore is left in the placeholder's shm"
+    );
     verify_sharing(&disk.attach(), 1);
+}
+
+/// Whether `pid` holds open a regular file with exactly `content`.
+fn holds_content(pid: u32, content: &[u8]) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fds")
+        .flatten()
+        .filter(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.is_file()))
+        .any(|fd| std::fs::read(fd.path()).is_ok_and(|c| c == content))
 }
 
 /// `cuinterpose demo --to-disk --json` gives what the GPU lane reads: `checkpoint.phases` and

@@ -10,6 +10,7 @@
 use crate::disk::{DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, read_manifest};
 use crate::{ControlError, Refusal};
 use protocol::manifest::MANIFEST_FILE_NAME;
+use protocol::manifest::REMAPS_DIR;
 use std::path::{Path, PathBuf};
 
 /// What a discard removed.
@@ -47,6 +48,7 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
         IMAGES_DIR,
         IMAGE_DIGESTS,
         DATA_DIR,
+        REMAPS_DIR,
     ];
     refuse_strangers(dir, &known)?;
     let images = dir.join(IMAGES_DIR);
@@ -89,6 +91,7 @@ fn discard_incomplete(dir: &Path) -> Result<DiscardReport, ControlError> {
         IMAGES_DIR,
         IMAGE_DIGESTS,
         DATA_DIR,
+        REMAPS_DIR,
     ];
     refuse_strangers(dir, &known)?;
     let image_bytes = crate::criu::directory_bytes(&dir.join(IMAGES_DIR));
@@ -151,7 +154,7 @@ fn remove_parts(
     files: &[&str],
     remaps: &[protocol::manifest::LinkRemap],
 ) -> Result<(), ControlError> {
-    for sub in [IMAGES_DIR, DATA_DIR] {
+    for sub in [IMAGES_DIR, DATA_DIR, REMAPS_DIR] {
         let path = dir.join(sub);
         match std::fs::remove_dir_all(&path) {
             Ok(()) => {}

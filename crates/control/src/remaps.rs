@@ -13,11 +13,19 @@
 //! So right after the dump the tool moves every link remap to a name of the checkpoint's own in
 //! the same directory (`link_remap.<id>.cuinterpose-<tag>`, in the manifest), and a restore links
 //! it back to CRIU's name only while CRIU runs.
+//!
+//! A tree in a container holds such files in the container's filesystems (a pod's `/dev/shm`,
+//! where every Python multiprocessing semaphore lives), which the tool reaches only through the
+//! tree's root (`/proc/<pid>/root`), which go away with the pod, and which a restore into another
+//! container does not share: a hard link cannot cross into those. So the tool copies each into
+//! the checkpoint directory (`remaps/link_remap.<id>`, owner and mode kept) and removes CRIU's
+//! link, and a restore writes the copy under CRIU's name as the container restored into sees it,
+//! only while CRIU runs.
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use protocol::manifest::LinkRemap;
+use protocol::manifest::{LinkRemap, REMAPS_DIR};
 
 use crate::ControlError;
 
@@ -50,17 +58,124 @@ fn new_tag() -> Result<String, ControlError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Takes over the link remaps CRIU just made for the tree under `root` (stopped, not yet gone):
-/// checks that the tool's mount namespace sees the same file at each path as the tree does (a
-/// restore runs from here), then moves each to its kept name. On an error every link of this
-/// dump goes: those moved under their kept names, and the others under CRIU's names (left there,
-/// they would make the next dump that needs the same name fail).
-pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlError> {
-    let tag = new_tag()?;
+/// `path` (absolute, in the mount namespace of `pid`) as this process reaches it: through the
+/// root of `pid`, or `path` itself without one.
+fn seen_by(pid: Option<u32>, path: &str) -> PathBuf {
+    match pid {
+        Some(pid) => PathBuf::from(format!("/proc/{pid}/root{path}")),
+        None => PathBuf::from(path),
+    }
+}
+
+/// Where a kept file is: `kept_as` itself, or, for a copy, in the checkpoint directory `dir`.
+fn kept_path(remap: &LinkRemap, dir: &Path) -> PathBuf {
+    if remap.is_copy() {
+        dir.join(&remap.kept_as)
+    } else {
+        PathBuf::from(&remap.kept_as)
+    }
+}
+
+/// Takes over the link remaps CRIU just made for the tree under `root` (stopped, not yet gone).
+/// `copy_into`: the checkpoint directory, for a tree in a container, whose files are copied
+/// there (the module comment says why). Otherwise: checks that the tool's mount namespace sees
+/// the same file at each path as the tree does (a restore runs from here), then moves each to
+/// its kept name. On an error every link of this dump goes: those taken (moved or copied), and
+/// the others under CRIU's names (left there, they would make the next dump that needs the same
+/// name fail).
+pub fn take_over(
+    root: u32,
+    links: &[String],
+    copy_into: Option<&Path>,
+) -> Result<Vec<LinkRemap>, ControlError> {
     let mut taken = Vec::new();
-    let result = links.iter().try_for_each(|link| {
+    let result = match copy_into {
+        Some(dir) => copy_out(root, links, dir, &mut taken),
+        None => move_beside(root, links, &mut taken),
+    };
+    if let Err(e) = result {
+        // The ones not taken are reached through the workload's root, where CRIU made them:
+        // the tool's namespace may hold another file at the same path.
+        let kept = taken
+            .iter()
+            .map(|r| kept_path(r, copy_into.unwrap_or(Path::new("/"))));
+        let untaken = (links.get(taken.len()..).unwrap_or_default().iter())
+            .map(|link| seen_by(Some(root), link));
+        for path in kept.chain(untaken) {
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(path = %path.display(), error = %e, "removing a link remap of a failed dump");
+            }
+        }
+        return Err(e);
+    }
+    Ok(taken)
+}
+
+/// Copies each link remap of the tree under `root` into `dir`'s [`REMAPS_DIR`] (owner and mode
+/// kept) and removes CRIU's link; each one done is pushed to `taken`.
+fn copy_out(
+    root: u32,
+    links: &[String],
+    dir: &Path,
+    taken: &mut Vec<LinkRemap>,
+) -> Result<(), ControlError> {
+    let remaps_dir = dir.join(REMAPS_DIR);
+    for link in links {
+        let there = seen_by(Some(root), link);
+        let name = Path::new(link)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let remap = LinkRemap {
+            link: link.clone(),
+            kept_as: format!("{REMAPS_DIR}/{name}"),
+        };
+        std::fs::create_dir_all(&remaps_dir)
+            .and_then(|()| copy_file(&there, &kept_path(&remap, dir)))
+            .and_then(|()| std::fs::remove_file(&there))
+            .map_err(|e| {
+                failed(
+                    Path::new(link),
+                    format!("copying it into {}", dir.display()),
+                    e,
+                )
+            })?;
+        taken.push(remap);
+    }
+    Ok(())
+}
+
+/// Copies `from` to the new file `to` (refused if it exists) with its owner and mode.
+fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
+    let meta = std::fs::symlink_metadata(from)?;
+    if !meta.file_type().is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut source = std::fs::File::open(from)?;
+    let mut target = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)?;
+    std::io::copy(&mut source, &mut target)?;
+    std::os::unix::fs::fchown(&target, Some(meta.uid()), Some(meta.gid()))?;
+    target.set_permissions(meta.permissions())?;
+    target.sync_all()
+}
+
+/// Moves each link remap of the tree under `root` to a kept name beside it, after checking that
+/// the tool sees the same file at that path; each one done is pushed to `taken`.
+fn move_beside(
+    root: u32,
+    links: &[String],
+    taken: &mut Vec<LinkRemap>,
+) -> Result<(), ControlError> {
+    let tag = new_tag()?;
+    for link in links {
         let here = Path::new(link);
-        let there = PathBuf::from(format!("/proc/{root}/root{link}"));
+        let there = seen_by(Some(root), link);
         let ours = std::fs::symlink_metadata(here)
             .map_err(|e| failed(here, "not reachable from the tool's namespace", e))?;
         let theirs = std::fs::symlink_metadata(&there)
@@ -79,34 +194,16 @@ pub fn take_over(root: u32, links: &[String]) -> Result<Vec<LinkRemap>, ControlE
         std::fs::rename(here, &remap.kept_as)
             .map_err(|e| failed(here, format!("moving it to {}", remap.kept_as), e))?;
         taken.push(remap);
-        Ok(())
-    });
-    match result {
-        Ok(()) => Ok(taken),
-        Err(e) => {
-            // The ones not moved are reached through the workload's root, where CRIU made them:
-            // the tool's namespace may hold another file at the same path.
-            let moved = taken.iter().map(|r| PathBuf::from(&r.kept_as));
-            let unmoved = (links.get(taken.len()..).unwrap_or_default().iter())
-                .map(|link| PathBuf::from(format!("/proc/{root}/root{link}")));
-            for path in moved.chain(unmoved) {
-                if let Err(e) = std::fs::remove_file(&path)
-                    && e.kind() != std::io::ErrorKind::NotFound
-                {
-                    tracing::warn!(path = %path.display(), error = %e, "removing a link remap of a failed dump");
-                }
-            }
-            Err(e)
-        }
     }
+    Ok(())
 }
 
 /// Removes the link remaps of a checkpoint that failed or is discarded: each kept file, and CRIU's
 /// name when it still names the same file (left by an interrupted restore); a file another dump
 /// made under that name stays. Ones already gone are fine (a discard that failed part way is run
-/// again).
+/// again). Copies are the checkpoint directory's own files, which go with it.
 pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
-    for remap in remaps {
+    for remap in remaps.iter().filter(|r| !r.is_copy()) {
         remove_criu_name_if_same(remap);
         match std::fs::remove_file(&remap.kept_as) {
             Ok(()) => {}
@@ -132,11 +229,17 @@ fn remove_criu_name_if_same(remap: &LinkRemap) {
     }
 }
 
-/// Checks before a restore that every kept link remap is there, a regular file, and that CRIU's
-/// name is free (or already names the same file: left by an interrupted restore).
-pub fn check_present(remaps: &[LinkRemap]) -> Result<(), ControlError> {
+/// Checks before a restore of the checkpoint in `dir` that every kept link remap is there, a
+/// regular file, and that CRIU's name is free (or already names the same file: left by an
+/// interrupted restore); for a copy, CRIU's name as the container of `into` sees it, which must
+/// be free.
+pub fn check_present(
+    remaps: &[LinkRemap],
+    dir: &Path,
+    into: Option<u32>,
+) -> Result<(), ControlError> {
     for remap in remaps {
-        let kept = Path::new(&remap.kept_as);
+        let kept = &kept_path(remap, dir);
         let kept_meta = match std::fs::symlink_metadata(kept) {
             Ok(m) if m.file_type().is_file() => m,
             Ok(_) => return Err(error(kept, "is not a regular file")),
@@ -150,7 +253,15 @@ pub fn check_present(remaps: &[LinkRemap]) -> Result<(), ControlError> {
                 ));
             }
         };
-        if let Ok(at_link) = std::fs::symlink_metadata(&remap.link)
+        if remap.is_copy() {
+            if std::fs::symlink_metadata(seen_by(into, &remap.link)).is_ok() {
+                return Err(error(
+                    Path::new(&remap.link),
+                    "a file has CRIU's name for this link remap in the container restored into \
+                     (left by a restore that was killed?); the restore needs it free",
+                ));
+            }
+        } else if let Ok(at_link) = std::fs::symlink_metadata(&remap.link)
             && !same_file(&at_link, &kept_meta)
         {
             return Err(error(
@@ -163,17 +274,36 @@ pub fn check_present(remaps: &[LinkRemap]) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// The link remaps of a restore in progress, linked to CRIU's names; dropping it removes what
-/// CRIU left of them under those names. The kept names are never touched.
+/// The link remaps of a restore in progress, linked (or, for copies, written) under CRIU's names;
+/// dropping it removes what CRIU left of them under those names. The kept files are never
+/// touched.
 #[derive(Debug)]
 pub struct Linked {
     remaps: Vec<LinkRemap>,
+    /// The copies written for the restore: the path and the file (device, inode) written there.
+    written: Vec<(PathBuf, (u64, u64))>,
 }
 
-/// Links every kept link remap to CRIU's name for the restore.
-pub fn link_for_restore(remaps: &[LinkRemap]) -> Result<Linked, ControlError> {
-    let mut linked = Linked { remaps: Vec::new() };
+/// Links every kept link remap of the checkpoint in `dir` to CRIU's name for the restore; a copy
+/// is written under CRIU's name as the container of `into` sees it.
+pub fn link_for_restore(
+    remaps: &[LinkRemap],
+    dir: &Path,
+    into: Option<u32>,
+) -> Result<Linked, ControlError> {
+    let mut linked = Linked {
+        remaps: Vec::new(),
+        written: Vec::new(),
+    };
     for remap in remaps {
+        if remap.is_copy() {
+            let target = seen_by(into, &remap.link);
+            copy_file(&kept_path(remap, dir), &target)
+                .and_then(|()| std::fs::symlink_metadata(&target))
+                .map(|m| linked.written.push((target, (m.dev(), m.ino()))))
+                .map_err(|e| failed(Path::new(&remap.link), "writing it for the restore", e))?;
+            continue;
+        }
         match std::fs::hard_link(&remap.kept_as, &remap.link) {
             Ok(()) => {}
             // check_present found the same file there.
@@ -194,6 +324,14 @@ pub fn link_for_restore(remaps: &[LinkRemap]) -> Result<Linked, ControlError> {
 impl Drop for Linked {
     fn drop(&mut self) {
         self.remaps.iter().for_each(remove_criu_name_if_same);
+        for (path, file) in &self.written {
+            // CRIU removes it after a restore that worked; one another process made stays.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == *file)
+                && let Err(e) = std::fs::remove_file(path)
+            {
+                tracing::warn!(path = %path.display(), error = %e, "removing a link remap written for a restore");
+            }
+        }
     }
 }
 
@@ -214,16 +352,17 @@ mod tests {
     fn taken_over_links_free_criu_names_and_serve_every_restore() {
         let dir = tempfile::tempdir().expect("tempdir");
         let link = criu_link_in(dir.path());
-        let remaps = take_over(std::process::id(), std::slice::from_ref(&link)).expect("take over");
+        let remaps =
+            take_over(std::process::id(), std::slice::from_ref(&link), None).expect("take over");
         assert!(remaps[0].is_well_formed(), "{remaps:?}");
         assert!(
             !Path::new(&link).exists(),
             "CRIU's name is free for the next dump"
         );
         for consumed in [true, false] {
-            check_present(&remaps).expect("present");
+            check_present(&remaps, Path::new("/"), None).expect("present");
             {
-                let _linked = link_for_restore(&remaps).expect("link");
+                let _linked = link_for_restore(&remaps, Path::new("/"), None).expect("link");
                 assert_eq!(std::fs::read(&link).expect("linked"), b"semaphore");
                 if consumed {
                     std::fs::remove_file(&link).expect("what CRIU does");
@@ -243,10 +382,11 @@ mod tests {
     fn missing_kept_files_and_taken_criu_names_are_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
         let link = criu_link_in(dir.path());
-        let remaps = take_over(std::process::id(), std::slice::from_ref(&link)).expect("take over");
+        let remaps =
+            take_over(std::process::id(), std::slice::from_ref(&link), None).expect("take over");
         // Another tree's dump has CRIU's name now.
         std::fs::write(&link, b"other").expect("other file");
-        let err = check_present(&remaps).expect_err("taken");
+        let err = check_present(&remaps, Path::new("/"), None).expect_err("taken");
         assert!(
             err.to_string().contains("the restore needs it free"),
             "{err}"
@@ -254,10 +394,10 @@ mod tests {
         // Left by an interrupted restore: the same file, fine.
         std::fs::remove_file(&link).expect("rm");
         std::fs::hard_link(&remaps[0].kept_as, &link).expect("link");
-        check_present(&remaps).expect("same file");
-        drop(link_for_restore(&remaps).expect("link"));
+        check_present(&remaps, Path::new("/"), None).expect("same file");
+        drop(link_for_restore(&remaps, Path::new("/"), None).expect("link"));
         std::fs::remove_file(&remaps[0].kept_as).expect("rm");
-        let err = check_present(&remaps).expect_err("missing");
+        let err = check_present(&remaps, Path::new("/"), None).expect_err("missing");
         assert!(err.to_string().contains("the images need it"), "{err}");
     }
 
@@ -269,7 +409,7 @@ mod tests {
             .join("link_remap.8")
             .to_string_lossy()
             .into_owned();
-        assert!(take_over(std::process::id(), &[missing]).is_err());
+        assert!(take_over(std::process::id(), &[missing], None).is_err());
         // A failure part way leaves nothing moved.
         let link = criu_link_in(dir.path());
         let missing = dir
@@ -277,7 +417,7 @@ mod tests {
             .join("link_remap.9")
             .to_string_lossy()
             .into_owned();
-        assert!(take_over(std::process::id(), &[link.clone(), missing.clone()]).is_err());
+        assert!(take_over(std::process::id(), &[link.clone(), missing.clone()], None).is_err());
         let left: Vec<_> = std::fs::read_dir(dir.path())
             .expect("dir")
             .flatten()
@@ -286,11 +426,56 @@ mod tests {
         assert_eq!(left, ["sem.x"], "the moved link was removed again");
         // A failure before a link was moved removes it under CRIU's name: the next dump needs it.
         let link = criu_link_in(dir.path());
-        assert!(take_over(std::process::id(), &[missing, link.clone()]).is_err());
+        assert!(take_over(std::process::id(), &[missing, link.clone()], None).is_err());
         assert!(
             !Path::new(&link).exists(),
             "the link left unmoved was removed"
         );
         assert!(dir.path().join("sem.x").is_file());
+    }
+
+    /// A tree in a container: its link remap is copied into the checkpoint directory (owner and
+    /// mode kept) and CRIU's name freed, through the tree's root; a restore writes the copy under
+    /// CRIU's name as the container restored into sees it, refuses while a file has that name
+    /// there, and removes it afterwards unless CRIU did; discard leaves copies to the directory.
+    #[test]
+    fn a_containers_link_remaps_are_copied_and_written_into_the_target() {
+        let workload = tempfile::tempdir().expect("tempdir");
+        let checkpoint = tempfile::tempdir().expect("tempdir");
+        let link = criu_link_in(workload.path());
+        std::fs::set_permissions(&link, std::os::unix::fs::PermissionsExt::from_mode(0o640))
+            .expect("chmod");
+        let me = std::process::id();
+        let remaps =
+            take_over(me, std::slice::from_ref(&link), Some(checkpoint.path())).expect("take over");
+        assert!(
+            remaps[0].is_copy() && remaps[0].is_well_formed(),
+            "{remaps:?}"
+        );
+        assert!(!Path::new(&link).exists(), "CRIU's name is free");
+        let kept = checkpoint.path().join(&remaps[0].kept_as);
+        assert_eq!(std::fs::read(&kept).expect("copied"), b"semaphore");
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").mode() & 0o777;
+        assert_eq!(mode(&kept), 0o640);
+        for consumed in [true, false] {
+            check_present(&remaps, checkpoint.path(), Some(me)).expect("present");
+            {
+                let _written =
+                    link_for_restore(&remaps, checkpoint.path(), Some(me)).expect("written");
+                assert_eq!(std::fs::read(&link).expect("written"), b"semaphore");
+                assert_eq!(mode(Path::new(&link)), 0o640);
+                let err = check_present(&remaps, checkpoint.path(), Some(me)).expect_err("taken");
+                assert!(err.to_string().contains("needs it free"), "{err}");
+                if consumed {
+                    std::fs::remove_file(&link).expect("what CRIU does");
+                }
+            }
+            assert!(!Path::new(&link).exists(), "removed after the restore");
+        }
+        discard(&remaps).expect("discard");
+        assert!(kept.exists(), "the directory's own file, removed with it");
+        std::fs::remove_file(&kept).expect("rm");
+        let err = check_present(&remaps, checkpoint.path(), Some(me)).expect_err("missing");
+        assert!(err.to_string().contains("the images need it"), "{err}");
     }
 }

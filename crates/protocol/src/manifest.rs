@@ -23,7 +23,7 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
 /// `bytes.shared_saved`; 7: `criu.in_container`; 8: `criu.placement` in its place, with the
-/// container's own init as a third case).
+/// container's own init as a third case, and link remaps kept as copies in `remaps/`).
 pub const MANIFEST_VERSION: u32 = 8;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
@@ -388,14 +388,26 @@ impl SharedNamespace {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LinkRemap {
-    /// CRIU's name, as the images have it: an absolute path ending in `link_remap.<id>`.
+    /// CRIU's name, as the images have it: an absolute path ending in `link_remap.<id>`, in the
+    /// tree's mount namespace.
     pub link: String,
-    /// Where the tool keeps the file until the checkpoint is discarded: the same directory,
-    /// `link_remap.<id>.cuinterpose-<16 hex digits>`.
+    /// Where the tool keeps the file until the checkpoint is discarded. For a tree in the tool's
+    /// root filesystem, beside it: `link_remap.<id>.cuinterpose-<16 hex digits>` in the same
+    /// directory (absolute). For a tree in a container, a copy in the checkpoint directory,
+    /// [`REMAPS_DIR`]`/link_remap.<id>` (relative to it): the file lives in the container's
+    /// filesystems (a pod's `/dev/shm`), which a restore into another container does not share.
     pub kept_as: String,
 }
 
+/// The directory of a checkpoint that holds copies of the link remaps of a tree in a container.
+pub const REMAPS_DIR: &str = "remaps";
+
 impl LinkRemap {
+    /// Whether the file is kept as a copy in the checkpoint directory (a tree in a container).
+    pub fn is_copy(&self) -> bool {
+        !self.kept_as.starts_with('/')
+    }
+
     /// Whether both names are what the tool writes. A restore links and removes files at these
     /// paths, so a manifest must not be able to name any other file.
     pub fn is_well_formed(&self) -> bool {
@@ -407,11 +419,12 @@ impl LinkRemap {
         let criu_name = name
             .strip_prefix("link_remap.")
             .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()));
-        let kept_name = self
+        let kept_beside = self
             .kept_as
             .strip_prefix(&format!("{dir}/{name}.cuinterpose-"))
             .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()));
-        plain(&self.link) && criu_name && kept_name
+        let kept_copy = self.kept_as == format!("{REMAPS_DIR}/{name}");
+        plain(&self.link) && criu_name && (kept_beside || kept_copy)
     }
 }
 
@@ -890,9 +903,12 @@ mod tests {
                 &format!("/dev/shm/link_remap.23.cuinterpose-{tag}"),
             ),
             remap("/link_remap.1", &format!("/link_remap.1.cuinterpose-{tag}")),
+            remap("/dev/shm/link_remap.23", "remaps/link_remap.23"),
         ] {
             assert!(good.is_well_formed(), "{good:?}");
         }
+        assert!(remap("/dev/shm/link_remap.23", "remaps/link_remap.23").is_copy());
+        assert!(!remap("/link_remap.1", &format!("/link_remap.1.cuinterpose-{tag}")).is_copy());
         for bad in [
             remap(
                 "dev/shm/link_remap.23",
@@ -920,6 +936,9 @@ mod tests {
                 "/dev/shm/link_remap.1",
                 "/dev/shm/link_remap.1.cuinterpose-xyz",
             ),
+            remap("/dev/shm/link_remap.1", "remaps/link_remap.2"),
+            remap("/dev/shm/link_remap.1", "remaps/../link_remap.1"),
+            remap("/dev/shm/link_remap.1", "link_remap.1"),
         ] {
             assert!(!bad.is_well_formed(), "{bad:?}");
             let (mut manifest, _) = sample();

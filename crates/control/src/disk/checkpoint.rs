@@ -146,7 +146,9 @@ pub fn checkpoint(
     let mut link_remaps = Vec::new();
     let published = dumped.and_then(|()| {
         let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
-        link_remaps = crate::remaps::take_over(root, &links)?;
+        // A tree in a container keeps them in its own filesystems: copied into the checkpoint.
+        let copy_into = placement.in_container().then_some(dir.as_path());
+        link_remaps = crate::remaps::take_over(root, &links, copy_into)?;
         // Listed at once: a checkpoint killed from here on leaves them to discard.
         write_marker(dir, &link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);

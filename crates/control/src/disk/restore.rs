@@ -284,8 +284,14 @@ fn remove_stale_sockets(manifest: &Manifest) -> Result<(), ControlError> {
 }
 
 /// The link remaps the (verified) images restore through: the manifest must list the same, and
-/// each must be kept and CRIU's name for it free (crate::remaps).
-fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRemap>, ControlError> {
+/// each must be kept and CRIU's name for it free (crate::remaps), as the container `into` sees it
+/// for a copy.
+fn verify_link_remaps(
+    manifest: &Manifest,
+    dir: &Path,
+    into: Option<u32>,
+) -> Result<Vec<LinkRemap>, ControlError> {
+    let images = &dir.join(IMAGES_DIR);
     let in_images = criu::images::link_remaps(images).map_err(|e| damaged(images, e))?;
     let listed = manifest
         .criu
@@ -302,7 +308,8 @@ fn verify_link_remaps(manifest: &Manifest, images: &Path) -> Result<Vec<LinkRema
             ),
         ));
     }
-    crate::remaps::check_present(&listed).map_err(|e| refuse("checkpoint", e.to_string()))?;
+    crate::remaps::check_present(&listed, dir, into)
+        .map_err(|e| refuse("checkpoint", e.to_string()))?;
     Ok(listed)
 }
 
@@ -342,7 +349,8 @@ pub fn restore(
             files.verify(progress).map(|read| ((), read, 0.0))
         })?;
     }
-    let link_remaps = verify_link_remaps(&verified.manifest, &images)?;
+    let into = verified.container.as_ref().map(Container::pid);
+    let link_remaps = verify_link_remaps(&verified.manifest, &options.dir, into)?;
     remove_stale_sockets(&verified.manifest)?;
     let work_dir = super::leftovers::create_work_dir(&options.dir)?;
     // CRIU's files of this restore (log, statistics, pid file) go with it, whatever its end: a
@@ -399,7 +407,8 @@ fn restore_into(
     let image_bytes = criu::directory_bytes(&images);
     let root = clock.time("criu-restore", Some(image_bytes), || {
         // Under CRIU's names only while CRIU runs (crate::remaps).
-        let _linked = crate::remaps::link_for_restore(link_remaps)?;
+        let into = verified.container.as_ref().map(Container::pid);
+        let _linked = crate::remaps::link_for_restore(link_remaps, &options.dir, into)?;
         let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
         let (namespaces, inherit) = match verified.namespaces.as_ref() {
             Some(target) => target.restore_args().map_err(|e| {
