@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+use testkit::container::{self, root_of};
 use testkit::{TestEnv, Workload};
 
 /// Bytes rank 0 and rank 1 share: different sizes, so that a swap of devices shows in the usage
@@ -1159,81 +1160,20 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
     verify_sharing(&disk.attach(), 1);
 }
 
-/// What makes an emulated container, as runc makes one (there is no container runtime here):
-/// run by `unshare --mount --pid --fork` (private propagation), it prepares `$1`, the new root,
-/// with bind mounts of the host's system directories, of the build's artifacts (`$2`) and of the
-/// test's directory (`$3`) at their own paths (so sockets, logs and the checkpoint are where the
-/// test looks), and `<root>.shm` at `/pod-shm` (a directory of the container's own that the tool
-/// does not see at that path, as a pod's `/dev/shm`), `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace, drops the
-/// old root, opens its standard input and output again inside and closes every other descriptor
-/// (a runtime gives the container its own; the log is `<root>.log` in the test's directory), and
-/// execs the rest of its arguments as the container's init in a new session, as a runtime does.
-const CONTAINER_SCRIPT: &str = r#"set -e
-root=$1; artifacts=$2; shared=$3; shift 3
-mount --bind "$root" "$root"
-for d in bin lib lib64 sbin; do
-    if [ -L "/$d" ]; then ln -sfn "$(readlink "/$d")" "$root/$d";
-    elif [ -d "/$d" ]; then mkdir -p "$root/$d"; mount --rbind "/$d" "$root/$d"; fi
-done
-for d in /usr /etc /dev; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
-for d in "$artifacts" "$shared"; do mkdir -p "$root$d"; mount --bind "$d" "$root$d"; done
-mkdir -p "$root.shm" "$root/pod-shm"; mount --bind "$root.shm" "$root/pod-shm"
-mkdir -p "$root/proc" "$root/tmp" "$root/.old-root"
-cd "$root"
-pivot_root . .old-root
-cd /
-mount -t proc proc /proc
-umount -l /.old-root
-rmdir /.old-root
-exec </dev/null >>"$shared/${root##*/}.log" 2>&1
-for fd in $(ls /proc/self/fd); do [ "$fd" -gt 2 ] && eval "exec $fd<&-" 2>/dev/null; done
-exec setsid "$@"
-"#;
-
-/// The program and arguments that run a command as the init of a new emulated container over
-/// `root` (a new directory in the test's directory); killed when that `unshare` dies.
-fn container_wrapper(disk: &Disk, root: &str) -> Vec<String> {
-    let mut wrapper = container_wrapper_for_init(disk, root);
-    wrapper.insert(4, "--kill-child".into());
-    wrapper
-}
-
-/// [`container_wrapper`] for a container whose init is the tree to checkpoint: not killed with
-/// `unshare` (`--kill-child` would give the init a parent-death signal, which CRIU dumps and a
-/// restored tree would receive as soon as CRIU exits; a runtime gives its init none).
-fn container_wrapper_for_init(disk: &Disk, root: &str) -> Vec<String> {
+/// The program and arguments that run a command as the init of a new emulated container
+/// (testkit::container) over `root` (a new directory in the test's directory), with the build's
+/// artifacts and the test's directory bound in; `kill_with_runtime` as there.
+fn container_wrapper_as(disk: &Disk, root: &str, kill_with_runtime: bool) -> Vec<String> {
     let root = disk.env.dir().join(root);
     std::fs::create_dir(&root).expect("the container's root");
-    container_command(&root, disk.env.artifacts().dir(), disk.env.dir())
+    let log = root.with_extension("log");
+    let binds = [disk.env.artifacts().dir(), disk.env.dir()];
+    container::wrapper(&root, &binds, &log, kill_with_runtime)
 }
 
-/// `unshare` running [`CONTAINER_SCRIPT`] over `root` with `artifacts` and `shared` bound in.
-fn container_command(root: &Path, artifacts: &Path, shared: &Path) -> Vec<String> {
-    let mut wrapper: Vec<String> = [
-        "unshare",
-        "--mount",
-        "--pid",
-        "--fork",
-        "--propagation",
-        "private",
-        "--",
-        // bash: the script closes descriptors above 9, which dash cannot name.
-        "bash",
-        "-c",
-        CONTAINER_SCRIPT,
-        "container",
-    ]
-    .map(String::from)
-    .to_vec();
-    for dir in [root, artifacts, shared] {
-        wrapper.push(dir.to_str().expect("utf-8 path").to_string());
-    }
-    wrapper
-}
-
-/// The root directory of `pid`, by device and inode.
-fn root_of(pid: u32) -> control::container::RootDir {
-    control::container::root_dir(Some(pid)).unwrap_or_else(|e| panic!("root of pid {pid}: {e}"))
+/// A placeholder's wrapper: killed when that `unshare` dies.
+fn container_wrapper(disk: &Disk, root: &str) -> Vec<String> {
+    container_wrapper_as(disk, root, true)
 }
 
 /// An emulated container whose init is `sleep`: the placeholder a restore puts a tree into.
@@ -1255,29 +1195,7 @@ impl Placeholder {
             .stdin(Stdio::null())
             .spawn()
             .expect("unshare (util-linux)");
-        let deadline = std::time::Instant::now() + READY_TIMEOUT;
-        let init = loop {
-            // The init has pivoted into its root and execed sleep.
-            let init = control::discovery::process_tree(runtime.id())
-                .ok()
-                .and_then(|t| t.get(1).copied())
-                .filter(|&pid| {
-                    root_of(pid) != root_of(std::process::id())
-                        && std::fs::read(format!("/proc/{pid}/cmdline"))
-                            .is_ok_and(|c| c.starts_with(b"sleep\0"))
-                });
-            if let Some(init) = init {
-                break init;
-            }
-            if let Ok(Some(status)) = runtime.try_wait() {
-                panic!("the placeholder container exited: {status}");
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the placeholder did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let init = container::wait_for_init(&mut runtime, "sleep", READY_TIMEOUT);
         Placeholder { runtime, init }
     }
 }
@@ -1422,7 +1340,7 @@ fn a_group_in_a_container_is_restored_into_another_container() {
 #[test]
 fn a_container_init_is_restored_into_another_container() {
     let disk = Disk::new();
-    let wrapper = container_wrapper_for_init(&disk, "root-a");
+    let wrapper = container_wrapper_as(&disk, "root-a", false);
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let launcher = start_under(
         &disk.env,
@@ -1437,7 +1355,7 @@ fn a_container_init_is_restored_into_another_container() {
     let tree = control::discovery::process_tree(group.launcher.id()).expect("tree");
     // unshare, then rank 0 as the container's init, rank 1 its child.
     let rank0 = tree[1];
-    // Not killed with unshare (container_wrapper_for_init): ended with the test whatever happens.
+    // Not killed with unshare (container_wrapper_as): ended with the test whatever happens.
     let _source = Restored(rank0);
     let ns_pid = |pid: u32| control::discovery::describe(pid).expect("a process").ns_pid;
     assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
@@ -1508,9 +1426,12 @@ fn a_container_init_is_restored_into_another_container() {
     let before_files = hash_dir(&dir);
     let bare_root = disk.env.dir().join("root-bare");
     std::fs::create_dir(&bare_root).expect("a root");
-    let mut bare = container_command(&bare_root, disk.env.dir(), disk.env.dir());
-    bare.insert(4, "--kill-child".into());
-    let bare = Placeholder::start_with(bare);
+    let bare = Placeholder::start_with(container::wrapper(
+        &bare_root,
+        &[disk.env.dir()],
+        &bare_root.with_extension("log"),
+        true,
+    ));
     let bare_arg = bare.init.to_string();
     let out = disk.tool(&[
         "restore",

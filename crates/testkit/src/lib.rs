@@ -4,6 +4,7 @@
 //! - [`harness`]: a hermetic test environment ([`harness::TestEnv`]) on the fake driver or the
 //!   system's, the build artifacts, the fake driver's accounting; workloads and groups
 //!   ([`harness::Workload`], [`harness::Group`]) are the workload crate's client.
+//! - [`container`]: emulated containers (`unshare` and `pivot_root`, as runc makes them).
 //! - [`native`]: the driver's `cuCheckpointProcess*` API on another process's pid.
 //! - [`scenarios`]: the scenario list that CI runs on the fake driver and the GPU lane on the real
 //!   one (binary `cuinterpose-scenarios`).
@@ -11,6 +12,7 @@
 //! The workload's own modules are re-exported ([`driver`], [`grammar`], [`reply`], [`server`],
 //! [`wire`]) so that tests reach them through one crate.
 
+pub mod container;
 pub mod harness;
 pub mod native;
 pub mod scenarios;
