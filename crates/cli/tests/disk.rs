@@ -1340,7 +1340,15 @@ fn a_group_in_a_container_is_restored_into_another_container() {
 #[test]
 fn a_container_init_is_restored_into_another_container() {
     let disk = Disk::new();
-    let wrapper = container_wrapper_as(&disk, "root-a", false);
+    // Each container in network, IPC and UTS namespaces of its own, as a pod's sandbox gives them.
+    let in_pod = |wrapper: Vec<String>| -> Vec<String> {
+        ["unshare", "--net", "--ipc", "--uts", "--"]
+            .map(String::from)
+            .into_iter()
+            .chain(wrapper)
+            .collect()
+    };
+    let wrapper = in_pod(container_wrapper_as(&disk, "root-a", false));
     let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
     let launcher = start_under(
         &disk.env,
@@ -1426,12 +1434,12 @@ fn a_container_init_is_restored_into_another_container() {
     let before_files = hash_dir(&dir);
     let bare_root = disk.env.dir().join("root-bare");
     std::fs::create_dir(&bare_root).expect("a root");
-    let bare = Placeholder::start_with(container::wrapper(
+    let bare = Placeholder::start_with(in_pod(container::wrapper(
         &bare_root,
         &[disk.env.dir()],
         &bare_root.with_extension("log"),
         true,
-    ));
+    )));
     let bare_arg = bare.init.to_string();
     let out = disk.tool(&[
         "restore",
@@ -1453,8 +1461,34 @@ fn a_container_init_is_restored_into_another_container() {
         "a refused restore restored something"
     );
     drop(bare);
+    // A container without /run, where CRIU mounts its iptables lock to restore a tree into a
+    // network namespace: refused, nothing changed.
+    let no_run = Placeholder::start_with(in_pod(container_wrapper(&disk, "root-no-run")));
+    // (The setup's `mount` left libmount's utab in it.)
+    std::fs::remove_dir_all(disk.env.dir().join("root-no-run/run")).expect("removing /run");
+    let no_run_arg = no_run.init.to_string();
+    let out = disk.tool(&[
+        "restore",
+        "--dir",
+        dir.to_str().expect("utf-8 path"),
+        "--namespaces-of",
+        &no_run_arg,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("has no /run directory"), "{stderr}");
+    assert_eq!(
+        hash_dir(&dir),
+        before_files,
+        "a refused restore changed the checkpoint"
+    );
+    assert!(
+        !disk.group_answers(),
+        "a refused restore restored something"
+    );
+    drop(no_run);
 
-    let placeholder = Placeholder::start(&disk, "root-b");
+    let placeholder = Placeholder::start_with(in_pod(container_wrapper(&disk, "root-b")));
     let target = placeholder.init.to_string();
     let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
     assert_eq!(
@@ -1480,6 +1514,13 @@ fn a_container_init_is_restored_into_another_container() {
             "restored pid {pid} does not run over the placeholder's root"
         );
         assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                namespace_inode(pid, ns),
+                namespace_inode(placeholder.init, ns),
+                "restored pid {pid} is not in the placeholder's {ns} namespace"
+            );
+        }
     }
     assert_eq!(
         mount_points(restored.0),

@@ -432,6 +432,22 @@ impl Container {
         Ok(points)
     }
 
+    /// Refuses, naming `label`, a container to restore into without a `/run` directory, where
+    /// CRIU, restoring a tree into a network namespace it joins, mounts a private tmpfs for the
+    /// iptables lock (`/run/xtables.lock`) and fails half way without one. Images have one.
+    pub fn check_run_dir(&self, label: &str) -> Result<(), ControlError> {
+        let run = crate::discovery::reach_inside(self.pid, Path::new("/run"));
+        if run.is_dir() {
+            return Ok(());
+        }
+        Err(refuse(
+            label,
+            "its root filesystem has no /run directory, which CRIU needs to restore a tree into \
+             its network namespace (a private iptables lock is mounted there)"
+                .into(),
+        ))
+    }
+
     /// Refuses, naming `label`, a container to restore into that lacks a mount point the
     /// checkpoint's tree took from its own container's node mounts (CRIU would fail half way).
     pub fn check_mount_points(&self, wanted: &[String], label: &str) -> Result<(), ControlError> {

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::container;
 use testkit::harness::{Artifacts, DriverKind, TestEnv, Workload};
 
 const NODE: &str = "node-a";
@@ -241,27 +242,45 @@ impl Test {
     /// The workload: `cuinterpose run --pid-namespace -- cuinterpose-workload tree` with two ranks,
     /// each holding a filled allocation.
     fn start_workload(&self, cgroup: &PodCgroup) -> (Child, PathBuf) {
-        let listen = self.env.socket_dir().join("w");
+        self.start_workload_under(cgroup, &[], &["--pid-namespace"], "w")
+    }
+
+    /// [`Test::start_workload`] run by `wrapper` (a program and its arguments, which then exec
+    /// the launcher), with `run`'s options `run_options`, listening in `name`.
+    fn start_workload_under(
+        &self,
+        cgroup: &PodCgroup,
+        wrapper: &[String],
+        run_options: &[&str],
+        name: &str,
+    ) -> (Child, PathBuf) {
+        let listen = self.env.socket_dir().join(name);
         let workload = self.env.artifacts().workload().expect("workload binary");
         let listen_arg = listen.display().to_string();
-        let mut launcher = self.start_in(
-            cgroup,
-            &self.tool,
-            &[
-                "run",
-                "--pid-namespace",
-                "--",
-                workload.to_str().unwrap(),
-                "tree",
-                "--processes",
-                "2",
-                "--devices",
-                "0,1",
-                "--listen-dir",
-                &listen_arg,
-            ],
-            "workload",
-        );
+        let tool = self.tool.to_str().expect("a UTF-8 path");
+        let mut args: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+        let program = match args.is_empty() {
+            true => tool,
+            false => {
+                let program = args.remove(0);
+                args.push(tool);
+                program
+            }
+        };
+        args.push("run");
+        args.extend_from_slice(run_options);
+        args.extend_from_slice(&[
+            "--",
+            workload.to_str().unwrap(),
+            "tree",
+            "--processes",
+            "2",
+            "--devices",
+            "0,1",
+            "--listen-dir",
+            &listen_arg,
+        ]);
+        let mut launcher = self.start_in(cgroup, Path::new(program), &args, name);
         // Each rank listens on its own socket, in no fixed order.
         for rank in ["0.sock", "1.sock"] {
             testkit::wire::wait_listening(&listen.join(rank), WAIT, || {
@@ -280,6 +299,49 @@ impl Test {
             .expect("filling the ranks' memory");
         }
         (launcher, listen)
+    }
+
+    /// The agent's controller for node [`NODE`], finding pods in `pods`.
+    fn start_agent(&self, client: &Client, pods: &Arc<Pods>) -> tokio::task::JoinHandle<()> {
+        let tool = ToolOptions {
+            criu: Some(self.criu.clone()),
+            driver: Some(self.env.artifacts().fake_driver().expect("fake driver")),
+            freeze_timeout: Duration::from_secs(30),
+            config: control::config::ToolConfig::default(),
+        };
+        let context = Arc::new(agent::Context::new(
+            client.clone(),
+            NODE.into(),
+            pods.clone(),
+            tool,
+        ));
+        tokio::spawn(agent::run(context))
+    }
+
+    /// The program and arguments that run a command as the init of an emulated container
+    /// (testkit::container) over a new root `name` in the test's directory, with the build's
+    /// artifacts, the test's directory and the fake driver's state directory bound in (the
+    /// agent, this process, must see the same fake driver).
+    fn container(&self, name: &str, kill_with_runtime: bool) -> Vec<String> {
+        let root = self.env.dir().join(name);
+        std::fs::create_dir(&root).expect("the container's root");
+        // The fake driver's own default when the variable is unset (fake-cuda's config).
+        let fake_state = std::env::var_os("FAKE_CUDA_STATE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(format!(
+                    "/tmp/fake-cuda-{}",
+                    rustix::process::getuid().as_raw()
+                ))
+            });
+        std::fs::create_dir_all(&fake_state).expect("the fake driver's state directory");
+        let binds = [self.env.artifacts().dir(), self.env.dir(), &fake_state];
+        container::wrapper(
+            &root,
+            &binds,
+            &root.with_extension("log"),
+            kill_with_runtime,
+        )
     }
 
     fn ranks(&self, listen: &Path) -> Vec<Workload> {
@@ -413,19 +475,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     let test = Test::new();
     let storage = test.env.dir().join("checkpoints");
     let pods = Arc::new(Pods::default());
-    let tool = ToolOptions {
-        criu: Some(test.criu.clone()),
-        driver: Some(test.env.artifacts().fake_driver().expect("fake driver")),
-        freeze_timeout: Duration::from_secs(30),
-        config: control::config::ToolConfig::default(),
-    };
-    let context = Arc::new(agent::Context::new(
-        client.clone(),
-        NODE.into(),
-        pods.clone(),
-        tool,
-    ));
-    let controller = tokio::spawn(agent::run(context));
+    let controller = test.start_agent(&client, &pods);
     let api: Api<Checkpoint> = Api::namespaced(client.clone(), namespace());
 
     // Refusals surface as conditions (and Events), each with its message; nothing is written.
@@ -734,4 +784,165 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     let _ = std::fs::remove_dir(test.cgroups.join("kubepods/besteffort"));
     let _ = std::fs::remove_dir(test.cgroups.join("kubepods"));
     let _ = std::fs::remove_dir(&test.cgroups);
+}
+
+/// An ordinary pod's container (its process the container's PID 1, as the webhook shapes a
+/// container without `CAP_SYS_ADMIN`: `cuinterpose run --`), emulated as runc makes one
+/// (testkit::container: its own mount and PID namespaces and root filesystem) inside the pod's
+/// cgroup and network, IPC and UTS namespaces: the agent checkpoints it through the real CRD
+/// server (CRIU from a copy of the container's mount namespace) and restores it into a
+/// placeholder pod's container, over that container's root filesystem, in its namespaces and
+/// cgroup, the memory back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Kubernetes CRD API server: scripts/k8s-test-server.sh (scripts/test.sh runs it)"]
+async fn the_agent_checkpoints_a_pods_container_and_restores_it_into_another_pods() {
+    let client = client().await;
+    install_crds(&client).await;
+    let test = Test::new();
+    let storage = test.env.dir().join("checkpoints");
+    let pods = Arc::new(Pods::default());
+    let controller = test.start_agent(&client, &pods);
+    let api: Api<Checkpoint> = Api::namespaced(client.clone(), namespace());
+    let inject = [(OPT_IN_LABEL, "true")];
+
+    let (uid, cid) = ("aaaaaaaa-0000-0000-0000-00000000000a", "c0ffee0a");
+    let cgroup = PodCgroup::new(&test.cgroups, uid, cid);
+    let source = test.container("root-app", false);
+    let (mut runtime, listen) = test.start_workload_under(&cgroup, &source, &[], "app");
+    // Its init is not killed with `unshare` (testkit::container::wrapper): ended with the test.
+    let init = container::wait_for_init(
+        &mut runtime,
+        test.env.artifacts().workload().unwrap().to_str().unwrap(),
+        WAIT,
+    );
+    let _source_guard = KillTree(init);
+    assert_ne!(
+        container::root_of(init),
+        container::root_of(std::process::id())
+    );
+    pods.add(pod("app", uid, cid, &inject, true));
+    api.create(
+        &PostParams::default(),
+        &checkpoint("ck-app", "app", &storage, false, None),
+    )
+    .await
+    .unwrap();
+    let (_, type_, message) = outcome(
+        &api,
+        "ck-app",
+        &[
+            condition::COMPLETED,
+            condition::REFUSED,
+            condition::ROLLED_BACK,
+            condition::NEEDS_ATTENTION,
+        ],
+    )
+    .await;
+    assert_eq!(type_, condition::COMPLETED, "{message}");
+    let dir = storage.join(namespace()).join("ck-app");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+            .expect("manifest JSON");
+    assert!(
+        manifest["criu"]["placement"]["container_init"]["node_mounts"].is_array(),
+        "dumped as its container's init: {}",
+        manifest["criu"]
+    );
+    control::launch::wait_exit(runtime.id(), WAIT).expect("the container ends with its workload");
+    let _ = runtime.wait();
+
+    let (puid, pcid) = ("bbbbbbbb-0000-0000-0000-00000000000b", "c0ffee0b");
+    let placeholder_cgroup = PodCgroup::new(&test.cgroups, puid, pcid);
+    let placeholder = test.container("root-placeholder", true);
+    let mut keepalive = test.start_in(
+        &placeholder_cgroup,
+        Path::new(&placeholder[0]),
+        &[
+            placeholder[1..].iter().map(String::as_str).collect(),
+            vec!["sleep", "600"],
+        ]
+        .concat(),
+        "placeholder-app",
+    );
+    let placeholder_init = container::wait_for_init(&mut keepalive, "sleep", WAIT);
+    pods.add(pod(
+        "app-restored",
+        puid,
+        pcid,
+        &[(OPT_IN_LABEL, "true"), (RESTORE_LABEL, "ck-app")],
+        true,
+    ));
+    let (_, type_, message) = outcome(
+        &api,
+        "ck-app",
+        &[condition::RESTORED, condition::RESTORE_FAILED],
+    )
+    .await;
+    assert_eq!(type_, condition::RESTORED, "{message}");
+    for (r, w) in test.ranks(&listen).iter().enumerate() {
+        w.assert_pattern(&format!("a{r}"), 100 + r as u64)
+            .expect("contents after the restore");
+    }
+    // The restored ranks: in the placeholder's cgroup, over its container's root filesystem, in
+    // its network, IPC and UTS namespaces, rank 0 the init of a PID namespace of its own.
+    let restored: Vec<u32> = placeholder_cgroup
+        .pids()
+        .into_iter()
+        .filter(|&pid| {
+            control::discovery::describe(pid)
+                .is_ok_and(|i| i.command.contains("cuinterpose-workload"))
+        })
+        .collect();
+    assert_eq!(
+        restored.len(),
+        2,
+        "the two ranks in the placeholder's cgroup: {message}"
+    );
+    let ns_link = |pid: u32, ns: &str| {
+        std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+            .unwrap_or_else(|e| panic!("namespace {ns} of pid {pid}: {e}"))
+    };
+    for &pid in &restored {
+        assert_eq!(
+            container::root_of(pid),
+            container::root_of(placeholder_init),
+            "pid {pid} runs over the placeholder container's root"
+        );
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                ns_link(pid, ns),
+                ns_link(placeholder_init, ns),
+                "{ns} of pid {pid}"
+            );
+        }
+    }
+    assert!(
+        restored
+            .iter()
+            .any(|&pid| control::discovery::describe(pid).is_ok_and(|i| i.ns_pid == 1)),
+        "rank 0 is the init of its PID namespace"
+    );
+
+    api.delete("ck-app", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("ck-app gone", || async {
+        matches!(api.get_opt("ck-app").await, Ok(None)).then_some(())
+    })
+    .await;
+    assert!(!dir.exists(), "ck-app's files were discarded");
+    controller.abort();
+    drop(placeholder_cgroup);
+    drop(cgroup);
+    let _ = keepalive.wait();
+}
+
+/// Kills the tree under a process at the end of a test (a container's init that does not die
+/// with its runtime).
+struct KillTree(u32);
+
+impl Drop for KillTree {
+    fn drop(&mut self) {
+        let _ = control::launch::kill_tree(self.0, Duration::from_secs(10));
+    }
 }

@@ -2,7 +2,8 @@
 //! project's machines, so a container is made here as runc makes one. `unshare --mount --pid
 //! --fork` (private propagation) runs [`SCRIPT`], which prepares a root directory with bind
 //! mounts of the host's system directories and of the directories the test names, at their own
-//! paths (so sockets, logs and checkpoints are where the test looks), and `<root>.shm` at
+//! paths (so sockets, logs and checkpoints are where the test looks), the directories an image
+//! has (`/proc`, `/tmp`, `/run`), and `<root>.shm` at
 //! `/pod-shm` (a directory of the container's own that the tool does not see at that path, as a
 //! pod's `/dev/shm`); `pivot_root`s into it, mounts a fresh `/proc` for the new PID namespace,
 //! drops the old root, opens its standard input and output again inside and closes every other
@@ -30,7 +31,7 @@ done
 for d in /usr /etc /dev; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
 for d in "${binds[@]}"; do mkdir -p "$root$d"; mount --bind "$d" "$root$d"; done
 mkdir -p "$root.shm" "$root/pod-shm"; mount --bind "$root.shm" "$root/pod-shm"
-mkdir -p "$root/proc" "$root/tmp" "$root/.old-root"
+mkdir -p "$root/proc" "$root/tmp" "$root/run" "$root/.old-root"
 cd "$root"
 pivot_root . .old-root
 cd /

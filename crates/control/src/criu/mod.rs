@@ -329,6 +329,13 @@ impl Criu {
             .args(["--root", "/"])
             .args(mount_args(placement, true))
             .args(namespaces);
+        if placement.in_container() {
+            // The tree goes into the cgroup of the container restored into (the agent moves it
+            // there), not back into the checkpointed pod's cgroup paths. And CRIU could not
+            // mount its cgroup yard anyway: its working directory is a descriptor of the tool's
+            // mount namespace, where a mount from the container's is refused.
+            run.command.arg("--manage-cgroups=ignore");
+        }
         if tcp {
             run.command.arg("--tcp-established");
         }

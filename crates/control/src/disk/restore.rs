@@ -135,6 +135,11 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     }
     check_sockets_stale(&manifest)?;
     let namespaces = join_target(&manifest, options.namespaces_of)?;
+    if let (Some(container), Some(target)) = (&container, &namespaces)
+        && target.namespaces().contains(&SharedNamespace::Net)
+    {
+        container.check_run_dir(&format!("--namespaces-of {}", container.pid()))?;
+    }
     Ok(Verified {
         manifest,
         state,

@@ -94,17 +94,26 @@ impl Procfs {
         )
     }
 
-    /// The PID of `pid` in its innermost PID namespace (`NSpid`'s last field).
-    fn innermost_pid(&self, pid: u32) -> Option<u32> {
+    /// Field `name` of `/proc/<pid>/status` (its first word).
+    fn status_field(&self, pid: u32, name: &str) -> Option<String> {
         let status =
             std::fs::read_to_string(self.root.join(pid.to_string()).join("status")).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))?
+        let value = status.lines().find_map(|l| l.strip_prefix(name))?;
+        Some(value.trim().to_string())
+    }
+
+    /// The PID of `pid` in its innermost PID namespace (`NSpid`'s last field).
+    fn innermost_pid(&self, pid: u32) -> Option<u32> {
+        self.status_field(pid, "NSpid:")?
             .split_whitespace()
             .last()?
             .parse()
             .ok()
+    }
+
+    /// The parent of `pid` (`PPid:`).
+    fn parent(&self, pid: u32) -> Option<u32> {
+        self.status_field(pid, "PPid:")?.parse().ok()
     }
 
     /// The processes of one container of the pod of `uid`, in PID order.
@@ -126,7 +135,10 @@ impl Procfs {
     }
 
     /// The root of a container's workload: its one process that is PID 1 of a PID namespace (the
-    /// container's init; processes started by `kubectl exec` are in the same cgroup but are not).
+    /// container's init; processes started by `kubectl exec` are in the same cgroup but are not),
+    /// the outermost one when there are several in one tree (in a container shaped with
+    /// `run --pid-namespace`, the launcher is the container's init and the workload an init
+    /// below it: the tool's checkpoint finds the workload under the launcher).
     pub fn container_root(
         &self,
         container: &str,
@@ -145,6 +157,19 @@ impl Procfs {
             .copied()
             .filter(|&pid| self.innermost_pid(pid) == Some(1))
             .collect();
+        let outermost: Vec<u32> = inits
+            .iter()
+            .copied()
+            .filter(|&pid| {
+                self.parent(pid)
+                    .is_none_or(|parent| !pids.contains(&parent))
+            })
+            .collect();
+        let inits = if outermost.is_empty() {
+            inits
+        } else {
+            outermost
+        };
         match inits.as_slice() {
             [root] => Ok(*root),
             [] => Err(CgroupError::NoInit {
@@ -242,10 +267,33 @@ mod tests {
     }
 
     fn fake_process(root: &Path, pid: u32, cgroup: &str, nspid: &str) {
+        fake_child(root, pid, 1, cgroup, nspid);
+    }
+
+    fn fake_child(root: &Path, pid: u32, parent: u32, cgroup: &str, nspid: &str) {
         let dir = root.join(pid.to_string());
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("cgroup"), format!("0::{cgroup}\n")).unwrap();
-        std::fs::write(dir.join("status"), format!("Name:\tx\nNSpid:\t{nspid}\n")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            format!("Name:\tx\nPPid:\t{parent}\nNSpid:\t{nspid}\n"),
+        )
+        .unwrap();
+    }
+
+    /// A container shaped with `run --pid-namespace`: the launcher is the container's init and
+    /// the workload an init below it; the root is the launcher.
+    #[test]
+    fn the_root_of_a_launcher_and_its_workload_is_the_launcher() {
+        let proc = tempfile::tempdir().unwrap();
+        let container = format!("/kubepods/pod{UID}/c1");
+        fake_child(proc.path(), 100, 90, &container, "100 1");
+        fake_child(proc.path(), 101, 100, &container, "101 2 1");
+        fake_child(proc.path(), 102, 101, &container, "102 3 2");
+        let procfs = Procfs {
+            root: proc.path().to_path_buf(),
+        };
+        assert_eq!(procfs.container_root("main", UID, Some("c1")).unwrap(), 100);
     }
 
     #[test]

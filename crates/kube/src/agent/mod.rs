@@ -748,20 +748,19 @@ async fn restore_into(
         Some(Err(e)) => return Ok(Err(format!("annotation {DEVICE_MAP_ANNOTATION}: {e}"))),
     };
     // The placeholder's cgroup, found before the restore: nothing is restored for a pod whose
-    // processes cannot be found on this node.
+    // processes cannot be found on this node. Its init also gives the namespaces (network, IPC,
+    // UTS; mount for a checkpoint taken in a container) and the root filesystem the tree is
+    // restored into.
     let procfs = context.procfs.clone();
-    // Its first process also gives the namespaces (network, IPC, UTS) the tree is restored into.
     let found = procfs
-        .container_processes(&pod.uid, container.id.as_deref())
-        .map_err(|e| e.to_string())
-        .and_then(|pids| {
-            pids.first().copied().ok_or_else(|| {
-                format!(
-                    "no process of container {:?} runs on this node",
-                    container.name
-                )
-            })
+        .container_root(&container.name, &pod.uid, container.id.as_deref())
+        .or_else(|e| match e {
+            // A container in the node's PID namespace (`hostPID`) has no init of its own: its
+            // first process gives the namespaces.
+            cgroup::CgroupError::NoInit { pids, .. } if !pids.is_empty() => Ok(pids[0]),
+            e => Err(e),
         })
+        .map_err(|e| e.to_string())
         .and_then(|pid| {
             let path = procfs.cgroup2_path(pid).map_err(|e| e.to_string())?;
             let cgroup = procfs
