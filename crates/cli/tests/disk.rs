@@ -325,6 +325,32 @@ fn verify_sharing(ranks: &[Workload], round: u64) {
 }
 
 /// SHA-256 of every file under `dir` (relative path → digest), to prove a restore left it alone.
+/// A restore of the checkpoint with `extra` arguments is refused (exit 3) saying `message`, and
+/// changes nothing: the checkpoint's files hash as `before`, and nothing restored answers.
+fn assert_restore_refused(
+    disk: &Disk,
+    extra: &[&str],
+    message: &str,
+    before: &BTreeMap<PathBuf, String>,
+) {
+    let dir = disk.checkpoint_dir();
+    let mut args = vec!["restore", "--dir", dir.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    let out = disk.tool(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains(message), "{stderr}");
+    assert_eq!(
+        &hash_dir(&dir),
+        before,
+        "a refused restore changed the checkpoint"
+    );
+    assert!(
+        !disk.group_answers(),
+        "a refused restore restored something"
+    );
+}
+
 fn hash_dir(dir: &Path) -> BTreeMap<PathBuf, String> {
     fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -1103,38 +1129,17 @@ fn a_group_in_namespaces_of_its_own_is_restored_into_another_sandboxs() {
 
     let dir = disk.checkpoint_dir();
     let before = hash_dir(&dir);
-    let out = disk.tool(&["restore", "--dir", dir.to_str().expect("utf-8 path")]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("--namespaces-of PID"), "{stderr}");
-    assert_eq!(
-        hash_dir(&dir),
-        before,
-        "a refused restore changed the checkpoint"
-    );
-    assert!(
-        !disk.group_answers(),
-        "a refused restore restored something"
-    );
+    assert_restore_refused(&disk, &[], "--namespaces-of PID", &before);
 
     // Into a container (its own root filesystem) a tree checkpointed outside any is refused: its
     // files are not there.
     let container = Placeholder::start(&disk, "root-c");
     let into_container = container.init.to_string();
-    let out = disk.tool(&[
-        "restore",
-        "--dir",
-        dir.to_str().expect("utf-8 path"),
-        "--namespaces-of",
-        &into_container,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("taken outside any"), "{stderr}");
-    assert_eq!(
-        hash_dir(&dir),
-        before,
-        "a refused restore changed the checkpoint"
+    assert_restore_refused(
+        &disk,
+        &["--namespaces-of", &into_container],
+        "taken outside any",
+        &before,
     );
     drop(container);
 
@@ -1277,21 +1282,7 @@ fn a_group_in_a_container_is_restored_into_another_container() {
             "runs in this tool's root filesystem",
         ),
     ] {
-        let mut args = vec!["restore", "--dir", dir_arg];
-        args.extend_from_slice(extra);
-        let out = disk.tool(&args);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{stderr}");
-        assert!(stderr.contains(message), "{stderr}");
-        assert_eq!(
-            hash_dir(&dir),
-            before,
-            "a refused restore changed the checkpoint"
-        );
-        assert!(
-            !disk.group_answers(),
-            "a refused restore restored something"
-        );
+        assert_restore_refused(&disk, extra, message, &before);
     }
 
     let placeholder = Placeholder::start(&disk, "root-b");
@@ -1441,24 +1432,11 @@ fn a_container_init_is_restored_into_another_container() {
         true,
     )));
     let bare_arg = bare.init.to_string();
-    let out = disk.tool(&[
-        "restore",
-        "--dir",
-        dir.to_str().expect("utf-8 path"),
-        "--namespaces-of",
-        &bare_arg,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("has no mount at"), "{stderr}");
-    assert_eq!(
-        hash_dir(&dir),
-        before_files,
-        "a refused restore changed the checkpoint"
-    );
-    assert!(
-        !disk.group_answers(),
-        "a refused restore restored something"
+    assert_restore_refused(
+        &disk,
+        &["--namespaces-of", &bare_arg],
+        "has no mount at",
+        &before_files,
     );
     drop(bare);
     // A container without /run, where CRIU mounts its iptables lock to restore a tree into a
@@ -1467,24 +1445,11 @@ fn a_container_init_is_restored_into_another_container() {
     // (The setup's `mount` left libmount's utab in it.)
     std::fs::remove_dir_all(disk.env.dir().join("root-no-run/run")).expect("removing /run");
     let no_run_arg = no_run.init.to_string();
-    let out = disk.tool(&[
-        "restore",
-        "--dir",
-        dir.to_str().expect("utf-8 path"),
-        "--namespaces-of",
-        &no_run_arg,
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("has no /run directory"), "{stderr}");
-    assert_eq!(
-        hash_dir(&dir),
-        before_files,
-        "a refused restore changed the checkpoint"
-    );
-    assert!(
-        !disk.group_answers(),
-        "a refused restore restored something"
+    assert_restore_refused(
+        &disk,
+        &["--namespaces-of", &no_run_arg],
+        "has no /run directory",
+        &before_files,
     );
     drop(no_run);
 

@@ -96,6 +96,17 @@ impl PodLookup for Pods {
     }
 }
 
+/// A placeholder pod opted in and labelled to restore `checkpoint`, with one container.
+fn placeholder_pod(name: &str, (uid, container_id): (&str, &str), checkpoint: &str) -> PodInfo {
+    pod(
+        name,
+        uid,
+        container_id,
+        &[(OPT_IN_LABEL, "true"), (RESTORE_LABEL, checkpoint)],
+        true,
+    )
+}
+
 fn pod(
     name: &str,
     uid: &str,
@@ -442,6 +453,26 @@ async fn outcome(
     .await
 }
 
+/// Waits for the outcome of a restore of checkpoint `name`: Restored or RestoreFailed.
+async fn restore_outcome(api: &Api<Checkpoint>, name: &str) -> (Checkpoint, String, String) {
+    outcome(api, name, &[condition::RESTORED, condition::RESTORE_FAILED]).await
+}
+
+/// Waits for the outcome of checkpoint `name`: Completed, Refused, RolledBack or NeedsAttention.
+async fn checkpoint_outcome(api: &Api<Checkpoint>, name: &str) -> (Checkpoint, String, String) {
+    outcome(
+        api,
+        name,
+        &[
+            condition::COMPLETED,
+            condition::REFUSED,
+            condition::ROLLED_BACK,
+            condition::NEEDS_ATTENTION,
+        ],
+    )
+    .await
+}
+
 /// The Events the agent recorded about checkpoint `name`: (reason, note).
 async fn events(client: &Client, name: &str) -> Vec<(String, String)> {
     let resource = ApiResource::from_gvk_with_plural(
@@ -519,17 +550,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         .expect("creating a checkpoint");
     }
     for (name, _, message) in &refusals {
-        let (object, type_, got) = outcome(
-            &api,
-            name,
-            &[
-                condition::REFUSED,
-                condition::COMPLETED,
-                condition::ROLLED_BACK,
-                condition::NEEDS_ATTENTION,
-            ],
-        )
-        .await;
+        let (object, type_, got) = checkpoint_outcome(&api, name).await;
         assert_eq!(type_, condition::REFUSED, "{name}: {got}");
         assert!(
             got.contains(message.as_str()),
@@ -559,17 +580,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     )
     .await
     .unwrap();
-    let (object, type_, message) = outcome(
-        &api,
-        "ck-1",
-        &[
-            condition::COMPLETED,
-            condition::REFUSED,
-            condition::ROLLED_BACK,
-            condition::NEEDS_ATTENTION,
-        ],
-    )
-    .await;
+    let (object, type_, message) = checkpoint_outcome(&api, "ck-1").await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
     let status = object.status.clone().unwrap();
     let dir = storage.join(namespace()).join("ck-1");
@@ -615,19 +626,8 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         (!placeholder_cgroup.pids().is_empty()).then_some(())
     })
     .await;
-    pods.add(pod(
-        "trainer-restored",
-        puid,
-        pcid,
-        &[(OPT_IN_LABEL, "true"), (RESTORE_LABEL, "ck-1")],
-        true,
-    ));
-    let (object, type_, message) = outcome(
-        &api,
-        "ck-1",
-        &[condition::RESTORED, condition::RESTORE_FAILED],
-    )
-    .await;
+    pods.add(placeholder_pod("trainer-restored", (puid, pcid), "ck-1"));
+    let (object, type_, message) = restore_outcome(&api, "ck-1").await;
     assert_eq!(type_, condition::RESTORED, "{message}");
     assert!(
         message.starts_with("restored into pod trainer-restored"),
@@ -710,17 +710,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     )
     .await
     .unwrap();
-    let (_, type_, message) = outcome(
-        &api,
-        "ck-2",
-        &[
-            condition::COMPLETED,
-            condition::REFUSED,
-            condition::ROLLED_BACK,
-            condition::NEEDS_ATTENTION,
-        ],
-    )
-    .await;
+    let (_, type_, message) = checkpoint_outcome(&api, "ck-2").await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
     let dir2 = storage.join(namespace()).join("ck-2");
     assert!(dir2.join("manifest.json").is_file());
@@ -730,17 +720,7 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     )
     .await
     .unwrap();
-    let (_, type_, message) = outcome(
-        &api,
-        "ck-3",
-        &[
-            condition::COMPLETED,
-            condition::REFUSED,
-            condition::ROLLED_BACK,
-            condition::NEEDS_ATTENTION,
-        ],
-    )
-    .await;
+    let (_, type_, message) = checkpoint_outcome(&api, "ck-3").await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
     wait_for("ck-2 deleted by retention", || async {
         matches!(api.get_opt("ck-2").await, Ok(None)).then_some(())
@@ -827,17 +807,7 @@ async fn the_agent_checkpoints_a_pods_container_and_restores_it_into_another_pod
     )
     .await
     .unwrap();
-    let (_, type_, message) = outcome(
-        &api,
-        "ck-app",
-        &[
-            condition::COMPLETED,
-            condition::REFUSED,
-            condition::ROLLED_BACK,
-            condition::NEEDS_ATTENTION,
-        ],
-    )
-    .await;
+    let (_, type_, message) = checkpoint_outcome(&api, "ck-app").await;
     assert_eq!(type_, condition::COMPLETED, "{message}");
     let dir = storage.join(namespace()).join("ck-app");
     let manifest: serde_json::Value =
@@ -865,19 +835,8 @@ async fn the_agent_checkpoints_a_pods_container_and_restores_it_into_another_pod
         "placeholder-app",
     );
     let placeholder_init = container::wait_for_init(&mut keepalive, "sleep", WAIT);
-    pods.add(pod(
-        "app-restored",
-        puid,
-        pcid,
-        &[(OPT_IN_LABEL, "true"), (RESTORE_LABEL, "ck-app")],
-        true,
-    ));
-    let (_, type_, message) = outcome(
-        &api,
-        "ck-app",
-        &[condition::RESTORED, condition::RESTORE_FAILED],
-    )
-    .await;
+    pods.add(placeholder_pod("app-restored", (puid, pcid), "ck-app"));
+    let (_, type_, message) = restore_outcome(&api, "ck-app").await;
     assert_eq!(type_, condition::RESTORED, "{message}");
     for (r, w) in test.ranks(&listen).iter().enumerate() {
         w.assert_pattern(&format!("a{r}"), 100 + r as u64)
