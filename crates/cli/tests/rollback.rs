@@ -115,28 +115,27 @@ fn verify_trio(who: &testkit::Workload) {
     );
 }
 
-/// Starts a suspend of [`trio`] and stops it in its release phase: `d` and `i` released, the tool
-/// waiting for `c`, which the test holds with the native lock. Returns the tool (still running).
-fn stop_in_release(env: &TestEnv, tree: &Tree) -> ToolProcess {
+/// Starts a suspend of [`trio`] (with `extra` arguments) and stops it in its release phase: `d`
+/// and `i` released, the tool waiting for `c`, which the test holds with the native lock. Returns
+/// the tool (still running).
+fn stop_in_release(env: &TestEnv, tree: &Tree, extra: &[&str]) -> ToolProcess {
     let native = env.native().unwrap();
     let (d, c, i) = (tree.w("d").pid(), tree.w("c").pid(), tree.w("i").pid());
     let root = tree.root().to_string();
     let dir = state_dir(env).display().to_string();
     let driver = fake_driver(env).display().to_string();
-    let tool = start_tool(
-        env,
-        &[
-            "suspend",
-            "--pid",
-            &root,
-            "--state-dir",
-            &dir,
-            "--driver",
-            &driver,
-            "--json",
-        ],
-        &[],
-    );
+    let mut args = vec![
+        "suspend",
+        "--pid",
+        &root,
+        "--state-dir",
+        &dir,
+        "--driver",
+        &driver,
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let tool = start_tool(env, &args, &[]);
     // Hold `d` in its Save: the tool then waits for it while `c` and `i` finish theirs.
     wait_until("d is frozen", || phase_of(env, d) == Phase::Frozen);
     native.lock(d, 60_000).unwrap();
@@ -164,7 +163,7 @@ fn stop_in_release(env: &TestEnv, tree: &Tree) -> ToolProcess {
 fn a_participant_that_dies_after_release_began_is_reported_and_the_others_rolled_back() {
     let env = env();
     let mut tree = trio(&env);
-    let tool = stop_in_release(&env, &tree);
+    let tool = stop_in_release(&env, &tree, &[]);
     let i = tree.w("i").pid();
     signal(i, rustix::process::Signal::KILL);
     wait_gone(i);
@@ -187,9 +186,20 @@ fn a_participant_that_dies_after_release_began_is_reported_and_the_others_rolled
 
 #[test]
 fn resume_recovers_a_group_whose_tool_was_killed_after_release() {
+    resume_recovers_after_a_kill_in_release(&[]);
+}
+
+/// The same with the bytes in the carrier helper (`--carrier helper`), which outlives the tool
+/// that started it: a new tool run's resume loads them back from it.
+#[test]
+fn resume_recovers_a_group_carried_by_the_helper_whose_tool_was_killed_after_release() {
+    resume_recovers_after_a_kill_in_release(&["--carrier", "helper"]);
+}
+
+fn resume_recovers_after_a_kill_in_release(extra: &[&str]) {
     let env = env();
     let tree = trio(&env);
-    let mut tool = stop_in_release(&env, &tree);
+    let mut tool = stop_in_release(&env, &tree, extra);
     signal(tool.pid(), rustix::process::Signal::KILL);
     let _ = tool.child.wait();
     let c = tree.w("c").pid();
@@ -201,6 +211,14 @@ fn resume_recovers_a_group_whose_tool_was_killed_after_release() {
         state_dir(&env).join("cuinterpose.state").exists(),
         "no state file after the tool was killed in release"
     );
+    if extra.contains(&"helper") {
+        assert!(
+            env.control_dir()
+                .join(protocol::message::CARRIER_HELPER_SOCKET)
+                .exists(),
+            "the carrier helper outlives the tool that started it"
+        );
+    }
     for w in tree.workloads.values() {
         assert_eq!(usage(&env, w.pid()), 0, "{} still holds memory", w.name());
     }
