@@ -500,6 +500,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mountinfo("/plain/path"), "/plain/path");
+        assert_eq!(unescape_mountinfo(r"/a\040b\011c"), "/a b\tc");
+        assert_eq!(unescape_mountinfo(r"/back\134slash"), r"/back\slash");
+        // Not an escape: fewer than three octal digits, or not octal.
+        assert_eq!(unescape_mountinfo(r"/x\04"), r"/x\04");
+        assert_eq!(unescape_mountinfo(r"/x\089"), r"/x\089");
+    }
+
+    #[test]
     fn this_process_is_not_a_container() {
         let me = std::process::id();
         assert_eq!(root_dir(Some(me)).unwrap(), root_dir(None).unwrap());
