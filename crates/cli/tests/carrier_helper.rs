@@ -15,25 +15,12 @@ use testkit::TestEnv;
 
 /// `suspend --carrier helper` of the group under `root`, with the state in the test's directory.
 fn helper_suspend(env: &TestEnv, root: u32, keep_contexts: bool) -> ToolRun {
-    let root = root.to_string();
-    let dir = state_dir(env).display().to_string();
-    let driver = fake_driver(env).display().to_string();
-    let mut args = vec![
-        "suspend",
-        "--carrier",
-        "helper",
-        "--pid",
-        &root,
-        "--state-dir",
-        &dir,
-        "--driver",
-        &driver,
-        "--json",
-    ];
+    let mut options = vec!["--carrier", "helper"];
     if keep_contexts {
-        args.push("--keep-contexts");
+        options.push("--keep-contexts");
     }
-    tool(env, &args)
+    let args = suspend_args(env, root, &options);
+    tool(env, &strs(&args))
 }
 
 /// The pid of the carrier helper listening in the environment's control directory.

@@ -17,38 +17,6 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 use testkit::{TestEnv, Workload};
 
-fn suspend_args(env: &TestEnv, root: u32) -> Vec<String> {
-    vec![
-        "suspend".into(),
-        "--pid".into(),
-        root.to_string(),
-        "--state-dir".into(),
-        state_dir(env).display().to_string(),
-        "--driver".into(),
-        fake_driver(env).display().to_string(),
-        "--json".into(),
-    ]
-}
-
-fn resume_args(env: &TestEnv, root: u32, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = vec![
-        "resume".into(),
-        "--pid".into(),
-        root.to_string(),
-        "--state-dir".into(),
-        state_dir(env).display().to_string(),
-        "--driver".into(),
-        fake_driver(env).display().to_string(),
-        "--json".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
-}
-
-fn strs(args: &[String]) -> Vec<&str> {
-    args.iter().map(String::as_str).collect()
-}
-
 /// Sends one phase request to the shim of `pid` directly, as a tool run would before it died.
 fn send_phase(env: &TestEnv, pid: u32, request: Request) -> Phase {
     let path = control_socket(env, pid);
@@ -71,10 +39,10 @@ fn a_second_run_on_a_group_is_refused_at_once_naming_the_run_in_progress() {
     let native = env.native().unwrap();
     // `a`'s freeze waits for the test's native lock: the first suspend stays in progress.
     native.lock(a, 60_000).unwrap();
-    let first = start_tool(&env, &strs(&suspend_args(&env, tree.root())), &[]);
+    let first = start_tool(&env, &strs(&suspend_args(&env, tree.root(), &[])), &[]);
     wait_until("b is frozen", || phase_of(&env, b) == Phase::Frozen);
     for args in [
-        suspend_args(&env, tree.root()),
+        suspend_args(&env, tree.root(), &[]),
         resume_args(&env, tree.root(), &[]),
     ] {
         let started = Instant::now();
@@ -114,7 +82,7 @@ fn a_second_run_on_a_group_is_refused_at_once_naming_the_run_in_progress() {
     assert_running(&env, &tree, &runs[0]);
     assert_pair(&env, &tree);
     // Nothing stale: the next suspend and resume work.
-    tool(&env, &strs(&suspend_args(&env, tree.root()))).ok();
+    tool(&env, &strs(&suspend_args(&env, tree.root(), &[]))).ok();
     tool(&env, &strs(&resume_args(&env, tree.root(), &[]))).ok();
     assert_pair(&env, &tree);
 }

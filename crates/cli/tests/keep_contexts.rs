@@ -54,23 +54,8 @@ fn assert_intact(tree: &Tree) {
 
 /// `suspend --keep-contexts` of the group under `root`, with the state in the test's directory.
 fn keep_suspend(env: &TestEnv, root: u32) -> ToolRun {
-    let root = root.to_string();
-    let dir = state_dir(env).display().to_string();
-    let driver = fake_driver(env).display().to_string();
-    tool(
-        env,
-        &[
-            "suspend",
-            "--keep-contexts",
-            "--pid",
-            &root,
-            "--state-dir",
-            &dir,
-            "--driver",
-            &driver,
-            "--json",
-        ],
-    )
+    let args = suspend_args(env, root, &["--keep-contexts"]);
+    tool(env, &strs(&args))
 }
 
 /// `inspect --state-dir` of the test's directory, as JSON.

@@ -121,21 +121,8 @@ fn verify_trio(who: &testkit::Workload) {
 fn stop_in_release(env: &TestEnv, tree: &Tree, extra: &[&str]) -> ToolProcess {
     let native = env.native().unwrap();
     let (d, c, i) = (tree.w("d").pid(), tree.w("c").pid(), tree.w("i").pid());
-    let root = tree.root().to_string();
-    let dir = state_dir(env).display().to_string();
-    let driver = fake_driver(env).display().to_string();
-    let mut args = vec![
-        "suspend",
-        "--pid",
-        &root,
-        "--state-dir",
-        &dir,
-        "--driver",
-        &driver,
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let tool = start_tool(env, &args, &[]);
+    let args = suspend_args(env, tree.root(), extra);
+    let tool = start_tool(env, &strs(&args), &[]);
     // Hold `d` in its Save: the tool then waits for it while `c` and `i` finish theirs.
     wait_until("d is frozen", || phase_of(env, d) == Phase::Frozen);
     native.lock(d, 60_000).unwrap();

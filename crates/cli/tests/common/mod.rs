@@ -219,45 +219,42 @@ pub fn state_dir(env: &TestEnv) -> PathBuf {
     env.dir().join("state")
 }
 
-/// `suspend --pid ROOT --state-dir DIR --driver FAKE --json` plus `extra_args`.
+/// The arguments of `suspend --pid ROOT --state-dir DIR --driver FAKE --json` and `options`.
+pub fn suspend_args(env: &TestEnv, root: u32, options: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "suspend".into(),
+        "--pid".into(),
+        root.to_string(),
+        "--state-dir".into(),
+        state_dir(env).display().to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ];
+    args.extend(options.iter().map(|o| o.to_string()));
+    args
+}
+
+/// The arguments of `resume --pid ROOT --state-dir DIR --driver FAKE --json` and `options`.
+pub fn resume_args(env: &TestEnv, root: u32, options: &[&str]) -> Vec<String> {
+    let mut args = suspend_args(env, root, options);
+    args[0] = "resume".into();
+    args
+}
+
+/// Arguments as the tool helpers take them.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// `suspend --pid ROOT --state-dir DIR --driver FAKE --json` with the environment `extra`.
 pub fn suspend(env: &TestEnv, root: u32, extra: &[(&str, &str)]) -> ToolRun {
-    let root = root.to_string();
-    let dir = state_dir(env).display().to_string();
-    let driver = fake_driver(env).display().to_string();
-    tool_with(
-        env,
-        &[
-            "suspend",
-            "--pid",
-            &root,
-            "--state-dir",
-            &dir,
-            "--driver",
-            &driver,
-            "--json",
-        ],
-        extra,
-    )
+    tool_with(env, &strs(&suspend_args(env, root, &[])), extra)
 }
 
 /// `resume --pid ROOT --state-dir DIR --driver FAKE --json`.
 pub fn resume(env: &TestEnv, root: u32) -> ToolRun {
-    let root = root.to_string();
-    let dir = state_dir(env).display().to_string();
-    let driver = fake_driver(env).display().to_string();
-    tool(
-        env,
-        &[
-            "resume",
-            "--pid",
-            &root,
-            "--state-dir",
-            &dir,
-            "--driver",
-            &driver,
-            "--json",
-        ],
-    )
+    tool(env, &strs(&resume_args(env, root, &[])))
 }
 
 /// Suspends the tree and expects a refusal naming each `pid` for a reason containing its `reason`.
