@@ -11,6 +11,15 @@
 //                                resolver.rs, cudart.rs), exported as they are; not driver entries.
 //   wrapped { ENTRY; ... }       driver functions the shim intercepts: it exports a wrapper for
 //                                each, and every resolver hands the wrapper out for NAME.
+//   gated { ENTRY; ... }         driver functions that submit GPU work or touch device memory
+//                                contents (launches, copies, memsets, stream memory operations,
+//                                event records and waits, prefetches): the shim exports a wrapper
+//                                for each that passes the submission gate and calls the driver with
+//                                the arguments unchanged. No hand-written code per entry: the gate is
+//                                all the shim does there (crates/shim-runtime/src/gate.rs). Each ABI
+//                                variant (`_v2`, `_ptds`, `_ptsz`) is its own entry, found by its
+//                                exact ELF name, because a resolver hands out whichever the caller's
+//                                version and stream mode pick.
 //   called { ENTRY; ... }        driver functions called but not intercepted (by the shim's
 //                                runtime, the tool, the workloads).
 // ENTRY is `NAME(ARG: TYPE, ...)` (every driver function returns CUresult), found by its exact ELF
@@ -154,6 +163,454 @@ interposer_table! {
             size: usize,
         );
     }
+    gated {
+        cuLaunchKernel(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        );
+        cuLaunchKernel_ptsz(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        );
+        cuLaunchKernelEx(
+            config: *const c_void,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        );
+        cuLaunchKernelEx_ptsz(
+            config: *const c_void,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        );
+        cuLaunchCooperativeKernel(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        );
+        cuLaunchCooperativeKernel_ptsz(
+            f: CUfunction,
+            grid_x: c_uint,
+            grid_y: c_uint,
+            grid_z: c_uint,
+            block_x: c_uint,
+            block_y: c_uint,
+            block_z: c_uint,
+            shared_mem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        );
+        cuLaunchCooperativeKernelMultiDevice(params: *mut c_void, devices: c_uint, flags: c_uint);
+        cuLaunchHostFunc(stream: CUstream, func: CUhostFn, user_data: *mut c_void);
+        cuLaunchHostFunc_ptsz(stream: CUstream, func: CUhostFn, user_data: *mut c_void);
+        cuStreamAddCallback(
+            stream: CUstream,
+            callback: CUstreamCallback,
+            user_data: *mut c_void,
+            flags: c_uint,
+        );
+        cuStreamAddCallback_ptsz(
+            stream: CUstream,
+            callback: CUstreamCallback,
+            user_data: *mut c_void,
+            flags: c_uint,
+        );
+        cuLaunch(f: CUfunction);
+        cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int);
+        cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, stream: CUstream);
+        cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
+        cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream);
+        cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
+        cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
+        cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyPeer(
+            dst: CUdeviceptr,
+            dst_ctx: CUcontext,
+            src: CUdeviceptr,
+            src_ctx: CUcontext,
+            bytes: usize,
+        );
+        cuMemcpyPeer_ptds(
+            dst: CUdeviceptr,
+            dst_ctx: CUcontext,
+            src: CUdeviceptr,
+            src_ctx: CUcontext,
+            bytes: usize,
+        );
+        cuMemcpyPeerAsync(
+            dst: CUdeviceptr,
+            dst_ctx: CUcontext,
+            src: CUdeviceptr,
+            src_ctx: CUcontext,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyPeerAsync_ptsz(
+            dst: CUdeviceptr,
+            dst_ctx: CUcontext,
+            src: CUdeviceptr,
+            src_ctx: CUcontext,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize);
+        cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, bytes: usize);
+        cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoA_v2(dst: CUarray, dst_offset: usize, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: CUdeviceptr, bytes: usize);
+        cuMemcpyAtoD_v2(dst: CUdeviceptr, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyHtoA_v2(dst: CUarray, dst_offset: usize, src: *const c_void, bytes: usize);
+        cuMemcpyHtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: *const c_void, bytes: usize);
+        cuMemcpyAtoH_v2(dst: *mut c_void, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyAtoH_v2_ptds(dst: *mut c_void, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyAtoA_v2(
+            dst: CUarray,
+            dst_offset: usize,
+            src: CUarray,
+            src_offset: usize,
+            bytes: usize,
+        );
+        cuMemcpyAtoA_v2_ptds(
+            dst: CUarray,
+            dst_offset: usize,
+            src: CUarray,
+            src_offset: usize,
+            bytes: usize,
+        );
+        cuMemcpyHtoAAsync_v2(
+            dst: CUarray,
+            dst_offset: usize,
+            src: *const c_void,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyHtoAAsync_v2_ptsz(
+            dst: CUarray,
+            dst_offset: usize,
+            src: *const c_void,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyAtoHAsync_v2(
+            dst: *mut c_void,
+            src: CUarray,
+            src_offset: usize,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyAtoHAsync_v2_ptsz(
+            dst: *mut c_void,
+            src: CUarray,
+            src_offset: usize,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
+        cuMemcpyHtoDAsync_v2_ptsz(
+            dst: CUdeviceptr,
+            src: *const c_void,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyDtoHAsync_v2_ptsz(
+            dst: *mut c_void,
+            src: CUdeviceptr,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyDtoDAsync_v2_ptsz(
+            dst: CUdeviceptr,
+            src: CUdeviceptr,
+            bytes: usize,
+            stream: CUstream,
+        );
+        cuMemcpy2D_v2(copy: *const c_void);
+        cuMemcpy2D_v2_ptds(copy: *const c_void);
+        cuMemcpy2DUnaligned_v2(copy: *const c_void);
+        cuMemcpy2DUnaligned_v2_ptds(copy: *const c_void);
+        cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream);
+        cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
+        cuMemcpy3D_v2(copy: *const c_void);
+        cuMemcpy3D_v2_ptds(copy: *const c_void);
+        cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream);
+        cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
+        cuMemcpy3DPeer(copy: *const c_void);
+        cuMemcpy3DPeer_ptds(copy: *const c_void);
+        cuMemcpy3DPeerAsync(copy: *const c_void, stream: CUstream);
+        cuMemcpy3DPeerAsync_ptsz(copy: *const c_void, stream: CUstream);
+        cuMemcpyBatchAsync(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            fail_idx: *mut usize,
+            stream: CUstream,
+        );
+        cuMemcpyBatchAsync_ptsz(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            fail_idx: *mut usize,
+            stream: CUstream,
+        );
+        cuMemcpyBatchAsync_v2(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            stream: CUstream,
+        );
+        cuMemcpyBatchAsync_v2_ptsz(
+            dsts: *mut CUdeviceptr,
+            srcs: *mut CUdeviceptr,
+            sizes: *mut usize,
+            count: usize,
+            attrs: *mut c_void,
+            attrs_idxs: *mut usize,
+            num_attrs: usize,
+            stream: CUstream,
+        );
+        cuMemcpy3DBatchAsync(
+            num_ops: usize,
+            ops: *mut c_void,
+            fail_idx: *mut usize,
+            flags: c_ulonglong,
+            stream: CUstream,
+        );
+        cuMemcpy3DBatchAsync_ptsz(
+            num_ops: usize,
+            ops: *mut c_void,
+            fail_idx: *mut usize,
+            flags: c_ulonglong,
+            stream: CUstream,
+        );
+        cuMemcpy3DBatchAsync_v2(
+            num_ops: usize,
+            ops: *mut c_void,
+            flags: c_ulonglong,
+            stream: CUstream,
+        );
+        cuMemcpy3DBatchAsync_v2_ptsz(
+            num_ops: usize,
+            ops: *mut c_void,
+            flags: c_ulonglong,
+            stream: CUstream,
+        );
+        cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize);
+        cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize);
+        cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
+        cuMemsetD2D8_v2_ptds(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u8,
+            width: usize,
+            height: usize,
+        );
+        cuMemsetD8Async(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
+        cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream);
+        cuMemsetD2D8Async(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u8,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuMemsetD2D8Async_ptsz(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u8,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuMemsetD16_v2(dst: CUdeviceptr, value: u16, count: usize);
+        cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, count: usize);
+        cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize);
+        cuMemsetD2D16_v2_ptds(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u16,
+            width: usize,
+            height: usize,
+        );
+        cuMemsetD16Async(dst: CUdeviceptr, value: u16, count: usize, stream: CUstream);
+        cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, count: usize, stream: CUstream);
+        cuMemsetD2D16Async(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u16,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuMemsetD2D16Async_ptsz(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: u16,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, count: usize);
+        cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, count: usize);
+        cuMemsetD2D32_v2(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: c_uint,
+            width: usize,
+            height: usize,
+        );
+        cuMemsetD2D32_v2_ptds(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: c_uint,
+            width: usize,
+            height: usize,
+        );
+        cuMemsetD32Async(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream);
+        cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream);
+        cuMemsetD2D32Async(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: c_uint,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuMemsetD2D32Async_ptsz(
+            dst: CUdeviceptr,
+            pitch: usize,
+            value: c_uint,
+            width: usize,
+            height: usize,
+            stream: CUstream,
+        );
+        cuStreamWaitValue32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWaitValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWaitValue64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWaitValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWriteValue32(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWriteValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWriteValue64(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWriteValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamBatchMemOp(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
+        cuStreamBatchMemOp_ptsz(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
+        cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWriteValue32_v2_ptsz(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: u32,
+            flags: c_uint,
+        );
+        cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWriteValue64_v2_ptsz(
+            stream: CUstream,
+            addr: CUdeviceptr,
+            value: u64,
+            flags: c_uint,
+        );
+        cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
+        cuStreamBatchMemOp_v2_ptsz(
+            stream: CUstream,
+            count: c_uint,
+            ops: *mut c_void,
+            flags: c_uint,
+        );
+        cuEventRecord(event: CUevent, stream: CUstream);
+        cuEventRecord_ptsz(event: CUevent, stream: CUstream);
+        cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint);
+        cuEventRecordWithFlags_ptsz(event: CUevent, stream: CUstream, flags: c_uint);
+        cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint);
+        cuStreamWaitEvent_ptsz(stream: CUstream, event: CUevent, flags: c_uint);
+        cuMemPrefetchAsync(ptr: CUdeviceptr, bytes: usize, device: CUdevice, stream: CUstream);
+        cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, bytes: usize, device: CUdevice, stream: CUstream);
+        cuMemPrefetchAsync_v2(
+            ptr: CUdeviceptr,
+            bytes: usize,
+            location: CUmemLocation,
+            flags: c_uint,
+            stream: CUstream,
+        );
+        cuMemPrefetchAsync_v2_ptsz(
+            ptr: CUdeviceptr,
+            bytes: usize,
+            location: CUmemLocation,
+            flags: c_uint,
+            stream: CUstream,
+        );
+        cuSignalExternalSemaphoresAsync(
+            semaphores: *const CUexternalSemaphore,
+            params: *const c_void,
+            count: c_uint,
+            stream: CUstream,
+        );
+        cuSignalExternalSemaphoresAsync_ptsz(
+            semaphores: *const CUexternalSemaphore,
+            params: *const c_void,
+            count: c_uint,
+            stream: CUstream,
+        );
+        cuWaitExternalSemaphoresAsync(
+            semaphores: *const CUexternalSemaphore,
+            params: *const c_void,
+            count: c_uint,
+            stream: CUstream,
+        );
+        cuWaitExternalSemaphoresAsync_ptsz(
+            semaphores: *const CUexternalSemaphore,
+            params: *const c_void,
+            count: c_uint,
+            stream: CUstream,
+        );
+    }
     called {
         cuDriverGetVersion(version: *mut c_int);
         cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
@@ -167,21 +624,16 @@ interposer_table! {
         cuCtxGetDevice(device: *mut CUdevice);
         cuCtxGetLimit(value: *mut usize, limit: c_int);
         cuCtxSetLimit(limit: c_int, value: usize);
-        cuMemcpyDtoH_v2 = cuMemcpyDtoH @ 12000 (dst: *mut c_void, src: CUdeviceptr, bytes: usize);
-        cuMemcpyHtoD_v2 = cuMemcpyHtoD @ 12000 (dst: CUdeviceptr, src: *const c_void, bytes: usize);
-        cuMemcpyDtoHAsync_v2 = cuMemcpyDtoHAsync @ 12000 (
-            dst: *mut c_void,
-            src: CUdeviceptr,
-            bytes: usize,
-            stream: CUstream,
-        );
-        cuMemcpyHtoDAsync_v2 = cuMemcpyHtoDAsync @ 12000 (
-            dst: CUdeviceptr,
-            src: *const c_void,
-            bytes: usize,
-            stream: CUstream,
-        );
         cuStreamCreate(stream: *mut CUstream, flags: c_uint);
+        cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
+        cuModuleLoadData(module: *mut CUmodule, image: *const c_void);
+        cuModuleGetFunction(function: *mut CUfunction, module: CUmodule, name: *const c_char);
+        cuModuleUnload(module: CUmodule);
+        cuStreamQuery(stream: CUstream);
+        cuEventCreate(event: *mut CUevent, flags: c_uint);
+        cuEventDestroy_v2 = cuEventDestroy @ 12000 (event: CUevent);
+        cuEventQuery(event: CUevent);
+        cuEventSynchronize(event: CUevent);
         cuStreamSynchronize(stream: CUstream);
         cuStreamDestroy_v2 = cuStreamDestroy @ 12000 (stream: CUstream);
         cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: c_uint);
@@ -201,7 +653,6 @@ interposer_table! {
         cuMemGetInfo_v2 = cuMemGetInfo @ 12000 (free: *mut usize, total: *mut usize);
         cuMemGetAccess(flags: *mut c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr);
         cuGetErrorName(error: CUresult, out: *mut *const c_char);
-        cuMemsetD8_v2 = cuMemsetD8 @ 12000 (dst: CUdeviceptr, value: u8, count: usize);
         cuCheckpointProcessLock(pid: c_int, args: *mut CUcheckpointLockArgs);
         cuCheckpointProcessCheckpoint(pid: c_int, args: *mut CUcheckpointCheckpointArgs);
         cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgs);

@@ -23,10 +23,11 @@
 use core::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::ptr::NonNull;
 use cuda_abi::{
-    CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
-    CUcheckpointUnlockArgs, CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocation, CUmulticastObjectProp,
-    CUresult, CUstream, CUuuid,
+    CUarray, CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
+    CUcheckpointUnlockArgs, CUcontext, CUdevice, CUdeviceptr, CUevent, CUexternalSemaphore,
+    CUfunction, CUgraphExec, CUhostFn, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmodule, CUmulticastObjectProp, CUresult,
+    CUstream, CUstreamCallback, CUuuid,
 };
 
 pub use cuda_abi as abi;
@@ -100,15 +101,20 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
+        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         generate! {
             $( $w $(= $wb @ $wv)? ( $($wa : $wt),* ); )*
+            $( $g ( $($ga : $gt),* ); )*
             $( $c $(= $cb @ $cv)? ( $($ca : $ct),* ); )*
         }
 
         /// The names of the entries the shim intercepts (the table's `wrapped` section).
         pub const WRAPPED: &[&str] = &[$(stringify!($w)),*];
+
+        /// The names of the entries the shim gates (the table's `gated` section).
+        pub const GATED: &[&str] = &[$(stringify!($g)),*];
     };
 }
 

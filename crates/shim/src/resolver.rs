@@ -123,6 +123,12 @@ pub(crate) fn choose(requested: &[u8], found: NonNull<c_void>, cuda_version: c_i
     if crate::table::is_tracked_family(requested) {
         Choice::NotFound
     } else {
+        if crate::table::is_gated_family(requested) {
+            // A submission entry in an ABI the table lacks: handing it out keeps the application
+            // working, and the runtime refuses to capture this process while it could submit
+            // work the gate does not see (fail closed, named in INSPECT).
+            shim_runtime::gate::note_ungated(requested);
+        }
         Choice::Keep
     }
 }

@@ -15,11 +15,14 @@
 #![allow(unsafe_code)] // the exports are `unsafe extern "C"`
 #![allow(non_snake_case)] // items carry the driver's symbol names
 
+use core::ffi::c_int;
 use core::ffi::{c_uint, c_ulonglong, c_void};
 use core::ptr::NonNull;
 use cuda_abi::{
-    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream,
+    CUarray, CUcontext, CUdevice, CUdeviceptr, CUevent, CUexternalSemaphore, CUfunction,
+    CUgraphExec, CUhostFn, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmulticastObjectProp, CUresult, CUstream,
+    CUstreamCallback,
 };
 
 /// The base name a resolver is asked for (`cuMemFree` for `cuMemFree_v2`).
@@ -36,6 +39,7 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
+        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         /// The exported wrappers. Each one fetches the real table (built on the first call) and
@@ -56,6 +60,21 @@ macro_rules! interposer_table {
                     unsafe { crate::hooks::$w(real, $($wa),*) }
                 }
             )*
+            $(
+                #[doc = concat!("The gated `", stringify!($g), "`: passes the submission gate, then \
+                    calls the driver's with the arguments unchanged.")]
+                ///
+                /// # Safety
+                /// The driver function's own contract for its arguments.
+                #[cfg_attr(not(test), unsafe(no_mangle))]
+                pub unsafe extern "C" fn $g($($ga: $gt),*) -> CUresult {
+                    let _pass = shim_runtime::gate::submissions().enter();
+                    let real = crate::real::get();
+                    // SAFETY: the caller upholds the driver function's contract for these
+                    // arguments, passed on unchanged to the same ABI of the real driver.
+                    unsafe { (real.$g)($($ga),*) }
+                }
+            )*
         }
 
         /// The wrapper exported for the driver symbol `name` (an exact ABI name such as
@@ -66,7 +85,19 @@ macro_rules! interposer_table {
                     return NonNull::new(exports::$w as *mut c_void);
                 }
             )*
+            $(
+                if name == stringify!($g).as_bytes() {
+                    return NonNull::new(exports::$g as *mut c_void);
+                }
+            )*
             None
+        }
+
+        /// Whether `base` (a resolver's base name, `cuLaunchKernel`) names a gated family: one of
+        /// the gated entries is `base` itself or `base` with ABI suffixes (`_v2`, `_ptsz`, `_ptds`).
+        pub(crate) fn is_gated_family(base: &[u8]) -> bool {
+            $( if abi_family(stringify!($g).as_bytes()) == base { return true; } )*
+            false
         }
 
         /// Whether `base` (a resolver's base name, `cuMemFree`) has a wrapped ABI variant.
@@ -78,17 +109,29 @@ macro_rules! interposer_table {
         /// Whether `name` is an ABI the real table holds (wrapped or called).
         pub(crate) fn is_table_abi(name: &[u8]) -> bool {
             $( if name == stringify!($w).as_bytes() { return true; } )*
+            $( if name == stringify!($g).as_bytes() { return true; } )*
             $( if name == stringify!($c).as_bytes() { return true; } )*
             false
         }
 
         /// Every name the library exports, as the version script lists them.
         #[cfg(test)]
-        pub(crate) const EXPORTS: &[&str] = &[$(stringify!($i),)* $(stringify!($w),)*];
+        pub(crate) const EXPORTS: &[&str] =
+            &[$(stringify!($i),)* $(stringify!($w),)* $(stringify!($g),)*];
     };
 }
 
 include!("../../cuda/src/driver_table.rs");
+
+/// The resolver's base name of an exact ABI name: `cuMemcpyHtoDAsync_v2_ptsz` ->
+/// `cuMemcpyHtoDAsync`. Allocation-free (the resolvers run it).
+fn abi_family(name: &[u8]) -> &[u8] {
+    let name = name
+        .strip_suffix(b"_ptsz")
+        .or_else(|| name.strip_suffix(b"_ptds"))
+        .unwrap_or(name);
+    name.strip_suffix(b"_v2").unwrap_or(name)
+}
 
 /// Resolves every entry of the real table. Loader calls only: never call it under a lock or inside
 /// a `OnceLock` initialiser (see `real::get`).
@@ -110,7 +153,7 @@ mod tests {
         assert!(wrapper(b"cuMulticastBindMem_v2").is_some());
         assert!(wrapper(b"cuIpcOpenMemHandle").is_none());
         assert!(wrapper(b"cuMemFree").is_none());
-        assert!(wrapper(b"cuMemcpyHtoD_v2").is_none());
+        assert!(wrapper(b"cuMemcpyHtoD").is_none());
         assert!(wrapper(b"cuGetExportTable").is_none());
         assert!(wrapper(b"cuMemCreat").is_none());
     }
@@ -128,10 +171,40 @@ mod tests {
 
     #[test]
     fn called_entries_are_table_abis_but_not_wrapped() {
-        assert!(is_table_abi(b"cuMemcpyHtoD_v2"));
+        assert!(is_table_abi(b"cuStreamCreate"));
         assert!(is_table_abi(b"cuMemCreate"));
         assert!(!is_table_abi(b"cuMemcpyHtoD"));
         assert!(wrapper(b"cuDriverGetVersion").is_none());
+        assert!(wrapper(b"cuStreamCreate").is_none());
+    }
+
+    #[test]
+    fn every_abi_of_a_gated_family_has_its_own_wrapper() {
+        for name in [
+            &b"cuLaunchKernel"[..],
+            b"cuLaunchKernel_ptsz",
+            b"cuMemcpyHtoDAsync_v2",
+            b"cuMemcpyHtoDAsync_v2_ptsz",
+            b"cuMemcpyDtoH_v2_ptds",
+            b"cuMemsetD8_v2",
+            b"cuStreamWaitValue32_v2",
+            b"cuEventRecord_ptsz",
+            b"cuGraphLaunch",
+        ] {
+            assert!(wrapper(name).is_some(), "{}", String::from_utf8_lossy(name));
+            assert!(is_table_abi(name));
+        }
+        assert!(is_gated_family(b"cuLaunchKernel"));
+        assert!(is_gated_family(b"cuMemcpyHtoDAsync"));
+        assert!(is_gated_family(b"cuMemcpyBatchAsync"));
+        assert!(!is_gated_family(b"cuMemcpyHtoDAsync_v2"));
+        assert!(!is_gated_family(b"cuMemCreate"));
+        assert!(!is_gated_family(b"cuStreamCreate"));
+        assert_eq!(
+            abi_family(b"cuMemcpy3DBatchAsync_v2_ptsz"),
+            b"cuMemcpy3DBatchAsync"
+        );
+        assert_eq!(abi_family(b"cuMemcpy_ptds"), b"cuMemcpy");
     }
 
     #[test]

@@ -12,10 +12,12 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
+        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         const INTERCEPTION: &[&str] = &[$(stringify!($i)),*];
         const WRAPPED: &[&str] = &[$(stringify!($w)),*];
+        const GATED: &[&str] = &[$(stringify!($g)),*];
         const CALLED: &[&str] = &[$(stringify!($c)),*];
     };
 }
@@ -47,7 +49,12 @@ fn exports_are_exactly_the_table() {
         .lines()
         .filter_map(|line| line.split_whitespace().nth(2))
         .collect();
-    let expected: BTreeSet<&str> = INTERCEPTION.iter().chain(WRAPPED).copied().collect();
+    let expected: BTreeSet<&str> = INTERCEPTION
+        .iter()
+        .chain(WRAPPED)
+        .chain(GATED)
+        .copied()
+        .collect();
     assert_eq!(
         exported, expected,
         "dynamic exports of libcuinterpose.so vs src/driver_table.rs"

@@ -79,16 +79,24 @@ fn ptsz_resolver_asks_for_per_thread_variants_unless_a_stream_flag_is_given() {
         "this driver has no _ptsz resolver"
     );
     assert_eq!(with.line("resolver.ptsz").sname, "cuGetProcAddress_v2_ptsz");
+    // A submission entry is gated: the wrapper of exactly the ABI the driver picked (the
+    // per-thread-stream variant unless the caller asked for the legacy stream).
     let default = with.line("ptsz.cuMemcpyHtoDAsync");
-    assert!(default.is_driver(), "untracked: the driver's own pointer");
+    assert_eq!(
+        default.provider,
+        common::SHIM_FILE,
+        "gated: the shim's wrapper"
+    );
     assert_eq!(default.sname, "cuMemcpyHtoDAsync_v2_ptsz");
     assert_eq!(
         with.line("ptsz.legacy.cuMemcpyHtoDAsync").sname,
         "cuMemcpyHtoDAsync_v2"
     );
-    assert_untouched(&with, &without, "v2.cuMemcpyHtoDAsync");
+    let v2 = with.line("v2.cuMemcpyHtoDAsync");
+    assert_eq!(v2.provider, common::SHIM_FILE);
+    assert_eq!(v2.sname, "cuMemcpyHtoDAsync_v2");
     assert_eq!(
-        with.line("v2.cuMemcpyHtoDAsync").sname,
+        without.line("v2.cuMemcpyHtoDAsync").sname,
         "cuMemcpyHtoDAsync_v2"
     );
 }

@@ -73,12 +73,12 @@ fn dlsym_on_the_driver_returns_wrappers() {
         "cuIpcOpenMemHandle_v2",
         "cuGetProcAddress",
         "cuGetProcAddress_v2",
+        "cuMemcpyHtoD_v2",
     ] {
         assert_wrapped(&with, &without, &format!("dlsym.{name}"), name);
     }
     // Untracked, unknown, the export table, and an exact legacy name (no wrapper for that ABI).
     for name in [
-        "cuMemcpyHtoD_v2",
         "cuDriverGetVersion",
         "cuGetExportTable",
         "cuNoSuchFunction",
@@ -121,11 +121,14 @@ fn check_resolvers(with: &Report, without: &Report) {
         ("v2.ptds.cuMemCreate", "cuMemCreate"),
         ("v2.legacy.cuMemCreate", "cuMemCreate"),
         ("nested.cuMemCreate", "cuMemCreate"),
+        // Submissions are gated: the wrapper of the ABI the driver picked.
+        ("v2.cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
+        ("v1.cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
+        ("v2.ptds.cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2"),
     ] {
         assert_wrapped(with, without, label, wrapper);
     }
     for label in [
-        "v2.cuMemcpyHtoD",
         "v2.cuMemGetAllocationGranularity",
         "v2.cuCtxCreate",
         "v2.cuGetExportTable",
@@ -133,14 +136,12 @@ fn check_resolvers(with: &Report, without: &Report) {
         "v2.too_new",
         "v2.not_yet",
         "v2.bad_flags",
-        "v1.cuMemcpyHtoD",
         "v1.cuNoSuchFunction",
-        "v2.ptds.cuMemcpyHtoDAsync",
     ] {
         assert_untouched(with, without, label);
     }
     assert!(
-        with.line("v2.cuMemcpyHtoD").is_driver(),
+        with.line("v2.cuMemGetAllocationGranularity").is_driver(),
         "untracked: the driver's own pointer"
     );
     assert_eq!(
@@ -248,16 +249,13 @@ fn check_runtime_resolvers(with: &Report, without: &Report) {
         ("bv_ptsz.cuMemMap", "cuMemMap"),
         ("dlsym_ep.cuMemCreate", "cuMemCreate"),
         ("dlsym_ep.cuInit", "cuInit"),
+        ("ep.cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
+        ("ep_ptsz.cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2"),
+        ("bv.cuMemcpyHtoD", "cuMemcpyHtoD_v2"),
     ] {
         assert_wrapped(with, without, label, wrapper);
     }
-    for label in [
-        "ep.cuMemcpyHtoD",
-        "ep.cuNoSuchFunction",
-        "ep_ptsz.cuMemcpyHtoDAsync",
-        "bv.cuMemcpyHtoD",
-        "bv.too_new",
-    ] {
+    for label in ["ep.cuNoSuchFunction", "bv.too_new"] {
         assert_untouched(with, without, label);
     }
     assert_calls_identical(with, without);
@@ -308,5 +306,5 @@ fn runtime_older_than_12_has_no_status_argument() {
         "old.cuIpcOpenMemHandle",
         "cuIpcOpenMemHandle_v2",
     );
-    assert_untouched(&with, &without, "old.cuMemcpyHtoD");
+    assert_wrapped(&with, &without, "old.cuMemcpyHtoD", "cuMemcpyHtoD_v2");
 }
