@@ -88,42 +88,6 @@ isolated_test!(one_stream_runs_its_work_in_order, &[], {
     let f = read(sums, 8).unwrap();
     assert_eq!(f32::from_le_bytes(f[0..4].try_into().unwrap()), 3.0);
     assert_eq!(f32::from_le_bytes(f[4..8].try_into().unwrap()), 4.5);
-
-    // cuLaunchKernelEx reads the stream and dimensions from its configuration.
-    let mut values = [a, 2u64, 77u64];
-    let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
-    let mut config = CUlaunchConfig {
-        gridDimX: 4,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: 128,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        hStream: s,
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
-    };
-    let ex = |c: &CUlaunchConfig, p: *mut *mut c_void| {
-        cu!(x::cuLaunchKernelEx(c, k.fill, p, std::ptr::null_mut()))
-    };
-    assert_eq!(ex(&config, ptrs.as_mut_ptr()), SUCCESS);
-    assert_eq!(sync(s), SUCCESS);
-    assert_eq!(words(a, 3), [77, 77, 7]);
-    config.blockDimY = 0;
-    assert_eq!(
-        ex(&config, ptrs.as_mut_ptr()),
-        CUresult::ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        cu!(x::cuLaunchKernelEx(
-            std::ptr::null(),
-            k.fill,
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut()
-        )),
-        CUresult::ERROR_INVALID_VALUE
-    );
 });
 
 isolated_test!(modules_and_launches_check_their_arguments, &[], {
@@ -219,8 +183,53 @@ isolated_test!(modules_and_launches_check_their_arguments, &[], {
     assert_eq!(cu!(x::cuModuleUnload(m)), CUresult::ERROR_INVALID_HANDLE);
     assert_eq!(cu!(x::cuCtxSynchronize()), SUCCESS);
     assert_eq!(words(buf, 1), [1]);
+});
 
-    // The primary context's state.
+isolated_test!(launch_kernel_ex_reads_its_configuration, &[], {
+    init_ctx(0);
+    let k = kernels();
+    let a = alloc(MIB).unwrap();
+    let s = new_stream();
+    assert_eq!(cu!(x::cuMemsetD32_v2(a, 7, 4)), SUCCESS);
+    // The stream and dimensions come from the configuration.
+    let mut values = [a, 2u64, 77u64];
+    let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    let mut config = CUlaunchConfig {
+        gridDimX: 4,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 128,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: s,
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let ex = |c: &CUlaunchConfig, p: *mut *mut c_void| {
+        cu!(x::cuLaunchKernelEx(c, k.fill, p, std::ptr::null_mut()))
+    };
+    assert_eq!(ex(&config, ptrs.as_mut_ptr()), SUCCESS);
+    assert_eq!(sync(s), SUCCESS);
+    assert_eq!(words(a, 3), [77, 77, 7]);
+    config.blockDimY = 0;
+    assert_eq!(
+        ex(&config, ptrs.as_mut_ptr()),
+        CUresult::ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        cu!(x::cuLaunchKernelEx(
+            std::ptr::null(),
+            k.fill,
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut()
+        )),
+        CUresult::ERROR_INVALID_VALUE
+    );
+});
+
+isolated_test!(primary_context_state_says_whether_it_is_retained, &[], {
+    init_ctx(0);
     let (mut flags, mut active): (c_uint, c_int) = (9, 9);
     assert_eq!(
         cu!(x::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active)),
