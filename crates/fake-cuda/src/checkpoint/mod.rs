@@ -3,9 +3,10 @@
 //! `cuCheckpointProcess*(pid, ...)` called in one process (the tool) is carried out by the agent
 //! of process `pid` ([`agent`], reached through [`client`]). In the target:
 //!
-//! - **Lock** waits for driver calls in flight (up to `timeoutMs`, 0: no limit; on timeout
-//!   `CUDA_ERROR_TIMEOUT` and the process keeps running); then every driver call of the
-//!   application's threads blocks at the [`gate`] until unlock.
+//! - **Lock** waits for driver calls in flight, then for every stream of the process to be idle
+//!   (both within `timeoutMs`, 0: no limit; on timeout `CUDA_ERROR_TIMEOUT` and the process
+//!   keeps running; a process whose queued work faulted: `CUDA_ERROR_ILLEGAL_ADDRESS`); then
+//!   every driver call of the application's threads blocks at the [`gate`] until unlock.
 //! - **Checkpoint** (LOCKED only) copies the bytes of every allocation this process created into
 //!   private anonymous memory, closes every memfd, replaces every device mapping with a reserved
 //!   PROT_NONE range at the same address, and withdraws the usage file: the process then holds
@@ -42,7 +43,7 @@ use crate::device::device_by_uuid;
 use crate::memory::{Backing, Origin};
 use crate::os::{self, Saved};
 use crate::state::{self, Driver};
-use crate::{Res, read_in, write_out};
+use crate::{Res, exec, read_in, write_out};
 use gate::Phase;
 use wire::{MAX_PAIRS, Op, Pair, Request};
 
@@ -71,7 +72,7 @@ fn dispatch(request: &Request) -> Res<u64> {
         Op::Lock => {
             let timeout = (request.timeout_ms > 0)
                 .then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-            gate::lock(timeout)?;
+            lock(timeout)?;
             LOCK_TIMEOUT_MS.store(request.timeout_ms, Ordering::Relaxed);
             Ok(0)
         }
@@ -79,6 +80,26 @@ fn dispatch(request: &Request) -> Res<u64> {
         Op::Restore => restore(&request.pairs).map(|()| 0),
         Op::Unlock => gate::transition(Phase::Locked, Phase::Running).map(|()| 0),
         Op::GetState | Op::GetRestoreThreadId => Ok(0),
+    }
+}
+
+/// Locks the process: new driver calls wait, calls in flight end, then every stream's queued
+/// work completes, all within `timeout` (`None`: no limit, as the driver documents). A stream
+/// still busy at the timeout (a kernel waiting for another process that is locked already, say)
+/// is `CUDA_ERROR_TIMEOUT` and the process keeps running. A process whose work faulted cannot
+/// be locked: `CUDA_ERROR_ILLEGAL_ADDRESS`, r580's sticky error.
+fn lock(timeout: Option<Duration>) -> Res {
+    if exec::poisoned() {
+        return Err(exec::FAULT);
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    gate::lock(timeout)?;
+    match exec::wait_idle(deadline, |d| Ok(exec::any_busy(d))) {
+        Ok(()) => Ok(()),
+        Err(code) => {
+            gate::transition(Phase::Locked, Phase::Running)?;
+            Err(code)
+        }
     }
 }
 
