@@ -10,7 +10,7 @@ use cuda_abi::{CUdevice, CUstream};
 use crate::abi::{Element, NcclUniqueId, UNIQUE_ID_BYTES};
 use crate::driver::{Driver, Kernels, driver};
 use crate::error::NcclError;
-use crate::layout::{Layout, MAX_RANKS, SLOT_BYTES};
+use crate::layout::{Layout, MAX_RANKS, SLOT_BYTES, SLOTS};
 use crate::plan::AllReduce;
 use crate::region::Region;
 
@@ -215,9 +215,12 @@ impl Comm {
         self.region.layout()
     }
 
-    /// Whether every collective enqueued has finished touching the region.
+    /// Whether every collective enqueued has finished touching the region: the last one of each
+    /// slot has (an earlier user of a slot finished before the next one could start, step 1 of
+    /// [`crate::plan`]).
     fn quiet(&self, state: &State) -> bool {
-        !state.broken && self.region.done(self.rank) >= state.last
+        let first = state.last.saturating_sub(SLOTS as u32 - 1).max(1);
+        !state.broken && (first..=state.last).all(|seq| self.region.done(self.rank, seq) >= seq)
     }
 
     /// `ncclCommDestroy`: waits until this rank's collectives are done (as `ncclCommFinalize`
