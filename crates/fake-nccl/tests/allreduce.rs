@@ -292,3 +292,28 @@ fn two_ranks_one_late() {
 fn four_ranks_one_late() {
     a_late_rank_holds_its_peers(4);
 }
+
+#[test]
+fn a_rank_alone_gives_up_after_the_init_timeout() {
+    let env = Env::new();
+    let id = env.unique_id();
+    let started = Instant::now();
+    let out = env
+        .command(&["allreduce", &id, "2", "0", "1"])
+        .env("FAKE_NCCL_INIT_TIMEOUT", "0.5")
+        .output()
+        .expect("run rank");
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ncclCommInitRank returned ncclResult 2: ranks [1] of 2 did not join"),
+        "{}",
+        describe(&out)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(
+        env.state_files(),
+        Vec::<String>::new(),
+        "the lone rank's region outlived it"
+    );
+}

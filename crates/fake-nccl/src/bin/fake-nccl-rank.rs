@@ -30,6 +30,13 @@ const NCCL_UINT32: c_int = 3;
 const NCCL_FLOAT32: c_int = 7;
 const NCCL_SUM: c_int = 0;
 
+/// `ncclUniqueId`, passed by value to `ncclCommInitRank` as a C caller passes it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId {
+    internal: [u8; 128],
+}
+
 /// The entry points used, copied out of the libraries (which stay loaded for the process's life).
 struct Api {
     cu_init: unsafe extern "C" fn(c_uint) -> CuResult,
@@ -43,8 +50,8 @@ struct Api {
     cu_mem_alloc: unsafe extern "C" fn(*mut Ptr, usize) -> CuResult,
     cu_memcpy_htod: unsafe extern "C" fn(Ptr, *const c_void, usize) -> CuResult,
     cu_memcpy_dtoh: unsafe extern "C" fn(*mut c_void, Ptr, usize) -> CuResult,
-    nccl_get_unique_id: unsafe extern "C" fn(*mut [u8; 128]) -> u32,
-    nccl_comm_init_rank: unsafe extern "C" fn(*mut *mut c_void, c_int, [u8; 128], c_int) -> u32,
+    nccl_get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> u32,
+    nccl_comm_init_rank: unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> u32,
     nccl_comm_destroy: unsafe extern "C" fn(*mut c_void) -> u32,
     nccl_comm_count: unsafe extern "C" fn(*mut c_void, *mut c_int) -> u32,
     nccl_comm_user_rank: unsafe extern "C" fn(*mut c_void, *mut c_int) -> u32,
@@ -134,10 +141,15 @@ struct Rank {
     comm: *mut c_void,
 }
 
-fn parse_id(hex: &str) -> Result<[u8; 128]> {
-    ensure!(hex.len() == 256, "a unique id is 256 hex digits");
-    let mut id = [0u8; 128];
-    for (i, byte) in id.iter_mut().enumerate() {
+fn parse_id(hex: &str) -> Result<UniqueId> {
+    ensure!(
+        hex.len() == 256 && hex.is_ascii(),
+        "a unique id is 256 hex digits"
+    );
+    let mut id = UniqueId {
+        internal: [0u8; 128],
+    };
+    for (i, byte) in id.internal.iter_mut().enumerate() {
         *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("unique id")?;
     }
     Ok(id)
@@ -145,7 +157,7 @@ fn parse_id(hex: &str) -> Result<[u8; 128]> {
 
 impl Rank {
     /// Makes device `rank % count` current, a stream on it, and joins the communicator.
-    fn join(api: Api, id: [u8; 128], nranks: u32, rank: u32) -> Result<Rank> {
+    fn join(api: Api, id: UniqueId, nranks: u32, rank: u32) -> Result<Rank> {
         // SAFETY: no pointers.
         cu("cuInit", unsafe { (api.cu_init)(0) })?;
         let mut count = 0;
@@ -448,14 +460,19 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let api = Api::load()?;
     if args.first().map(String::as_str) == Some("id") {
-        let mut id = [0u8; 128];
+        let mut id = UniqueId {
+            internal: [0u8; 128],
+        };
         // SAFETY: a live local of the id's size.
         nccl(&api, "ncclGetUniqueId", unsafe {
             (api.nccl_get_unique_id)(&mut id)
         })?;
         println!(
             "{}",
-            id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            id.internal
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         );
         return Ok(());
     }
