@@ -224,13 +224,17 @@ impl Comm {
     }
 
     /// `ncclCommDestroy`: waits until this rank's collectives are done (as `ncclCommFinalize`
-    /// does; forever if a peer never joins one), then releases the region and the module.
+    /// does; forever if a peer never joins one), then releases the region and the module. A
+    /// broken communicator (a collective enqueued in part) is aborted instead: its queued
+    /// kernels may never finish.
     pub fn destroy(self) {
         let state = self.state();
-        if !state.broken {
-            while !self.quiet(&state) {
-                std::thread::sleep(Duration::from_micros(200));
-            }
+        if state.broken {
+            drop(state);
+            return self.abort();
+        }
+        while !self.quiet(&state) {
+            std::thread::sleep(Duration::from_micros(200));
         }
         drop(state);
         self.release();

@@ -317,3 +317,28 @@ fn a_rank_alone_gives_up_after_the_init_timeout() {
         "the lone rank's region outlived it"
     );
 }
+
+#[test]
+fn a_failed_launch_is_an_unhandled_cuda_error() {
+    let env = Env::new();
+    let id = env.unique_id();
+    let mut ranks = Ranks::new();
+    for rank in ["0", "1"] {
+        let mut cmd = env.command(&["allreduce", &id, "2", rank, "1"]);
+        if rank == "0" {
+            // Its second launch: the collective is then enqueued in part.
+            cmd.env("FAKE_CUDA_FAIL", "cuLaunchKernel:2");
+        }
+        ranks.children.push(cmd.spawn().expect("spawn rank"));
+    }
+    let outputs = ranks.finish();
+    let stderr = String::from_utf8_lossy(&outputs[0].stderr);
+    assert!(
+        stderr.contains(
+            "ncclAllReduce returned ncclResult 1: cuLaunchKernel failed: \
+             CUDA_ERROR_OUT_OF_MEMORY(2)"
+        ),
+        "{}",
+        describe(&outputs[0])
+    );
+}
