@@ -313,3 +313,26 @@ fn a_rank_runs_at_most_slots_collectives_ahead_of_a_reader() {
     }
     settles_at(&progress, 2 * SLOTS);
 }
+
+#[test]
+fn launches_per_collective() {
+    for nranks in [1u32, 2, 4] {
+        let plan = |seq| AllReduce {
+            layout: Layout { nranks },
+            base: 0x1000,
+            rank: 0,
+            seq,
+            send: 0x10,
+            recv: 0x20,
+            count: 1,
+            element: Element::U32,
+        };
+        let n = nranks as usize;
+        assert_eq!(plan(SLOTS as u32).kernels().len(), 2 * n + 2, "{nranks}");
+        assert_eq!(
+            plan(SLOTS as u32 + 1).kernels().len(),
+            3 * n + 2,
+            "{nranks}"
+        );
+    }
+}
