@@ -857,6 +857,7 @@ if wants launch; then
         timeout 300 "$bin/cuinterpose" bench --launch >"$logs/bench-launch.txt" 2>"$logs/bench-launch.err"
         st=$?
         line=$(grep -v '^$' "$logs/bench-launch.txt" | tail -1 | tr '\t' ' ' | cut -c1-300)
+        [ -n "$line" ] || line="(no output; stderr: $(busy_tail "$logs/bench-launch.err"))"
         ratio=$(printf '%s\n' "$line" | grep -oiE 'ratio"?[[:space:]]*[:=]?[[:space:]]*[0-9]+(\.[0-9]+)?' | head -1 | grep -oE '[0-9]+(\.[0-9]+)?$')
         if [ "$st" -ne 0 ]; then
             row "bench --launch" "-" "exit $st: $(busy_tail "$logs/bench-launch.err")" FAIL

@@ -3,7 +3,8 @@
 IPC device memory (the pattern of vLLM's custom all-reduce), kept running while the tool acts
 (issue 27; the lane suspends and resumes them, no checkpoint).
 
-Each rank allocates one buffer from CuPy's pool (cudaMalloc underneath), zeroes it, and the two
+Each rank allocates one buffer with cudaMalloc (not from CuPy's pool, so the pointer is the
+allocation's base, which is what the peer's ipcOpenMemHandle returns), zeroes it, and the two
 exchange `cupy.cuda.runtime.ipcGetMemHandle` handles over multiprocessing queues and open each
 other's with `ipcOpenMemHandle`, as cupy_ipc.py does. Rank 0 is this process; rank 1 is started
 with the spawn method. Buffer layout (uint32 words): [0, 1] flags (flag[j] of rank k's buffer is
@@ -39,6 +40,7 @@ from busy_common import Tally, add_common_args, emit, guarded, shim_mapped, stop
 WORDS = 1024  # words per data slot
 HEADER = 32  # words before the data slots (the two flags, padded)
 THREADS = 256
+BYTES = 2 << 20  # each rank's buffer: the header and two slots, in an allocation of a usual size
 
 KERNEL = r"""
 extern "C" __global__ void meet(unsigned int* own, unsigned int* peer, int rank, unsigned int round,
@@ -122,20 +124,22 @@ def rank1(inbox, outbox, stop_round, stall_timeout):
     error = None
     try:
         cp.cuda.Device(0).use()
-        mem = cp.cuda.alloc((HEADER + 2 * WORDS) * 4)
-        cp.cuda.runtime.memset(mem.ptr, 0, (HEADER + 2 * WORDS) * 4)
+        own = cp.cuda.runtime.malloc(BYTES)
+        cp.cuda.runtime.memset(own, 0, BYTES)
         cp.cuda.runtime.deviceSynchronize()
         kind, handle = inbox.get(timeout=300)
         if kind != "handle":
             raise RuntimeError("expected rank 0's handle, got %r" % (kind,))
         peer = open_peer(cp, handle)
-        outbox.put(("handle", cp.cuda.runtime.ipcGetMemHandle(mem.ptr), os.getpid(), shim_mapped()))
+        outbox.put(("handle", cp.cuda.runtime.ipcGetMemHandle(own), os.getpid(), shim_mapped()))
         parent = os.getppid()
-        error = rank_loop(cp, 1, mem.ptr, peer, stop_round, None, lambda: os.getppid() == parent,
+        error = rank_loop(cp, 1, own, peer, stop_round, None, lambda: os.getppid() == parent,
                           stall_timeout, tally, lambda: None)
         tally.finish()
-        cp.cuda.runtime.deviceSynchronize()
-        cp.cuda.runtime.ipcCloseMemHandle(peer)
+        if error is None:  # a stalled kernel may still use both buffers: leave them to the exit
+            cp.cuda.runtime.deviceSynchronize()
+            cp.cuda.runtime.ipcCloseMemHandle(peer)
+            cp.cuda.runtime.free(own)
     except Exception as e:
         error = "%s: %s" % (type(e).__name__, e)
     if error:
@@ -143,7 +147,10 @@ def rank1(inbox, outbox, stop_round, stall_timeout):
     tally.finish()
     outbox.put(("summary", tally.summary()))
     if error and "stalled" in error:
-        # The kernel still spins: leave without cleaning up (the context goes with the process).
+        # The kernel still spins: leave without cleaning up (the context goes with the process),
+        # once the queue's feeder thread has written the summary into the pipe.
+        outbox.close()
+        outbox.join_thread()
         sys.stdout.flush()
         os._exit(1)
 
@@ -168,13 +175,15 @@ def main():
     error = None
     rank1_summary = None
     started = time.monotonic()
+    ready_at = []  # when round 1 was done: the rate counts from there to the loop's end
+    loop_end = [None]
     try:
         cp.cuda.Device(0).use()
-        mem = cp.cuda.alloc((HEADER + 2 * WORDS) * 4)
-        cp.cuda.runtime.memset(mem.ptr, 0, (HEADER + 2 * WORDS) * 4)
+        own = cp.cuda.runtime.malloc(BYTES)
+        cp.cuda.runtime.memset(own, 0, BYTES)
         cp.cuda.runtime.deviceSynchronize()
         proc.start()
-        inbox.put(("handle", cp.cuda.runtime.ipcGetMemHandle(mem.ptr)))
+        inbox.put(("handle", cp.cuda.runtime.ipcGetMemHandle(own)))
         try:
             answer = outbox.get(timeout=300)
         except queue.Empty:
@@ -187,6 +196,7 @@ def main():
         peer = open_peer(cp, handle)
 
         def ready():
+            ready_at.append(time.monotonic())
             write_ready(args.ready_dir, {"pids": [pid, rank1_pid], "rank0_pid": pid, "rank1_pid": rank1_pid,
                                          "workload": "spin"})
             emit(dict(phase="ready", ok=True, pid=pid, rank1_pid=rank1_pid, shim=shim_mapped(),
@@ -200,14 +210,16 @@ def main():
                 return True
             return stop_requested(args.ready_dir)
 
-        error = rank_loop(cp, 0, mem.ptr, peer, stop_round, should_stop, proc.is_alive, args.stall_timeout,
+        error = rank_loop(cp, 0, own, peer, stop_round, should_stop, proc.is_alive, args.stall_timeout,
                           tally, ready)
+        loop_end[0] = time.monotonic()
         tally.finish()  # the waits below are bounded by their own deadlines
         if error is None and timed_out:
             error = "no stop file within --max-seconds %.0f" % args.max_seconds
         if error is None:
             cp.cuda.runtime.deviceSynchronize()
             cp.cuda.runtime.ipcCloseMemHandle(peer)
+            cp.cuda.runtime.free(own)
     except Exception as e:
         error = "%s: %s" % (type(e).__name__, e)
     if error:
@@ -236,8 +248,9 @@ def main():
     elif not rank1_summary.get("ok"):
         tally.fail({"error": "rank 1 failed", "rank1_first_failure": rank1_summary.get("first_failure")})
     tally.finish()
-    elapsed = max(time.monotonic() - started, 1e-9)
-    record = tally.summary(rounds=tally.iterations, rounds_per_s=round(tally.iterations / elapsed, 1),
+    end = loop_end[0] or time.monotonic()
+    rate = (tally.iterations - 1) / max(end - ready_at[0], 1e-9) if ready_at else 0.0
+    record = tally.summary(rounds=tally.iterations, rounds_per_s=round(rate, 1),
                            rank1=rank1_summary, rank1_exit=proc.exitcode)
     record["ok"] = record["ok"] and proc.exitcode == 0
     emit(record)
