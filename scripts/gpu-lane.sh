@@ -717,7 +717,7 @@ busy_tail() { grep -v '^$' "$1" 2>/dev/null | tail -2 | tr '\n\t' '  ' | cut -c1
 busy_lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
 #   ACTIONS: "suspend", "checkpoint" or "suspend,checkpoint"; LOSSES/STEPS: the training loop's loss
-#   file and the steps it must reach before stop (else "-" and 0).
+#   file and the steps it must reach before stop (else "-" and 0), compared with $busy_ref's.
 busy_case() {
     local tag=$1 actions=$2 losses=$3 need_steps=$4; shift 4
     local envs=()
@@ -801,6 +801,14 @@ busy_case() {
         st=$?
         [ "$st" -eq 0 ] || { verdict=FAIL; notes+=("exit $st"); }
     fi
+    if [ "$losses" != - ]; then  # the files themselves too, in case the run left no summary
+        if [ "$(busy_lines "$losses")" -ge "$need_steps" ] \
+                && cmp -s <(head -n "$need_steps" "$busy_ref") <(head -n "$need_steps" "$losses"); then
+            notes+=("loss file: first $need_steps steps identical to the reference")
+        else
+            verdict=FAIL; notes+=("loss file: first $need_steps steps NOT identical to the reference")
+        fi
+    fi
     local result  # not "summary": row() appends to the file named by the global $summary
     result=$(busy_summary "$lg.jsonl" "$lg.err")
     [ "${result%%$'\t'*}" = ok ] || verdict=FAIL
@@ -810,7 +818,8 @@ busy_case() {
     [[ $actions == *suspend* ]] && drained="drained (max per process) at suspend $drained_s"
     [[ $actions == *checkpoint* ]] && drained="${drained:+$drained, }at checkpoint $drained_c"
     figures="$figures; $drained; ${result#*$'\t'}"
-    [ ${#notes[@]} -eq 0 ] || figures="$figures; $(IFS=';'; echo "${notes[*]}")"
+    local note
+    for note in "${notes[@]}"; do figures="$figures; $note"; done
     row "busy $tag" "-" "$figures" "$verdict"
     # Anything left (a failed stop): the stop file is there, so each ends by itself within
     # --max-seconds; the main script is ended here by its unique ready directory, its children

@@ -69,11 +69,13 @@ def main():
         tensor.fill_(value)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         torch.matmul(a, b, out=out)
-        reduced_ok = bool(torch.all(tensor == value).item())  # one rank: the sum is the value
-        mm_ok = torch.equal(out, product)
-        tally.check(reduced_ok, {"error": "all_reduce result differs", "expected": value,
-                                 "first": float(tensor[0].item())})
-        tally.check(mm_ok, {"error": "matmul differs from the exact product"})
+        if not bool(torch.all(tensor == value).item()):  # one rank: the sum is the value itself
+            bad = tensor != value
+            first = int(torch.nonzero(bad)[0].item())
+            tally.fail({"error": "all_reduce result differs", "expected": value, "mismatches": int(bad.sum().item()),
+                        "first": first, "actual": float(tensor[first].item())})
+        if not torch.equal(out, product):
+            tally.fail({"error": "matmul differs from the exact product"})
         count += 1
         tally.tick()
 
