@@ -664,10 +664,17 @@ busy_step_note() {  # what losses-file steps: "<what> at step N" (a warning past
     local n; n=$(busy_lines "$2")
     if [ "$n" -ge "$3" ]; then echo "$1 at step $n: AFTER the $3 compared steps"; else echo "$1 at step $n"; fi
 }
-busy_wait_summary() {  # jsonl seconds: whether a summary line appeared in time (the restored tree is no child of ours)
-    local i
-    for ((i = 0; i < $2; i++)); do grep -q '"summary": true' "$1" 2>/dev/null && return 0; sleep 1; done
-    return 1
+busy_running() {  # ready-dir: whether a workload process started with it is alive (restored ones too)
+    pgrep -f "ready-dir $1" >/dev/null 2>&1
+}
+busy_wait_summary() {  # jsonl seconds ready-dir: whether a summary line appeared in time (the restored
+    local i             # tree is no child of ours: no waiting once none of its processes is left)
+    for ((i = 0; i < $2; i++)); do
+        grep -q '"summary": true' "$1" 2>/dev/null && return 0
+        busy_running "$3" || break
+        sleep 1
+    done
+    grep -q '"summary": true' "$1" 2>/dev/null
 }
 busy_drained() {  # report files...: the largest "drained <label> in <ms> ms" the tool printed, or "-"
     python3 - "$@" <<'PY'
@@ -713,6 +720,12 @@ if record.get("first_failure"):
 print("%s\t%s" % ("ok" if record.get("ok") else "FAIL", "; ".join(parts)))
 PY
 }
+busy_reap() {  # pid: ends our child (TERM, then KILL after 30 s) and reaps it, bounded
+    kill "$1" 2>/dev/null
+    timeout 30 tail --pid="$1" -f /dev/null
+    kill -9 "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
 busy_tail() { grep -v '^$' "$1" 2>/dev/null | tail -2 | tr '\n\t' '  ' | cut -c1-200; }
 busy_lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 # busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
@@ -724,7 +737,7 @@ busy_case() {
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
     local dir lg launcher t0 st ckpt restored=no verdict=ok
-    local suspend_ms=- resume_ms=- checkpoint_ms=- restore_ms=- drained_s=- drained_c=- notes=()
+    local suspend_ms=- resume_ms=- checkpoint_ms=- restore_ms=- drained_s=- drained_c=- notes=()  # "N ms" or "exit N"
     log "busy: $tag ($actions)"
     dir=$(mktemp -d "/tmp/busy-$tag.XXXXXX")
     ckpt=/tmp/busy-ckpt.$$.$tag
@@ -733,8 +746,8 @@ busy_case() {
         --max-seconds 500 >"$lg.jsonl" 2>"$lg.err" &
     launcher=$!
     if ! busy_wait_ready "$dir/ready.json" 300 "$launcher"; then
-        row "busy $tag" "-" "never ready: $(busy_tail "$lg.err")" FAIL
-        touch "$dir/stop"; kill "$launcher" 2>/dev/null; wait "$launcher" 2>/dev/null
+        row "busy $tag" "-" "never ready: $(busy_summary "$lg.jsonl" "$lg.err" | cut -f2)" FAIL
+        touch "$dir/stop"; busy_reap "$launcher"
         rm -rf "$dir"; return
     fi
     sleep 2.5  # let it work
@@ -744,12 +757,12 @@ busy_case() {
         "$bin/cuinterpose" suspend --pid "$launcher" >"$lg-suspend.txt" 2>&1
         st=$?
         if [ "$st" -eq 0 ]; then
-            suspend_ms=$(busy_ms "$t0")
+            suspend_ms="$(busy_ms "$t0") ms"
             sleep 1
             t0=$(date +%s%N)
             "$bin/cuinterpose" resume --pid "$launcher" >"$lg-resume.txt" 2>&1
             st=$?
-            if [ "$st" -eq 0 ]; then resume_ms=$(busy_ms "$t0")
+            if [ "$st" -eq 0 ]; then resume_ms="$(busy_ms "$t0") ms"
             else resume_ms="exit $st"; verdict=FAIL; notes+=("resume: $(busy_tail "$lg-resume.txt")"); fi
         else
             suspend_ms="exit $st"; verdict=FAIL; notes+=("suspend: $(busy_tail "$lg-suspend.txt")")
@@ -765,7 +778,7 @@ busy_case() {
             st=$?
             drained_c=$(busy_drained "$lg-checkpoint.txt")
             if [ "$st" -eq 0 ]; then
-                checkpoint_ms=$(busy_ms "$t0")
+                checkpoint_ms="$(busy_ms "$t0") ms"
                 # Without --leave-running the tree is gone after the dump: reap the launcher (bounded).
                 timeout 60 tail --pid="$launcher" -f /dev/null
                 kill -0 "$launcher" 2>/dev/null || wait "$launcher" 2>/dev/null
@@ -773,7 +786,7 @@ busy_case() {
                 "$bin/cuinterpose" restore --dir "$ckpt" >"$lg-restore.txt" 2>&1
                 st=$?
                 if [ "$st" -eq 0 ]; then
-                    restore_ms=$(busy_ms "$t0"); restored=yes
+                    restore_ms="$(busy_ms "$t0") ms"; restored=yes
                     sleep 2.5  # let the restored tree work
                 else
                     restore_ms="exit $st"; verdict=FAIL; notes+=("restore: $(busy_tail "$lg-restore.txt")")
@@ -788,22 +801,29 @@ busy_case() {
         fi
     fi
     if [ "$losses" != - ]; then  # the training loop must reach its compared steps before stop
-        for _ in $(seq 600); do [ "$(busy_lines "$losses")" -ge "$need_steps" ] && break; sleep 0.5; done
+        for _ in $(seq 600); do
+            [ "$(busy_lines "$losses")" -ge "$need_steps" ] && break
+            busy_running "$dir" || break
+            sleep 0.5
+        done
     fi
     touch "$dir/stop"
-    busy_wait_summary "$lg.jsonl" 240 || notes+=("no summary within 240 s of stop")
+    busy_wait_summary "$lg.jsonl" 240 "$dir" || notes+=("no summary line (within 240 s of stop, or its processes are gone)")
     if [ "$restored" = no ]; then  # still our child: its exit status too, bounded
         timeout 60 tail --pid="$launcher" -f /dev/null
         if kill -0 "$launcher" 2>/dev/null; then
-            kill "$launcher" 2>/dev/null; notes+=("launcher still running after its summary: killed")
+            busy_reap "$launcher"; verdict=FAIL; notes+=("still running 60 s after stop: killed")
+        else
+            wait "$launcher" 2>/dev/null
+            st=$?
+            [ "$st" -eq 0 ] || { verdict=FAIL; notes+=("exit $st"); }
         fi
-        wait "$launcher" 2>/dev/null
-        st=$?
-        [ "$st" -eq 0 ] || { verdict=FAIL; notes+=("exit $st"); }
     fi
     if [ "$losses" != - ]; then  # the files themselves too, in case the run left no summary
-        if [ "$(busy_lines "$losses")" -ge "$need_steps" ] \
-                && cmp -s <(head -n "$need_steps" "$busy_ref") <(head -n "$need_steps" "$losses"); then
+        local written; written=$(busy_lines "$losses")
+        if [ "$written" -lt "$need_steps" ]; then
+            verdict=FAIL; notes+=("loss file: only $written of $need_steps steps written")
+        elif cmp -s <(head -n "$need_steps" "$busy_ref") <(head -n "$need_steps" "$losses"); then
             notes+=("loss file: first $need_steps steps identical to the reference")
         else
             verdict=FAIL; notes+=("loss file: first $need_steps steps NOT identical to the reference")
@@ -813,10 +833,11 @@ busy_case() {
     result=$(busy_summary "$lg.jsonl" "$lg.err")
     [ "${result%%$'\t'*}" = ok ] || verdict=FAIL
     local figures="" drained=""
-    [[ $actions == *suspend* ]] && figures="suspend $suspend_ms ms / resume $resume_ms ms"
-    [[ $actions == *checkpoint* ]] && figures="${figures:+$figures; }checkpoint $checkpoint_ms ms / restore $restore_ms ms"
-    [[ $actions == *suspend* ]] && drained="drained (max per process) at suspend $drained_s"
-    [[ $actions == *checkpoint* ]] && drained="${drained:+$drained, }at checkpoint $drained_c"
+    [[ $actions == *suspend* ]] && figures="suspend $suspend_ms / resume $resume_ms"
+    [[ $actions == *checkpoint* ]] && figures="${figures:+$figures; }checkpoint $checkpoint_ms / restore $restore_ms"
+    [[ $actions == *suspend* ]] && drained="suspend $drained_s"
+    [[ $actions == *checkpoint* ]] && drained="${drained:+$drained, }checkpoint $drained_c"
+    drained="drained (max per process): $drained"
     figures="$figures; $drained; ${result#*$'\t'}"
     local note
     for note in "${notes[@]}"; do figures="$figures; $note"; done
