@@ -728,6 +728,29 @@ busy_reap() {  # pid: ends our child (TERM, then KILL after 30 s) and reaps it, 
 }
 busy_tail() { grep -v '^$' "$1" 2>/dev/null | tail -2 | tr '\n\t' '  ' | cut -c1-200; }
 busy_lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+# busy_plain TAG ENV-ASSIGNMENT... -- SCRIPT ARGS...: the workload alone, without the shim or the tool
+# (ready, 2 s of work, stop), so that a failure under the tool is not the workload's own.
+busy_plain() {
+    local tag=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local dir lg pid st result
+    dir=$(mktemp -d "/tmp/busy-plain-$tag.XXXXXX")
+    lg=$logs/busy-plain-$tag
+    env "${envs[@]}" python3 "$@" --ready-dir "$dir" --max-seconds 300 >"$lg.jsonl" 2>"$lg.err" &
+    pid=$!
+    busy_wait_ready "$dir/ready.json" 300 "$pid" && sleep 2
+    touch "$dir/stop"
+    timeout 120 tail --pid="$pid" -f /dev/null
+    kill -0 "$pid" 2>/dev/null && busy_reap "$pid"
+    wait "$pid" 2>/dev/null
+    st=$?
+    result=$(busy_summary "$lg.jsonl" "$lg.err")
+    row "busy $tag without shim" "-" "${result#*$'\t'}" "$([ "$st" -eq 0 ] && [ "${result%%$'\t'*}" = ok ] && echo ok || echo "FAIL (exit $st)")"
+    pkill -9 -f "ready-dir $dir" 2>/dev/null
+    rm -rf "$dir"
+}
 # busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
 #   ACTIONS: "suspend", "checkpoint" or "suspend,checkpoint"; LOSSES/STEPS: the training loop's loss
 #   file and the steps it must reach before stop (else "-" and 0), compared with $busy_ref's.
@@ -868,13 +891,20 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
     else
         row "busy train reference (no shim)" "-" "$(busy_tail "$logs/busy-train-reference.err")" FAIL
     fi
-    # PyTorch's caching allocator on cudaMalloc (legacy IPC), then expandable segments (VMM).
+    # Each workload alone first (the training loop's alone run is its reference above), then
+    # under the tool. PyTorch's caching allocator on cudaMalloc (legacy IPC), then expandable
+    # segments (VMM).
+    busy_plain pair-default -- "$repo/scripts/gpu/busy_pair.py" --allocator default
     busy_case pair-default suspend,checkpoint - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_pair.py" --allocator default
+    busy_plain pair-expandable -- "$repo/scripts/gpu/busy_pair.py" --allocator expandable
     busy_case pair-expandable suspend,checkpoint - 0 -- "$repo/scripts/gpu/busy_pair.py" --allocator expandable
+    busy_plain jax XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/busy_jax.py"
     busy_case jax suspend,checkpoint - 0 XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/busy_jax.py"
+    busy_plain nccl -- "$repo/scripts/gpu/busy_nccl.py"
     busy_case nccl suspend,checkpoint - 0 -- "$repo/scripts/gpu/busy_nccl.py"
     if python3 -c "import cupy" 2>/dev/null; then
         # Kernels spinning on each other's flags in legacy IPC memory: suspend/resume only (issue 27).
+        busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
         busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
     else
         row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
