@@ -78,7 +78,8 @@ def rank_loop(cp, rank, own, peer, stop_round, should_stop, alive, stall_timeout
 
     kernel = cp.RawKernel(KERNEL, "meet")
     out = cp.zeros(WORDS, dtype=cp.uint32)
-    stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.runtime.deviceSynchronize()  # the zeroing, on the null stream, before any round's kernel
+    stream = cp.cuda.Stream(non_blocking=True)  # does not wait for the null stream
     expected_base = (np.arange(WORDS, dtype=np.uint64) * 2 + 7) & 0xFFFFFFFF
     r = 1
     while True:
