@@ -889,7 +889,7 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
                 --reference "$busy_ref"
         done
     else
-        row "busy train reference (no shim)" "-" "$(busy_tail "$logs/busy-train-reference.err")" FAIL
+        row "busy train reference (no shim)" "-" "$(busy_summary "$logs/busy-train-reference.jsonl" "$logs/busy-train-reference.err" | cut -f2)" FAIL
     fi
     # Each workload alone first (the training loop's alone run is its reference above), then
     # under the tool. PyTorch's caching allocator on cudaMalloc (legacy IPC), then expandable
