@@ -4,10 +4,12 @@
 # Runs on the GPU machine from the repository root, with dist/ (scripts/build-dist.sh: the release
 # layout; the tool finds its shim, the fake driver and CRIU in it by itself) carried along:
 #   scripts/gpu-lane.sh [STEP...]        (default: every step; steps: doctor abi procaddr scenarios
-#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement floor unlock hang;
+#                                          shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold busy launch placement floor unlock hang;
 #                                          bench-all adds two carriers; placement: where a pinned carrier lives, without
 #                                          the shim; floor: the native pair of a nearly empty process with and without
-#                                          its context's stack; attrs: the pointer-attributes scenario alone, without the shim)
+#                                          its context's stack; attrs: the pointer-attributes scenario alone, without the shim;
+#                                          busy: workloads suspended/resumed and checkpointed/restored while they work;
+#                                          launch: bench --launch, the launch-bound overhead of the gate)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -26,7 +28,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold placement floor unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold busy launch placement floor unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -641,6 +643,292 @@ if wants hold; then
     hold_case torch-default CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/torch_hold.py" --size-gb 8
     # Expandable segments are private cuMemCreate allocations.
     hold_case torch-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True -- "$repo/scripts/gpu/torch_hold.py" --size-gb 8
+fi
+
+# Busy workloads (scripts/gpu/busy_*.py, issue 27): each keeps issuing GPU work, with no barrier and
+# no cooperation, while the tool suspends and resumes it, then checkpoints it to disk and restores
+# it; it checks its own results every iteration and says at the end, in one JSON summary line,
+# whether every check passed. The pids the tool is given are the launchers' (`cuinterpose run
+# --pid-namespace`: the tool finds the namespace's init, as in the step nccl).
+busy_ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }  # ms since a `date +%s%N` stamp
+busy_wait_ready() {  # path seconds pid: whether the file appeared in time (no waiting on a dead pid)
+    local i
+    for ((i = 0; i < $2 * 5; i++)); do
+        [ -f "$1" ] && return 0
+        kill -0 "$3" 2>/dev/null || break
+        sleep 0.2
+    done
+    [ -f "$1" ]
+}
+busy_step_note() {  # what losses-file steps: "<what> at step N" (a warning past the compared steps)
+    local n; n=$(busy_lines "$2")
+    if [ "$n" -ge "$3" ]; then echo "$1 at step $n: AFTER the $3 compared steps"; else echo "$1 at step $n"; fi
+}
+busy_running() {  # ready-dir: whether a workload process started with it is alive (restored ones too)
+    pgrep -f "ready-dir $1" >/dev/null 2>&1
+}
+busy_wait_summary() {  # jsonl seconds ready-dir: whether a summary line appeared in time (the restored
+    local i             # tree is no child of ours: no waiting once none of its processes is left)
+    for ((i = 0; i < $2; i++)); do
+        grep -q '"summary": true' "$1" 2>/dev/null && return 0
+        busy_running "$3" || break
+        sleep 1
+    done
+    grep -q '"summary": true' "$1" 2>/dev/null
+}
+busy_drained() {  # report files...: the largest "drained <label> in <ms> ms" the tool printed, or "-"
+    python3 - "$@" <<'PY'
+import re, sys
+found = []
+for path in sys.argv[1:]:
+    try:
+        text = open(path, errors="replace").read()
+    except OSError:
+        continue
+    # The text form, loosely, and a JSON key that names a drain with a number of ms, in case.
+    found += re.findall(r"drained\b[^\n]*?\bin\s*([0-9]+(?:\.[0-9]+)?)\s*ms", text, re.I)
+    found += re.findall(r'"[^"\n]*drain[^"\n]*(?:ms|millis)[^"\n]*"\s*:\s*([0-9]+(?:\.[0-9]+)?)', text, re.I)
+print("%.0f ms" % max(map(float, found)) if found else "-")
+PY
+}
+busy_summary() {  # jsonl err: "ok|FAIL<TAB>figures" from the workload's last summary line
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+record = None
+for line in open(sys.argv[1], errors="replace"):
+    if line.startswith("{") and '"summary": true' in line:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            pass
+if record is None:
+    try:
+        err = [l.strip() for l in open(sys.argv[2], errors="replace") if l.strip()]
+    except OSError:
+        err = []
+    print("FAIL\tno summary line; %s" % (err[-1][:200] if err else "no stderr"))
+    sys.exit()
+parts = ["%d iterations, %d failed checks, longest iteration %.0f ms" % (
+    record["iterations"], record["failures"], record["longest_iteration_ms"])]
+if record.get("rounds_per_s"):
+    parts.append("%.0f rounds/s" % record["rounds_per_s"])
+if record.get("reference"):
+    parts.append("losses bit-identical: %s (%d of %d steps compared)" % (
+        "yes" if record.get("bit_identical") else "no", record.get("compared", 0), record.get("steps", 0)))
+if record.get("first_failure"):
+    parts.append("first failure: %s" % json.dumps(record["first_failure"], sort_keys=True)[:200])
+print("%s\t%s" % ("ok" if record.get("ok") else "FAIL", "; ".join(parts)))
+PY
+}
+busy_reap() {  # pid: ends our child (TERM, then KILL after 30 s) and reaps it, bounded
+    kill "$1" 2>/dev/null
+    timeout 30 tail --pid="$1" -f /dev/null
+    kill -9 "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+busy_tail() { grep -v '^$' "$1" 2>/dev/null | tail -2 | tr '\n\t' '  ' | cut -c1-200; }
+busy_lines() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
+# busy_plain TAG ENV-ASSIGNMENT... -- SCRIPT ARGS...: the workload alone, without the shim or the tool
+# (ready, 2 s of work, stop), so that a failure under the tool is not the workload's own.
+busy_plain() {
+    local tag=$1; shift
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local dir lg pid st result
+    dir=$(mktemp -d "/tmp/busy-plain-$tag.XXXXXX")
+    lg=$logs/busy-plain-$tag
+    env "${envs[@]}" python3 "$@" --ready-dir "$dir" --max-seconds 300 >"$lg.jsonl" 2>"$lg.err" &
+    pid=$!
+    busy_wait_ready "$dir/ready.json" 300 "$pid" && sleep 2
+    touch "$dir/stop"
+    timeout 120 tail --pid="$pid" -f /dev/null
+    kill -0 "$pid" 2>/dev/null && busy_reap "$pid"
+    wait "$pid" 2>/dev/null
+    st=$?
+    result=$(busy_summary "$lg.jsonl" "$lg.err")
+    row "busy $tag without shim" "-" "${result#*$'\t'}" "$([ "$st" -eq 0 ] && [ "${result%%$'\t'*}" = ok ] && echo ok || echo "FAIL (exit $st)")"
+    pkill -9 -f "ready-dir $dir" 2>/dev/null
+    rm -rf "$dir"
+}
+# busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
+#   ACTIONS: "suspend", "checkpoint" or "suspend,checkpoint"; LOSSES/STEPS: the training loop's loss
+#   file and the steps it must reach before stop (else "-" and 0), compared with $busy_ref's.
+busy_case() {
+    local tag=$1 actions=$2 losses=$3 need_steps=$4; shift 4
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    local dir lg launcher t0 st ckpt restored=no verdict=ok
+    local suspend_ms=- resume_ms=- checkpoint_ms=- restore_ms=- drained_s=- drained_c=- notes=()  # "N ms" or "exit N"
+    log "busy: $tag ($actions)"
+    dir=$(mktemp -d "/tmp/busy-$tag.XXXXXX")
+    ckpt=/tmp/busy-ckpt.$$.$tag
+    lg=$logs/busy-$tag
+    env "${envs[@]}" "$bin/cuinterpose" run --pid-namespace -- python3 "$@" --ready-dir "$dir" --require-shim \
+        --max-seconds 500 >"$lg.jsonl" 2>"$lg.err" &
+    launcher=$!
+    if ! busy_wait_ready "$dir/ready.json" 300 "$launcher"; then
+        row "busy $tag" "-" "never ready: $(busy_summary "$lg.jsonl" "$lg.err" | cut -f2)" FAIL
+        touch "$dir/stop"; busy_reap "$launcher"
+        rm -rf "$dir"; return
+    fi
+    sleep 2.5  # let it work
+    if [[ $actions == *suspend* ]]; then
+        [ "$losses" = - ] || notes+=("$(busy_step_note suspended "$losses" "$need_steps")")
+        t0=$(date +%s%N)
+        "$bin/cuinterpose" suspend --pid "$launcher" >"$lg-suspend.txt" 2>&1
+        st=$?
+        if [ "$st" -eq 0 ]; then
+            suspend_ms="$(busy_ms "$t0") ms"
+            sleep 1
+            t0=$(date +%s%N)
+            "$bin/cuinterpose" resume --pid "$launcher" >"$lg-resume.txt" 2>&1
+            st=$?
+            if [ "$st" -eq 0 ]; then resume_ms="$(busy_ms "$t0") ms"
+            else resume_ms="exit $st"; verdict=FAIL; notes+=("resume: $(busy_tail "$lg-resume.txt")"); fi
+        else
+            suspend_ms="exit $st"; verdict=FAIL; notes+=("suspend: $(busy_tail "$lg-suspend.txt")")
+        fi
+        drained_s=$(busy_drained "$lg-suspend.txt")
+        sleep 2.5  # let it work again
+    fi
+    if [[ $actions == *checkpoint* ]]; then
+        if kill -0 "$launcher" 2>/dev/null; then
+            [ "$losses" = - ] || notes+=("$(busy_step_note checkpointed "$losses" "$need_steps")")
+            t0=$(date +%s%N)
+            "$bin/cuinterpose" checkpoint --pid "$launcher" --dir "$ckpt" >"$lg-checkpoint.txt" 2>&1
+            st=$?
+            drained_c=$(busy_drained "$lg-checkpoint.txt")
+            if [ "$st" -eq 0 ]; then
+                checkpoint_ms="$(busy_ms "$t0") ms"
+                # Without --leave-running the tree is gone after the dump: reap the launcher (bounded).
+                timeout 60 tail --pid="$launcher" -f /dev/null
+                kill -0 "$launcher" 2>/dev/null || wait "$launcher" 2>/dev/null
+                t0=$(date +%s%N)
+                "$bin/cuinterpose" restore --dir "$ckpt" >"$lg-restore.txt" 2>&1
+                st=$?
+                if [ "$st" -eq 0 ]; then
+                    restore_ms="$(busy_ms "$t0") ms"; restored=yes
+                    sleep 2.5  # let the restored tree work
+                else
+                    restore_ms="exit $st"; verdict=FAIL; notes+=("restore: $(busy_tail "$lg-restore.txt")")
+                    cp /tmp/cuinterpose-restore-*/restore.log "$lg-criu-restore.log" 2>/dev/null
+                fi
+                cp "$ckpt/images/dump.log" "$lg-criu-dump.log" 2>/dev/null
+            else
+                checkpoint_ms="exit $st"; verdict=FAIL; notes+=("checkpoint: $(busy_tail "$lg-checkpoint.txt")")
+            fi
+        else
+            verdict=FAIL; notes+=("gone before the checkpoint")
+        fi
+    fi
+    if [ "$losses" != - ]; then  # the training loop must reach its compared steps before stop
+        for _ in $(seq 600); do
+            [ "$(busy_lines "$losses")" -ge "$need_steps" ] && break
+            busy_running "$dir" || break
+            sleep 0.5
+        done
+    fi
+    touch "$dir/stop"
+    busy_wait_summary "$lg.jsonl" 240 "$dir" || notes+=("no summary line (within 240 s of stop, or its processes are gone)")
+    if [ "$restored" = no ]; then  # still our child: its exit status too, bounded
+        timeout 60 tail --pid="$launcher" -f /dev/null
+        if kill -0 "$launcher" 2>/dev/null; then
+            busy_reap "$launcher"; verdict=FAIL; notes+=("still running 60 s after stop: killed")
+        else
+            wait "$launcher" 2>/dev/null
+            st=$?
+            [ "$st" -eq 0 ] || { verdict=FAIL; notes+=("exit $st"); }
+        fi
+    fi
+    if [ "$losses" != - ]; then  # the files themselves too, in case the run left no summary
+        local written; written=$(busy_lines "$losses")
+        if [ "$written" -lt "$need_steps" ]; then
+            verdict=FAIL; notes+=("loss file: only $written of $need_steps steps written")
+        elif cmp -s <(head -n "$need_steps" "$busy_ref") <(head -n "$need_steps" "$losses"); then
+            notes+=("loss file: first $need_steps steps identical to the reference")
+        else
+            verdict=FAIL; notes+=("loss file: first $need_steps steps NOT identical to the reference")
+        fi
+    fi
+    local result  # not "summary": row() appends to the file named by the global $summary
+    result=$(busy_summary "$lg.jsonl" "$lg.err")
+    [ "${result%%$'\t'*}" = ok ] || verdict=FAIL
+    local figures="" drained=""
+    [[ $actions == *suspend* ]] && figures="suspend $suspend_ms / resume $resume_ms"
+    [[ $actions == *checkpoint* ]] && figures="${figures:+$figures; }checkpoint $checkpoint_ms / restore $restore_ms"
+    [[ $actions == *suspend* ]] && drained="suspend $drained_s"
+    [[ $actions == *checkpoint* ]] && drained="${drained:+$drained, }checkpoint $drained_c"
+    drained="drained (max per process): $drained"
+    figures="$figures; $drained; ${result#*$'\t'}"
+    local note
+    for note in "${notes[@]}"; do figures="$figures; $note"; done
+    row "busy $tag" "-" "$figures" "$verdict"
+    # Anything left (a failed stop): the stop file is there, so each ends by itself within
+    # --max-seconds; the main script is ended here by its unique ready directory, its children
+    # follow it (they watch their parent).
+    pkill -9 -f "ready-dir $dir" 2>/dev/null
+    rm -rf "$dir" "$ckpt"
+}
+
+if wants busy; then
+    log "busy workloads: suspend/resume and checkpoint/restore while they work"
+    busy_steps=150
+    busy_ref=$logs/busy-train-reference.losses
+    # The run left alone: no shim, exactly 150 steps.
+    if timeout 600 python3 "$repo/scripts/gpu/busy_train.py" --steps "$busy_steps" --losses "$busy_ref" \
+            >"$logs/busy-train-reference.jsonl" 2>"$logs/busy-train-reference.err"; then
+        row "busy train reference (no shim)" "-" "$(busy_summary "$logs/busy-train-reference.jsonl" "$logs/busy-train-reference.err" | cut -f2); $(python3 -c "
+import json
+r = [json.loads(l) for l in open('$logs/busy-train-reference.jsonl') if '\"summary\": true' in l][-1]
+print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch'], r['seq'], r['step_ms_median']))" 2>/dev/null)" ok
+        for action in suspend checkpoint; do
+            busy_case "train-$action" "$action" "$logs/busy-train-$action.losses" "$busy_steps" -- \
+                "$repo/scripts/gpu/busy_train.py" --steps "$busy_steps" --losses "$logs/busy-train-$action.losses" \
+                --reference "$busy_ref"
+        done
+    else
+        row "busy train reference (no shim)" "-" "$(busy_summary "$logs/busy-train-reference.jsonl" "$logs/busy-train-reference.err" | cut -f2)" FAIL
+    fi
+    # Each workload alone first (the training loop's alone run is its reference above), then
+    # under the tool. PyTorch's caching allocator on cudaMalloc (legacy IPC), then expandable
+    # segments (VMM).
+    busy_plain pair-default -- "$repo/scripts/gpu/busy_pair.py" --allocator default
+    busy_case pair-default suspend,checkpoint - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_pair.py" --allocator default
+    busy_plain pair-expandable -- "$repo/scripts/gpu/busy_pair.py" --allocator expandable
+    busy_case pair-expandable suspend,checkpoint - 0 -- "$repo/scripts/gpu/busy_pair.py" --allocator expandable
+    busy_plain jax XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/busy_jax.py"
+    busy_case jax suspend,checkpoint - 0 XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/busy_jax.py"
+    busy_plain nccl -- "$repo/scripts/gpu/busy_nccl.py"
+    busy_case nccl suspend,checkpoint - 0 -- "$repo/scripts/gpu/busy_nccl.py"
+    if python3 -c "import cupy" 2>/dev/null; then
+        # Kernels spinning on each other's flags in legacy IPC memory: suspend/resume only (issue 27).
+        busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
+        busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
+    else
+        row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
+    fi
+fi
+
+if wants launch; then
+    log "launch-bound overhead: small launches and copies from several threads, with and without the shim"
+    if "$bin/cuinterpose" bench --help 2>&1 | grep -q -- --launch; then
+        timeout 300 "$bin/cuinterpose" bench --launch >"$logs/bench-launch.txt" 2>"$logs/bench-launch.err"
+        st=$?
+        line=$(grep -v '^$' "$logs/bench-launch.txt" | tail -1 | tr '\t' ' ' | cut -c1-300)
+        [ -n "$line" ] || line="(no output; stderr: $(busy_tail "$logs/bench-launch.err"))"
+        ratio=$(printf '%s\n' "$line" | grep -oiE 'ratio"?[[:space:]]*[:=]?[[:space:]]*[0-9]+(\.[0-9]+)?' | head -1 | grep -oE '[0-9]+(\.[0-9]+)?$')
+        if [ "$st" -ne 0 ]; then
+            row "bench --launch" "-" "exit $st: $(busy_tail "$logs/bench-launch.err")" FAIL
+        elif [ -n "$ratio" ]; then
+            row "bench --launch (target ratio <= 1.02)" "-" "$line" "$(python3 -c "print('ok' if $ratio <= 1.02 else 'ABOVE 1.02')")"
+        else
+            row "bench --launch" "-" "$line" measured
+        fi
+    else
+        row "bench --launch" "-" "cuinterpose bench has no --launch in this build" "not run"
+    fi
 fi
 
 if wants unlock; then
