@@ -42,6 +42,8 @@ const GATE_POLL: Duration = Duration::from_millis(1);
 #[derive(Debug, Default)]
 pub struct Drainer {
     held_since: Mutex<Option<Instant>>,
+    /// Holds so far: a synchronisation of an earlier hold covers nothing of this one.
+    holds: std::sync::atomic::AtomicU64,
     syncs: Mutex<BTreeMap<i32, Arc<ContextSync>>>,
 }
 
@@ -61,9 +63,17 @@ enum SyncState {
     Running,
     /// Returned: covers every submission up to this epoch.
     Finished {
-        epoch: u64,
+        epoch: Epoch,
         result: Result<(), String>,
     },
+}
+
+/// What a synchronisation covers: the hold it was started in, and the admissions the gate had
+/// taken by then (ordered: a later hold, or more admissions, is a later epoch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Epoch {
+    hold: u64,
+    admitted: u64,
 }
 
 /// What one device's synchronisation says for an epoch.
@@ -100,9 +110,15 @@ impl Runtime {
     }
 
     fn close_gates(&self) {
+        let mut held_since = lock(&self.drainer.held_since);
+        if held_since.is_none() {
+            self.drainer
+                .holds
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            *held_since = Some(Instant::now());
+        }
         self.submissions().close();
         self.gate.close();
-        lock(&self.drainer.held_since).get_or_insert_with(Instant::now);
     }
 
     /// Opens both gates (a thaw, or a capture given up before anything was released).
@@ -196,7 +212,10 @@ impl Runtime {
             }
             return Ok(busy);
         }
-        let epoch = gate.admitted;
+        let epoch = Epoch {
+            hold: self.drainer.holds.load(std::sync::atomic::Ordering::SeqCst),
+            admitted: gate.admitted,
+        };
         let mut busy = Vec::new();
         for device in self.active_devices() {
             match self.synced(device, epoch, deadline) {
@@ -210,7 +229,7 @@ impl Runtime {
             }
         }
         let after = self.submissions().state();
-        if busy.is_empty() && (!after.is_quiet() || after.admitted != epoch) {
+        if busy.is_empty() && (!after.is_quiet() || after.admitted != epoch.admitted) {
             busy.push("a submission was admitted during the synchronisation".into());
         }
         Ok(busy)
@@ -238,7 +257,7 @@ impl Runtime {
 
     /// Whether `device`'s context has finished every submission up to `epoch`, waiting for its
     /// synchronisation until `deadline`; starts one when none covers the epoch.
-    fn synced(&self, device: i32, epoch: u64, deadline: Instant) -> Synced {
+    fn synced(&self, device: i32, epoch: Epoch, deadline: Instant) -> Synced {
         let sync = lock(&self.drainer.syncs).entry(device).or_default().clone();
         let mut state = lock(&sync.state);
         loop {
@@ -274,7 +293,7 @@ impl Runtime {
     }
 
     /// A thread that synchronises `device`'s primary context and records the outcome.
-    fn start_sync(&self, device: i32, epoch: u64, sync: &Arc<ContextSync>) -> Result<(), String> {
+    fn start_sync(&self, device: i32, epoch: Epoch, sync: &Arc<ContextSync>) -> Result<(), String> {
         let real = self.real;
         let sync = sync.clone();
         crate::server::spawn_quiet("cuinterpose-drain", move || {
