@@ -295,9 +295,11 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. },
         ) => Exit::Refused,
-        Some(ControlError::RolledBack { .. } | ControlError::RestoreUndone { .. }) => {
-            Exit::RolledBack
-        }
+        Some(
+            ControlError::RolledBack { .. }
+            | ControlError::RestoreUndone { .. }
+            | ControlError::CriuRestoreFailed { .. },
+        ) => Exit::RolledBack,
         Some(
             ControlError::RollbackFailed { .. }
             | ControlError::Step { .. }

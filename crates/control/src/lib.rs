@@ -23,6 +23,7 @@ pub mod native;
 pub mod procfs;
 pub mod remaps;
 pub mod runlock;
+pub mod safefs;
 pub mod tcp;
 
 pub use group::{Group, Refusal};
@@ -101,7 +102,7 @@ pub enum ControlError {
     /// The carrier helper (`suspend --carrier helper`) could not be started or reached.
     #[error("carrier helper at {}: {message}", socket.display())]
     CarrierHelper { socket: PathBuf, message: String },
-    #[error("state file {path}: removing it: {source}")]
+    #[error("removing {path}: {source}")]
     Removing {
         path: PathBuf,
         source: std::io::Error,
@@ -133,6 +134,19 @@ pub enum ControlError {
     RestoreUndone {
         root: u32,
         failure: Box<ControlError>,
+    },
+    /// CRIU failed to restore the tree: CRIU itself ends what it had restored, so nothing runs
+    /// and the checkpoint is unchanged. `log`: CRIU's log, kept beside the run locks (the work
+    /// directory it was written in is removed).
+    #[error(
+        "criu restore failed ({status}); its log is kept at {}:\n{tail}\nundone: CRIU ended \
+         what it had restored; the checkpoint is unchanged",
+        log.display()
+    )]
+    CriuRestoreFailed {
+        status: String,
+        log: PathBuf,
+        tail: String,
     },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {

@@ -271,7 +271,7 @@ impl DataFiles {
         entry: &DataFileEntry,
     ) -> Result<(File, protocol::message::DataFile), ControlError> {
         let path = self.path(entry.ns_pid);
-        let file = File::open(&path).map_err(|e| damaged(&path, e))?;
+        let file = crate::safefs::open_regular(&path).map_err(|e| damaged(&path, e))?;
         let length = file.metadata().map_err(|e| damaged(&path, e))?.len();
         if length != entry.bytes {
             return Err(damaged(
@@ -404,11 +404,9 @@ fn create(path: &Path) -> Result<File, ControlError> {
 
 /// Opens a data file for reading, with `O_DIRECT` where the filesystem takes it.
 fn open(path: &Path) -> Result<File, ControlError> {
+    // A data file of a checkpoint: a FIFO, a device or a link there is refused (crate::safefs).
     let open = |direct: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-            .open(path)
+        crate::safefs::open_regular_with(path, if direct { libc::O_DIRECT } else { 0 })
     };
     match open(true) {
         Ok(f) => Ok(f),

@@ -100,7 +100,7 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, ControlError> {
     }
     let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
     let manifest_bytes =
-        transport::files::read_bounded(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)
+        crate::safefs::read_regular(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)
             .map_err(|e| damaged(&manifest_path, e))?;
     let manifest = manifest::decode(&manifest_bytes).map_err(|e| damaged(&manifest_path, e))?;
     if manifest.criu.is_none() {

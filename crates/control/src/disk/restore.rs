@@ -74,8 +74,14 @@ struct Verified {
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
     let dir = &options.dir;
     let manifest = read_manifest(dir)?;
+    // What a checkpoint writes is read from these directories themselves: a symbolic link would
+    // have the restore read (and CRIU restore) another directory's files.
+    for sub in [IMAGES_DIR, super::DATA_DIR, protocol::manifest::REMAPS_DIR] {
+        let path = dir.join(sub);
+        crate::safefs::real_dir(&path).map_err(|e| damaged(&path, e))?;
+    }
     let state_path = dir.join(&manifest.state.file);
-    let state_bytes = transport::files::read_bounded(&state_path, capture::STATE_FILE_LIMIT)
+    let state_bytes = crate::safefs::read_regular(&state_path, capture::STATE_FILE_LIMIT)
         .map_err(|e| damaged(&state_path, e))?;
     let state = manifest
         .verify_state(&state_bytes)
@@ -369,6 +375,7 @@ pub fn restore(
         &work_dir,
         &mut clock,
     );
+    let result = result.map_err(|e| keep_criu_log(e, &work_dir));
     let _ = std::fs::remove_dir_all(&work_dir);
     let (root, participants, saved_bytes) = result?;
     Ok(DiskReport {
@@ -397,6 +404,36 @@ pub fn restore(
             .map_or(CriuPlacement::Host, |c| c.placement.clone()),
         digest_share: files.digest_share(Streaming::Load),
     })
+}
+
+/// A failure of CRIU's restore, with its log copied out of `work_dir` (removed with it) to
+/// [`super::leftovers::kept_log_of`], which the error names; other errors as they are.
+fn keep_criu_log(error: ControlError, work_dir: &Path) -> ControlError {
+    let ControlError::Criu(criu::CriuError::Failed {
+        action: "restore",
+        status,
+        log,
+        tail,
+    }) = error
+    else {
+        return error;
+    };
+    let kept = super::leftovers::kept_log_of(work_dir);
+    match std::fs::copy(&log, &kept) {
+        Ok(_) => ControlError::CriuRestoreFailed {
+            status,
+            log: kept,
+            tail,
+        },
+        Err(e) => {
+            tracing::warn!(log = %log.display(), error = %e, "keeping CRIU's restore log");
+            ControlError::CriuRestoreFailed {
+                status,
+                log: PathBuf::from(format!("(not kept: {e}; its last lines follow)")),
+                tail,
+            }
+        }
+    }
 }
 
 /// CRIU's restore into `work_dir`, then the rebuild; a failure after CRIU kills the tree.
