@@ -282,8 +282,24 @@ fn init_logging(config: &control::config::ToolConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bad argument found once clap has parsed the command line (a program that does not exist,
+/// a path of the wrong kind, a value out of range): exit 2, as for the ones clap finds.
+#[derive(Debug)]
+pub(crate) struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 /// Maps an error to its documented exit code by what it says about the workload.
 fn exit_for(error: &anyhow::Error) -> Exit {
+    if error.downcast_ref::<Usage>().is_some() {
+        return Exit::Usage;
+    }
     match error.downcast_ref::<ControlError>() {
         // Nothing was changed: a refusal, a process or driver that is not there, a state file
         // that cannot be read.
@@ -504,6 +520,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             driver,
             idle,
         } => {
+            check_helper_socket(&socket)?;
             let library = driver.unwrap_or_else(|| PathBuf::from("libcuda.so.1"));
             let loaded = cuda::load(library.as_os_str(), cuda::Resolve::Dlsym)
                 .with_context(|| format!("loading {}", library.display()))?;
@@ -517,6 +534,24 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             shim_runtime::carrier_helper::serve(loaded.table(), &config)
                 .context("the carrier helper stopped")
         }
+    }
+}
+
+/// `carrier-helper --socket`: where a socket can be made (its directory exists; nothing but a
+/// stale socket at the path, which the helper replaces), or a bad argument.
+fn check_helper_socket(socket: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let bad = |why: String| Err(Usage(format!("--socket {}: {why}", socket.display())).into());
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => Ok(()),
+        Ok(m) => bad(format!(
+            "is {}, not a socket",
+            control::safefs::describe(m.file_type())
+        )),
+        Err(_) => match socket.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(dir) if !dir.is_dir() => bad(format!("{} is not a directory", dir.display())),
+            _ => Ok(()),
+        },
     }
 }
 

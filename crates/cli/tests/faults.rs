@@ -727,3 +727,133 @@ fn a_failed_or_killed_checkpoint_leaves_nothing_that_resume_discard_or_a_new_che
     .ok();
     assert!(!dir.exists());
 }
+
+// ---- issue 29 item 10: every ordinary bad input gets its exit code ----
+
+const EXIT_USAGE: i32 = 2;
+
+/// Each bad input of issue 29's item 10 exits with its documented code (2: a bad argument or
+/// setting, 3: no such process or refused) and says what is wrong; `demo`'s bad values are
+/// refused by the argument parser, before any process starts.
+#[test]
+fn every_ordinary_bad_input_gets_its_exit_code() {
+    let env = env();
+    let file = env.dir().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let file_arg = file.display().to_string();
+    let driver = fake_driver(&env).display().to_string();
+    let criu = criu().display().to_string();
+    let dir = env.dir().join("ck").display().to_string();
+    for pid in ["0", "4294967295", &gone_pid().to_string()] {
+        tool(
+            &env,
+            &[
+                "checkpoint",
+                "--pid",
+                pid,
+                "--dir",
+                &dir,
+                "--criu",
+                &criu,
+                "--driver",
+                &driver,
+            ],
+        )
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&[&format!("no process {pid}")]);
+    }
+    for setting in [file_arg.as_str(), "/proc/1"] {
+        tool_with(
+            &env,
+            &["inspect", "--pid", "1"],
+            &[("CUINTERPOSE_LOCK_DIR", setting)],
+        )
+        .expect_code(EXIT_USAGE)
+        .stderr_mentions(&["CUINTERPOSE_LOCK_DIR", "create its locks in"]);
+    }
+    for (args, message) in [
+        (
+            vec!["run", "--", "/nonexistent"],
+            "/nonexistent: no such executable file",
+        ),
+        (
+            vec!["run", "--", "no-such-program-29"],
+            "no such executable file in PATH",
+        ),
+        (
+            vec!["run", "--pid-namespace", "--", "/nonexistent"],
+            "no such executable file",
+        ),
+        (
+            vec!["run", "--shim", "/nonexistent", "--", "true"],
+            "not found",
+        ),
+        (
+            vec!["run", "--control-dir", &file_arg, "--", "true"],
+            "--control-dir",
+        ),
+        (vec!["demo", "--fake", "--size", "0"], "--size"),
+        (vec!["demo", "--fake", "--size", "1"], "multiple of 2097152"),
+        (
+            vec!["demo", "--fake", "--size", "18446744073709551615"],
+            "--size",
+        ),
+        (vec!["demo", "--fake", "--processes", "0"], "from 2 to 64"),
+        (vec!["demo", "--fake", "--processes", "1"], "from 2 to 64"),
+        (
+            vec!["demo", "--fake", "--processes", "100000"],
+            "from 2 to 64",
+        ),
+        (
+            vec!["demo", "--fake", "--sharing", "multicast", "--to-disk"],
+            "runs in place only",
+        ),
+        (
+            vec!["carrier-helper", "--socket", &file_arg],
+            "not a socket",
+        ),
+        (
+            vec!["carrier-helper", "--socket", "/nonexistent/dir/s.sock"],
+            "is not a directory",
+        ),
+    ] {
+        let run = tool(&env, &args);
+        run.expect_code(EXIT_USAGE).stderr_mentions(&[message]);
+        assert!(!run.stderr.contains("unexpected"), "{}", run.describe());
+    }
+    let help = tool(&env, &["demo", "--help"]);
+    assert!(help.stdout.contains("2 to 64"), "{}", help.describe());
+}
+
+/// A pid no process has: one that existed and was reaped.
+fn gone_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// `checkpoint --dir` naming a file is refused (exit 3) before anything changes.
+#[test]
+fn a_checkpoint_into_a_file_is_refused() {
+    let env = env();
+    let group = Namespaced::start(&env, "ns");
+    let file = env.dir().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let driver = fake_driver(&env);
+    let run = tool_on(
+        &env,
+        "ns",
+        &strs(&checkpoint_args(
+            group.init(),
+            &file,
+            &criu(),
+            &driver,
+            false,
+        )),
+    );
+    run.expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["cannot be used for a checkpoint", "Not a directory"]);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    ok(&group.rank, &["verify m 51"]);
+}

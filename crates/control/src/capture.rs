@@ -823,7 +823,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             lost.iter()
                 .map(|p| Refusal {
                     process: captured_label(p),
-                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost`                              brings back the others without it"
+                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost` brings back the others without it"
                         .into(),
                 })
                 .collect(),

@@ -134,9 +134,46 @@ impl ToolConfig {
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
-            lock_dir: value(&LOCK_DIR).map(PathBuf::from),
+            lock_dir: value(&LOCK_DIR)
+                .map(PathBuf::from)
+                .map(|dir| {
+                    usable_lock_dir(&dir)
+                        .then_some(dir.clone())
+                        .ok_or_else(|| ConfigError {
+                            name: LOCK_DIR.name,
+                            value: dir.to_string_lossy().into_owned(),
+                            expected: LOCK_DIR_EXPECTED,
+                        })
+                })
+                .transpose()?,
         })
     }
+}
+
+const LOCK_DIR_EXPECTED: &str = "a directory the tool can create its locks in (an absolute path \
+     whose nearest existing part is a writable directory, not in /proc or /sys)";
+
+/// Whether the tool can make `dir` (if need be) and its lock files in it: an absolute path whose
+/// nearest existing part is a directory it may write, on a filesystem that holds files (a file,
+/// `/proc/1` or anything in `/sys` would fail every command at its first lock instead).
+fn usable_lock_dir(dir: &std::path::Path) -> bool {
+    if !dir.is_absolute() {
+        return false;
+    }
+    let Some(existing) = dir
+        .ancestors()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())
+    else {
+        return false;
+    };
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    let pseudo = rustix::fs::statfs(existing)
+        .map(|s| [PROC_SUPER_MAGIC, SYSFS_MAGIC].contains(&s.f_type))
+        .unwrap_or(true);
+    existing.is_dir()
+        && !pseudo
+        && rustix::fs::access(existing, rustix::fs::Access::WRITE_OK).is_ok()
 }
 
 const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
@@ -153,6 +190,28 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
         ToolConfig::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn a_lock_directory_that_cannot_hold_locks_is_a_bad_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let under_file = file.join("locks");
+        for bad in [
+            file.to_str().unwrap(),
+            under_file.to_str().unwrap(),
+            "/proc/1",
+            "/sys/kernel",
+            "relative/locks",
+        ] {
+            let err = with(&[("CUINTERPOSE_LOCK_DIR", bad)]).unwrap_err();
+            assert_eq!(err.name, "CUINTERPOSE_LOCK_DIR", "{bad}");
+            assert!(err.to_string().contains("create its locks in"), "{err}");
+        }
+        let new = dir.path().join("new/locks");
+        let good = with(&[("CUINTERPOSE_LOCK_DIR", new.to_str().unwrap())]).unwrap();
+        assert_eq!(good.lock_dir, Some(new));
     }
 
     #[test]

@@ -97,7 +97,9 @@ pub enum ControlError {
         what: String,
         source: Option<std::io::Error>,
     },
-    #[error("state file {path}: {source}")]
+    /// A file or directory of the tool's state (a state file, its directory, a checkpoint's
+    /// files) that could not be read or written.
+    #[error("{}: {source}", state_label(path))]
     State { path: PathBuf, source: FileError },
     /// The carrier helper (`suspend --carrier helper`) could not be started or reached.
     #[error("carrier helper at {}: {message}", socket.display())]
@@ -169,6 +171,16 @@ pub enum FileError {
 }
 
 /// `what: cause`, either part left out when empty.
+/// `state file PATH` for a state file, the path alone for anything else (a directory is no
+/// state file).
+fn state_label(path: &std::path::Path) -> String {
+    if path.file_name() == Some(std::ffi::OsStr::new(protocol::state::STATE_FILE_NAME)) {
+        format!("state file {}", path.display())
+    } else {
+        path.display().to_string()
+    }
+}
+
 fn detail(what: &str, cause: Option<&std::io::Error>) -> String {
     match (what.is_empty(), cause) {
         (_, None) => what.to_string(),

@@ -464,16 +464,18 @@ fn restore_into(
         let inside = verified.container.as_ref();
         let placement =
             (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
-        let pid = verified
-            .criu
-            .restore(
-                &images,
-                work_dir,
-                tcp,
-                (&namespaces, inherit),
-                (inside, placement),
-            )
-            .map_err(ControlError::Criu)?;
+        let tmpfs_before = cr_tmpfs_dirs();
+        let restored = verified.criu.restore(
+            &images,
+            work_dir,
+            tcp,
+            (&namespaces, inherit),
+            (inside, placement),
+        );
+        if inside.is_none() {
+            remove_new_cr_tmpfs(&tmpfs_before);
+        }
+        let pid = restored.map_err(ControlError::Criu)?;
         let root = match inside {
             Some(container) if container.enters_pid_namespace() => {
                 host_root(container, pid, work_dir)?
@@ -503,6 +505,35 @@ fn restore_into(
                 }
             }
         }),
+    }
+}
+
+/// The `cr-tmpfs.*` directories in `/tmp`: CRIU makes one (`mkdtemp`, a fixed path) to open a
+/// mount with others on top of it, and leaves it behind empty after every restore.
+fn cr_tmpfs_dirs() -> std::collections::BTreeSet<std::ffi::OsString> {
+    std::fs::read_dir("/tmp")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name())
+                .filter(|n| n.as_encoded_bytes().starts_with(b"cr-tmpfs."))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes the `cr-tmpfs.*` directories that appeared while this restore's CRIU ran, if empty
+/// and ours: `rmdir` removes nothing else (a directory in use as a mount point, or holding
+/// anything, stays).
+fn remove_new_cr_tmpfs(before: &std::collections::BTreeSet<std::ffi::OsString>) {
+    use std::os::unix::fs::MetadataExt;
+    let uid = rustix::process::geteuid().as_raw();
+    for name in cr_tmpfs_dirs().difference(before) {
+        let path = Path::new("/tmp").join(name);
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == uid);
+        if ours && let Err(e) = std::fs::remove_dir(&path) {
+            tracing::debug!(path = %path.display(), error = %e, "leaving a cr-tmpfs directory");
+        }
     }
 }
 
