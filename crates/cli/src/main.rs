@@ -266,7 +266,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::from(Exit::Success as u8),
         Err(error) => {
             let exit = exit_for(&error);
-            eprintln!("cuinterpose: {error:#}");
+            eprintln!("cuinterpose: {}", message(&error));
             ExitCode::from(exit as u8)
         }
     }
@@ -294,6 +294,24 @@ impl std::fmt::Display for Usage {
 }
 
 impl std::error::Error for Usage {}
+
+/// The error and its causes, each said once: most layers' messages name their cause already
+/// (`state file X: {source}`), so a cause whose text is in what was said already is left out
+/// (anyhow's `{:#}` would repeat it: "a fifo: a fifo: a fifo").
+fn message(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
 
 /// Maps an error to its documented exit code by what it says about the workload.
 fn exit_for(error: &anyhow::Error) -> Exit {

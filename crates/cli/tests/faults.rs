@@ -821,6 +821,28 @@ fn every_ordinary_bad_input_gets_its_exit_code() {
         run.expect_code(EXIT_USAGE).stderr_mentions(&[message]);
         assert!(!run.stderr.contains("unexpected"), "{}", run.describe());
     }
+    // A state file that is a FIFO: refused at once, its cause said once.
+    let fifo_dir = env.dir().join("fifo-state");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    let fifo = fifo_dir.join("cuinterpose.state");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let me = std::process::id().to_string();
+    let fifo_dir = fifo_dir.display().to_string();
+    let run = tool(&env, &["resume", "--pid", &me, "--state-dir", &fifo_dir]);
+    run.expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["a fifo", "nothing was changed"]);
+    assert_eq!(
+        run.stderr.matches("a fifo").count(),
+        1,
+        "{}",
+        run.describe()
+    );
     let help = tool(&env, &["demo", "--help"]);
     assert!(help.stdout.contains("2 to 64"), "{}", help.describe());
 }

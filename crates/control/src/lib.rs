@@ -81,7 +81,7 @@ pub enum ControlError {
     Criu(#[from] criu::CriuError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
-    #[error("{step} failed for {process}: {source}")]
+    #[error("{step} failed for {process}: {}", without_label(source, process))]
     Step {
         step: &'static str,
         process: String,
@@ -170,7 +170,19 @@ pub enum FileError {
     DigestThreadPanicked,
 }
 
-/// `what: cause`, either part left out when empty.
+/// `source`'s message without a leading `process: `: a step's error names the process already,
+/// and the participant's own error (ControlError::Participant, Shim, Protocol) begins with it.
+fn without_label(source: &ControlError, process: &str) -> String {
+    let text = source.to_string();
+    match text
+        .strip_prefix(process)
+        .and_then(|rest| rest.strip_prefix(": "))
+    {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
 /// `state file PATH` for a state file, the path alone for anything else (a directory is no
 /// state file).
 fn state_label(path: &std::path::Path) -> String {
@@ -181,6 +193,7 @@ fn state_label(path: &std::path::Path) -> String {
     }
 }
 
+/// `what: cause`, either part left out when empty.
 fn detail(what: &str, cause: Option<&std::io::Error>) -> String {
     match (what.is_empty(), cause) {
         (_, None) => what.to_string(),
@@ -217,5 +230,42 @@ impl ControlError {
                 | ControlError::NoSuchProcess(_)
                 | ControlError::Unchanged { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 29 item 11: a step's error names the process once, and only a state file is called
+    /// one.
+    #[test]
+    fn errors_say_the_process_once_and_name_directories_as_they_are() {
+        let step = ControlError::Step {
+            step: "native restore",
+            process: "pid 7 (python)".into(),
+            source: Box::new(ControlError::Protocol {
+                process: "pid 7 (python)".into(),
+                message: "closed".into(),
+            }),
+        };
+        assert_eq!(
+            step.to_string(),
+            "native restore failed for pid 7 (python): protocol error: closed"
+        );
+        let io = || FileError::Io(std::io::Error::other("denied"));
+        let dir = ControlError::State {
+            path: "/ckpt/images".into(),
+            source: io(),
+        };
+        assert_eq!(dir.to_string(), "/ckpt/images: denied");
+        let state = ControlError::State {
+            path: "/tmp/s/cuinterpose.state".into(),
+            source: io(),
+        };
+        assert_eq!(
+            state.to_string(),
+            "state file /tmp/s/cuinterpose.state: denied"
+        );
     }
 }
