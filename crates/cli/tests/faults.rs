@@ -879,3 +879,61 @@ fn a_checkpoint_into_a_file_is_refused() {
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
     ok(&group.rank, &["verify m 51"]);
 }
+
+// ---- issue 29 item 7: --allow-lost and a multicast object missing a member ----
+
+/// `--allow-lost` on a group whose multicast object lost a member (its device added by the
+/// lost process) is refused before anything changes, naming why; the group stays suspended as it
+/// was (its state file, every survivor's phase).
+#[test]
+fn allow_lost_refuses_a_multicast_object_missing_a_member_before_anything_changes() {
+    const MC: u64 = 4 << 20;
+    let env = env().env("FAKE_CUDA_DEVICES", "3");
+    let tree = Tree::run_tree_on(&env, 3, "0,1,2");
+    let ranks: Vec<&Workload> = (0..3).map(|r| tree.w(&format!("r{r}"))).collect();
+    ok(
+        ranks[0],
+        &[&format!("mc-create mc {MC} --devices 3"), "export mc"],
+    );
+    for w in &ranks[1..] {
+        let peer = w.socket().display().to_string();
+        ok(ranks[0], &[&format!("send-fd mc --to {peer}")]);
+        ok(w, &["wait fd mc", &format!("import mc --size {MC}")]);
+    }
+    for w in &ranks {
+        ok(w, &["mc-add-device mc"]);
+    }
+    for w in &ranks {
+        ok(
+            w,
+            &[
+                &format!("create m {MC} --handle-types posix"),
+                &format!("reserve r-m {MC}"),
+                "map m r-m",
+                "set-access m",
+                "export m",
+                &format!("mc-bind-mem mc 0 m --size {MC}"),
+            ],
+        );
+    }
+    suspend(&env, tree.root(), &[]).ok();
+    let lost = ranks[2].pid();
+    signal(lost, rustix::process::Signal::KILL);
+    wait_gone(lost);
+    let phases = |ranks: &[&Workload]| -> Vec<Phase> {
+        ranks[..2].iter().map(|w| phase_of(&env, w.pid())).collect()
+    };
+    let before = phases(&ranks);
+    let run = tool(
+        &env,
+        &strs(&resume_args(&env, tree.root(), &["--allow-lost"])),
+    );
+    run.expect_code(EXIT_REFUSED).stderr_mentions(&[
+        "multicast object",
+        &format!("pid {lost}"),
+        "cannot be rebuilt without it",
+        "nothing was changed",
+    ]);
+    assert_eq!(phases(&ranks), before, "{}", run.describe());
+    assert!(state_dir(&env).join("cuinterpose.state").exists());
+}
