@@ -167,6 +167,11 @@ enum Command {
         /// load, a damaged file undoing the restore before its processes resume; one read less)
         #[arg(long)]
         verify_data_first: bool,
+        /// Restore a checkpoint that is unsigned, or whose signature does not verify with the key
+        /// of CUINTERPOSE_SIGNING_KEY (with a warning), instead of refusing it: only for a
+        /// checkpoint whose origin you trust
+        #[arg(long)]
+        allow_unsigned: bool,
         /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
@@ -175,7 +180,7 @@ enum Command {
         driver: Option<PathBuf>,
         /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
         /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "criu", "driver"])]
+        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "allow_unsigned", "criu", "driver"])]
         cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
@@ -485,6 +490,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             device_map,
             namespaces_of,
             verify_data_first,
+            allow_unsigned,
             criu,
             driver,
             cleanup: false,
@@ -495,6 +501,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 device_map: device_map.unwrap_or_default(),
                 namespaces_of,
                 verify_data_first,
+                allow_unsigned,
                 criu,
                 driver,
                 config: config.clone(),

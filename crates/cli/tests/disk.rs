@@ -70,6 +70,7 @@ impl Disk {
     /// driver calls).
     fn tool_with(&self, args: &[&str], vars: &[(&str, &str)]) -> Output {
         let mut command = self.env.command(&self.tool, false).expect("tool command");
+        command.env("CUINTERPOSE_SIGNING_KEY", self.signing_key());
         command.envs(vars.iter().copied());
         command
             .args(args)
@@ -237,6 +238,11 @@ impl Disk {
 
     fn checkpoint_dir(&self) -> PathBuf {
         self.env.dir().join("ck")
+    }
+
+    /// The key this test's checkpoints are signed with (made by the first checkpoint).
+    fn signing_key(&self) -> PathBuf {
+        self.env.dir().join("keys/checkpoint.key")
     }
 
     /// Whether anything answers on a rank's socket.
@@ -678,6 +684,7 @@ fn a_restore_killed_during_criu_is_cleaned_up_and_the_next_restore_works() {
         let _ = std::fs::remove_file(&marker);
         let mut command = disk.env.command(&disk.tool, false).expect("tool command");
         command
+            .env("CUINTERPOSE_SIGNING_KEY", disk.signing_key())
             .args([
                 "restore",
                 "--dir",
@@ -1018,7 +1025,10 @@ fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
         let copy = disk.env.dir().join("damaged");
         copy_dir(&good, &copy);
         (damage.apply)(&copy);
-        refused(&copy, &[], 3, damage.message, damage.name);
+        // Refused for its signature when the damage is to what it covers; each check behind it
+        // still refuses the damage when the signature is not asked for.
+        refused(&copy, &[], 3, "", damage.name);
+        refused(&copy, &["--allow-unsigned"], 3, damage.message, damage.name);
         std::fs::remove_dir_all(&copy).expect("rm copy");
     }
     // A data file's bytes are checked as the shims load them: one of them damaged undoes the
@@ -2084,6 +2094,7 @@ fn tool_within(disk: &Disk, args: &[&str], timeout: Duration) -> Output {
     command
         .args(args)
         .env("CUINTERPOSE_CRIU", &disk.criu)
+        .env("CUINTERPOSE_SIGNING_KEY", disk.signing_key())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = command.spawn().expect("starting cuinterpose");
@@ -2527,4 +2538,92 @@ fn fifos_devices_and_links_in_a_checkpoint_are_refused_and_a_criu_failure_keeps_
 
     let (_report, _restored) = restore(&disk, &[]);
     verify_sharing(&disk.attach(), 1);
+}
+
+/// Issue 29, "go beyond": a checkpoint is signed with the node's key (made by the first
+/// checkpoint, mode 0600); a page image edited together with its digest line, a signature
+/// removed, or a checkpoint signed with another key are refused (exit 3) before anything
+/// changes; `--allow-unsigned` restores an unsigned one; the intact one restores.
+#[test]
+fn tampered_unsigned_and_foreign_checkpoints_are_refused_unless_allowed() {
+    use std::os::unix::fs::PermissionsExt;
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    assert!(good.join("manifest.sig").is_file());
+    let mode = std::fs::metadata(disk.signing_key())
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let crafted = disk.env.dir().join("crafted");
+    let crafted_arg = crafted.to_str().expect("utf-8 path");
+    let refused = |extra: &[&str], message: &str, what: &str| {
+        let before = hash_dir(&crafted);
+        let mut args = vec!["restore", "--dir", crafted_arg];
+        args.extend_from_slice(extra);
+        let out = disk.tool(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{what}: {message:?} not in {stderr}"
+        );
+        assert_eq!(hash_dir(&crafted), before, "{what}: the directory changed");
+        assert!(!disk.group_answers(), "{what}: something was restored");
+    };
+
+    // A page image edited with its digest line: the digests agree, the signature does not.
+    crafted_copy(&good, &crafted, &|d: &Path| {
+        let image = largest_image(d);
+        flip_byte(&image);
+        let name = image
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let digest = blake3::hash(&std::fs::read(&image).expect("image"))
+            .to_hex()
+            .to_string();
+        let list = std::fs::read_to_string(d.join("images.b3")).expect("list");
+        let edited: String = list
+            .lines()
+            .map(|l| {
+                if l.ends_with(&format!("images/{name}")) {
+                    format!("{digest}  images/{name}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(d.join("images.b3"), edited).expect("list");
+    });
+    refused(
+        &[],
+        "changed after it was signed",
+        "image and digest edited",
+    );
+
+    // Another node's key.
+    crafted_copy(&good, &crafted, &|_| {});
+    let other = disk.env.dir().join("other.key");
+    std::fs::write(&other, format!("{}\n", "ab".repeat(32))).expect("key");
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let out = disk.tool_with(
+        &["restore", "--dir", crafted_arg],
+        &[("CUINTERPOSE_SIGNING_KEY", other.to_str().expect("utf-8"))],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is signed with key"), "{stderr}");
+
+    // Unsigned: refused, then restored when allowed.
+    std::fs::remove_file(crafted.join("manifest.sig")).expect("rm sig");
+    refused(&[], "is not signed", "unsigned");
+    std::fs::remove_dir_all(&good).expect("rm good");
+    std::fs::rename(&crafted, &good).expect("mv");
+    let (_report, restored) = restore(&disk, &["--allow-unsigned"]);
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
 }

@@ -37,6 +37,10 @@ const LOCK_DIR: Setting = Setting {
     name: "CUINTERPOSE_LOCK_DIR",
     default: "locks/ in the same private directory",
 };
+const SIGNING_KEY: Setting = Setting {
+    name: "CUINTERPOSE_SIGNING_KEY",
+    default: "/var/lib/cuinterpose/checkpoint.key",
+};
 /// Internal: lets tests of a participant that does not answer run in seconds instead of tens of
 /// seconds.
 const ANSWER_TIMEOUT_MS: Setting = Setting {
@@ -63,6 +67,8 @@ pub struct ToolConfig {
     pub answer_timeout: Duration,
     /// Where the run locks go; `None`: `locks/` in the user's private directory.
     pub lock_dir: Option<PathBuf>,
+    /// The key file checkpoints are signed and verified with (crate::disk::signing).
+    pub signing_key: PathBuf,
 }
 
 /// A variable whose value the tool does not understand.
@@ -83,13 +89,15 @@ impl Default for ToolConfig {
             criu: None,
             answer_timeout: ANSWER_TIMEOUT,
             lock_dir: None,
+            signing_key: PathBuf::from(SIGNING_KEY.default),
         }
     }
 }
 
 impl ToolConfig {
     /// Every variable the tool reads.
-    pub const SETTINGS: &'static [Setting] = &[LOG, SHIM, CRIU, LOCK_DIR, ANSWER_TIMEOUT_MS];
+    pub const SETTINGS: &'static [Setting] =
+        &[LOG, SHIM, CRIU, LOCK_DIR, SIGNING_KEY, ANSWER_TIMEOUT_MS];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> Result<ToolConfig, ConfigError> {
@@ -146,6 +154,9 @@ impl ToolConfig {
                         })
                 })
                 .transpose()?,
+            signing_key: value(&SIGNING_KEY)
+                .map(PathBuf::from)
+                .unwrap_or(defaults.signing_key),
         })
     }
 }
@@ -224,6 +235,7 @@ mod tests {
                 ("CUINTERPOSE_CRIU", "/opt/criu/sbin/criu"),
                 ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
                 ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
+                ("CUINTERPOSE_SIGNING_KEY", "/etc/cuinterpose/cluster.key"),
             ])
             .unwrap(),
             ToolConfig {
@@ -232,6 +244,7 @@ mod tests {
                 criu: Some("/opt/criu/sbin/criu".into()),
                 answer_timeout: Duration::from_millis(1500),
                 lock_dir: Some("/run/locks".into()),
+                signing_key: "/etc/cuinterpose/cluster.key".into(),
             }
         );
         // Empty counts as unset.

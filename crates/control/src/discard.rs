@@ -19,7 +19,9 @@
 //! Anything else is a refusal that removes nothing. The manifest (or the marker) goes last, so a
 //! discard that failed part way can be run again.
 
-use crate::disk::{DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, read_manifest};
+use crate::disk::{
+    DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, SIGNATURE_FILE, read_manifest,
+};
 use crate::safefs;
 use crate::{ControlError, Refusal};
 use protocol::manifest::{LinkRemap, MANIFEST_FILE_NAME, Manifest, REMAPS_DIR};
@@ -165,7 +167,7 @@ fn plan_complete(dir: &Path) -> Result<Plan, ControlError> {
         .collect();
     let data: Vec<String> = manifest.data_files.iter().map(|d| d.file.clone()).collect();
     let expected = Expected {
-        top: &|name| [STATE_FILE_NAME, IMAGE_DIGESTS].contains(&name),
+        top: &|name| [STATE_FILE_NAME, IMAGE_DIGESTS, SIGNATURE_FILE].contains(&name),
         images: &|name| listed_images.iter().any(|n| n == name) || is_criu_log(name),
         data: &|name| data.iter().any(|n| n == name),
         remaps: &|name| copies.iter().any(|n| n == name),
@@ -200,13 +202,11 @@ fn plan_incomplete(dir: &Path) -> Result<Plan, ControlError> {
         MANIFEST_FILE_NAME,
         STATE_FILE_NAME,
         IMAGE_DIGESTS,
+        SIGNATURE_FILE,
         INCOMPLETE_MARKER,
     ];
     let expected = Expected {
-        top: &|name| {
-            [MANIFEST_FILE_NAME, STATE_FILE_NAME, IMAGE_DIGESTS].contains(&name)
-                || is_temporary_of(name, &top)
-        },
+        top: &|name| top[..4].contains(&name) || is_temporary_of(name, &top),
         images: &|name| crate::criu::is_image(name) || is_criu_log(name),
         data: &|name| is_data_file_name(name),
         remaps: &|name| is_remap_copy_name(name),

@@ -122,7 +122,9 @@ impl DataFiles {
     /// a record there.
     pub fn recorded(state: &Path) -> Result<Option<DataFiles>, ControlError> {
         let path = record_path(state);
-        let bytes = match std::fs::read(&path) {
+        // Read without following a link or waiting on a FIFO (crate::safefs), as every file of
+        // a checkpoint.
+        let bytes = match crate::safefs::read_regular(&path, 64 << 20) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(state_error(&path, e)),

@@ -115,11 +115,14 @@ fn file_blake3(path: &Path) -> Result<String, ControlError> {
 
 /// Checks the images against the digest list written at checkpoint: the same set of image files,
 /// each with its recorded BLAKE3 digest. CRIU itself does not notice a truncated or edited page image.
-pub(super) fn verify_images(dir: &Path, progress: &dyn Progress) -> Result<(), ControlError> {
+/// `recorded`: the list's bytes, read (and checked against the signature) by the caller.
+pub(super) fn verify_images(
+    dir: &Path,
+    recorded: &[u8],
+    progress: &dyn Progress,
+) -> Result<(), ControlError> {
     let list_path = dir.join(IMAGE_DIGESTS);
-    let recorded =
-        crate::safefs::read_regular(&list_path, 16 << 20).map_err(|e| damaged(&list_path, e))?;
-    let recorded = String::from_utf8(recorded).map_err(|e| damaged(&list_path, e))?;
+    let recorded = String::from_utf8(recorded.to_vec()).map_err(|e| damaged(&list_path, e))?;
     let images = dir.join(IMAGES_DIR);
     let found = digest_images(&images, progress).map_err(|e| damaged(&images, e))?;
     if found == recorded {
@@ -213,15 +216,15 @@ mod tests {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
         let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
-        std::fs::write(dir.path().join(IMAGE_DIGESTS), &list).expect("list");
-        verify_images(dir.path(), &crate::capture::Quiet).expect("intact checkpoint verifies");
+        verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+            .expect("intact checkpoint verifies");
         let mut big = std::fs::OpenOptions::new()
             .write(true)
             .open(images.join("pages-1.img"))
             .expect("open");
         big.seek(SeekFrom::Start(3)).expect("seek");
         big.write_all(b"x").expect("write");
-        let refusal = verify_images(dir.path(), &crate::capture::Quiet)
+        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
             .expect_err("damage refused")
             .to_string();
         assert!(

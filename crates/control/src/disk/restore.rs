@@ -4,7 +4,7 @@
 use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
-use super::manifest::read_manifest;
+use super::manifest::{check_complete, decode_manifest};
 use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
 use crate::capture::{self, Bytes, Clock, Progress, Report};
 use crate::container::Container;
@@ -39,6 +39,9 @@ pub struct RestoreOptions {
     /// of the default: lengths checked first, digests checked by the shims as they load, a
     /// mismatch killing the restored tree before its rebuild finishes (DataFiles::check_lengths).
     pub verify_data_first: bool,
+    /// Restore a checkpoint whose signature is missing or does not verify with the key of
+    /// `config` (crate::disk::signing), with a warning, instead of refusing it.
+    pub allow_unsigned: bool,
 }
 
 impl RestoreOptions {
@@ -52,6 +55,7 @@ impl RestoreOptions {
             config: config.clone(),
             namespaces_of: None,
             verify_data_first: false,
+            allow_unsigned: false,
         }
     }
 }
@@ -59,6 +63,8 @@ impl RestoreOptions {
 /// Everything a restore checks before it changes anything.
 struct Verified {
     manifest: Manifest,
+    /// The image digest list, read once with the manifest and checked with it.
+    image_digests: Vec<u8>,
     state: GroupState,
     criu: Criu,
     driver: Driver,
@@ -73,7 +79,11 @@ struct Verified {
 
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
     let dir = &options.dir;
-    let manifest = read_manifest(dir)?;
+    check_complete(dir)?;
+    // Before anything else of the directory is trusted: the manifest and the digest list it is
+    // checked with are read once, here, and everything else is checked against them.
+    let signed = super::signing::verify(dir, &options.config.signing_key, options.allow_unsigned)?;
+    let manifest = decode_manifest(dir, &signed.manifest)?;
     // What a checkpoint writes is read from these directories themselves: a symbolic link would
     // have the restore read (and CRIU restore) another directory's files.
     for sub in [IMAGES_DIR, super::DATA_DIR, protocol::manifest::REMAPS_DIR] {
@@ -148,6 +158,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     }
     Ok(Verified {
         manifest,
+        image_digests: signed.digests,
         state,
         criu,
         driver,
@@ -348,7 +359,8 @@ pub fn restore(
     let image_bytes = criu::directory_bytes(&images);
     let progress = clock.progress();
     clock.time("verify-images", Some(image_bytes), || {
-        verify_images(&options.dir, progress).map(|()| ((), image_bytes, 0.0))
+        verify_images(&options.dir, &verified.image_digests, progress)
+            .map(|()| ((), image_bytes, 0.0))
     })?;
     let files = DataFiles::listed(&options.dir, &verified.manifest.data_files);
     let (data_bytes, zero_bytes) = super::checkpoint::data_totals(&verified.manifest.data_files);
@@ -464,7 +476,6 @@ fn restore_into(
         let inside = verified.container.as_ref();
         let placement =
             (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
-        let tmpfs_before = cr_tmpfs_dirs();
         let restored = verified.criu.restore(
             &images,
             work_dir,
@@ -473,7 +484,7 @@ fn restore_into(
             (inside, placement),
         );
         if inside.is_none() {
-            remove_new_cr_tmpfs(&tmpfs_before);
+            remove_cr_tmpfs_left(work_dir);
         }
         let pid = restored.map_err(ControlError::Criu)?;
         let root = match inside {
@@ -508,31 +519,33 @@ fn restore_into(
     }
 }
 
-/// The `cr-tmpfs.*` directories in `/tmp`: CRIU makes one (`mkdtemp`, a fixed path) to open a
-/// mount with others on top of it, and leaves it behind empty after every restore.
-fn cr_tmpfs_dirs() -> std::collections::BTreeSet<std::ffi::OsString> {
-    std::fs::read_dir("/tmp")
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.file_name())
-                .filter(|n| n.as_encoded_bytes().starts_with(b"cr-tmpfs."))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Removes the `cr-tmpfs.*` directories that appeared while this restore's CRIU ran, if empty
-/// and ours: `rmdir` removes nothing else (a directory in use as a mount point, or holding
-/// anything, stays).
-fn remove_new_cr_tmpfs(before: &std::collections::BTreeSet<std::ffi::OsString>) {
-    use std::os::unix::fs::MetadataExt;
-    let uid = rustix::process::geteuid().as_raw();
-    for name in cr_tmpfs_dirs().difference(before) {
-        let path = Path::new("/tmp").join(name);
-        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == uid);
-        if ours && let Err(e) = std::fs::remove_dir(&path) {
-            tracing::debug!(path = %path.display(), error = %e, "leaving a cr-tmpfs directory");
+/// Removes the directories CRIU's restore left in `/tmp`: it makes one (`mkdtemp`,
+/// `/tmp/cr-tmpfs.XXXXXX`) to reach a mount with others on top of it, cannot remove it while that
+/// mount is in use, says so in its log ("Unable to remove /tmp/cr-tmpfs..."), and leaves it
+/// empty. Only the ones this CRIU's log names are removed, and `rmdir` removes nothing else (a
+/// directory in use or holding anything stays): another CRIU's, running now, is never touched.
+fn remove_cr_tmpfs_left(work_dir: &Path) {
+    const PREFIX: &str = "/tmp/cr-tmpfs.";
+    let Ok(log) = std::fs::read_to_string(work_dir.join("restore.log")) else {
+        return;
+    };
+    let named = log.lines().filter_map(|line| {
+        let at = line.find(PREFIX)?;
+        let rest = line.get(at + PREFIX.len()..)?;
+        let suffix: String = rest
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect();
+        (suffix.len() == 6).then(|| PathBuf::from(format!("{PREFIX}{suffix}")))
+    });
+    let named: std::collections::BTreeSet<PathBuf> = named.collect();
+    for path in named {
+        match std::fs::remove_dir(&path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "removed CRIU's leftover directory"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "leaving CRIU's directory")
+            }
         }
     }
 }
