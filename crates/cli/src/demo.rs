@@ -33,11 +33,13 @@ use workload::launch::{Group, Launcher, Programs, Workload, WorkloadOptions};
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
-    /// Processes in the group (each creates one shared allocation and imports its neighbour's)
-    #[arg(long, default_value_t = 2)]
+    /// Processes in the group (each creates one shared allocation and imports its neighbour's):
+    /// 2 to 64
+    #[arg(long, default_value_t = 2, value_parser = parse_processes)]
     processes: usize,
-    /// Bytes each process shares (default: 1 GiB on a GPU, 64 MiB on the fake driver)
-    #[arg(long)]
+    /// Bytes each process shares, a multiple of 2 MiB (the allocation granularity) up to 1 TiB
+    /// (default: 1 GiB on a GPU, 64 MiB on the fake driver)
+    #[arg(long, value_parser = parse_size)]
     size: Option<u64>,
     /// Use the bundled fake driver even when a GPU is present
     #[arg(long)]
@@ -57,6 +59,37 @@ pub struct DemoArgs {
     /// multicast object (in place, on the bundled fake driver only)
     #[arg(long, value_enum, default_value_t = Sharing::Vmm)]
     sharing: Sharing,
+}
+
+/// Most processes a demo starts: a group, not a way to fill the machine (each one is a CUDA
+/// process with its own context on a GPU).
+const MAX_PROCESSES: usize = 64;
+/// The allocation granularity every size is a multiple of (`cuMemCreate` refuses other sizes).
+const SIZE_GRANULARITY: u64 = 2 << 20;
+/// Most bytes a process shares: more than any GPU holds.
+const MAX_SIZE: u64 = 1 << 40;
+
+/// `--processes`: 2 (memory shared both ways) to [`MAX_PROCESSES`].
+fn parse_processes(text: &str) -> Result<usize, String> {
+    text.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (2..=MAX_PROCESSES).contains(n))
+        .ok_or_else(|| format!("{text:?} is not a number of processes from 2 to {MAX_PROCESSES}"))
+}
+
+/// `--size`: a positive multiple of [`SIZE_GRANULARITY`], at most [`MAX_SIZE`].
+fn parse_size(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|&n| n > 0 && n % SIZE_GRANULARITY == 0 && n <= MAX_SIZE)
+        .ok_or_else(|| {
+            format!(
+                "{text:?} is not a positive multiple of {SIZE_GRANULARITY} bytes (2 MiB) of at \
+                 most {MAX_SIZE} (1 TiB)"
+            )
+        })
 }
 
 /// How the demo group's memory is made and shared (`--sharing`).
@@ -109,21 +142,20 @@ struct DemoReport {
 }
 
 pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
-    ensure!(
-        args.processes >= 2,
-        "--processes must be at least 2 to share memory both ways"
-    );
+    let multicast = args.sharing == Sharing::Multicast;
+    if multicast && args.to_disk {
+        return Err(crate::Usage(
+            "--sharing multicast runs in place only (the multicast demo suspends and resumes; \
+             multicast groups go to disk with `cuinterpose checkpoint`)"
+                .into(),
+        )
+        .into());
+    }
     let Target {
         on_gpu,
         driver,
         programs,
     } = pick_driver(args.fake)?;
-    let multicast = args.sharing == Sharing::Multicast;
-    ensure!(
-        !(multicast && args.to_disk),
-        "--sharing multicast runs in place only (the multicast demo suspends and resumes; \
-         multicast groups go to disk with `cuinterpose checkpoint`)"
-    );
     // Decided by what the driver library is, before anything else runs.
     if multicast && !driver.is_bundled_fake() {
         bail!(

@@ -167,6 +167,11 @@ enum Command {
         /// load, a damaged file undoing the restore before its processes resume; one read less)
         #[arg(long)]
         verify_data_first: bool,
+        /// Restore a checkpoint that is unsigned, or whose signature does not verify with the key
+        /// of CUINTERPOSE_SIGNING_KEY (with a warning), instead of refusing it: only for a
+        /// checkpoint whose origin you trust
+        #[arg(long)]
+        allow_unsigned: bool,
         /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
@@ -175,7 +180,7 @@ enum Command {
         driver: Option<PathBuf>,
         /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
         /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "criu", "driver"])]
+        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "allow_unsigned", "criu", "driver"])]
         cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
@@ -266,7 +271,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::from(Exit::Success as u8),
         Err(error) => {
             let exit = exit_for(&error);
-            eprintln!("cuinterpose: {error:#}");
+            eprintln!("cuinterpose: {}", message(&error));
             ExitCode::from(exit as u8)
         }
     }
@@ -282,8 +287,42 @@ fn init_logging(config: &control::config::ToolConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A bad argument found once clap has parsed the command line (a program that does not exist,
+/// a path of the wrong kind, a value out of range): exit 2, as for the ones clap finds.
+#[derive(Debug)]
+pub(crate) struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// The error and its causes, each said once: most layers' messages name their cause already
+/// (`state file X: {source}`), so a cause whose text is in what was said already is left out
+/// (anyhow's `{:#}` would repeat it: "a fifo: a fifo: a fifo").
+fn message(error: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
 /// Maps an error to its documented exit code by what it says about the workload.
 fn exit_for(error: &anyhow::Error) -> Exit {
+    if error.downcast_ref::<Usage>().is_some() {
+        return Exit::Usage;
+    }
     match error.downcast_ref::<ControlError>() {
         // Nothing was changed: a refusal, a process or driver that is not there, a state file
         // that cannot be read.
@@ -296,9 +335,11 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. },
         ) => Exit::Refused,
-        Some(ControlError::RolledBack { .. } | ControlError::RestoreUndone { .. }) => {
-            Exit::RolledBack
-        }
+        Some(
+            ControlError::RolledBack { .. }
+            | ControlError::RestoreUndone { .. }
+            | ControlError::CriuRestoreFailed { .. },
+        ) => Exit::RolledBack,
         Some(
             ControlError::RollbackFailed { .. }
             | ControlError::Step { .. }
@@ -450,6 +491,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             device_map,
             namespaces_of,
             verify_data_first,
+            allow_unsigned,
             criu,
             driver,
             cleanup: false,
@@ -460,6 +502,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 device_map: device_map.unwrap_or_default(),
                 namespaces_of,
                 verify_data_first,
+                allow_unsigned,
                 criu,
                 driver,
                 config: config.clone(),
@@ -503,6 +546,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             driver,
             idle,
         } => {
+            check_helper_socket(&socket)?;
             let library = driver.unwrap_or_else(|| PathBuf::from("libcuda.so.1"));
             let loaded = cuda::load(library.as_os_str(), cuda::Resolve::Dlsym)
                 .with_context(|| format!("loading {}", library.display()))?;
@@ -516,6 +560,24 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             shim_runtime::carrier_helper::serve(loaded.table(), &config)
                 .context("the carrier helper stopped")
         }
+    }
+}
+
+/// `carrier-helper --socket`: where a socket can be made (its directory exists; nothing but a
+/// stale socket at the path, which the helper replaces), or a bad argument.
+fn check_helper_socket(socket: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let bad = |why: String| Err(Usage(format!("--socket {}: {why}", socket.display())).into());
+    match std::fs::symlink_metadata(socket) {
+        Ok(m) if m.file_type().is_socket() => Ok(()),
+        Ok(m) => bad(format!(
+            "is {}, not a socket",
+            control::safefs::describe(m.file_type())
+        )),
+        Err(_) => match socket.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(dir) if !dir.is_dir() => bad(format!("{} is not a directory", dir.display())),
+            _ => Ok(()),
+        },
     }
 }
 

@@ -1,7 +1,7 @@
 //! `cuinterpose run`: start a program with the shim preloaded. No shell, no lingering parent: the
 //! tool prepends the shim to `LD_PRELOAD` and execs the command in its own place.
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,7 @@ pub struct RunArgs {
 pub fn run(args: RunArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
     let shim = locate_shim(args.shim.as_deref(), config.shim.as_deref())?;
     let (program, rest) = args.command.split_first().context("no command given")?;
+    check_program(Path::new(program))?;
     let mut command = std::process::Command::new(program);
     command.args(rest);
     command.env(
@@ -33,7 +34,12 @@ pub fn run(args: RunArgs, config: &control::config::ToolConfig) -> anyhow::Resul
         preload_with(&shim, std::env::var_os("LD_PRELOAD")),
     );
     if let Some(dir) = &args.control_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            crate::Usage(format!(
+                "--control-dir {} cannot be used: {e}",
+                dir.display()
+            ))
+        })?;
         command.env("CUINTERPOSE_CONTROL_DIR", dir);
     }
     if args.pid_namespace {
@@ -67,7 +73,7 @@ pub fn locate_shim(explicit: Option<&Path>, configured: Option<&Path>) -> anyhow
                 .with_context(|| format!("resolving {}", candidate.display()));
         }
     }
-    bail!(
+    Err(crate::Usage(format!(
         "{} not found (looked at {}); pass --shim PATH",
         control::discovery::SHIM_LIBRARY,
         candidates
@@ -75,7 +81,37 @@ pub fn locate_shim(explicit: Option<&Path>, configured: Option<&Path>) -> anyhow
             .map(|c| c.display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
-    )
+    ))
+    .into())
+}
+
+/// The program to run must be an executable file, given by path or found in `PATH` as `execvp`
+/// looks for it: checked before anything starts (a PID namespace, a launcher), a bad argument.
+fn check_program(program: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let found = if program.as_os_str().as_encoded_bytes().contains(&b'/') {
+        executable(program)
+    } else {
+        let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+        std::env::split_paths(&path).any(|dir| executable(&dir.join(program)))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(crate::Usage(format!(
+            "{}: no such executable file{}",
+            program.display(),
+            if program.as_os_str().as_encoded_bytes().contains(&b'/') {
+                ""
+            } else {
+                " in PATH"
+            }
+        ))
+        .into())
+    }
 }
 
 /// `LD_PRELOAD` with the shim first and not repeated. The loader splits on spaces and colons.

@@ -70,6 +70,7 @@ impl Disk {
     /// driver calls).
     fn tool_with(&self, args: &[&str], vars: &[(&str, &str)]) -> Output {
         let mut command = self.env.command(&self.tool, false).expect("tool command");
+        command.env("CUINTERPOSE_SIGNING_KEY", self.signing_key());
         command.envs(vars.iter().copied());
         command
             .args(args)
@@ -237,6 +238,11 @@ impl Disk {
 
     fn checkpoint_dir(&self) -> PathBuf {
         self.env.dir().join("ck")
+    }
+
+    /// The key this test's checkpoints are signed with (made by the first checkpoint).
+    fn signing_key(&self) -> PathBuf {
+        self.env.dir().join("keys/checkpoint.key")
     }
 
     /// Whether anything answers on a rank's socket.
@@ -678,6 +684,7 @@ fn a_restore_killed_during_criu_is_cleaned_up_and_the_next_restore_works() {
         let _ = std::fs::remove_file(&marker);
         let mut command = disk.env.command(&disk.tool, false).expect("tool command");
         command
+            .env("CUINTERPOSE_SIGNING_KEY", disk.signing_key())
             .args([
                 "restore",
                 "--dir",
@@ -1018,7 +1025,10 @@ fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
         let copy = disk.env.dir().join("damaged");
         copy_dir(&good, &copy);
         (damage.apply)(&copy);
-        refused(&copy, &[], 3, damage.message, damage.name);
+        // Refused for its signature when the damage is to what it covers; each check behind it
+        // still refuses the damage when the signature is not asked for.
+        refused(&copy, &[], 3, "", damage.name);
+        refused(&copy, &["--allow-unsigned"], 3, damage.message, damage.name);
         std::fs::remove_dir_all(&copy).expect("rm copy");
     }
     // A data file's bytes are checked as the shims load them: one of them damaged undoes the
@@ -2052,4 +2062,568 @@ fn a_full_disk_during_the_checkpoint_is_rolled_back() {
     assert!(left.is_empty(), "left in the directory: {left:?}");
     assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
     verify_sharing(&group.ranks, 1);
+}
+
+// ---- issue 29: crafted checkpoints (items 4, 5, 6, 8, 9) ----
+
+/// Every path under `dir` with its type and size, links not followed and nothing opened (a FIFO
+/// there must not hang the test).
+fn listing(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).expect("lstat");
+            let rel = path.strip_prefix(base).unwrap_or(&path).to_path_buf();
+            out.insert(rel, format!("{:?} {}", meta.file_type(), meta.len()));
+            if meta.is_dir() {
+                walk(base, &path, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// `cuinterpose ARGS`, bounded by `timeout` (a hang fails the test instead of blocking it).
+fn tool_within(disk: &Disk, args: &[&str], timeout: Duration) -> Output {
+    let mut command = disk.env.command(&disk.tool, false).expect("tool command");
+    command
+        .args(args)
+        .env("CUINTERPOSE_CRIU", &disk.criu)
+        .env("CUINTERPOSE_SIGNING_KEY", disk.signing_key())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = command.spawn().expect("starting cuinterpose");
+    wait_output(child, timeout, &format!("cuinterpose {}", args.join(" ")))
+}
+
+fn mkfifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo");
+    assert!(status.success());
+}
+
+fn mknod_zero(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let status = std::process::Command::new("mknod")
+        .arg(path)
+        .args(["c", "1", "5"])
+        .status()
+        .expect("mknod");
+    assert!(status.success());
+}
+
+fn replace_with_symlink(path: &Path, target: &Path) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        std::fs::remove_dir_all(path).expect("rm dir");
+    } else {
+        let _ = std::fs::remove_file(path);
+    }
+    std::os::unix::fs::symlink(target, path).expect("symlink");
+}
+
+/// A crafted checkpoint: what it is, how it is made from a copy of a good one, and a part of the
+/// message that refuses it.
+type Craft = (&'static str, Box<dyn Fn(&Path)>, &'static str);
+
+/// The first data file of the checkpoint in `dir`.
+fn first_data_file(dir: &Path) -> PathBuf {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("data"))
+        .expect("data")
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    files.into_iter().next().expect("a data file")
+}
+
+/// A crafted checkpoint: a copy of `good` at `crafted`, changed by `craft`.
+fn crafted_copy(good: &Path, crafted: &Path, craft: &dyn Fn(&Path)) {
+    if crafted.exists() {
+        std::fs::remove_dir_all(crafted).expect("rm crafted");
+    }
+    copy_dir(good, crafted);
+    craft(crafted);
+}
+
+/// Outside files a crafted checkpoint names; each must be left alone.
+struct Outside {
+    victim: PathBuf,
+    /// A directory a symbolic link in a crafted checkpoint points at, holding a file named like
+    /// a kept link remap, and a stranger.
+    victim_dir: PathBuf,
+    kept_like: PathBuf,
+}
+
+impl Outside {
+    fn new(disk: &Disk) -> Outside {
+        let victim = disk.env.dir().join("victim.txt");
+        std::fs::write(&victim, b"precious").expect("victim");
+        let victim_dir = disk.env.dir().join("victim-dir");
+        std::fs::create_dir_all(&victim_dir).expect("victim dir");
+        let kept_like = victim_dir.join("link_remap.1.cuinterpose-0123456789abcdef");
+        std::fs::write(&kept_like, b"precious too").expect("kept-like");
+        std::fs::write(victim_dir.join("pages-1.img"), b"precious three").expect("stranger");
+        Outside {
+            victim,
+            victim_dir,
+            kept_like,
+        }
+    }
+
+    fn assert_untouched(&self, what: &str) {
+        assert_eq!(
+            std::fs::read(&self.victim).ok().as_deref(),
+            Some(&b"precious"[..]),
+            "{what}"
+        );
+        assert_eq!(
+            std::fs::read(&self.kept_like).ok().as_deref(),
+            Some(&b"precious too"[..]),
+            "{what}"
+        );
+        assert!(self.victim_dir.join("pages-1.img").is_file(), "{what}");
+    }
+}
+
+/// The crafted checkpoints discard must refuse, each with what the message says.
+fn discard_crafts(disk: &Disk, outside: &Outside) -> Vec<Craft> {
+    let victim = outside.victim.display().to_string();
+    let evil = disk.env.dir().join("evil");
+    let _ = std::fs::remove_file(&evil);
+    std::os::unix::fs::symlink(&outside.victim_dir, &evil).expect("evil link");
+    let marker = |remaps: serde_json::Value| {
+        move |d: &Path| {
+            std::fs::write(d.join("cuinterpose.incomplete"), remaps.to_string()).expect("marker")
+        }
+    };
+    let victim_dir = outside.victim_dir.clone();
+    vec![
+        (
+            "a marker (beside a complete manifest) naming any file as a kept link remap",
+            Box::new(marker(serde_json::json!([{
+                "link": disk.env.dir().join("link_remap.1"), "kept_as": victim.clone()
+            }]))),
+            "is not a name the tool keeps a link remap under",
+        ),
+        (
+            "a marker naming a kept link remap through a symbolic link to another directory",
+            Box::new(marker(serde_json::json!([{
+                "link": evil.join("link_remap.1"),
+                "kept_as": evil.join("link_remap.1.cuinterpose-0123456789abcdef"),
+            }]))),
+            "reached through a symbolic link",
+        ),
+        (
+            "a manifest naming any file as a kept link remap",
+            Box::new(move |d: &Path| {
+                let victim = victim.clone();
+                edit_manifest(d, |m| {
+                    m["criu"]["link_remaps"][0]["kept_as"] = victim.into()
+                })
+            }),
+            "not a link_remap.<id> file",
+        ),
+        (
+            "a manifest naming a user's file as the state file",
+            Box::new(|d: &Path| {
+                std::fs::write(d.join("notes.txt"), b"mine").expect("notes");
+                edit_manifest(d, |m| m["state"]["file"] = "notes.txt".into())
+            }),
+            "names the state file \"notes.txt\"",
+        ),
+        (
+            "a user file in images/",
+            Box::new(|d: &Path| std::fs::write(d.join("images/notes.txt"), b"mine").expect("w")),
+            "images/notes.txt",
+        ),
+        (
+            "a user file in data/",
+            Box::new(|d: &Path| std::fs::write(d.join("data/notes.txt"), b"mine").expect("w")),
+            "data/notes.txt",
+        ),
+        (
+            "a user file in remaps/",
+            Box::new(|d: &Path| {
+                std::fs::create_dir_all(d.join("remaps")).expect("mkdir");
+                std::fs::write(d.join("remaps/link_remap.3"), b"mine").expect("w")
+            }),
+            "remaps/link_remap.3",
+        ),
+        (
+            "a user file named like a temporary of the manifest",
+            Box::new(|d: &Path| {
+                std::fs::write(d.join(".manifest.json.tmp-mine"), b"mine").expect("w")
+            }),
+            ".manifest.json.tmp-mine",
+        ),
+        (
+            "the same in an incomplete checkpoint",
+            Box::new(|d: &Path| {
+                std::fs::write(d.join("cuinterpose.incomplete"), b"[]").expect("marker");
+                std::fs::write(d.join(".manifest.json.tmp-mine"), b"mine").expect("w")
+            }),
+            ".manifest.json.tmp-mine",
+        ),
+        (
+            "images/ a symbolic link to another directory",
+            Box::new(move |d: &Path| replace_with_symlink(&d.join("images"), &victim_dir)),
+            "images (a symbolic link)",
+        ),
+        (
+            "an image a symbolic link",
+            Box::new(|d: &Path| {
+                let image = largest_image(d);
+                replace_with_symlink(&image, Path::new("/etc/hostname"))
+            }),
+            "(a symbolic link)",
+        ),
+        (
+            "a data file a FIFO",
+            Box::new(|d: &Path| mkfifo(&first_data_file(d))),
+            "(a FIFO)",
+        ),
+        (
+            "the state file a device",
+            Box::new(|d: &Path| mknod_zero(&d.join("cuinterpose.state"))),
+            "cuinterpose.state (a device)",
+        ),
+    ]
+}
+
+/// Items 4, 5 and 9 of issue 29: nothing read from a checkpoint (a marker, a manifest) makes
+/// `discard` or `checkpoint --dir` delete anything outside what a checkpoint writes, a user's
+/// file in any subdirectory or beside it makes discard refuse before it deletes anything, and so
+/// does a directory reached through a symbolic link.
+#[test]
+fn crafted_checkpoints_make_discard_and_checkpoint_touch_nothing_outside() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    let kept = disk.link_remaps();
+    let outside = Outside::new(&disk);
+    let crafted = disk.env.dir().join("crafted");
+    let crafted_arg = crafted.to_str().expect("utf-8 path");
+    for (what, craft, message) in discard_crafts(&disk, &outside) {
+        crafted_copy(&good, &crafted, &*craft);
+        let before = listing(&crafted);
+        let out = tool_within(
+            &disk,
+            &["discard", "--dir", crafted_arg],
+            Duration::from_secs(60),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{what}: {message:?} not in {stderr}"
+        );
+        assert!(stderr.contains("nothing was removed"), "{what}: {stderr}");
+        assert_eq!(listing(&crafted), before, "{what}: the directory changed");
+        outside.assert_untouched(what);
+        assert!(
+            kept.iter().all(|k| k.is_file()),
+            "{what}: the real link remap is gone"
+        );
+    }
+
+    // Through a symbolic link to a checkpoint: refused, the checkpoint left whole.
+    crafted_copy(&good, &crafted, &|_| {});
+    let link = disk.env.dir().join("link-to-crafted");
+    std::os::unix::fs::symlink(&crafted, &link).expect("symlink");
+    let before = listing(&crafted);
+    let out = disk.tool(&["discard", "--dir", link.to_str().expect("utf-8")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("is a symbolic link, not a directory"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("state file"), "{stderr}");
+    assert_eq!(listing(&crafted), before);
+
+    // `checkpoint --dir` removes an incomplete checkpoint first: a crafted marker there is
+    // refused the same way, before the group is touched.
+    let (_report, restored) = restore(&disk, &[]);
+    let victim = outside.victim.display().to_string();
+    crafted_copy(&good, &crafted, &|d: &Path| {
+        let marker = serde_json::json!([{"link": "/tmp/link_remap.1", "kept_as": victim}]);
+        std::fs::write(d.join("cuinterpose.incomplete"), marker.to_string()).expect("marker")
+    });
+    let root = restored.0.to_string();
+    let out = disk.tool(&["checkpoint", "--pid", &root, "--dir", crafted_arg]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is not a name the tool keeps"), "{stderr}");
+    outside.assert_untouched("checkpoint --dir over a crafted marker");
+    verify_sharing(&disk.attach(), 1);
+}
+
+/// Item 6 of issue 29: what may stand in every place of a checkpoint instead of the file a
+/// checkpoint wrote (a FIFO, a device, a symbolic link), each with a part of the message.
+fn restore_crafts() -> Vec<Craft> {
+    vec![
+        (
+            "manifest a FIFO",
+            Box::new(|d: &Path| mkfifo(&d.join("manifest.json"))),
+            "a FIFO",
+        ),
+        (
+            "manifest a symbolic link",
+            Box::new(|d: &Path| {
+                let aside = d.with_extension("manifest");
+                std::fs::rename(d.join("manifest.json"), &aside).expect("mv");
+                replace_with_symlink(&d.join("manifest.json"), &aside)
+            }),
+            "a symbolic link",
+        ),
+        (
+            "state file a FIFO",
+            Box::new(|d: &Path| mkfifo(&d.join("cuinterpose.state"))),
+            "a FIFO",
+        ),
+        (
+            "state file a device",
+            Box::new(|d: &Path| mknod_zero(&d.join("cuinterpose.state"))),
+            "a device",
+        ),
+        (
+            "digest list a FIFO",
+            Box::new(|d: &Path| mkfifo(&d.join("images.b3"))),
+            "a FIFO",
+        ),
+        (
+            "an image a FIFO",
+            Box::new(|d: &Path| mkfifo(&largest_image(d))),
+            "a FIFO",
+        ),
+        (
+            "an image a device",
+            Box::new(|d: &Path| mknod_zero(&largest_image(d))),
+            "a device",
+        ),
+        (
+            "an image a symbolic link",
+            Box::new(|d: &Path| {
+                let image = largest_image(d);
+                let aside = d.with_extension("image");
+                std::fs::rename(&image, &aside).expect("mv");
+                replace_with_symlink(&image, &aside)
+            }),
+            "a symbolic link",
+        ),
+        (
+            "images/ a symbolic link",
+            Box::new(|d: &Path| {
+                let aside = d.with_extension("images");
+                std::fs::rename(d.join("images"), &aside).expect("mv");
+                replace_with_symlink(&d.join("images"), &aside)
+            }),
+            "a symbolic link",
+        ),
+        (
+            "a data file a FIFO",
+            Box::new(|d: &Path| mkfifo(&first_data_file(d))),
+            "a FIFO",
+        ),
+        (
+            "a data file a device",
+            Box::new(|d: &Path| mknod_zero(&first_data_file(d))),
+            "a device",
+        ),
+        (
+            "a data file a symbolic link",
+            Box::new(|d: &Path| {
+                let file = first_data_file(d);
+                let aside = d.with_extension("data");
+                std::fs::rename(&file, &aside).expect("mv");
+                replace_with_symlink(&file, &aside)
+            }),
+            "a symbolic link",
+        ),
+        (
+            "data/ a symbolic link",
+            Box::new(|d: &Path| {
+                let aside = d.with_extension("datadir");
+                std::fs::rename(d.join("data"), &aside).expect("mv");
+                replace_with_symlink(&d.join("data"), &aside)
+            }),
+            "a symbolic link",
+        ),
+    ]
+}
+
+/// A CRIU that runs the real one, except that every restore fails after writing its log, as a
+/// CRIU that cannot restore the tree does.
+fn criu_failing_restore(disk: &Disk) -> PathBuf {
+    let path = disk.env.dir().join("criu-failing-restore");
+    let script = format!(
+        "#!/bin/sh\nif [ \"$1\" = restore ]; then\n  while [ $# -gt 0 ]; do\n    \
+         [ \"$1\" = --work-dir ] && dir=$2\n    shift\n  done\n  \
+         echo 'Error (criu/cr-restore.c:1): injected restore failure' > \"$dir/restore.log\"\n  \
+         exit 1\nfi\nexec {} \"$@\"\n",
+        disk.criu.display()
+    );
+    std::fs::write(&path, script).expect("script");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    path
+}
+
+/// Items 6 and 8 of issue 29: a FIFO, a device or a symbolic link in any place of a checkpoint
+/// is refused (exit 3) without waiting, with and without `--verify-data-first`, and nothing
+/// changes; a CRIU that fails the restore exits 4 naming a log that is still there; then the
+/// intact checkpoint restores.
+#[test]
+fn fifos_devices_and_links_in_a_checkpoint_are_refused_and_a_criu_failure_keeps_its_log() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    let crafted = disk.env.dir().join("crafted");
+    let crafted_arg = crafted.to_str().expect("utf-8 path");
+    for (what, craft, message) in restore_crafts() {
+        crafted_copy(&good, &crafted, &*craft);
+        let before = listing(&crafted);
+        for extra in [&[][..], &["--verify-data-first"][..]] {
+            let mut args = vec!["restore", "--dir", crafted_arg];
+            args.extend_from_slice(extra);
+            let out = tool_within(&disk, &args, Duration::from_secs(60));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(3), "{what} {extra:?}: {stderr}");
+            assert!(
+                stderr.contains(message),
+                "{what}: {message:?} not in {stderr}"
+            );
+            assert_eq!(
+                stderr.matches(message).count(),
+                1,
+                "{what}: cause repeated: {stderr}"
+            );
+            assert_eq!(listing(&crafted), before, "{what}: the directory changed");
+            assert!(!disk.group_answers(), "{what}: something was restored");
+        }
+    }
+    std::fs::remove_dir_all(&crafted).expect("rm crafted");
+
+    let before = hash_dir(&good);
+    let failing = criu_failing_restore(&disk);
+    let out = disk.tool(&[
+        "restore",
+        "--dir",
+        good.to_str().expect("utf-8"),
+        "--criu",
+        failing.to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("injected restore failure"), "{stderr}");
+    let log = stderr
+        .split("its log is kept at ")
+        .nth(1)
+        .and_then(|rest| rest.split(":\n").next())
+        .unwrap_or_else(|| panic!("no log named: {stderr}"));
+    let text = std::fs::read_to_string(log).unwrap_or_else(|e| panic!("{log}: {e}"));
+    assert!(text.contains("injected restore failure"), "{text}");
+    assert_eq!(hash_dir(&good), before, "the checkpoint is unchanged");
+    assert!(!disk.group_answers());
+
+    let (_report, _restored) = restore(&disk, &[]);
+    verify_sharing(&disk.attach(), 1);
+}
+
+/// Issue 29, "go beyond": a checkpoint is signed with the node's key (made by the first
+/// checkpoint, mode 0600); a page image edited together with its digest line, a signature
+/// removed, or a checkpoint signed with another key are refused (exit 3) before anything
+/// changes; `--allow-unsigned` restores an unsigned one; the intact one restores.
+#[test]
+fn tampered_unsigned_and_foreign_checkpoints_are_refused_unless_allowed() {
+    use std::os::unix::fs::PermissionsExt;
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    assert!(good.join("manifest.sig").is_file());
+    let mode = std::fs::metadata(disk.signing_key())
+        .expect("key")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let crafted = disk.env.dir().join("crafted");
+    let crafted_arg = crafted.to_str().expect("utf-8 path");
+    let refused = |extra: &[&str], message: &str, what: &str| {
+        let before = hash_dir(&crafted);
+        let mut args = vec!["restore", "--dir", crafted_arg];
+        args.extend_from_slice(extra);
+        let out = disk.tool(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "{what}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{what}: {message:?} not in {stderr}"
+        );
+        assert_eq!(hash_dir(&crafted), before, "{what}: the directory changed");
+        assert!(!disk.group_answers(), "{what}: something was restored");
+    };
+
+    // A page image edited with its digest line: the digests agree, the signature does not.
+    crafted_copy(&good, &crafted, &|d: &Path| {
+        let image = largest_image(d);
+        flip_byte(&image);
+        let name = image
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let digest = blake3::hash(&std::fs::read(&image).expect("image"))
+            .to_hex()
+            .to_string();
+        let list = std::fs::read_to_string(d.join("images.b3")).expect("list");
+        let edited: String = list
+            .lines()
+            .map(|l| {
+                if l.ends_with(&format!("images/{name}")) {
+                    format!("{digest}  images/{name}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(d.join("images.b3"), edited).expect("list");
+    });
+    refused(
+        &[],
+        "changed after it was signed",
+        "image and digest edited",
+    );
+
+    // Another node's key.
+    crafted_copy(&good, &crafted, &|_| {});
+    let other = disk.env.dir().join("other.key");
+    std::fs::write(&other, format!("{}\n", "ab".repeat(32))).expect("key");
+    std::fs::set_permissions(&other, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let out = disk.tool_with(
+        &["restore", "--dir", crafted_arg],
+        &[("CUINTERPOSE_SIGNING_KEY", other.to_str().expect("utf-8"))],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("is signed with key"), "{stderr}");
+
+    // Unsigned: refused, then restored when allowed.
+    std::fs::remove_file(crafted.join("manifest.sig")).expect("rm sig");
+    refused(&[], "is not signed", "unsigned");
+    std::fs::remove_dir_all(&good).expect("rm good");
+    std::fs::rename(&crafted, &good).expect("mv");
+    let (_report, restored) = restore(&disk, &["--allow-unsigned"]);
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
 }

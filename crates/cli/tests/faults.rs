@@ -727,3 +727,213 @@ fn a_failed_or_killed_checkpoint_leaves_nothing_that_resume_discard_or_a_new_che
     .ok();
     assert!(!dir.exists());
 }
+
+// ---- issue 29 item 10: every ordinary bad input gets its exit code ----
+
+const EXIT_USAGE: i32 = 2;
+
+/// Each bad input of issue 29's item 10 exits with its documented code (2: a bad argument or
+/// setting, 3: no such process or refused) and says what is wrong; `demo`'s bad values are
+/// refused by the argument parser, before any process starts.
+#[test]
+fn every_ordinary_bad_input_gets_its_exit_code() {
+    let env = env();
+    let file = env.dir().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let file_arg = file.display().to_string();
+    let driver = fake_driver(&env).display().to_string();
+    let criu = criu().display().to_string();
+    let dir = env.dir().join("ck").display().to_string();
+    for pid in ["0", "4294967295", &gone_pid().to_string()] {
+        tool(
+            &env,
+            &[
+                "checkpoint",
+                "--pid",
+                pid,
+                "--dir",
+                &dir,
+                "--criu",
+                &criu,
+                "--driver",
+                &driver,
+            ],
+        )
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&[&format!("no process {pid}")]);
+    }
+    for setting in [file_arg.as_str(), "/proc/1"] {
+        tool_with(
+            &env,
+            &["inspect", "--pid", "1"],
+            &[("CUINTERPOSE_LOCK_DIR", setting)],
+        )
+        .expect_code(EXIT_USAGE)
+        .stderr_mentions(&["CUINTERPOSE_LOCK_DIR", "create its locks in"]);
+    }
+    for (args, message) in [
+        (
+            vec!["run", "--", "/nonexistent"],
+            "/nonexistent: no such executable file",
+        ),
+        (
+            vec!["run", "--", "no-such-program-29"],
+            "no such executable file in PATH",
+        ),
+        (
+            vec!["run", "--pid-namespace", "--", "/nonexistent"],
+            "no such executable file",
+        ),
+        (
+            vec!["run", "--shim", "/nonexistent", "--", "true"],
+            "not found",
+        ),
+        (
+            vec!["run", "--control-dir", &file_arg, "--", "true"],
+            "--control-dir",
+        ),
+        (vec!["demo", "--fake", "--size", "0"], "--size"),
+        (vec!["demo", "--fake", "--size", "1"], "multiple of 2097152"),
+        (
+            vec!["demo", "--fake", "--size", "18446744073709551615"],
+            "--size",
+        ),
+        (vec!["demo", "--fake", "--processes", "0"], "from 2 to 64"),
+        (vec!["demo", "--fake", "--processes", "1"], "from 2 to 64"),
+        (
+            vec!["demo", "--fake", "--processes", "100000"],
+            "from 2 to 64",
+        ),
+        (
+            vec!["demo", "--fake", "--sharing", "multicast", "--to-disk"],
+            "runs in place only",
+        ),
+        (
+            vec!["carrier-helper", "--socket", &file_arg],
+            "not a socket",
+        ),
+        (
+            vec!["carrier-helper", "--socket", "/nonexistent/dir/s.sock"],
+            "is not a directory",
+        ),
+    ] {
+        let run = tool(&env, &args);
+        run.expect_code(EXIT_USAGE).stderr_mentions(&[message]);
+        assert!(!run.stderr.contains("unexpected"), "{}", run.describe());
+    }
+    // A state file that is a FIFO: refused at once, its cause said once.
+    let fifo_dir = env.dir().join("fifo-state");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    let fifo = fifo_dir.join("cuinterpose.state");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let me = std::process::id().to_string();
+    let fifo_dir = fifo_dir.display().to_string();
+    let run = tool(&env, &["resume", "--pid", &me, "--state-dir", &fifo_dir]);
+    run.expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["a fifo", "nothing was changed"]);
+    assert_eq!(
+        run.stderr.matches("a fifo").count(),
+        1,
+        "{}",
+        run.describe()
+    );
+    let help = tool(&env, &["demo", "--help"]);
+    assert!(help.stdout.contains("2 to 64"), "{}", help.describe());
+}
+
+/// A pid no process has: one that existed and was reaped.
+fn gone_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// `checkpoint --dir` naming a file is refused (exit 3) before anything changes.
+#[test]
+fn a_checkpoint_into_a_file_is_refused() {
+    let env = env();
+    let group = Namespaced::start(&env, "ns");
+    let file = env.dir().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let driver = fake_driver(&env);
+    let run = tool_on(
+        &env,
+        "ns",
+        &strs(&checkpoint_args(
+            group.init(),
+            &file,
+            &criu(),
+            &driver,
+            false,
+        )),
+    );
+    run.expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["cannot be used for a checkpoint", "Not a directory"]);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    ok(&group.rank, &["verify m 51"]);
+}
+
+// ---- issue 29 item 7: --allow-lost and a multicast object missing a member ----
+
+/// `--allow-lost` on a group whose multicast object lost a member (its device added by the
+/// lost process) is refused before anything changes, naming why; the group stays suspended as it
+/// was (its state file, every survivor's phase).
+#[test]
+fn allow_lost_refuses_a_multicast_object_missing_a_member_before_anything_changes() {
+    const MC: u64 = 4 << 20;
+    let env = env().env("FAKE_CUDA_DEVICES", "3");
+    let tree = Tree::run_tree_on(&env, 3, "0,1,2");
+    let ranks: Vec<&Workload> = (0..3).map(|r| tree.w(&format!("r{r}"))).collect();
+    ok(
+        ranks[0],
+        &[&format!("mc-create mc {MC} --devices 3"), "export mc"],
+    );
+    for w in &ranks[1..] {
+        let peer = w.socket().display().to_string();
+        ok(ranks[0], &[&format!("send-fd mc --to {peer}")]);
+        ok(w, &["wait fd mc", &format!("import mc --size {MC}")]);
+    }
+    for w in &ranks {
+        ok(w, &["mc-add-device mc"]);
+    }
+    for w in &ranks {
+        ok(
+            w,
+            &[
+                &format!("create m {MC} --handle-types posix"),
+                &format!("reserve r-m {MC}"),
+                "map m r-m",
+                "set-access m",
+                "export m",
+                &format!("mc-bind-mem mc 0 m --size {MC}"),
+            ],
+        );
+    }
+    suspend(&env, tree.root(), &[]).ok();
+    let lost = ranks[2].pid();
+    signal(lost, rustix::process::Signal::KILL);
+    wait_gone(lost);
+    let phases = |ranks: &[&Workload]| -> Vec<Phase> {
+        ranks[..2].iter().map(|w| phase_of(&env, w.pid())).collect()
+    };
+    let before = phases(&ranks);
+    let run = tool(
+        &env,
+        &strs(&resume_args(&env, tree.root(), &["--allow-lost"])),
+    );
+    run.expect_code(EXIT_REFUSED).stderr_mentions(&[
+        "multicast object",
+        &format!("pid {lost}"),
+        "cannot be rebuilt without it",
+        "nothing was changed",
+    ]);
+    assert_eq!(phases(&ranks), before, "{}", run.describe());
+    assert!(state_dir(&env).join("cuinterpose.state").exists());
+}

@@ -835,11 +835,15 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             lost.iter()
                 .map(|p| Refusal {
                     process: captured_label(p),
-                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost`                              brings back the others without it"
+                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost` brings back the others without it"
                         .into(),
                 })
                 .collect(),
         ));
+    }
+    let multicast_refusals = multicast_needs_lost(&state, &lost);
+    if !multicast_refusals.is_empty() {
+        return Err(ControlError::Refused(multicast_refusals));
     }
     let lost_labels: Vec<String> = lost.iter().map(captured_label).collect();
     let not_rebuilt = depends_on_lost(&state, &lost);
@@ -979,6 +983,40 @@ fn continue_stopped(root: u32, answer_timeout: Duration) -> Result<(), ControlEr
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// The survivors of `--allow-lost` holding a multicast object that cannot be made again
+/// without a lost process: one it created, or to which it added a device (a multicast object
+/// takes bindings only once all its devices are added: cuMulticastBindMem fails NOT_READY
+/// forever). Refused before anything changes (issue 29).
+fn multicast_needs_lost(state: &GroupState, lost: &[ParticipantState]) -> Vec<Refusal> {
+    let is_lost = |p: &ParticipantState| lost.iter().any(|l| l.host_pid == p.host_pid);
+    let mut out = Vec::new();
+    for survivor in state.participants.iter().filter(|p| !is_lost(p)) {
+        for mc in &survivor.record.multicasts {
+            let needed = lost.iter().find(|l| {
+                l.ns_pid == mc.creator_ns_pid
+                    || l.record.multicasts.iter().any(|m| {
+                        (m.creator_ns_pid, m.id) == (mc.creator_ns_pid, mc.id)
+                            && !m.devices.is_empty()
+                    })
+            });
+            if let Some(gone) = needed {
+                out.push(Refusal {
+                    process: captured_label(survivor),
+                    reason: format!(
+                        "holds multicast object {} with {}, which has exited: the object needs \
+                         every device it was made for, so it cannot be rebuilt without it, and \
+                         `--allow-lost` cannot bring this group back; end the group (kill -KILL \
+                         its processes)",
+                        mc.id,
+                        captured_label(gone)
+                    ),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// The imports of the captured survivors whose creator is among `lost`: what `--allow-lost`

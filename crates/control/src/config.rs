@@ -37,6 +37,10 @@ const LOCK_DIR: Setting = Setting {
     name: "CUINTERPOSE_LOCK_DIR",
     default: "locks/ in the same private directory",
 };
+const SIGNING_KEY: Setting = Setting {
+    name: "CUINTERPOSE_SIGNING_KEY",
+    default: "/var/lib/cuinterpose/checkpoint.key",
+};
 /// Internal: lets tests of a participant that does not answer run in seconds instead of tens of
 /// seconds.
 const ANSWER_TIMEOUT_MS: Setting = Setting {
@@ -63,6 +67,8 @@ pub struct ToolConfig {
     pub answer_timeout: Duration,
     /// Where the run locks go; `None`: `locks/` in the user's private directory.
     pub lock_dir: Option<PathBuf>,
+    /// The key file checkpoints are signed and verified with (crate::disk::signing).
+    pub signing_key: PathBuf,
 }
 
 /// A variable whose value the tool does not understand.
@@ -83,13 +89,15 @@ impl Default for ToolConfig {
             criu: None,
             answer_timeout: ANSWER_TIMEOUT,
             lock_dir: None,
+            signing_key: PathBuf::from(SIGNING_KEY.default),
         }
     }
 }
 
 impl ToolConfig {
     /// Every variable the tool reads.
-    pub const SETTINGS: &'static [Setting] = &[LOG, SHIM, CRIU, LOCK_DIR, ANSWER_TIMEOUT_MS];
+    pub const SETTINGS: &'static [Setting] =
+        &[LOG, SHIM, CRIU, LOCK_DIR, SIGNING_KEY, ANSWER_TIMEOUT_MS];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> Result<ToolConfig, ConfigError> {
@@ -134,9 +142,49 @@ impl ToolConfig {
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
-            lock_dir: value(&LOCK_DIR).map(PathBuf::from),
+            lock_dir: value(&LOCK_DIR)
+                .map(PathBuf::from)
+                .map(|dir| {
+                    usable_lock_dir(&dir)
+                        .then_some(dir.clone())
+                        .ok_or_else(|| ConfigError {
+                            name: LOCK_DIR.name,
+                            value: dir.to_string_lossy().into_owned(),
+                            expected: LOCK_DIR_EXPECTED,
+                        })
+                })
+                .transpose()?,
+            signing_key: value(&SIGNING_KEY)
+                .map(PathBuf::from)
+                .unwrap_or(defaults.signing_key),
         })
     }
+}
+
+const LOCK_DIR_EXPECTED: &str = "a directory the tool can create its locks in (an absolute path \
+     whose nearest existing part is a writable directory, not in /proc or /sys)";
+
+/// Whether the tool can make `dir` (if need be) and its lock files in it: an absolute path whose
+/// nearest existing part is a directory it may write, on a filesystem that holds files (a file,
+/// `/proc/1` or anything in `/sys` would fail every command at its first lock instead).
+fn usable_lock_dir(dir: &std::path::Path) -> bool {
+    if !dir.is_absolute() {
+        return false;
+    }
+    let Some(existing) = dir
+        .ancestors()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())
+    else {
+        return false;
+    };
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    let pseudo = rustix::fs::statfs(existing)
+        .map(|s| [PROC_SUPER_MAGIC, SYSFS_MAGIC].contains(&s.f_type))
+        .unwrap_or(true);
+    existing.is_dir()
+        && !pseudo
+        && rustix::fs::access(existing, rustix::fs::Access::WRITE_OK).is_ok()
 }
 
 const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
@@ -156,6 +204,28 @@ mod tests {
     }
 
     #[test]
+    fn a_lock_directory_that_cannot_hold_locks_is_a_bad_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        let under_file = file.join("locks");
+        for bad in [
+            file.to_str().unwrap(),
+            under_file.to_str().unwrap(),
+            "/proc/1",
+            "/sys/kernel",
+            "relative/locks",
+        ] {
+            let err = with(&[("CUINTERPOSE_LOCK_DIR", bad)]).unwrap_err();
+            assert_eq!(err.name, "CUINTERPOSE_LOCK_DIR", "{bad}");
+            assert!(err.to_string().contains("create its locks in"), "{err}");
+        }
+        let new = dir.path().join("new/locks");
+        let good = with(&[("CUINTERPOSE_LOCK_DIR", new.to_str().unwrap())]).unwrap();
+        assert_eq!(good.lock_dir, Some(new));
+    }
+
+    #[test]
     fn values_are_parsed_and_an_invalid_one_is_an_error_naming_it() {
         assert_eq!(with(&[]).unwrap(), ToolConfig::default());
         assert_eq!(
@@ -165,6 +235,7 @@ mod tests {
                 ("CUINTERPOSE_CRIU", "/opt/criu/sbin/criu"),
                 ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
                 ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
+                ("CUINTERPOSE_SIGNING_KEY", "/etc/cuinterpose/cluster.key"),
             ])
             .unwrap(),
             ToolConfig {
@@ -173,6 +244,7 @@ mod tests {
                 criu: Some("/opt/criu/sbin/criu".into()),
                 answer_timeout: Duration::from_millis(1500),
                 lock_dir: Some("/run/locks".into()),
+                signing_key: "/etc/cuinterpose/cluster.key".into(),
             }
         );
         // Empty counts as unset.

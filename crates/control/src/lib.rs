@@ -25,6 +25,7 @@ mod parallel;
 pub mod procfs;
 pub mod remaps;
 pub mod runlock;
+pub mod safefs;
 pub mod tcp;
 
 pub use group::{Group, Refusal};
@@ -82,7 +83,7 @@ pub enum ControlError {
     Criu(#[from] criu::CriuError),
     #[error(transparent)]
     Launch(#[from] launch::LaunchError),
-    #[error("{step} failed for {process}: {source}")]
+    #[error("{step} failed for {process}: {}", without_label(source, process))]
     Step {
         step: &'static str,
         process: String,
@@ -98,12 +99,14 @@ pub enum ControlError {
         what: String,
         source: Option<std::io::Error>,
     },
-    #[error("state file {path}: {source}")]
+    /// A file or directory of the tool's state (a state file, its directory, a checkpoint's
+    /// files) that could not be read or written.
+    #[error("{}: {source}", state_label(path))]
     State { path: PathBuf, source: FileError },
     /// The carrier helper (`suspend --carrier helper`) could not be started or reached.
     #[error("carrier helper at {}: {message}", socket.display())]
     CarrierHelper { socket: PathBuf, message: String },
-    #[error("state file {path}: removing it: {source}")]
+    #[error("removing {path}: {source}")]
     Removing {
         path: PathBuf,
         source: std::io::Error,
@@ -150,6 +153,19 @@ pub enum ControlError {
         root: u32,
         failure: Box<ControlError>,
     },
+    /// CRIU failed to restore the tree: CRIU itself ends what it had restored, so nothing runs
+    /// and the checkpoint is unchanged. `log`: CRIU's log, kept beside the run locks (the work
+    /// directory it was written in is removed).
+    #[error(
+        "criu restore failed ({status}); its log is kept at {}:\n{tail}\nundone: CRIU ended \
+         what it had restored; the checkpoint is unchanged",
+        log.display()
+    )]
+    CriuRestoreFailed {
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {
         failure: Box<ControlError>,
@@ -168,6 +184,29 @@ pub enum FileError {
     Decode(#[from] protocol::ProtocolError),
     #[error("a digest thread panicked")]
     DigestThreadPanicked,
+}
+
+/// `source`'s message without a leading `process: `: a step's error names the process already,
+/// and the participant's own error (ControlError::Participant, Shim, Protocol) begins with it.
+fn without_label(source: &ControlError, process: &str) -> String {
+    let text = source.to_string();
+    match text
+        .strip_prefix(process)
+        .and_then(|rest| rest.strip_prefix(": "))
+    {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
+}
+
+/// `state file PATH` for a state file, the path alone for anything else (a directory is no
+/// state file).
+fn state_label(path: &std::path::Path) -> String {
+    if path.file_name() == Some(std::ffi::OsStr::new(protocol::state::STATE_FILE_NAME)) {
+        format!("state file {}", path.display())
+    } else {
+        path.display().to_string()
+    }
 }
 
 /// `what: cause`, either part left out when empty.
@@ -209,5 +248,42 @@ impl ControlError {
                 | ControlError::AnotherRun { .. }
                 | ControlError::NotDrained { .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 29 item 11: a step's error names the process once, and only a state file is called
+    /// one.
+    #[test]
+    fn errors_say_the_process_once_and_name_directories_as_they_are() {
+        let step = ControlError::Step {
+            step: "native restore",
+            process: "pid 7 (python)".into(),
+            source: Box::new(ControlError::Protocol {
+                process: "pid 7 (python)".into(),
+                message: "closed".into(),
+            }),
+        };
+        assert_eq!(
+            step.to_string(),
+            "native restore failed for pid 7 (python): protocol error: closed"
+        );
+        let io = || FileError::Io(std::io::Error::other("denied"));
+        let dir = ControlError::State {
+            path: "/ckpt/images".into(),
+            source: io(),
+        };
+        assert_eq!(dir.to_string(), "/ckpt/images: denied");
+        let state = ControlError::State {
+            path: "/tmp/s/cuinterpose.state".into(),
+            source: io(),
+        };
+        assert_eq!(
+            state.to_string(),
+            "state file /tmp/s/cuinterpose.state: denied"
+        );
     }
 }

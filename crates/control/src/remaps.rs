@@ -149,11 +149,8 @@ fn copy_out(
 
 /// Copies `from` to the new file `to` (refused if it exists) with its owner and mode.
 fn copy_file(from: &Path, to: &Path) -> std::io::Result<()> {
-    let meta = std::fs::symlink_metadata(from)?;
-    if !meta.file_type().is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let mut source = std::fs::File::open(from)?;
+    let mut source = crate::safefs::open_regular(from)?;
+    let meta = source.metadata()?;
     let mut target = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -202,8 +199,12 @@ fn move_beside(
 /// name when it still names the same file (left by an interrupted restore); a file another dump
 /// made under that name stays. Ones already gone are fine (a discard that failed part way is run
 /// again). Copies are the checkpoint directory's own files, which go with it.
+///
+/// Each is checked first ([`check_discardable`]): a remap read from a checkpoint names nothing
+/// the tool did not create.
 pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
     for remap in remaps.iter().filter(|r| !r.is_copy()) {
+        check_discardable(remap)?;
         remove_criu_name_if_same(remap);
         match std::fs::remove_file(&remap.kept_as) {
             Ok(()) => {}
@@ -212,6 +213,54 @@ pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
         }
     }
     Ok(())
+}
+
+/// Checks that [`discard`] may delete what `remap` names: both names are what the tool writes
+/// (`LinkRemap::is_well_formed`), the kept file, if there, is a regular file, and its directory is
+/// reached without a symbolic link (one would send the deletion into another directory). Copies
+/// are the checkpoint directory's own files, checked with it (crate::discard).
+pub fn check_discardable(remap: &LinkRemap) -> Result<(), ControlError> {
+    if remap.is_copy() {
+        return Ok(());
+    }
+    let kept = Path::new(&remap.kept_as);
+    if !remap.is_well_formed() {
+        return Err(error(
+            kept,
+            format!(
+                "is not the name the tool keeps CRIU's {} under; it is not deleted",
+                remap.link
+            ),
+        ));
+    }
+    let parent = kept.parent().unwrap_or(Path::new("/"));
+    match std::fs::canonicalize(parent) {
+        Ok(real) if real == parent => {}
+        Ok(real) => {
+            return Err(error(
+                kept,
+                format!(
+                    "its directory is reached through a symbolic link (to {}); it is not deleted",
+                    real.display()
+                ),
+            ));
+        }
+        // Its directory is gone: so is the file.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(failed(kept, "", e)),
+    }
+    match std::fs::symlink_metadata(kept) {
+        Ok(meta) if meta.file_type().is_file() => Ok(()),
+        Ok(meta) => Err(error(
+            kept,
+            format!(
+                "is {}, not the regular file the tool kept; it is not deleted",
+                crate::safefs::describe(meta.file_type())
+            ),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(failed(kept, "", e)),
+    }
 }
 
 /// Removes `remap.link` if it is the file kept as `remap.kept_as`.

@@ -66,7 +66,7 @@ struct RemapFilePathEntry {
 /// sorted. A dump without `remap-fpath.img` has none.
 pub fn link_remaps(images: &Path) -> Result<Vec<String>, CriuError> {
     let remap_path = images.join("remap-fpath.img");
-    if !remap_path.exists() {
+    if std::fs::symlink_metadata(&remap_path).is_err() {
         return Ok(Vec::new());
     }
     let remaps: Vec<RemapFilePathEntry> = read_entries(&remap_path, REMAP_FPATH_MAGIC)?;
@@ -106,12 +106,8 @@ fn read_entries<M: prost::Message + Default>(path: &Path, magic: u32) -> Result<
         path: path.to_path_buf(),
         message,
     };
-    let bytes = transport::files::read_bounded(path, MAX_IMAGE_BYTES).map_err(|source| {
-        CriuError::ImageRead {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
+    let bytes =
+        crate::safefs::read_regular(path, MAX_IMAGE_BYTES).map_err(|e| bad(e.to_string()))?;
     let mut rest = bytes.as_slice();
     let take_u32 = |rest: &mut &[u8], what: &str| -> Result<u32, CriuError> {
         let (word, tail) = rest

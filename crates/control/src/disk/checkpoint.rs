@@ -189,6 +189,7 @@ pub fn checkpoint(
             &manifest::encode(&manifest),
         )
         .map_err(|e| state_error(dir, e))?;
+        super::signing::sign(dir, &options.capture.config.signing_key)?;
         let marker = dir.join(INCOMPLETE_MARKER);
         std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
         Ok((manifest, image_bytes))
@@ -202,6 +203,7 @@ pub fn checkpoint(
             let _ = std::fs::remove_file(&state_path);
             let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
             let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
+            let _ = std::fs::remove_file(dir.join(super::SIGNATURE_FILE));
             if let Err(e) = crate::remaps::discard(&link_remaps) {
                 tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
             }

@@ -122,7 +122,9 @@ impl DataFiles {
     /// a record there.
     pub fn recorded(state: &Path) -> Result<Option<DataFiles>, ControlError> {
         let path = record_path(state);
-        let bytes = match std::fs::read(&path) {
+        // Read without following a link or waiting on a FIFO (crate::safefs), as every file of
+        // a checkpoint.
+        let bytes = match crate::safefs::read_regular(&path, 64 << 20) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(state_error(&path, e)),
@@ -271,7 +273,7 @@ impl DataFiles {
         entry: &DataFileEntry,
     ) -> Result<(File, protocol::message::DataFile), ControlError> {
         let path = self.path(entry.ns_pid);
-        let file = File::open(&path).map_err(|e| damaged(&path, e))?;
+        let file = crate::safefs::open_regular(&path).map_err(|e| damaged(&path, e))?;
         let length = file.metadata().map_err(|e| damaged(&path, e))?.len();
         if length != entry.bytes {
             return Err(damaged(
@@ -404,11 +406,9 @@ fn create(path: &Path) -> Result<File, ControlError> {
 
 /// Opens a data file for reading, with `O_DIRECT` where the filesystem takes it.
 fn open(path: &Path) -> Result<File, ControlError> {
+    // A data file of a checkpoint: a FIFO, a device or a link there is refused (crate::safefs).
     let open = |direct: bool| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(if direct { libc::O_DIRECT } else { 0 })
-            .open(path)
+        crate::safefs::open_regular_with(path, if direct { libc::O_DIRECT } else { 0 })
     };
     match open(true) {
         Ok(f) => Ok(f),

@@ -45,10 +45,18 @@ pub(super) fn digest_images(
         .partition(|(_, bytes)| *bytes >= PARALLEL_HASH_BYTES);
     for (name, bytes) in big {
         let path = images.join(name);
+        // Checked on the open descriptor, and hashed through it: blake3 opens the path it is
+        // given, which /proc/self/fd/N makes this very file.
+        let file = crate::safefs::open_regular(&path).map_err(|e| state_error(&path, e))?;
+        let through = std::path::PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&file)
+        ));
         let mut hasher = blake3::Hasher::new();
         hasher
-            .update_mmap_rayon(&path)
+            .update_mmap_rayon(&through)
             .map_err(|e| state_error(&path, e))?;
+        drop(file);
         digests.insert(name, hasher.finalize().to_hex().to_string());
         progress.advance(*bytes);
     }
@@ -97,7 +105,7 @@ pub(super) fn digest_images(
 
 /// BLAKE3 of a small file, read through in one thread.
 fn file_blake3(path: &Path) -> Result<String, ControlError> {
-    let mut file = std::fs::File::open(path).map_err(|e| state_error(path, e))?;
+    let mut file = crate::safefs::open_regular(path).map_err(|e| state_error(path, e))?;
     let mut hasher = blake3::Hasher::new();
     hasher
         .update_reader(&mut file)
@@ -107,11 +115,14 @@ fn file_blake3(path: &Path) -> Result<String, ControlError> {
 
 /// Checks the images against the digest list written at checkpoint: the same set of image files,
 /// each with its recorded BLAKE3 digest. CRIU itself does not notice a truncated or edited page image.
-pub(super) fn verify_images(dir: &Path, progress: &dyn Progress) -> Result<(), ControlError> {
+/// `recorded`: the list's bytes, read (and checked against the signature) by the caller.
+pub(super) fn verify_images(
+    dir: &Path,
+    recorded: &[u8],
+    progress: &dyn Progress,
+) -> Result<(), ControlError> {
     let list_path = dir.join(IMAGE_DIGESTS);
-    let recorded =
-        transport::files::read_bounded(&list_path, 16 << 20).map_err(|e| damaged(&list_path, e))?;
-    let recorded = String::from_utf8(recorded).map_err(|e| damaged(&list_path, e))?;
+    let recorded = String::from_utf8(recorded.to_vec()).map_err(|e| damaged(&list_path, e))?;
     let images = dir.join(IMAGES_DIR);
     let found = digest_images(&images, progress).map_err(|e| damaged(&images, e))?;
     if found == recorded {
@@ -205,15 +216,15 @@ mod tests {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
         let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
-        std::fs::write(dir.path().join(IMAGE_DIGESTS), &list).expect("list");
-        verify_images(dir.path(), &crate::capture::Quiet).expect("intact checkpoint verifies");
+        verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+            .expect("intact checkpoint verifies");
         let mut big = std::fs::OpenOptions::new()
             .write(true)
             .open(images.join("pages-1.img"))
             .expect("open");
         big.seek(SeekFrom::Start(3)).expect("seek");
         big.write_all(b"x").expect("write");
-        let refusal = verify_images(dir.path(), &crate::capture::Quiet)
+        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
             .expect_err("damage refused")
             .to_string();
         assert!(

@@ -30,6 +30,14 @@ pub(super) fn work_dir_of(dir: &Path) -> PathBuf {
         .join(runlock::directory_key(dir))
 }
 
+/// Where CRIU's log of the last failed restore of a checkpoint is kept (its work directory,
+/// `work_dir`, is removed): beside it, `<key>.criu-restore.log`, replaced by the next failure.
+pub(super) fn kept_log_of(work_dir: &Path) -> PathBuf {
+    let mut name = work_dir.file_name().unwrap_or_default().to_os_string();
+    name.push(".criu-restore.log");
+    work_dir.with_file_name(name)
+}
+
 /// Creates the (private, empty) work directory of a restore of `dir`, recording this tool run.
 /// The caller holds the directory's lock and has dealt with any previous one ([`check`]).
 pub(super) fn create_work_dir(dir: &Path) -> Result<PathBuf, ControlError> {

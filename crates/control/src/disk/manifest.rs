@@ -88,6 +88,16 @@ pub(super) fn build_manifest(
 /// The manifest of the checkpoint in `dir`, decoded and validated, of a checkpoint to disk; a
 /// refusal when there is none.
 pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, ControlError> {
+    check_complete(dir)?;
+    let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
+    let manifest_bytes =
+        crate::safefs::read_regular(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)
+            .map_err(|e| damaged(&manifest_path, e))?;
+    decode_manifest(dir, &manifest_bytes)
+}
+
+/// Refuses `dir` unless it is a directory without the marker of an incomplete checkpoint.
+pub(crate) fn check_complete(dir: &Path) -> Result<(), ControlError> {
     if !dir.is_dir() {
         return Err(damaged(dir, "is not a directory"));
     }
@@ -98,11 +108,14 @@ pub(crate) fn read_manifest(dir: &Path) -> Result<Manifest, ControlError> {
              discard --dir` removes it",
         ));
     }
+    Ok(())
+}
+
+/// The manifest of the checkpoint in `dir` from its bytes (read once, by the caller), decoded
+/// and validated, of a checkpoint to disk.
+pub(crate) fn decode_manifest(dir: &Path, manifest_bytes: &[u8]) -> Result<Manifest, ControlError> {
     let manifest_path = dir.join(manifest::MANIFEST_FILE_NAME);
-    let manifest_bytes =
-        transport::files::read_bounded(&manifest_path, manifest::MAX_MANIFEST_LEN as u64)
-            .map_err(|e| damaged(&manifest_path, e))?;
-    let manifest = manifest::decode(&manifest_bytes).map_err(|e| damaged(&manifest_path, e))?;
+    let manifest = manifest::decode(manifest_bytes).map_err(|e| damaged(&manifest_path, e))?;
     if manifest.criu.is_none() {
         return Err(damaged(
             &manifest_path,

@@ -19,6 +19,7 @@ pub mod leftovers;
 mod manifest;
 mod preflight;
 mod restore;
+pub mod signing;
 
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
 pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, DirRate, measure_dir, remove_record};
@@ -26,6 +27,7 @@ pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use preflight::namespace_root;
 pub use restore::{RestoreOptions, restore};
+pub use signing::SIGNATURE_FILE;
 
 use crate::capture::{Report, SuspendOptions};
 use crate::criu::Criu;

@@ -2,7 +2,7 @@
 //! its own PID namespace, a used directory, a controlling terminal, a tree over more than one root
 //! filesystem or outside any container's namespaces, a large deleted mapping.
 
-use super::{refuse, state_error};
+use super::refuse;
 use crate::container::{self, Container};
 use crate::discovery;
 use crate::{ControlError, Refusal};
@@ -13,6 +13,11 @@ use std::path::Path;
 /// descendant, that one: the workload of `cuinterpose run --pid-namespace` in the container,
 /// whose launcher is the container's init (crate::container says why CRIU needs it so).
 pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
+    // Pid 0, a pid past the kernel's limit or one that exited: no such process (exit 3), not an
+    // error reading /proc.
+    if root == 0 || !crate::procfs::path(root, "stat").exists() {
+        return Err(ControlError::NoSuchProcess(root));
+    }
     let info = discovery::describe(root)?;
     let inits = || -> Result<Vec<u32>, ControlError> {
         Ok(discovery::process_tree(root)?
@@ -66,7 +71,11 @@ pub(super) fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(state_error(dir, e)),
+        // A file, or a directory the tool cannot read: nothing has changed yet.
+        Err(e) => Err(refuse(
+            &format!("--dir {}", dir.display()),
+            format!("cannot be used for a checkpoint: {e}"),
+        )),
     }
 }
 

@@ -4,7 +4,7 @@
 use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
-use super::manifest::read_manifest;
+use super::manifest::{check_complete, decode_manifest};
 use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
 use crate::capture::{self, Bytes, Clock, Progress, Report};
 use crate::container::Container;
@@ -39,6 +39,9 @@ pub struct RestoreOptions {
     /// of the default: lengths checked first, digests checked by the shims as they load, a
     /// mismatch killing the restored tree before its rebuild finishes (DataFiles::check_lengths).
     pub verify_data_first: bool,
+    /// Restore a checkpoint whose signature is missing or does not verify with the key of
+    /// `config` (crate::disk::signing), with a warning, instead of refusing it.
+    pub allow_unsigned: bool,
 }
 
 impl RestoreOptions {
@@ -52,6 +55,7 @@ impl RestoreOptions {
             config: config.clone(),
             namespaces_of: None,
             verify_data_first: false,
+            allow_unsigned: false,
         }
     }
 }
@@ -59,6 +63,8 @@ impl RestoreOptions {
 /// Everything a restore checks before it changes anything.
 struct Verified {
     manifest: Manifest,
+    /// The image digest list, read once with the manifest and checked with it.
+    image_digests: Vec<u8>,
     state: GroupState,
     criu: Criu,
     driver: Driver,
@@ -73,9 +79,19 @@ struct Verified {
 
 fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError> {
     let dir = &options.dir;
-    let manifest = read_manifest(dir)?;
+    check_complete(dir)?;
+    // Before anything else of the directory is trusted: the manifest and the digest list it is
+    // checked with are read once, here, and everything else is checked against them.
+    let signed = super::signing::verify(dir, &options.config.signing_key, options.allow_unsigned)?;
+    let manifest = decode_manifest(dir, &signed.manifest)?;
+    // What a checkpoint writes is read from these directories themselves: a symbolic link would
+    // have the restore read (and CRIU restore) another directory's files.
+    for sub in [IMAGES_DIR, super::DATA_DIR, protocol::manifest::REMAPS_DIR] {
+        let path = dir.join(sub);
+        crate::safefs::real_dir(&path).map_err(|e| damaged(&path, e))?;
+    }
     let state_path = dir.join(&manifest.state.file);
-    let state_bytes = transport::files::read_bounded(&state_path, capture::STATE_FILE_LIMIT)
+    let state_bytes = crate::safefs::read_regular(&state_path, capture::STATE_FILE_LIMIT)
         .map_err(|e| damaged(&state_path, e))?;
     let state = manifest
         .verify_state(&state_bytes)
@@ -142,6 +158,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
     }
     Ok(Verified {
         manifest,
+        image_digests: signed.digests,
         state,
         criu,
         driver,
@@ -342,7 +359,8 @@ pub fn restore(
     let image_bytes = criu::directory_bytes(&images);
     let progress = clock.progress();
     clock.time("verify-images", Some(image_bytes), || {
-        verify_images(&options.dir, progress).map(|()| ((), image_bytes, 0.0))
+        verify_images(&options.dir, &verified.image_digests, progress)
+            .map(|()| ((), image_bytes, 0.0))
     })?;
     let files = DataFiles::listed(&options.dir, &verified.manifest.data_files);
     let (data_bytes, zero_bytes) = super::checkpoint::data_totals(&verified.manifest.data_files);
@@ -369,6 +387,7 @@ pub fn restore(
         &work_dir,
         &mut clock,
     );
+    let result = result.map_err(|e| keep_criu_log(e, &work_dir));
     let _ = std::fs::remove_dir_all(&work_dir);
     let (root, participants, saved_bytes) = result?;
     Ok(DiskReport {
@@ -400,6 +419,36 @@ pub fn restore(
     })
 }
 
+/// A failure of CRIU's restore, with its log copied out of `work_dir` (removed with it) to
+/// [`super::leftovers::kept_log_of`], which the error names; other errors as they are.
+fn keep_criu_log(error: ControlError, work_dir: &Path) -> ControlError {
+    let ControlError::Criu(criu::CriuError::Failed {
+        action: "restore",
+        status,
+        log,
+        tail,
+    }) = error
+    else {
+        return error;
+    };
+    let kept = super::leftovers::kept_log_of(work_dir);
+    match std::fs::copy(&log, &kept) {
+        Ok(_) => ControlError::CriuRestoreFailed {
+            status,
+            log: kept,
+            tail,
+        },
+        Err(e) => {
+            tracing::warn!(log = %log.display(), error = %e, "keeping CRIU's restore log");
+            ControlError::CriuRestoreFailed {
+                status,
+                log: PathBuf::from(format!("(not kept: {e}; its last lines follow)")),
+                tail,
+            }
+        }
+    }
+}
+
 /// CRIU's restore into `work_dir`, then the rebuild; a failure after CRIU kills the tree.
 fn restore_into(
     options: &RestoreOptions,
@@ -428,16 +477,17 @@ fn restore_into(
         let inside = verified.container.as_ref();
         let placement =
             (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
-        let pid = verified
-            .criu
-            .restore(
-                &images,
-                work_dir,
-                tcp,
-                (&namespaces, inherit),
-                (inside, placement),
-            )
-            .map_err(ControlError::Criu)?;
+        let restored = verified.criu.restore(
+            &images,
+            work_dir,
+            tcp,
+            (&namespaces, inherit),
+            (inside, placement),
+        );
+        if inside.is_none() {
+            remove_cr_tmpfs_left(work_dir);
+        }
+        let pid = restored.map_err(ControlError::Criu)?;
         let root = match inside {
             Some(container) if container.enters_pid_namespace() => {
                 host_root(container, pid, work_dir)?
@@ -467,6 +517,37 @@ fn restore_into(
                 }
             }
         }),
+    }
+}
+
+/// Removes the directories CRIU's restore left in `/tmp`: it makes one (`mkdtemp`,
+/// `/tmp/cr-tmpfs.XXXXXX`) to reach a mount with others on top of it, cannot remove it while that
+/// mount is in use, says so in its log ("Unable to remove /tmp/cr-tmpfs..."), and leaves it
+/// empty. Only the ones this CRIU's log names are removed, and `rmdir` removes nothing else (a
+/// directory in use or holding anything stays): another CRIU's, running now, is never touched.
+fn remove_cr_tmpfs_left(work_dir: &Path) {
+    const PREFIX: &str = "/tmp/cr-tmpfs.";
+    let Ok(log) = std::fs::read_to_string(work_dir.join("restore.log")) else {
+        return;
+    };
+    let named = log.lines().filter_map(|line| {
+        let at = line.find(PREFIX)?;
+        let rest = line.get(at + PREFIX.len()..)?;
+        let suffix: String = rest
+            .chars()
+            .take_while(char::is_ascii_alphanumeric)
+            .collect();
+        (suffix.len() == 6).then(|| PathBuf::from(format!("{PREFIX}{suffix}")))
+    });
+    let named: std::collections::BTreeSet<PathBuf> = named.collect();
+    for path in named {
+        match std::fs::remove_dir(&path) {
+            Ok(()) => tracing::debug!(path = %path.display(), "removed CRIU's leftover directory"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::debug!(path = %path.display(), error = %e, "leaving CRIU's directory")
+            }
+        }
     }
 }
 
