@@ -79,6 +79,7 @@ results! {
     ERROR_DEINITIALIZED = 4, "driver shutting down";
     ERROR_NO_DEVICE = 100, "no CUDA-capable device is detected";
     ERROR_INVALID_DEVICE = 101, "invalid device ordinal";
+    ERROR_INVALID_IMAGE = 200, "device kernel image is invalid";
     ERROR_INVALID_CONTEXT = 201, "invalid device context";
     ERROR_OPERATING_SYSTEM = 304, "OS call failed or operation not supported on this OS";
     ERROR_CONTEXT_ALREADY_CURRENT = 202, "context already current";
@@ -140,8 +141,70 @@ pub struct CUctx_st {
 pub struct CUstream_st {
     _private: [u8; 0],
 }
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUevent_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUmod_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUfunc_st {
+    _private: [u8; 0],
+}
+/// `CUlaunchAttribute`: only pointed to (the fake ignores launch attributes).
+#[repr(C)]
+#[derive(Debug)]
+pub struct CUlaunchAttribute_st {
+    _private: [u8; 0],
+}
 pub type CUcontext = *mut CUctx_st;
 pub type CUstream = *mut CUstream_st;
+pub type CUevent = *mut CUevent_st;
+pub type CUmodule = *mut CUmod_st;
+pub type CUfunction = *mut CUfunc_st;
+/// `CUhostFn`: a host function queued on a stream (`cuLaunchHostFunc`).
+pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+
+/// `CUlaunchConfig` (`cuLaunchKernelEx`), as in `cuda.h` of CUDA 13.0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute_st,
+    pub numAttrs: c_uint,
+}
+
+/// `CUstreamWaitValue_flags` (`cuStreamWaitValue32`).
+pub mod stream_wait_value {
+    /// Wait until `(int32_t)(*addr - value) >= 0`.
+    pub const GEQ: u32 = 0x0;
+    /// Wait until `*addr == value`.
+    pub const EQ: u32 = 0x1;
+    /// Wait until `(*addr & value) != 0`.
+    pub const AND: u32 = 0x2;
+    /// Wait until `~(*addr | value) != 0`.
+    pub const NOR: u32 = 0x3;
+    /// Flush remote writes before the wait completes (a modifier bit).
+    pub const FLUSH: u32 = 1 << 30;
+}
+
+/// `CUstreamWriteValue_flags` (`cuStreamWriteValue32`).
+pub mod stream_write_value {
+    pub const DEFAULT: u32 = 0x0;
+    pub const NO_MEMORY_BARRIER: u32 = 0x1;
+}
 
 /// Opaque driver handles this project passes through without looking inside: the submission gate
 /// forwards them unchanged, the workload's kernels use modules, functions and events.
@@ -412,6 +475,9 @@ const _: () = {
     assert!(size_of::<CUcheckpointUnlockArgs>() == 64);
     assert!(size_of::<CUcheckpointGpuPair>() == 32);
     assert!(size_of::<CUresult>() == 4);
+    assert!(size_of::<CUlaunchConfig>() == 56);
+    assert!(core::mem::offset_of!(CUlaunchConfig, hStream) == 32);
+    assert!(core::mem::offset_of!(CUlaunchConfig, numAttrs) == 48);
 };
 
 /// Function-pointer types of the driver entry points outside the `cuda` crate's table (the

@@ -138,6 +138,11 @@ impl Contexts {
             .unwrap_or(device)
     }
 
+    /// The machine device of live context `id`.
+    pub(crate) fn ctx_device(&self, id: u64) -> Option<usize> {
+        self.live(id).map(|c| c.device)
+    }
+
     fn live(&self, id: u64) -> Option<&Context> {
         self.contexts.get(&id).filter(|c| c.refs > 0)
     }
@@ -169,13 +174,20 @@ pub(crate) fn current(d: &Driver) -> Res<(u64, usize)> {
 
 /// Checks a stream argument of an `Async` call against the current context.
 pub(crate) fn check_stream(d: &Driver, stream: CUstream) -> Res {
-    current(d)?;
+    resolve_stream(d, stream).map(|_| ())
+}
+
+/// The queue key of a stream argument and its context: a created stream's handle, or for the
+/// null stream (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`: one queue per context in the
+/// fake) the current context's id, which is far below every stream handle.
+pub(crate) fn resolve_stream(d: &Driver, stream: CUstream) -> Res<(u64, u64)> {
+    let (ctx, _) = current(d)?;
     let v = stream as usize as u64;
     if v == 0 || v == STREAM_LEGACY || v == STREAM_PER_THREAD {
-        return Ok(());
+        return Ok((ctx, ctx));
     }
     match d.contexts.streams.get(&v) {
-        Some(s) if d.contexts.live(s.ctx).is_some() => Ok(()),
+        Some(s) if d.contexts.live(s.ctx).is_some() => Ok((v, s.ctx)),
         _ => Err(CUresult::ERROR_INVALID_HANDLE),
     }
 }
@@ -313,9 +325,11 @@ pub(crate) unsafe fn primary_ctx_retain(ctx: *mut CUcontext, dev: CUdevice) -> R
     unsafe { write_out(ctx, ctx_handle(id)) }
 }
 
-/// Frees what a context owned when it goes away: its streams and `cuMemAlloc` memory.
+/// Frees what a context owned when it goes away: its streams (their queued work discarded,
+/// their workers ended), events, modules and `cuMemAlloc` memory.
 fn teardown(d: &mut Driver, id: u64) {
     d.contexts.streams.retain(|_, s| s.ctx != id);
+    crate::exec::drop_context(d, id);
     // Peer access from and to it ends with it.
     for c in d.contexts.contexts.values_mut() {
         c.peers.remove(&id);
@@ -515,8 +529,24 @@ pub(crate) unsafe fn ctx_get_device(dev: *mut CUdevice) -> Res {
     unsafe { write_out(dev, ordinal as CUdevice) }
 }
 
-pub(crate) fn ctx_synchronize() -> Res {
-    state::with(|d| current(d).map(|_| ()))
+/// `cuDevicePrimaryCtxGetState`: the flags (always 0: `cuDevicePrimaryCtxSetFlags` is not
+/// modelled) and whether the primary context is active (retained).
+pub(crate) unsafe fn primary_ctx_get_state(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> Res {
+    if flags.is_null() || active.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let is_active = state::with(|d| {
+        let ordinal = d.ordinal(dev)?;
+        Ok(d.contexts.live(ordinal as u64 + 1).is_some())
+    })?;
+    // SAFETY: checked non-null; the caller passes a writable unsigned int.
+    unsafe { write_out(flags, 0) }?;
+    // SAFETY: checked non-null; the caller passes a writable int.
+    unsafe { write_out(active, c_int::from(is_active)) }
 }
 
 /// `cuCtxGetLimit`; of the limits, only the stack size is modelled (others: unsupported).
@@ -573,18 +603,18 @@ pub(crate) unsafe fn stream_create(stream: *mut CUstream, flags: c_uint) -> Res 
     unsafe { write_out(stream, handle as usize as CUstream) }
 }
 
+/// `cuStreamDestroy_v2`: the handle is invalid at once; work already queued still runs, then
+/// the stream's worker ends (as on the driver, which completes it before freeing the stream).
 pub(crate) fn stream_destroy(stream: CUstream) -> Res {
+    let key = stream as usize as u64;
     state::with(|d| {
         d.contexts
             .streams
-            .remove(&(stream as usize as u64))
-            .map(|_| ())
-            .ok_or(CUresult::ERROR_INVALID_HANDLE)
+            .remove(&key)
+            .ok_or(CUresult::ERROR_INVALID_HANDLE)?;
+        crate::exec::close_stream(d, key);
+        Ok(())
     })
-}
-
-pub(crate) fn stream_synchronize(stream: CUstream) -> Res {
-    state::with(|d| check_stream(d, stream))
 }
 
 /// The device ordinal that has UUID `uuid`.

@@ -1,10 +1,10 @@
 //! The common prologue of every exported entry point: fault injection, the initialisation check,
-//! the checkpoint gate, and the translation of `Res` into a `CUresult`.
+//! the sticky fault, the checkpoint gate, and the translation of `Res` into a `CUresult`.
 
 use cuda_abi::CUresult;
 
 use crate::checkpoint::gate;
-use crate::{Res, fault, init, procaddress};
+use crate::{Res, exec, fault, init, procaddress};
 
 /// How an entry point relates to initialisation and the checkpoint gate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,9 @@ pub(crate) fn call(symbol: &'static str, kind: Kind, body: impl FnOnce() -> Res)
     }
     let result = match kind {
         Kind::Free => body(),
+        // A process whose queued work faulted answers every other call with the sticky error
+        // (r580's CUDA_ERROR_ILLEGAL_ADDRESS), before the gate: nothing it could do would work.
+        _ if exec::poisoned() && init::initialized() => Err(exec::FAULT),
         Kind::Init => gate::enter().and_then(|_in_flight| body()),
         Kind::Control if !init::initialized() => Err(CUresult::ERROR_NOT_INITIALIZED),
         Kind::Control => body(),

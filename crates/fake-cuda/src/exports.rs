@@ -12,12 +12,14 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 use cuda_abi::{
     CUcheckpointCheckpointArgs, CUcheckpointLockArgs, CUcheckpointRestoreArgs,
-    CUcheckpointUnlockArgs, CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocation, CUmulticastObjectProp,
-    CUresult, CUstream, CUuuid, cuuint64_t,
+    CUcheckpointUnlockArgs, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUhostFn,
+    CUipcMemHandle, CUlaunchConfig, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmodule, CUmulticastObjectProp, CUresult,
+    CUstream, CUuuid, cuuint32_t, cuuint64_t,
 };
 
 use crate::entry::{Kind, call};
+use crate::exec::{event, module, ops};
 use crate::memory::{copy, host, legacy, vmm};
 use crate::{Res, write_out};
 use crate::{accounting, checkpoint, config, device, errors, init, multicast, procaddress};
@@ -139,6 +141,8 @@ entry_points! {
     Gated cuDevicePrimaryCtxRelease_v2(dev: CUdevice)
         => device::primary_ctx_release(dev);
     Gated cuDevicePrimaryCtxReset_v2(dev: CUdevice) => device::primary_ctx_reset(dev);
+    Gated cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int)
+        => device::primary_ctx_get_state(dev, flags, active);
     Gated cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice)
         => device::ctx_create(ctx, flags, dev);
     Gated cuCtxCreate_v3(
@@ -159,7 +163,7 @@ entry_points! {
     Gated cuCtxGetCurrent(ctx: *mut CUcontext)
         => device::ctx_get_current(ctx);
     Gated cuCtxGetDevice(dev: *mut CUdevice) => device::ctx_get_device(dev);
-    Gated cuCtxSynchronize() => device::ctx_synchronize();
+    Gated cuCtxSynchronize() => ops::ctx_synchronize();
     Gated cuCtxGetLimit(value: *mut usize, limit: c_int) => device::ctx_get_limit(value, limit);
     Gated cuCtxSetLimit(limit: c_int, value: usize) => device::ctx_set_limit(limit, value);
 
@@ -168,7 +172,54 @@ entry_points! {
     Gated cuStreamDestroy_v2(stream: CUstream)
         => device::stream_destroy(stream);
     Gated cuStreamSynchronize(stream: CUstream)
-        => device::stream_synchronize(stream);
+        => ops::stream_synchronize(stream);
+    Gated cuStreamQuery(stream: CUstream) => ops::stream_query(stream);
+    Gated cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint)
+        => event::stream_wait_event(stream, event, flags);
+    Gated cuStreamWaitValue32_v2(
+        stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint)
+        => ops::wait_value_32(stream, addr, value, flags);
+    Gated cuStreamWriteValue32_v2(
+        stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint)
+        => ops::write_value_32(stream, addr, value, flags);
+    Gated cuLaunchHostFunc(stream: CUstream, f: CUhostFn, user_data: *mut c_void)
+        => ops::launch_host_func(stream, f, user_data);
+
+    Gated cuEventCreate(event: *mut CUevent, flags: c_uint) => event::create(event, flags);
+    Gated cuEventDestroy_v2(event: CUevent) => event::destroy(event);
+    Gated cuEventRecord(event: CUevent, stream: CUstream) => event::record(event, stream, 0);
+    Gated cuEventRecordWithFlags(event: CUevent, stream: CUstream, flags: c_uint)
+        => event::record(event, stream, flags);
+    Gated cuEventQuery(event: CUevent) => event::query(event);
+    Gated cuEventSynchronize(event: CUevent) => event::synchronize(event);
+
+    Gated cuModuleLoadData(module: *mut CUmodule, image: *const c_void)
+        => module::load_data(module, image);
+    Gated cuModuleGetFunction(f: *mut CUfunction, module: CUmodule, name: *const c_char)
+        => module::get_function(f, module, name);
+    Gated cuModuleUnload(module: CUmodule) => module::unload(module);
+    Gated cuLaunchKernel(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: CUstream,
+        params: *mut *mut c_void, extra: *mut *mut c_void)
+        => module::launch(
+            f, [grid_x, grid_y, grid_z, block_x, block_y, block_z], shared_mem, stream, params,
+            extra);
+    Gated cuLaunchKernel_ptsz(
+        f: CUfunction, grid_x: c_uint, grid_y: c_uint, grid_z: c_uint, block_x: c_uint,
+        block_y: c_uint, block_z: c_uint, shared_mem: c_uint, stream: CUstream,
+        params: *mut *mut c_void, extra: *mut *mut c_void)
+        => module::launch(
+            f, [grid_x, grid_y, grid_z, block_x, block_y, block_z], shared_mem, stream, params,
+            extra);
+    Gated cuLaunchKernelEx(
+        config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void)
+        => module::launch_ex(config, f, params, extra);
+    Gated cuLaunchKernelEx_ptsz(
+        config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void,
+        extra: *mut *mut c_void)
+        => module::launch_ex(config, f, params, extra);
 
     Gated cuMemGetInfo(free: *mut c_uint, total: *mut c_uint)
         => mem_get_info_v1(free, total);
@@ -234,6 +285,13 @@ entry_points! {
     Gated cuMemsetD32Async(
         dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
         => copy::memset_d32(dst, value, count, Some(stream));
+    Gated cuMemsetD32Async_ptsz(
+        dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
+        => copy::memset_d32(dst, value, count, Some(stream));
+    Gated cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream)
+        => copy::any_async(dst, src, bytes, stream);
+    Gated cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream)
+        => copy::any_async(dst, src, bytes, stream);
 
     Gated cuMemCreate(
         handle: *mut CUmemGenericAllocationHandle, size: usize,

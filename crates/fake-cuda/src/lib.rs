@@ -2,7 +2,8 @@
 //!
 //! Modules: [`exports`] (every exported symbol), `entry` (the common prologue: fault injection,
 //! initialisation check, checkpoint gate), `init`, `config`, `device` (devices, contexts,
-//! streams), `memory` (VMM, `cuMemAlloc` and legacy IPC, copies, pinned host memory),
+//! streams), `exec` (stream queues and their workers, events, modules and kernels, the sticky
+//! fault), `memory` (VMM, `cuMemAlloc` and legacy IPC, copies, pinned host memory),
 //! `multicast`, `checkpoint` (gate, agent, client, wire format), `accounting`, `procaddress`,
 //! `errors`, `fault`, `os` (the Linux calls underneath).
 
@@ -14,6 +15,7 @@ mod config;
 mod device;
 mod entry;
 mod errors;
+mod exec;
 pub mod exports;
 mod fault;
 mod init;

@@ -53,6 +53,10 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
         &[(11000, "cuDevicePrimaryCtxReset_v2")],
     ),
     (
+        "cuDevicePrimaryCtxGetState",
+        &[(7000, "cuDevicePrimaryCtxGetState")],
+    ),
+    (
         "cuCtxCreate",
         &[
             (3020, "cuCtxCreate_v2"),
@@ -75,6 +79,29 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
     ("cuStreamCreate", &[(2000, "cuStreamCreate")]),
     ("cuStreamDestroy", &[(4000, "cuStreamDestroy_v2")]),
     ("cuStreamSynchronize", &[(2000, "cuStreamSynchronize")]),
+    ("cuStreamQuery", &[(2000, "cuStreamQuery")]),
+    ("cuStreamWaitEvent", &[(3020, "cuStreamWaitEvent")]),
+    ("cuStreamWaitValue32", &[(11070, "cuStreamWaitValue32_v2")]),
+    (
+        "cuStreamWriteValue32",
+        &[(11070, "cuStreamWriteValue32_v2")],
+    ),
+    ("cuLaunchHostFunc", &[(10000, "cuLaunchHostFunc")]),
+    ("cuEventCreate", &[(2000, "cuEventCreate")]),
+    ("cuEventDestroy", &[(4000, "cuEventDestroy_v2")]),
+    ("cuEventRecord", &[(2000, "cuEventRecord")]),
+    (
+        "cuEventRecordWithFlags",
+        &[(11010, "cuEventRecordWithFlags")],
+    ),
+    ("cuEventQuery", &[(2000, "cuEventQuery")]),
+    ("cuEventSynchronize", &[(2000, "cuEventSynchronize")]),
+    ("cuModuleLoadData", &[(2000, "cuModuleLoadData")]),
+    ("cuModuleGetFunction", &[(2000, "cuModuleGetFunction")]),
+    ("cuModuleUnload", &[(2000, "cuModuleUnload")]),
+    ("cuLaunchKernel", &[(4000, "cuLaunchKernel")]),
+    ("cuLaunchKernelEx", &[(11060, "cuLaunchKernelEx")]),
+    ("cuMemcpyAsync", &[(4000, "cuMemcpyAsync")]),
     (
         "cuMemGetInfo",
         &[(2000, "cuMemGetInfo"), (3020, "cuMemGetInfo_v2")],
@@ -180,10 +207,16 @@ const TABLE: &[(&str, &[(i32, &str)])] = &[
 /// The per-thread-default-stream variants: what a lookup with `CU_GET_PROC_ADDRESS_PER_THREAD_
 /// DEFAULT_STREAM` returns in place of the default-stream symbol, as the real driver does (cudart
 /// asks that way for programs built with `--default-stream per-thread`). Only the stream-ordered
-/// allocation calls are modelled; the model's other stream calls have one spelling.
+/// allocation calls, `cuMemcpyAsync`, `cuMemsetD32Async` and the launches are modelled; the
+/// model's other stream calls have one spelling. The fake's null stream is one queue per
+/// context either way, so a `_ptsz` function behaves as its default-stream twin.
 const PER_THREAD: &[(&str, &str)] = &[
     ("cuMemAllocAsync", "cuMemAllocAsync_ptsz"),
     ("cuMemFreeAsync", "cuMemFreeAsync_ptsz"),
+    ("cuMemcpyAsync", "cuMemcpyAsync_ptsz"),
+    ("cuMemsetD32Async", "cuMemsetD32Async_ptsz"),
+    ("cuLaunchKernel", "cuLaunchKernel_ptsz"),
+    ("cuLaunchKernelEx", "cuLaunchKernelEx_ptsz"),
 ];
 
 /// The base name of an exported symbol: `cuMemAlloc_v2` -> `cuMemAlloc`.

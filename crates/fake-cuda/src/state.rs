@@ -1,8 +1,12 @@
 //! The driver's process-wide state, one mutex around all of it (a fake needs no finer locking).
-//! Entry points take it for the whole of their work, so a copy never races an unmap.
+//! Entry points take it for the whole of their work, so a copy never races an unmap; stream
+//! workers take it while they touch memory, for the same reason. Whoever waits (a synchronize,
+//! a worker waiting for a kernel's flag or its sleep to end) waits on [`CHANGED`], which releases
+//! the mutex: nobody waits or spins while holding it.
 
 use std::ffi::c_int;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use cuda_abi::CUresult;
 
@@ -10,6 +14,7 @@ use crate::Res;
 use crate::accounting::{Publisher, Usage};
 use crate::config::Config;
 use crate::device::{Contexts, Device};
+use crate::exec::Exec;
 use crate::memory::Memory;
 
 #[derive(Debug)]
@@ -21,6 +26,8 @@ pub(crate) struct Driver {
     pub contexts: Contexts,
     pub mem: Memory,
     pub usage: Usage,
+    /// Stream queues, events and modules.
+    pub exec: Exec,
     next_id: u64,
 }
 
@@ -39,6 +46,7 @@ impl Driver {
             contexts,
             mem: Memory::default(),
             usage,
+            exec: Exec::default(),
             next_id: 1,
         }
     }
@@ -74,9 +82,67 @@ impl Driver {
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
+/// Signalled whenever queued work completes, is queued or is discarded, or the state that a
+/// waiter may be waiting for changes otherwise.
+static CHANGED: Condvar = Condvar::new();
 
-fn guard() -> MutexGuard<'static, Option<Driver>> {
+pub(crate) type Guard = MutexGuard<'static, Option<Driver>>;
+
+fn guard() -> Guard {
     DRIVER.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The driver state, locked (for stream workers, which hold it across steps).
+pub(crate) fn lock() -> Guard {
+    guard()
+}
+
+/// Releases the lock until [`notify`] or `timeout` (`None`: no limit), then takes it again.
+pub(crate) fn wait(g: Guard, timeout: Option<Duration>) -> Guard {
+    match timeout {
+        None => CHANGED.wait(g).unwrap_or_else(PoisonError::into_inner),
+        Some(t) => {
+            CHANGED
+                .wait_timeout(g, t)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+        }
+    }
+}
+
+/// Wakes every waiter (they re-check their condition).
+pub(crate) fn notify() {
+    CHANGED.notify_all();
+}
+
+/// Runs `f` on the driver state until it gives an answer; between tries the lock is released
+/// until something changes, for at most `poll` (`None`: until notified). `f` is told whether
+/// `deadline` has passed; past it, a `None` from `f` is `CUDA_ERROR_TIMEOUT`.
+pub(crate) fn wait_until<R>(
+    deadline: Option<Instant>,
+    poll: Option<Duration>,
+    mut f: impl FnMut(&mut Driver, bool) -> Option<Res<R>>,
+) -> Res<R> {
+    let mut g = guard();
+    loop {
+        let Some(driver) = g.as_mut() else {
+            return Err(CUresult::ERROR_NOT_INITIALIZED);
+        };
+        let now = Instant::now();
+        let expired = deadline.is_some_and(|t| now >= t);
+        if let Some(result) = f(driver, expired) {
+            return result;
+        }
+        if expired {
+            return Err(CUresult::ERROR_TIMEOUT);
+        }
+        let left = deadline.map(|t| t - now);
+        let timeout = match (left, poll) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        g = wait(g, timeout);
+    }
 }
 
 pub(crate) fn install(driver: Driver) {

@@ -54,7 +54,10 @@ pub(crate) fn start(path: &Path) -> io::Result<()> {
 
 /// Spawns a named thread with every signal blocked (it inherits the mask it is created with),
 /// restoring the caller's mask afterwards.
-fn spawn_blocking_signals(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+pub(crate) fn spawn_blocking_signals(
+    name: &str,
+    f: impl FnOnce() + Send + 'static,
+) -> io::Result<()> {
     // SAFETY: sigset_t is plain data; sigfillset initialises it completely below.
     let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: a valid sigset_t to fill.

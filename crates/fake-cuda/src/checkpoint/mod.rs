@@ -42,7 +42,7 @@ use crate::device::device_by_uuid;
 use crate::memory::{Backing, Origin};
 use crate::os::{self, Saved};
 use crate::state::{self, Driver};
-use crate::{Res, read_in, write_out};
+use crate::{Res, exec, read_in, write_out};
 use gate::Phase;
 use wire::{MAX_PAIRS, Op, Pair, Request};
 
@@ -71,7 +71,7 @@ fn dispatch(request: &Request) -> Res<u64> {
         Op::Lock => {
             let timeout = (request.timeout_ms > 0)
                 .then(|| Duration::from_millis(u64::from(request.timeout_ms)));
-            gate::lock(timeout)?;
+            lock(timeout)?;
             LOCK_TIMEOUT_MS.store(request.timeout_ms, Ordering::Relaxed);
             Ok(0)
         }
@@ -79,6 +79,26 @@ fn dispatch(request: &Request) -> Res<u64> {
         Op::Restore => restore(&request.pairs).map(|()| 0),
         Op::Unlock => gate::transition(Phase::Locked, Phase::Running).map(|()| 0),
         Op::GetState | Op::GetRestoreThreadId => Ok(0),
+    }
+}
+
+/// Locks the process: new driver calls wait, calls in flight end, then every stream's queued
+/// work completes, all within `timeout` (`None`: no limit, as the driver documents). A stream
+/// still busy at the timeout (a kernel waiting for another process that is locked already, say)
+/// is `CUDA_ERROR_TIMEOUT` and the process keeps running. A process whose work faulted cannot
+/// be locked: `CUDA_ERROR_ILLEGAL_ADDRESS`, r580's sticky error.
+fn lock(timeout: Option<Duration>) -> Res {
+    if exec::poisoned() {
+        return Err(exec::FAULT);
+    }
+    let deadline = timeout.map(|t| Instant::now() + t);
+    gate::lock(timeout)?;
+    match exec::wait_idle(deadline, |d| Ok(exec::any_busy(d))) {
+        Ok(()) => Ok(()),
+        Err(code) => {
+            gate::transition(Phase::Locked, Phase::Running)?;
+            Err(code)
+        }
     }
 }
 

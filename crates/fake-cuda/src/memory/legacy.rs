@@ -133,9 +133,12 @@ pub(crate) unsafe fn mem_alloc_async(
     unsafe { mem_alloc(dptr, bytes) }
 }
 
-/// `cuMemFreeAsync`: freed now (streams are synchronous in this model).
+/// `cuMemFreeAsync`: freed once the work queued on the stream before it is complete, so the
+/// free keeps stream order (the call waits for that work instead of queueing the free: the
+/// fake has no stream-ordered allocator, and usage then drops when the call returns).
 pub(crate) fn mem_free_async(dptr: CUdeviceptr, stream: CUstream) -> Res {
     state::with(|d| check_stream(d, stream))?;
+    crate::exec::wait_idle(None, |d| crate::exec::stream_busy(d, stream))?;
     mem_free(dptr)
 }
 

@@ -299,7 +299,12 @@ pub(crate) enum Need {
     Write,
 }
 
-fn within<T>(map: &BTreeMap<u64, T>, size: impl Fn(&T) -> u64, addr: u64, len: u64) -> bool {
+pub(crate) fn within<T>(
+    map: &BTreeMap<u64, T>,
+    size: impl Fn(&T) -> u64,
+    addr: u64,
+    len: u64,
+) -> bool {
     map.range(..=addr).next_back().is_some_and(|(&base, v)| {
         addr.checked_add(len)
             .is_some_and(|end| end <= base + size(v))

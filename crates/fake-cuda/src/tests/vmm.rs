@@ -363,6 +363,9 @@ isolated_test!(access_controls_copies_and_memsets, &[], {
         )),
         SUCCESS
     );
+    // Streams are asynchronous: the copy on `s` is complete once `s` is synchronized (the
+    // legacy stream is another queue, and `s` is non-blocking).
+    assert_eq!(cu!(x::cuStreamSynchronize(s)), SUCCESS);
     let mut dst = [0u8; 32];
     assert_eq!(
         cu!(x::cuMemcpyDtoHAsync_v2(
@@ -371,6 +374,10 @@ isolated_test!(access_controls_copies_and_memsets, &[], {
             32,
             1 as cuda_abi::CUstream,
         )),
+        SUCCESS
+    );
+    assert_eq!(
+        cu!(x::cuStreamSynchronize(1 as cuda_abi::CUstream)),
         SUCCESS
     );
     assert_eq!(dst, src);
