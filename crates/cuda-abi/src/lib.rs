@@ -207,15 +207,10 @@ pub mod stream_write_value {
 }
 
 /// Opaque driver handles this project passes through without looking inside: the submission gate
-/// forwards them unchanged, the workload's kernels use modules, functions and events.
-pub type CUmodule = *mut c_void;
-pub type CUfunction = *mut c_void;
-pub type CUevent = *mut c_void;
+/// forwards them unchanged. (Modules, functions and events have their opaque struct types above.)
 pub type CUgraphExec = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUexternalSemaphore = *mut c_void;
-/// `CUhostFn`: `void (*)(void *userData)`, null allowed by the type (the driver refuses it).
-pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 /// `CUstreamCallback`: `void (*)(CUstream, CUresult, void *userData)`.
 pub type CUstreamCallback =
     Option<unsafe extern "C" fn(stream: CUstream, status: CUresult, user_data: *mut c_void)>;
