@@ -155,19 +155,15 @@ impl Busy {
     /// The devices of the ranks (multicast: one device per rank).
     fn devices(self) -> String {
         match self {
-            Busy::Ring(n, Sharing::Multicast) => (0..n)
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(","),
+            Busy::Ring(n, Sharing::Multicast) => {
+                (0..n).map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+            }
             _ => "0".into(),
         }
     }
 
     fn env(self) -> TestEnv {
-        let env = env().env(
-            "FAKE_CUDA_DEVICES",
-            self.processes().max(2).to_string(),
-        );
+        let env = env().env("FAKE_CUDA_DEVICES", self.processes().max(2).to_string());
         match self {
             Busy::Nccl(_) => env.with_fake_nccl().expect("the fake NCCL"),
             _ => env,
@@ -592,11 +588,7 @@ fn a_collective_that_can_never_complete_is_refused_after_the_deadline() {
 
     let run = tool(
         &env,
-        &strs(&suspend_args(
-            &env,
-            tree.root(),
-            &["--freeze-timeout", "2"],
-        )),
+        &strs(&suspend_args(&env, tree.root(), &["--freeze-timeout", "2"])),
     );
     run.expect_code(EXIT_ROLLED_BACK);
     for w in &ranks {
@@ -607,7 +599,10 @@ fn a_collective_that_can_never_complete_is_refused_after_the_deadline() {
     assert_eq!(s.u64("passed"), Some(held), "{}", s.to_line());
     one(&ranks[1], &format!("busy-hold b {}", held + 1));
     for w in &ranks {
-        one(w, &format!("busy-wait b {} --timeout {ROUND_WAIT_MS}", held + 1));
+        one(
+            w,
+            &format!("busy-wait b {} --timeout {ROUND_WAIT_MS}", held + 1),
+        );
     }
     for w in &ranks {
         one(w, "busy-release b");
@@ -623,7 +618,11 @@ fn hold_all(ranks: &[Workload]) -> u64 {
     loop {
         let holds: Vec<u64> = ranks
             .iter()
-            .map(|w| one(w, &format!("busy-hold b {hold}")).u64("hold").unwrap_or(0))
+            .map(|w| {
+                one(w, &format!("busy-hold b {hold}"))
+                    .u64("hold")
+                    .unwrap_or(0)
+            })
             .collect();
         let highest = holds.iter().copied().max().unwrap_or(0);
         if highest == hold && holds.iter().all(|&h| h == hold) {

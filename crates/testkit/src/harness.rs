@@ -168,7 +168,8 @@ impl Artifacts {
         let dir = self.dir.join("fake-nccl");
         let link = dir.join("libnccl.so.2");
         if !link.exists() {
-            std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
+            std::fs::create_dir_all(&dir)
+                .map_err(io(format!("cannot create {}", dir.display())))?;
             // Another test may make it at the same time: a link that appeared meanwhile is fine.
             if let Err(e) = std::os::unix::fs::symlink(&built, &link)
                 && e.kind() != std::io::ErrorKind::AlreadyExists
