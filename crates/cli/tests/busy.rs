@@ -531,7 +531,8 @@ fn to_disk(busy: Busy, test: &str) {
         }
         let _ = std::fs::remove_dir_all(&ck);
         root = new_root;
-        restored = Restored(Some(root));
+        // The previous root went with the checkpoint: only the new one is ours to kill.
+        restored.0 = Some(root);
         let ranks = attach_ranks(&dir, n, "rank", devices);
         assert_clean(&ranks, &format!("after disk cycle {cycle}"));
         progress(&ranks, 2);
