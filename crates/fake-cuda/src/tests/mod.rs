@@ -16,9 +16,12 @@ macro_rules! cu {
 mod api;
 mod basic;
 mod checkpoint;
+mod faults;
+mod kernels;
 mod multicast;
 mod r580;
 mod share;
+mod streams;
 mod symbols;
 mod vmm;
 
