@@ -322,6 +322,25 @@ fn tree_ranks(tree: &Tree, n: usize) -> Vec<Workload> {
         .collect()
 }
 
+/// While the group is suspended: no device memory held, every process alive, and no busy thread
+/// completes a round (its next submission waits at the gate).
+fn assert_quiet(env: &TestEnv, ranks: &[Workload], when: &str) {
+    let passed = |w: &Workload| one(w, "busy-status b").u64("passed");
+    let before: Vec<_> = ranks.iter().map(passed).collect();
+    for w in ranks {
+        assert!(alive(w.pid()), "{} died while suspended ({when})", w.name());
+        assert_eq!(
+            usage(env, w.pid()),
+            0,
+            "{} holds device memory while suspended ({when})",
+            w.name()
+        );
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    let after: Vec<_> = ranks.iter().map(passed).collect();
+    assert_eq!(before, after, "rounds completed while suspended ({when})");
+}
+
 /// Suspends and resumes the busy group in place `count` times per option set (none,
 /// `--keep-contexts`, `--carrier helper`), at random moments, checking after each cycle that
 /// every rank still runs and has seen no failure; then stops the group, every round passed.
@@ -344,6 +363,7 @@ fn in_place(busy: Busy, test: &str) {
                 "suspend {options:?} cycle {cycle}: {}",
                 run.describe()
             );
+            assert_quiet(&env, &ranks, &format!("cycle {cycle} of {options:?}"));
             moments.pause(20);
             let run = tool(&env, &strs(&resume_args(&env, tree.root(), &[])));
             assert!(
