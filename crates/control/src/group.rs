@@ -518,6 +518,10 @@ fn blocker_reason(blocker: &Blocker) -> String {
         Blocker::MulticastOutOfBounds { .. } => {
             "; a binding must lie inside its object and inside one allocation or mapping"
         }
+        Blocker::UngatedSubmission { .. } => {
+            "; this driver or runtime resolves an entry point the shim's driver table does not list: \
+             report it (with `cuinterpose doctor` output) so it is added"
+        }
     };
     // The driver tells an importer no size before it maps (the shim reports 0): say so rather
     // than print a 0-byte allocation.

@@ -86,6 +86,16 @@ impl DriverTable {
         Ok(ctx)
     }
 
+    /// `cuDevicePrimaryCtxGetState`: whether the device's primary context is active (made and
+    /// retained by someone), without making it.
+    pub fn primary_ctx_active(&self, device: CUdevice) -> Result<bool> {
+        let mut flags: c_uint = 0;
+        let mut active: c_int = 0;
+        // SAFETY: valid out-pointers.
+        unsafe { self.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }?;
+        Ok(active != 0)
+    }
+
     /// `cuDevicePrimaryCtxRelease`.
     pub fn primary_ctx_release(&self, device: CUdevice) -> Result<()> {
         // SAFETY: no pointers.

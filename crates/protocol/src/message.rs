@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -123,6 +123,17 @@ pub enum Request {
     CarrierCopy { to_host: bool, total: u64 },
     /// To a carrier helper: give the caller's carrier back (its pinned memory freed).
     CarrierForget,
+    /// Close the submission gate and the tracked-call gate without waiting: from now on the
+    /// application's new GPU work and tracked memory calls wait. The first step of every capture,
+    /// sent to the whole group before any drain, so that no process's work waits for a peer that
+    /// is still submitting. Answered with [`Response::Drain`].
+    Hold,
+    /// Wait up to `wait_ms` for this process to be drained: nothing on its way into the driver and
+    /// every context's work finished. Answered with [`Response::Drain`] either way.
+    Drain { wait_ms: u32 },
+    /// Let up to `count` submissions waiting at the closed gate through (a peer's stalled drain
+    /// waits for them). Answered with [`Response::Drain`] (not waited).
+    Admit { count: u32 },
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -198,6 +209,24 @@ pub enum Response {
     Copied {
         stats: CopyStats,
     },
+    /// How the drain of Hold, Drain or Admit stands.
+    Drain(DrainReport),
+}
+
+/// How one process's drain stands (Hold, Drain, Admit).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainReport {
+    /// Nothing is on its way into the driver and every context's work has finished.
+    pub drained: bool,
+    /// Application threads whose submission waits at the closed gate.
+    pub waiting: u32,
+    /// Submissions admitted through the closed gate since the process started.
+    pub admitted: u64,
+    /// What is not finished, one line each (a context with work running, a submission inside
+    /// the driver, tracked calls in flight); empty when drained.
+    pub busy: Vec<String>,
+    /// Since the gates closed (Hold).
+    pub held_micros: u64,
 }
 
 /// What one process's data file holds: its allocations one after the other, each starting at a
@@ -330,6 +359,9 @@ pub enum ErrorCode {
     Peer,
     /// Anything else inside the shim.
     Internal,
+    /// Another tool run holds this process's capture (one capture at a time, whatever the
+    /// callers' environments).
+    Busy,
 }
 
 impl Request {
@@ -352,6 +384,9 @@ impl Request {
             Request::CarrierItem { .. } => 15,
             Request::CarrierCopy { .. } => 16,
             Request::CarrierForget => 17,
+            Request::Hold => 18,
+            Request::Drain { .. } => 19,
+            Request::Admit { .. } => 20,
         }
     }
 
@@ -376,6 +411,7 @@ impl Response {
             Response::Streamed { .. } => 0x106,
             Response::Accepted => 0x107,
             Response::Copied { .. } => 0x108,
+            Response::Drain(_) => 0x109,
         }
     }
 }

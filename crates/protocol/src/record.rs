@@ -211,6 +211,9 @@ pub enum Blocker {
         mc_offset: u64,
         size: u64,
     },
+    /// A resolver handed out a submission entry point in an ABI the submission gate does not
+    /// cover: work submitted through it could run while memory is released.
+    UngatedSubmission { entry: String, count: u32 },
 }
 
 impl fmt::Display for Blocker {
@@ -254,6 +257,11 @@ impl fmt::Display for Blocker {
             } => write!(
                 f,
                 "has a binding of multicast object {id} out of bounds (device {device}, offset {mc_offset:#x}, {size} bytes)"
+            ),
+            Blocker::UngatedSubmission { entry, count } => write!(
+                f,
+                "resolved {entry} in an ABI the submission gate does not cover ({count} such \
+                 lookups): its GPU work could run while memory is released"
             ),
         }
     }
@@ -313,4 +321,17 @@ pub struct ProcessRecord {
     /// topology a rebuild is verified against: these calls are not gated, so the application may
     /// change them while suspended.
     pub unowned: Vec<UnownedRecord>,
+    /// The submission gate: whether it is closed, and what waits at it. Not part of the topology.
+    pub gate: GateRecord,
+}
+
+/// How a process's submission gate stands (INSPECT).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateRecord {
+    /// Closed by a capture: new GPU work waits.
+    pub closed: bool,
+    /// Application threads waiting at it now.
+    pub waiting: u32,
+    /// Submissions past it and not yet back from the driver.
+    pub inside: u32,
 }

@@ -36,7 +36,7 @@ pub const STATE_MAGIC: [u8; 8] = *b"CUISTATE";
 /// The state format this build writes and reads. Bumped on any change of the layout or of a type
 /// in the body (records included), or of what it means; older files are refused, not migrated
 /// (3: every allocation a process created has a carrier, private ones too).
-pub const STATE_VERSION: u16 = 3;
+pub const STATE_VERSION: u16 = 4;
 /// Length of the header before the body.
 pub const STATE_HEADER_LEN: usize = 24;
 /// Largest body accepted: bounds what a reader allocates before the checksum is known. A group of
@@ -354,6 +354,7 @@ pub(crate) mod tests {
             calls_in_flight: 0,
             multicasts: vec![],
             unowned: vec![],
+            gate: Default::default(),
         }
     }
 

@@ -176,6 +176,7 @@ fn error_codes() -> Vec<(&'static str, ErrorCode)> {
         ("timeout", ErrorCode::Timeout),
         ("peer", ErrorCode::Peer),
         ("internal", ErrorCode::Internal),
+        ("busy", ErrorCode::Busy),
     ]
 }
 
@@ -285,6 +286,13 @@ fn blockers() -> Vec<(&'static str, Blocker)> {
                 size: 8 << 20,
             },
         ),
+        (
+            "ungated_submission",
+            Blocker::UngatedSubmission {
+                entry: "cuLaunchKernel".into(),
+                count: 3,
+            },
+        ),
     ]
 }
 
@@ -362,6 +370,11 @@ fn full_record() -> ProcessRecord {
                 bytes: n << 20,
             })
             .collect(),
+        gate: GateRecord {
+            closed: true,
+            waiting: 4,
+            inside: 1,
+        },
     }
 }
 
@@ -421,6 +434,9 @@ fn requests() -> Vec<(&'static str, Request)> {
             },
         ),
         ("carrier_forget", Request::CarrierForget),
+        ("hold", Request::Hold),
+        ("drain", Request::Drain { wait_ms: 250 }),
+        ("admit", Request::Admit { count: 2 }),
     ]
 }
 
@@ -528,6 +544,16 @@ fn responses() -> Vec<(&'static str, Response)> {
                 },
             },
         ),
+        (
+            "drain",
+            Response::Drain(message::DrainReport {
+                drained: false,
+                waiting: 2,
+                admitted: 9,
+                busy: vec!["device 0: work still running".into()],
+                held_micros: 1500,
+            }),
+        ),
     ]
 }
 
@@ -575,6 +601,7 @@ fn group() -> GroupState {
         calls_in_flight: 0,
         multicasts: vec![],
         unowned: vec![],
+        gate: Default::default(),
     };
     let importer = ProcessRecord {
         ns_pid: 42,
@@ -599,6 +626,7 @@ fn group() -> GroupState {
         calls_in_flight: 0,
         multicasts: vec![],
         unowned: vec![],
+        gate: Default::default(),
     };
     GroupState {
         created_unix_ms: 1_767_225_600_000,

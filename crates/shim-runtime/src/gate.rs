@@ -216,7 +216,7 @@ impl Drop for SubmissionPass {
 }
 
 impl SubmissionGate {
-    const fn new() -> SubmissionGate {
+    pub(crate) const fn new() -> SubmissionGate {
         SubmissionGate {
             closed: AtomicBool::new(false),
             closer: AtomicU32::new(0),
@@ -230,10 +230,12 @@ impl SubmissionGate {
         }
     }
 
-    /// Passes the gate: at once while it is open, else after the gate opens or the tool admits
-    /// this submission. SeqCst on the slot store and the flag load, and on the closer's side:
-    /// either this thread sees the gate closed, or the drain sees this thread inside (Dekker).
-    pub fn enter(&self) -> SubmissionPass {
+    /// Passes the process's gate ([`submissions`]; the slots are its): at once while it is
+    /// open, else after the gate opens or the tool admits this submission. SeqCst on the slot
+    /// store and the flag load, and on the closer's side: either this thread sees the gate closed,
+    /// or the drain sees this thread inside (Dekker).
+    pub fn enter() -> SubmissionPass {
+        let gate = submissions();
         let entered = LEASE.try_with(|lease| {
             let depth = lease.depth.get();
             lease.depth.set(depth + 1);
@@ -241,9 +243,9 @@ impl SubmissionGate {
                 return;
             }
             lease.slot.inside.store(true, Ordering::SeqCst);
-            if self.closed.load(Ordering::SeqCst) {
+            if gate.closed.load(Ordering::SeqCst) {
                 lease.slot.inside.store(false, Ordering::SeqCst);
-                self.wait_at_gate(lease.slot);
+                gate.wait_at_gate(lease.slot);
             }
         });
         // A thread past its thread-local destructors submits ungated: it can hold no place.
@@ -440,5 +442,47 @@ mod tests {
         gate.thaw();
         done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
         waiter.join().unwrap();
+    }
+
+    #[test]
+    fn the_closed_submission_gate_holds_threads_and_admits_them_one_at_a_time() {
+        // The process's gate (its slots are thread-local); no other test of this binary enters
+        // it, and runtimes in tests close gates of their own.
+        let gate = submissions();
+        gate.close();
+        let (done_tx, done_rx) = mpsc::channel();
+        let threads: Vec<_> = (0..2)
+            .map(|i| {
+                let done_tx = done_tx.clone();
+                std::thread::spawn(move || {
+                    let pass = SubmissionGate::enter();
+                    done_tx.send(i).unwrap();
+                    drop(pass);
+                })
+            })
+            .collect();
+        while gate.state().waiting < 2 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(done_rx.recv_timeout(Duration::from_millis(100)).is_err());
+        assert_eq!(gate.admit(1), 1);
+        done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert!(done_rx.recv_timeout(Duration::from_millis(100)).is_err());
+        let state = gate.state();
+        assert_eq!((state.waiting, state.admitted, state.admits), (1, 1, 0));
+        // Never more admissions than waiters: none can lapse onto a later call.
+        assert_eq!(gate.admit(5), 1);
+        done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(gate.state().is_quiet());
+        assert_eq!(gate.admit(1), 0);
+        gate.open();
+        // Open: a submission passes at once, and is seen inside while it is.
+        let pass = SubmissionGate::enter();
+        assert_eq!(gate.state().inside, 1);
+        drop(pass);
+        assert_eq!(gate.state().inside, 0);
     }
 }

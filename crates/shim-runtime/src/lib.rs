@@ -15,7 +15,9 @@
 //! memory that DMA reads and writes while a copy runs; its docs say why each part must be unsafe),
 //! and in the test-only driver and tests.
 //!
-//! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (Freeze's gate),
+//! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (the two gates a
+//! capture closes: tracked calls and GPU submissions), `drain` (Hold, Drain, Admit), `lease` (one
+//! capture at a time, held by the tool's connection),
 //! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `contexts` (their
 //! teardown with their context), `unowned` (device memory the shim does not own, counted), `exports`
 //! (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
@@ -33,10 +35,12 @@ pub mod contexts;
 pub mod copy;
 pub mod datafile;
 pub mod digest;
+pub mod drain;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;
 pub mod ipc;
+pub mod lease;
 pub mod log;
 pub mod multicast;
 pub mod owned_alloc;

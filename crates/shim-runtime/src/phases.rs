@@ -99,6 +99,13 @@ pub enum PhaseError {
     Blocked(Vec<String>),
     #[error("{inside} tracked calls still in flight after {timeout_ms} ms; not frozen")]
     Timeout { inside: u32, timeout_ms: u32 },
+    #[error("not drained after {timeout_ms} ms ({}); not frozen", .busy.join("; "))]
+    NotDrained { busy: Vec<String>, timeout_ms: u32 },
+    #[error(
+        "the context of device {device} holds an error of the application's own work ({error}): \
+         nothing was changed"
+    )]
+    Sticky { device: i32, error: String },
     #[error("{call} failed for {what}: {result}")]
     Driver {
         call: &'static str,
@@ -124,7 +131,8 @@ impl PhaseError {
             PhaseError::WrongPhase { .. } | PhaseError::NotRebuilt(_) | PhaseError::Blocked(_) => {
                 ErrorCode::WrongPhase
             }
-            PhaseError::Timeout { .. } => ErrorCode::Timeout,
+            PhaseError::Timeout { .. } | PhaseError::NotDrained { .. } => ErrorCode::Timeout,
+            PhaseError::Sticky { .. } => ErrorCode::Driver,
             PhaseError::Driver { .. }
             | PhaseError::Copy(_)
             | PhaseError::DataFile(DataFileError::Copy(_)) => ErrorCode::Driver,
@@ -195,6 +203,8 @@ enum Done {
     Phase(u64, Option<CopyStats>),
     /// SaveTo and LoadFrom: bytes moved, how the streaming went, the data file.
     Streamed(u64, StreamStats, DataFile),
+    /// Hold, Drain and Admit: how the drain stands.
+    Drain(protocol::message::DrainReport),
 }
 
 impl Runtime {
@@ -210,8 +220,14 @@ impl Runtime {
         let streamed = |r: Result<(u64, StreamStats, DataFile), PhaseError>| {
             r.map(|(bytes, stats, file)| Done::Streamed(bytes, stats, file))
         };
+        let drained = |r: Result<protocol::message::DrainReport, PhaseError>| r.map(Done::Drain);
         let result = match (request, file) {
             (Request::Freeze { timeout_ms }, _) => plain(self.freeze(timeout_ms)),
+            (Request::Hold, _) => drained(self.hold()),
+            (Request::Drain { wait_ms }, _) => {
+                drained(self.drain(Duration::from_millis(u64::from(wait_ms))))
+            }
+            (Request::Admit { count }, _) => drained(self.admit(count)),
             (Request::Save, _) => copied(self.save(true)),
             (Request::SaveKeepingContexts, _) => copied(self.save(false)),
             (Request::SaveThroughHelper { native_follows }, _) => {
@@ -255,6 +271,14 @@ impl Runtime {
                     stats,
                     file,
                 }
+            }
+            Ok(Done::Drain(report)) => {
+                log_debug!(
+                    "{name}: drained {}, {} waiting",
+                    report.drained,
+                    report.waiting
+                );
+                Response::Drain(report)
             }
             Err(e) => {
                 // Not a warning: the tool reports it, naming the process. Written to the
@@ -302,32 +326,37 @@ impl Runtime {
         }
     }
 
+    /// Freeze: closes the gates if the tool did not hold them first (a capture of one process),
+    /// drains without admitting anything, checks for blockers and marks the process Frozen. Any
+    /// failure opens the gates again: nothing was changed.
     fn freeze(&self, timeout_ms: u32) -> Result<u64, PhaseError> {
         self.expect_phase("Freeze", &[Phase::Running])?;
-        if let Err(inside) = self
-            .gate
-            .freeze(Duration::from_millis(u64::from(timeout_ms)))
-        {
+        if !self.gates_closed() {
+            self.hold()?;
+        }
+        let frozen = self.drain_to_frozen(timeout_ms);
+        if frozen.is_err() {
+            self.open_gates();
+        }
+        frozen
+    }
+
+    fn drain_to_frozen(&self, timeout_ms: u32) -> Result<u64, PhaseError> {
+        let timeout = Duration::from_millis(u64::from(timeout_ms));
+        let busy = self.drain_until(Instant::now() + timeout)?;
+        if !busy.is_empty() {
+            return Err(PhaseError::NotDrained { busy, timeout_ms });
+        }
+        if let Err(inside) = self.gate.freeze(timeout) {
             return Err(PhaseError::Timeout { inside, timeout_ms });
         }
-        // Frozen, nothing new can appear: a blocker that came after the tool's inspection is
-        // caught here, before anything is released.
-        let blockers = self.lock().blockers();
+        // Drained and held, nothing new can appear: a blocker that came after the tool's
+        // inspection is caught here, before anything is released.
+        let blockers = self.blockers();
         if !blockers.is_empty() {
-            self.gate.thaw();
             return Err(PhaseError::Blocked(
                 blockers.iter().map(ToString::to_string).collect(),
             ));
-        }
-        let devices = self.lock().devices();
-        for device in devices {
-            let synced = copy::enter(&self.real, device)
-                .map_err(PhaseError::from)
-                .and_then(|_ctx| check(|| format!("device {device}"), self.real.ctx_synchronize()));
-            if let Err(e) = synced {
-                self.gate.thaw();
-                return Err(e);
-            }
         }
         self.set_phase(Phase::Frozen);
         Ok(0)
@@ -1166,8 +1195,10 @@ impl Runtime {
         out
     }
 
-    fn thaw(&self) -> Result<u64, PhaseError> {
+    pub(crate) fn thaw(&self) -> Result<u64, PhaseError> {
         if self.lock().phase() == Phase::Running {
+            // A capture given up after Hold: the gates open, nothing else was touched.
+            self.open_gates();
             return Ok(0);
         }
         let mut missing = self.not_rebuilt();
@@ -1208,7 +1239,7 @@ impl Runtime {
         self.control().release_started = false;
         self.control().lost_imports.clear();
         self.restore_stacks();
-        self.gate.thaw();
+        self.open_gates();
         Ok(0)
     }
 }
@@ -1273,5 +1304,8 @@ fn request_name(request: &Request) -> &'static str {
         Request::CarrierItem { .. } => "CarrierItem",
         Request::CarrierCopy { .. } => "CarrierCopy",
         Request::CarrierForget => "CarrierForget",
+        Request::Hold => "Hold",
+        Request::Drain { .. } => "Drain",
+        Request::Admit { .. } => "Admit",
     }
 }

@@ -638,6 +638,7 @@ impl Registry {
             calls_in_flight,
             multicasts,
             unowned: vec![], // counted outside the registry: Runtime::inspect fills it
+            gate: Default::default(), // the gate is the runtime's: Runtime::inspect fills it
         }
     }
 }

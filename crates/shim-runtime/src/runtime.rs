@@ -98,6 +98,14 @@ pub struct Runtime {
     pub(crate) primary: crate::contexts::PrimaryRefs,
     /// Peer access enabled per context (contexts.rs).
     pub(crate) peers: crate::contexts::PeerGrants,
+    /// The gate every GPU submission passes (gate.rs): the process's own, or a fresh one per
+    /// runtime in unit tests.
+    pub(crate) submissions: &'static crate::gate::SubmissionGate,
+    /// The drain's state (drain.rs).
+    pub(crate) drainer: crate::drain::Drainer,
+    /// Which tool connection holds the capture (lease.rs), and the numbering of connections.
+    pub(crate) lease: crate::lease::Lease,
+    pub(crate) next_connection: std::sync::atomic::AtomicU64,
 }
 
 impl Runtime {
@@ -125,7 +133,21 @@ impl Runtime {
             ipc: crate::ipc::IpcOpens::default(),
             primary: crate::contexts::PrimaryRefs::default(),
             peers: crate::contexts::PeerGrants::default(),
+            submissions: submission_gate(),
+            drainer: crate::drain::Drainer::default(),
+            lease: crate::lease::Lease::default(),
+            next_connection: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// What keeps this process from being captured: the registry's blockers, and submission entry
+    /// points a resolver handed out without the gate.
+    pub(crate) fn blockers(&self) -> Vec<protocol::Blocker> {
+        let mut blockers = self.lock().blockers();
+        if let Some((entry, count)) = crate::gate::ungated() {
+            blockers.push(protocol::Blocker::UngatedSubmission { entry, count });
+        }
+        blockers
     }
 
     /// The state lock. A panic cannot poison it in the shipped library (`panic = "abort"`); in
@@ -148,8 +170,31 @@ impl Runtime {
         let in_flight = self.gate.in_flight();
         let mut record = self.lock().report(self.config.ns_pid, in_flight);
         record.unowned = self.unowned.summary();
+        if let Some((entry, count)) = crate::gate::ungated() {
+            record
+                .blockers
+                .push(protocol::Blocker::UngatedSubmission { entry, count });
+        }
+        let gate = self.submissions.state();
+        record.gate = protocol::GateRecord {
+            closed: gate.closed,
+            waiting: gate.waiting,
+            inside: gate.inside,
+        };
         record
     }
+}
+
+/// The submission gate of a runtime: the process's in the library; a fresh one per runtime in unit
+/// tests, so that tests running side by side in one process never close each other's.
+#[cfg(not(test))]
+fn submission_gate() -> &'static crate::gate::SubmissionGate {
+    crate::gate::submissions()
+}
+
+#[cfg(test)]
+fn submission_gate() -> &'static crate::gate::SubmissionGate {
+    Box::leak(Box::new(crate::gate::SubmissionGate::new()))
 }
 
 const OFF: u8 = 0;

@@ -59,12 +59,17 @@ pub enum ServeError {
     Spawn(&'static str, io::Error),
 }
 
-/// A phase request and where its answer goes.
-struct Job {
-    request: Request,
-    /// The data file of SaveTo and LoadFrom.
-    file: Option<std::os::fd::OwnedFd>,
-    reply: mpsc::Sender<Response>,
+/// What the control worker does, in the order it was queued.
+enum Work {
+    /// A phase request and where its answer goes.
+    Phase {
+        request: Request,
+        /// The data file of SaveTo and LoadFrom.
+        file: Option<std::os::fd::OwnedFd>,
+        reply: mpsc::Sender<Response>,
+    },
+    /// The connection holding the capture ended (lease.rs).
+    LeaseLost,
 }
 
 /// Spawns a thread with every signal blocked (the mask is inherited, so no signal can reach the
@@ -136,12 +141,20 @@ impl Runtime {
     /// Binds the control socket and starts the listener and the control worker.
     pub fn serve(self: &Arc<Self>) -> Result<(), ServeError> {
         let listener = Listener::bind(&self.config.socket_of(self.config.ns_pid))?;
-        let (tx, rx) = mpsc::sync_channel::<Job>(QUEUE);
+        let (tx, rx) = mpsc::sync_channel::<Work>(QUEUE);
         let worker = self.clone();
         spawn_quiet("cuinterpose-ctl", move || {
-            for job in rx {
-                let response = worker.run_phase(job.request, job.file);
-                let _ = job.reply.send(response);
+            for work in rx {
+                match work {
+                    Work::Phase {
+                        request,
+                        file,
+                        reply,
+                    } => {
+                        let _ = reply.send(worker.run_phase(request, file));
+                    }
+                    Work::LeaseLost => worker.lease_lost(),
+                }
             }
         })
         .map_err(|e| ServeError::Spawn("control worker", e))?;
@@ -165,7 +178,7 @@ impl Runtime {
         }
     }
 
-    fn listen(self: Arc<Self>, mut listener: Listener, jobs: SyncSender<Job>) {
+    fn listen(self: Arc<Self>, mut listener: Listener, jobs: SyncSender<Work>) {
         // Hashed here, once, off the application's thread and outside any lock.
         self.identity.get_or_init(|| Identity {
             shim_sha256: own_file_sha256(),
@@ -222,7 +235,17 @@ impl Runtime {
         }
     }
 
-    fn converse(&self, mut conn: Connection, jobs: SyncSender<Job>) {
+    /// Serves one connection; a capture lease it took is given back when it ends (lease.rs).
+    fn converse(&self, conn: Connection, jobs: SyncSender<Work>) {
+        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        self.serve_connection(conn, connection, &jobs);
+        self.lease.give_back(connection, || {
+            // Blocks while the queue is full: the worker finishes its phase first anyway.
+            let _ = jobs.send(Work::LeaseLost);
+        });
+    }
+
+    fn serve_connection(&self, mut conn: Connection, connection: u64, jobs: &SyncSender<Work>) {
         if let Err(e) = conn.check_peer() {
             log_warn!("control socket: {e}");
             let _ = conn.set_timeout(Some(Duration::from_secs(1)));
@@ -315,35 +338,74 @@ impl Runtime {
                 },
                 Request::Hello { .. } => (Response::Hello(self.hello()), None),
                 Request::Inspect => (Response::Records(self.inspect()), None),
-                request => {
-                    let (tx, rx) = mpsc::channel();
-                    let job = Job {
-                        request,
-                        file,
-                        reply: tx,
-                    };
-                    let response = match jobs.try_send(job) {
-                        Ok(()) => rx.recv().unwrap_or_else(|_| Response::Error {
-                            code: ErrorCode::Internal,
-                            message: "the control worker is gone".into(),
-                        }),
-                        Err(TrySendError::Full(_)) => Response::Error {
-                            code: ErrorCode::Internal,
-                            message: "busy: phase requests are queued already".into(),
-                        },
-                        Err(TrySendError::Disconnected(_)) => Response::Error {
-                            code: ErrorCode::Internal,
-                            message: "the control worker is gone".into(),
-                        },
-                    };
-                    (response, None)
-                }
+                request => (
+                    self.leased_phase(&conn, connection, jobs, request, file),
+                    None,
+                ),
             };
             if let Err(e) = conn.send_response(&response, fd.as_ref().map(|f| f.as_fd())) {
                 log_warn!("control socket: reply not sent: {e}");
                 return;
             }
         }
+    }
+}
+
+impl Runtime {
+    /// Runs a phase request under this connection's capture lease (lease.rs): taken first (a
+    /// request while another connection holds it is refused, nothing changed), kept while the
+    /// process is in a capture, given back once it is out of it. A connection holding the lease is
+    /// never closed for idleness: its end would undo the capture.
+    fn leased_phase(
+        &self,
+        conn: &Connection,
+        connection: u64,
+        jobs: &SyncSender<Work>,
+        request: Request,
+        file: Option<std::os::fd::OwnedFd>,
+    ) -> Response {
+        match self.lease.take(connection, conn.as_fd()) {
+            Err(message) => {
+                return Response::Error {
+                    code: ErrorCode::Busy,
+                    message,
+                };
+            }
+            Ok(crate::lease::Taken::Now { previous_gone }) => {
+                if previous_gone {
+                    log_warn!(
+                        "the connection holding the capture had hung up; its capture is lost"
+                    );
+                    let _ = jobs.send(Work::LeaseLost);
+                }
+                let _ = conn.set_timeout(None);
+            }
+            Ok(crate::lease::Taken::Already) => {}
+        }
+        let (tx, rx) = mpsc::channel();
+        let work = Work::Phase {
+            request,
+            file,
+            reply: tx,
+        };
+        let response = match jobs.try_send(work) {
+            Ok(()) => rx.recv().unwrap_or_else(|_| Response::Error {
+                code: ErrorCode::Internal,
+                message: "the control worker is gone".into(),
+            }),
+            Err(TrySendError::Full(_)) => Response::Error {
+                code: ErrorCode::Internal,
+                message: "busy: phase requests are queued already".into(),
+            },
+            Err(TrySendError::Disconnected(_)) => Response::Error {
+                code: ErrorCode::Internal,
+                message: "the control worker is gone".into(),
+            },
+        };
+        if !self.in_capture() && self.lease.give_back(connection, || {}) {
+            let _ = conn.set_timeout(Some(TOOL_IDLE));
+        }
+        response
     }
 }
 

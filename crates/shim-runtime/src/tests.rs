@@ -26,6 +26,9 @@ static NEXT_PID: AtomicU32 = AtomicU32::new(3_000_000);
 
 struct Proc {
     rt: Arc<Runtime>,
+    /// The test's tool connection, kept as the tool keeps it: a capture's lease is held by it,
+    /// and its end would undo a capture that released nothing.
+    tool: std::sync::Mutex<Option<Connection>>,
 }
 
 fn pid() -> u32 {
@@ -50,7 +53,10 @@ impl Proc {
             },
         );
         rt.serve().unwrap();
-        Proc { rt }
+        Proc {
+            rt,
+            tool: std::sync::Mutex::new(None),
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -127,9 +133,17 @@ impl Proc {
 
     /// A request through the control socket, as the tool sends it.
     fn call(&self, request: Request) -> Response {
-        let path = self.rt.config().socket_of(self.pid());
-        let mut conn = Connection::connect(&path, Duration::from_secs(60)).unwrap();
+        let mut tool = self.tool.lock().unwrap();
+        let conn = tool.get_or_insert_with(|| {
+            let path = self.rt.config().socket_of(self.pid());
+            Connection::connect(&path, Duration::from_secs(60)).unwrap()
+        });
         conn.call(&request).unwrap().0
+    }
+
+    /// Ends the test's tool connection, as a tool that exits or is killed does.
+    fn drop_tool(&self) {
+        self.tool.lock().unwrap().take();
     }
 
     fn phase(&self, request: Request) -> Phase {
@@ -1702,4 +1716,163 @@ fn the_context_stack_is_given_back_from_release_to_thaw() {
         check_contents(&g);
     }
     assert!(p.rt.control().shrunk_stacks.is_empty());
+}
+
+fn drain_report(response: Response) -> protocol::message::DrainReport {
+    match response {
+        Response::Drain(report) => report,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn hold_closes_both_gates_drain_waits_and_thaw_opens_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Arc::new(Proc::new(dir.path()));
+    let held = drain_report(a.call(Request::Hold));
+    assert!(!held.drained);
+    assert!(a.rt.inspect().gate.closed);
+    // A tracked call now waits at its gate.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let waiter = {
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let h = a.create(MB2, 0);
+            done_tx.send(h).unwrap();
+        })
+    };
+    assert!(done_rx.recv_timeout(Duration::from_millis(200)).is_err());
+    let drained = drain_report(a.call(Request::Drain { wait_ms: 5_000 }));
+    assert!(drained.drained, "{drained:?}");
+    assert!(drained.busy.is_empty());
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    assert!(!a.rt.inspect().gate.closed);
+    done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+    waiter.join().unwrap();
+}
+
+#[test]
+fn drain_before_hold_and_hold_outside_running_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    match a.call(Request::Drain { wait_ms: 10 }) {
+        Response::Error { code, message } => {
+            assert_eq!(code, ErrorCode::Internal);
+            assert!(message.contains("before Hold"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        a.phase(Request::Freeze { timeout_ms: 10_000 }),
+        Phase::Frozen
+    );
+    match a.call(Request::Hold) {
+        Response::Error { code, .. } => assert_eq!(code, ErrorCode::WrongPhase),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+}
+
+#[test]
+fn a_second_tool_is_refused_while_a_capture_holds_the_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    a.create(MB2, 0);
+    assert_eq!(
+        a.phase(Request::Freeze { timeout_ms: 10_000 }),
+        Phase::Frozen
+    );
+    let path = a.rt.config().socket_of(a.pid());
+    let mut other = Connection::connect(&path, Duration::from_secs(30)).unwrap();
+    for request in [Request::Save, Request::Thaw, Request::Hold] {
+        match other.call(&request).unwrap().0 {
+            Response::Error { code, message } => {
+                assert_eq!(code, ErrorCode::Busy, "{request:?}");
+                assert!(message.contains("another cuinterpose run"), "{message}");
+            }
+            reply => panic!("{request:?}: {reply:?}"),
+        }
+    }
+    // Reading is never refused.
+    assert!(matches!(
+        other.call(&Request::Inspect).unwrap().0,
+        Response::Records(_)
+    ));
+    assert_eq!(a.rt.inspect().phase, Phase::Frozen);
+    // Out of the capture, the lease is free for the next run.
+    assert_eq!(a.phase(Request::Thaw), Phase::Running);
+    match other
+        .call(&Request::Freeze { timeout_ms: 10_000 })
+        .unwrap()
+        .0
+    {
+        Response::PhaseDone { phase, .. } => assert_eq!(phase, Phase::Frozen),
+        reply => panic!("{reply:?}"),
+    }
+    match other.call(&Request::Thaw).unwrap().0 {
+        Response::PhaseDone { phase, .. } => assert_eq!(phase, Phase::Running),
+        reply => panic!("{reply:?}"),
+    }
+}
+
+fn wait_for_phase(p: &Proc, phase: Phase) {
+    for _ in 0..500 {
+        let record = p.rt.inspect();
+        if record.phase == phase && record.gate.closed == (phase != Phase::Running) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("never reached {phase:?}: {:?}", p.rt.inspect().phase);
+}
+
+#[test]
+fn a_tool_lost_before_anything_was_released_leaves_nothing_frozen() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let h = a.create(MB2, 0);
+    let va = a.map_new(h, MB2, 0);
+    write(va, b"kept");
+    // After Hold, after Freeze, after Save: the tool is killed (its connection ends).
+    for steps in [
+        &[Request::Hold][..],
+        &[Request::Hold, Request::Freeze { timeout_ms: 10_000 }],
+        &[Request::Freeze { timeout_ms: 10_000 }, Request::Save],
+    ] {
+        for request in steps {
+            a.call(request.clone());
+        }
+        a.drop_tool();
+        wait_for_phase(&a, Phase::Running);
+        // Tracked calls go on at once, and the memory is the application's as it was.
+        let more = a.create(MB2, 0);
+        assert_eq!(a.release(more), CUresult::SUCCESS);
+        assert_eq!(read(va, 4), b"kept");
+    }
+}
+
+#[test]
+fn a_tool_lost_after_release_leaves_the_process_suspended_for_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Proc::new(dir.path());
+    let h = a.create(MB2, 0);
+    let va = a.map_new(h, MB2, 0);
+    write(va, b"carried");
+    for request in [
+        Request::Freeze { timeout_ms: 10_000 },
+        Request::Save,
+        Request::Release,
+    ] {
+        a.call(request);
+    }
+    a.drop_tool();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(a.rt.inspect().phase, Phase::Released);
+    assert!(a.rt.inspect().gate.closed);
+    // A new run (a new connection) takes the lease and resumes.
+    for request in [Request::Load, Request::Import, Request::Thaw] {
+        a.phase(request);
+    }
+    assert_eq!(a.rt.inspect().phase, Phase::Running);
+    assert_eq!(read(va, 7), b"carried");
 }

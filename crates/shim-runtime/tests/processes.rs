@@ -28,10 +28,28 @@ fn control(env: &TestEnv, w: &Workload) -> PathBuf {
         .join(format!("cuinterpose-{inode}-{}.sock", w.pid()))
 }
 
+/// The tests' tool connections, one per control socket, kept open as the tool keeps its own: a
+/// capture's lease is held by the connection, and its end would undo a capture that released
+/// nothing.
+static TOOL: std::sync::Mutex<Vec<(std::path::PathBuf, Connection)>> =
+    std::sync::Mutex::new(Vec::new());
+
 fn call(env: &TestEnv, w: &Workload, request: Request) -> Response {
-    let mut conn = Connection::connect(&control(env, w), Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("control socket of {}: {e}\n{}", w.name(), w.log_tail()));
-    conn.call(&request)
+    let path = control(env, w);
+    let mut tool = TOOL.lock().unwrap_or_else(|e| e.into_inner());
+    let at = match tool.iter().position(|(p, _)| *p == path) {
+        Some(at) => at,
+        None => {
+            let conn = Connection::connect(&path, Duration::from_secs(120)).unwrap_or_else(|e| {
+                panic!("control socket of {}: {e}\n{}", w.name(), w.log_tail())
+            });
+            tool.push((path, conn));
+            tool.len() - 1
+        }
+    };
+    tool[at]
+        .1
+        .call(&request)
         .unwrap_or_else(|e| panic!("{request:?} to {}: {e}\n{}", w.name(), w.log_tail()))
         .0
 }

@@ -68,7 +68,7 @@ macro_rules! interposer_table {
                 /// The driver function's own contract for its arguments.
                 #[cfg_attr(not(test), unsafe(no_mangle))]
                 pub unsafe extern "C" fn $g($($ga: $gt),*) -> CUresult {
-                    let _pass = shim_runtime::gate::submissions().enter();
+                    let _pass = shim_runtime::gate::SubmissionGate::enter();
                     let real = crate::real::get();
                     // SAFETY: the caller upholds the driver function's contract for these
                     // arguments, passed on unchanged to the same ABI of the real driver.

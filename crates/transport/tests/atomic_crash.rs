@@ -54,6 +54,7 @@ fn state_of(tag: u8) -> GroupState {
         calls_in_flight: 0,
         multicasts: vec![],
         unowned: vec![],
+        gate: Default::default(),
     };
     GroupState {
         created_unix_ms: u64::from(tag),

@@ -165,6 +165,7 @@ fn record_with_mappings(n: u64) -> ProcessRecord {
         calls_in_flight: 0,
         multicasts: vec![],
         unowned: vec![],
+        gate: Default::default(),
     }
 }
 

@@ -56,6 +56,7 @@ fn records(
         calls_in_flight: 0,
         multicasts: vec![],
         unowned: vec![],
+        gate: Default::default(),
     };
     if let Some(id) = creator_of {
         record.allocations.push(AllocationRecord {

@@ -1,0 +1,128 @@
+//! One capture at a time, held by the tool's connection.
+//!
+//! The first phase request of a tool connection takes this process's capture lease; the lease is
+//! given back when the process is out of the capture again (gates open, phase Running) or when
+//! the holding connection ends. While one connection holds it, a phase request on any other is
+//! refused ([`protocol::ErrorCode::Busy`]): two tool runs can never act on one process at once,
+//! whatever directory their run locks live in (the caller's `XDG_RUNTIME_DIR`, a container's
+//! `/run`).
+//!
+//! A holding connection that ends (the tool exited or was killed; the kernel closes its socket
+//! either way) loses the lease, and the control worker then runs [`Runtime::lease_lost`] after
+//! whatever phase it is running: a capture that released nothing yet is undone (the process
+//! thaws itself, so a tool killed right after Freeze leaves nothing frozen), and one that released
+//! memory stays as it is for `cuinterpose resume`, which rebuilds it from the state file the
+//! tool published before the release. A holder whose socket has hung up while its connection
+//! thread has not yet noticed is treated as gone when another connection asks (a process
+//! restored by CRIU wakes with such connections).
+
+use crate::log::log_warn;
+use crate::runtime::Runtime;
+use protocol::record::Phase;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Mutex;
+
+/// The connection holding the capture, and a duplicate of its socket (to see whether its peer is
+/// gone). The connection thread gives the lease back before it closes its own descriptor.
+#[derive(Debug, Default)]
+pub struct Lease {
+    holder: Mutex<Option<Holder>>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    connection: u64,
+    socket: OwnedFd,
+}
+
+/// What taking the lease found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Taken {
+    /// This connection held it already.
+    Already,
+    /// Taken now; `previous_gone` when a holder whose peer had hung up was replaced (its capture
+    /// must be treated as lost first).
+    Now { previous_gone: bool },
+}
+
+impl Lease {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Holder>> {
+        self.holder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the lease for `connection` (whose socket is `socket`), or says why not.
+    pub fn take(&self, connection: u64, socket: BorrowedFd<'_>) -> Result<Taken, String> {
+        let mut holder = self.lock();
+        let previous_gone = match &*holder {
+            Some(h) if h.connection == connection => return Ok(Taken::Already),
+            Some(h) if !peer_gone(h.socket.as_fd()) => {
+                return Err(
+                    "busy: another cuinterpose run holds this process's capture; wait for it to \
+                     finish (one run at a time acts on a process, whatever its environment)"
+                        .into(),
+                );
+            }
+            Some(_) => true,
+            None => false,
+        };
+        let socket = socket
+            .try_clone_to_owned()
+            .map_err(|e| format!("cannot keep the connection's socket for the lease: {e}"))?;
+        *holder = Some(Holder { connection, socket });
+        Ok(Taken::Now { previous_gone })
+    }
+
+    /// Gives the lease back if `connection` holds it; runs `before` first, under the lease, so
+    /// that nothing another connection queues can come before it. Returns whether it was held.
+    pub fn give_back(&self, connection: u64, before: impl FnOnce()) -> bool {
+        let mut holder = self.lock();
+        if holder.as_ref().is_some_and(|h| h.connection == connection) {
+            before();
+            *holder = None;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Whether the other end of a connected socket has closed (a zero-timeout poll reports a hang-up).
+fn peer_gone(socket: BorrowedFd<'_>) -> bool {
+    use rustix::event::{PollFd, PollFlags, poll};
+    let mut fds = [PollFd::new(&socket, PollFlags::RDHUP)];
+    match poll(&mut fds, Some(&rustix::time::Timespec::default())) {
+        Ok(_) => fds[0]
+            .revents()
+            .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
+        Err(_) => false,
+    }
+}
+
+impl Runtime {
+    /// Whether this process is inside a capture: gates closed, or a phase other than Running.
+    pub(crate) fn in_capture(&self) -> bool {
+        self.gates_closed() || self.lock().phase() != Phase::Running
+    }
+
+    /// The tool that held this capture is gone (module docs): undo a capture that released
+    /// nothing; keep one that did for `cuinterpose resume`.
+    pub(crate) fn lease_lost(&self) {
+        if !self.in_capture() {
+            return;
+        }
+        let phase = self.lock().phase();
+        let released =
+            self.control().release_started || matches!(phase, Phase::Released | Phase::Loaded);
+        if released {
+            log_warn!(
+                "the tool holding this capture is gone after memory was released ({phase:?}): \
+                 the process stays suspended until `cuinterpose resume`"
+            );
+            return;
+        }
+        log_warn!("the tool holding this capture is gone before anything was released: thawing");
+        if let Err(e) = self.thaw() {
+            log_warn!("cannot thaw after the tool was lost: {e}; `cuinterpose resume` can");
+        }
+    }
+}
