@@ -9,8 +9,9 @@
 //! - an unknown symbol: `_v2` returns `CUDA_SUCCESS`, `*pfn = NULL`, status SYMBOL_NOT_FOUND;
 //!   v1 returns `CUDA_ERROR_NOT_FOUND` (and `*pfn = NULL`);
 //! - a symbol newer than `cudaVersion`: the same with status VERSION_NOT_SUFFICIENT;
-//! - the per-thread-default-stream flag gives the same functions (the fake has no stream
-//!   ordering to distinguish).
+//! - the per-thread-default-stream flag gives the `_ptsz` variants where the fake has them
+//!   ([`PER_THREAD`]), the same functions otherwise (the fake's null stream is one queue per
+//!   context either way).
 //!
 //! The pointers handed out are the library's own definitions of the exports (bound inside the
 //! library, see exports.rs), never an interposer's function of the same name.

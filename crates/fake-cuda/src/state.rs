@@ -153,9 +153,12 @@ pub(crate) fn uninstall() {
     *guard() = None;
 }
 
-/// Runs `f` on the driver state (`CUDA_ERROR_NOT_INITIALIZED` before `cuInit`).
+/// Runs `f` on the driver state (`CUDA_ERROR_NOT_INITIALIZED` before `cuInit`; the sticky
+/// fault once queued work faulted: checked again under the lock, since a worker may poison the
+/// process after the entry prologue looked).
 pub(crate) fn with<R>(f: impl FnOnce(&mut Driver) -> Res<R>) -> Res<R> {
     match guard().as_mut() {
+        Some(_) if crate::exec::poisoned() => Err(crate::exec::FAULT),
         Some(driver) => f(driver),
         None => Err(CUresult::ERROR_NOT_INITIALIZED),
     }

@@ -3,9 +3,10 @@
 //! `cuCheckpointProcess*(pid, ...)` called in one process (the tool) is carried out by the agent
 //! of process `pid` ([`agent`], reached through [`client`]). In the target:
 //!
-//! - **Lock** waits for driver calls in flight (up to `timeoutMs`, 0: no limit; on timeout
-//!   `CUDA_ERROR_TIMEOUT` and the process keeps running); then every driver call of the
-//!   application's threads blocks at the [`gate`] until unlock.
+//! - **Lock** waits for driver calls in flight, then for every stream of the process to be idle
+//!   (both within `timeoutMs`, 0: no limit; on timeout `CUDA_ERROR_TIMEOUT` and the process
+//!   keeps running; a process whose queued work faulted: `CUDA_ERROR_ILLEGAL_ADDRESS`); then
+//!   every driver call of the application's threads blocks at the [`gate`] until unlock.
 //! - **Checkpoint** (LOCKED only) copies the bytes of every allocation this process created into
 //!   private anonymous memory, closes every memfd, replaces every device mapping with a reserved
 //!   PROT_NONE range at the same address, and withdraws the usage file: the process then holds

@@ -134,11 +134,14 @@ pub(crate) fn run(d: &Driver, device: usize, k: &Kernel, started: &mut Option<In
         Builtin::Noop => Outcome::Done,
         Builtin::Sleep => {
             let now = Instant::now();
-            let end = *started.get_or_insert(now) + Duration::from_nanos(a);
-            if now >= end {
-                Outcome::Done
-            } else {
-                Outcome::Pending(end - now)
+            // A sleep past what the clock can represent never ends: look again in a second.
+            match started
+                .get_or_insert(now)
+                .checked_add(Duration::from_nanos(a))
+            {
+                Some(end) if now >= end => Outcome::Done,
+                Some(end) => Outcome::Pending(end - now),
+                None => Outcome::Pending(Duration::from_secs(1)),
             }
         }
         Builtin::SpinUntilU32 => match access::read_u32(d, device, a) {

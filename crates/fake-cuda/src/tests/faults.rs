@@ -47,7 +47,8 @@ isolated_test!(
         let k = kernels();
         let (h, va) = vmm_buffer(GRAN, 0, 0);
         let s = new_stream();
-        sleep_ms(&k, s, 300);
+        // Long enough that the unmap surely comes first, even on a loaded machine.
+        sleep_ms(&k, s, 2000);
         assert_eq!(fill(&k, s, va, 16, 1), SUCCESS);
         assert_eq!(unmap(va, GRAN), SUCCESS, "the unmap itself succeeds");
         assert_eq!(sync(s), ILLEGAL);
@@ -64,13 +65,15 @@ isolated_test!(
         let k = kernels();
         let (h, va) = vmm_buffer(GRAN, 0, 0);
         let s = new_stream();
-        sleep_ms(&k, s, 300);
+        let flag = alloc(MIB).unwrap();
+        hold(&k, s, flag, 1);
         let args = [Arg::U64(va), Arg::U64(va + 64), Arg::U64(16)];
         assert_eq!(launch(k.copy, s, &args), SUCCESS);
         // Released, the mapping keeps the memory; unmapped, it is gone.
         assert_eq!(release(h), SUCCESS);
         assert_eq!(unmap(va, GRAN), SUCCESS);
         assert_eq!(address_free(va, GRAN), SUCCESS);
+        release_hold(&k, new_stream(), flag, 1);
         assert_eq!(cu!(x::cuCtxSynchronize()), ILLEGAL);
         assert_poisoned();
     }
@@ -81,9 +84,11 @@ isolated_test!(a_kernel_on_freed_memory_is_a_sticky_illegal_address, &[], {
     let k = kernels();
     let buf = alloc(MIB).unwrap();
     let null = std::ptr::null_mut();
-    sleep_ms(&k, null, 300);
+    let flag = alloc(MIB).unwrap();
+    hold(&k, null, flag, 1);
     assert_eq!(fill(&k, null, buf, 16, 1), SUCCESS);
     assert_eq!(free(buf), SUCCESS);
+    release_hold(&k, new_stream(), flag, 1);
     // A synchronous call waits for the queued work, and finds the fault.
     let other = [0u8; 4];
     assert_eq!(write(0x1000, &other), ILLEGAL);
@@ -99,12 +104,14 @@ isolated_test!(
         let buf = alloc(MIB).unwrap();
         let s = new_stream();
         let src = vec![7u8; 4096];
-        sleep_ms(&k, s, 300);
+        let flag = alloc(MIB).unwrap();
+        hold(&k, s, flag, 1);
         assert_eq!(
             cu!(x::cuMemcpyHtoDAsync_v2(buf, src.as_ptr().cast(), 4096, s)),
             SUCCESS
         );
         assert_eq!(free(buf), SUCCESS);
+        release_hold(&k, new_stream(), flag, 1);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match cu!(x::cuStreamQuery(s)) {
@@ -147,13 +154,16 @@ fn lock_target() {
     let k = kernels();
     let buf = alloc(MIB).unwrap();
     let (a, b) = (new_stream(), new_stream());
-    say("ready");
+    say(&format!("ready {buf:#x}"));
     loop {
         let line = hear();
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.first().copied() {
             None => return,
-            Some("sleep") => sleep_ms(&k, a, num(words[1])),
+            Some("sleep") => {
+                sleep_ms(&k, a, num(words[1]));
+                assert_eq!(fill(&k, a, buf + 128, 1, 0x51ee9), SUCCESS);
+            }
             Some("spin") => {
                 assert_eq!(launch(k.spin, a, &[Arg::U64(buf), Arg::U32(1)]), SUCCESS);
             }
@@ -168,15 +178,25 @@ fn lock_target() {
             }
             Some("fault") => {
                 let gone = alloc(MIB).unwrap();
-                sleep_ms(&k, a, 100);
+                hold(&k, a, buf + 256, 1);
                 assert_eq!(fill(&k, a, gone, 4, 1), SUCCESS);
                 assert_eq!(free(gone), SUCCESS);
+                release_hold(&k, b, buf + 256, 1);
                 assert_eq!(sync(a), ILLEGAL);
             }
             Some(other) => panic!("unknown command {other}"),
         }
         say("done");
     }
+}
+
+/// The u32 at `addr` in process `pid` (a child of this test: ptrace access).
+fn peek_u32(pid: i32, addr: u64) -> u32 {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+    let mut b = [0u8; 4];
+    mem.read_exact_at(&mut b, addr).unwrap();
+    u32::from_le_bytes(b)
 }
 
 fn words_at(dptr: u64) -> u32 {
@@ -193,22 +213,18 @@ fn the_lock_waits_for_queued_work() {
     }
     let dir = StateDir::new(LOCK);
     let mut target = Peer::spawn(LOCK, "target", &dir, &[]);
-    target.expect("ready");
+    let buf = num(&target.expect("ready"));
     let pid = target.pid();
     let mut tool = Tool::spawn(LOCK, &dir, &[]);
     let mut run = |cmd: &str| {
         target.send(cmd);
         target.expect("done");
     };
-    // The lock reports LOCKED only once the queued sleep is over.
+    // The lock reports LOCKED only once the queued work is complete: the fill behind the
+    // sleep has landed (read through /proc/<pid>/mem: the target's calls wait at the gate).
     run("sleep 1500");
-    let t = Instant::now();
     assert_eq!(tool.lock(pid, 20_000), SUCCESS);
-    assert!(
-        t.elapsed() >= Duration::from_millis(800),
-        "{:?}",
-        t.elapsed()
-    );
+    assert_eq!(peek_u32(pid, buf + 128), 0x51ee9);
     assert_eq!(tool.state(pid), Ok(process_state::LOCKED));
     // Idle workers survive a checkpoint and restore, and run work after it.
     assert_eq!(tool.checkpoint(pid), SUCCESS);

@@ -190,3 +190,20 @@ pub(crate) fn workers_become(n: usize) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Holds `stream` until [`release`]: a kernel spinning until the word at `flag` reaches
+/// `value` (deterministic, where a sleep would race a slow test machine).
+pub(crate) fn hold(k: &Kernels, stream: CUstream, flag: u64, value: u32) {
+    assert_eq!(
+        launch(k.spin, stream, &[Arg::U64(flag), Arg::U32(value)]),
+        SUCCESS
+    );
+}
+
+/// Releases what [`hold`] holds, from `stream` (another stream than the held one).
+pub(crate) fn release_hold(k: &Kernels, stream: CUstream, flag: u64, value: u32) {
+    assert_eq!(
+        launch(k.set, stream, &[Arg::U64(flag), Arg::U32(value)]),
+        SUCCESS
+    );
+}

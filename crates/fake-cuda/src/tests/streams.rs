@@ -22,15 +22,16 @@ isolated_test!(one_stream_runs_its_work_in_order, &[], {
     let buf = alloc(MIB).unwrap();
     let s = new_stream();
     let n = 1024u64;
-    let (a, b, sums) = (buf, buf + 4096, buf + 8192);
-    sleep_ms(&k, s, 300);
+    let (a, b, sums, held) = (buf, buf + 4096, buf + 8192, buf + 12288);
+    let null: CUstream = std::ptr::null_mut();
+    hold(&k, s, held, 1);
     let iota = [Arg::U64(a), Arg::U64(n), Arg::U32(5)];
     assert_eq!(launch(k.iota, s, &iota), SUCCESS);
     let add = [Arg::U64(b), Arg::U64(a), Arg::U64(n), Arg::U32(10)];
     assert_eq!(launch(k.add, s, &add), SUCCESS);
     let sum = [Arg::U64(b), Arg::U64(n), Arg::U64(sums)];
     assert_eq!(launch(k.checksum, s, &sum), SUCCESS);
-    assert_eq!(query(s), NOT_READY, "a sleep heads the queue");
+    assert_eq!(query(s), NOT_READY, "a spinning kernel heads the queue");
     let mut host = vec![0u8; 8];
     assert_eq!(
         cu!(x::cuMemcpyDtoHAsync_v2(
@@ -42,6 +43,7 @@ isolated_test!(one_stream_runs_its_work_in_order, &[], {
         SUCCESS
     );
     assert_eq!(host, [0; 8], "the copy has not run yet");
+    release_hold(&k, null, held, 1);
     assert_eq!(sync(s), SUCCESS);
     assert_eq!(query(s), SUCCESS);
     let expected: u64 = (0..n).map(|i| 15 + i).sum();
@@ -54,7 +56,6 @@ isolated_test!(one_stream_runs_its_work_in_order, &[], {
     assert_eq!(words(a, 5), [0xabcd, 0xabcd, 0xabcd, 0xabcd, 9]);
 
     // The other kernels, and async memsets and copies in between, on the null stream.
-    let null: CUstream = std::ptr::null_mut();
     assert_eq!(cu!(x::cuMemsetD32Async(a, 3, 4, null)), SUCCESS);
     assert_eq!(cu!(x::cuMemsetD32Async_ptsz(b, 4, 4, null)), SUCCESS);
     let sum_u32 = [Arg::U64(a), Arg::U64(b), Arg::U64(4)];
@@ -88,42 +89,6 @@ isolated_test!(one_stream_runs_its_work_in_order, &[], {
     let f = read(sums, 8).unwrap();
     assert_eq!(f32::from_le_bytes(f[0..4].try_into().unwrap()), 3.0);
     assert_eq!(f32::from_le_bytes(f[4..8].try_into().unwrap()), 4.5);
-
-    // cuLaunchKernelEx reads the stream and dimensions from its configuration.
-    let mut values = [a, 2u64, 77u64];
-    let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
-    let mut config = CUlaunchConfig {
-        gridDimX: 4,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: 128,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        hStream: s,
-        attrs: std::ptr::null_mut(),
-        numAttrs: 0,
-    };
-    let ex = |c: &CUlaunchConfig, p: *mut *mut c_void| {
-        cu!(x::cuLaunchKernelEx(c, k.fill, p, std::ptr::null_mut()))
-    };
-    assert_eq!(ex(&config, ptrs.as_mut_ptr()), SUCCESS);
-    assert_eq!(sync(s), SUCCESS);
-    assert_eq!(words(a, 3), [77, 77, 7]);
-    config.blockDimY = 0;
-    assert_eq!(
-        ex(&config, ptrs.as_mut_ptr()),
-        CUresult::ERROR_INVALID_VALUE
-    );
-    assert_eq!(
-        cu!(x::cuLaunchKernelEx(
-            std::ptr::null(),
-            k.fill,
-            ptrs.as_mut_ptr(),
-            std::ptr::null_mut()
-        )),
-        CUresult::ERROR_INVALID_VALUE
-    );
 });
 
 isolated_test!(modules_and_launches_check_their_arguments, &[], {
@@ -219,8 +184,53 @@ isolated_test!(modules_and_launches_check_their_arguments, &[], {
     assert_eq!(cu!(x::cuModuleUnload(m)), CUresult::ERROR_INVALID_HANDLE);
     assert_eq!(cu!(x::cuCtxSynchronize()), SUCCESS);
     assert_eq!(words(buf, 1), [1]);
+});
 
-    // The primary context's state.
+isolated_test!(launch_kernel_ex_reads_its_configuration, &[], {
+    init_ctx(0);
+    let k = kernels();
+    let a = alloc(MIB).unwrap();
+    let s = new_stream();
+    assert_eq!(cu!(x::cuMemsetD32_v2(a, 7, 4)), SUCCESS);
+    // The stream and dimensions come from the configuration.
+    let mut values = [a, 2u64, 77u64];
+    let mut ptrs: Vec<*mut c_void> = values.iter_mut().map(|v| (v as *mut u64).cast()).collect();
+    let mut config = CUlaunchConfig {
+        gridDimX: 4,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: 128,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: s,
+        attrs: std::ptr::null_mut(),
+        numAttrs: 0,
+    };
+    let ex = |c: &CUlaunchConfig, p: *mut *mut c_void| {
+        cu!(x::cuLaunchKernelEx(c, k.fill, p, std::ptr::null_mut()))
+    };
+    assert_eq!(ex(&config, ptrs.as_mut_ptr()), SUCCESS);
+    assert_eq!(sync(s), SUCCESS);
+    assert_eq!(words(a, 3), [77, 77, 7]);
+    config.blockDimY = 0;
+    assert_eq!(
+        ex(&config, ptrs.as_mut_ptr()),
+        CUresult::ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        cu!(x::cuLaunchKernelEx(
+            std::ptr::null(),
+            k.fill,
+            ptrs.as_mut_ptr(),
+            std::ptr::null_mut()
+        )),
+        CUresult::ERROR_INVALID_VALUE
+    );
+});
+
+isolated_test!(primary_context_state_says_whether_it_is_retained, &[], {
+    init_ctx(0);
     let (mut flags, mut active): (c_uint, c_int) = (9, 9);
     assert_eq!(
         cu!(x::cuDevicePrimaryCtxGetState(0, &mut flags, &mut active)),
@@ -245,7 +255,8 @@ isolated_test!(events_order_work_across_streams, &[], {
     let (a, b) = (new_stream(), new_stream());
     let ev = new_event();
     assert_eq!(cu!(x::cuEventQuery(ev)), SUCCESS, "never recorded");
-    sleep_ms(&k, a, 300);
+    let held = buf + 8192;
+    hold(&k, a, held, 1);
     assert_eq!(fill(&k, a, buf, 256, 42), SUCCESS);
     assert_eq!(cu!(x::cuEventRecord(ev, a)), SUCCESS);
     assert_eq!(cu!(x::cuEventQuery(ev)), NOT_READY);
@@ -261,6 +272,8 @@ isolated_test!(events_order_work_across_streams, &[], {
     let later = new_event();
     sleep_ms(&k, a, 60_000);
     assert_eq!(cu!(x::cuEventRecordWithFlags(later, a, 0)), SUCCESS);
+    assert_eq!(query(b), NOT_READY, "b waits for the event");
+    release_hold(&k, std::ptr::null_mut(), held, 1);
     assert_eq!(sync(b), SUCCESS);
     // Read directly: a synchronous copy would wait for the minute-long sleep on `a`.
     assert_eq!(words_async(buf + 4096), 43);
@@ -385,13 +398,15 @@ isolated_test!(host_functions_run_in_stream_order, &[], {
     WATCHED.store(buf, Ordering::SeqCst);
     let s = new_stream();
     let host = |n: usize| cu!(x::cuLaunchHostFunc(s, Some(note), n as *mut c_void));
-    sleep_ms(&k, s, 100);
+    let held = buf + 4096;
+    hold(&k, s, held, 1);
     assert_eq!(host(1), SUCCESS);
     assert_eq!(fill(&k, s, buf, 1, 10), SUCCESS);
     assert_eq!(host(2), SUCCESS);
     assert_eq!(fill(&k, s, buf, 1, 20), SUCCESS);
     assert_eq!(host(3), SUCCESS);
     assert!(ORDER.lock().unwrap().is_empty(), "nothing ran yet");
+    release_hold(&k, std::ptr::null_mut(), held, 1);
     assert_eq!(sync(s), SUCCESS);
     assert_eq!(*ORDER.lock().unwrap(), [(1, 0), (2, 10), (3, 20)]);
     assert_eq!(
@@ -407,16 +422,18 @@ isolated_test!(destroying_streams_and_contexts_with_work_queued, &[], {
     assert_eq!(workers(), 0, "workers start lazily");
     // A destroyed stream finishes its queued work, then its worker ends.
     let s = new_stream();
-    sleep_ms(&k, s, 300);
+    let held = buf + 4096;
+    hold(&k, s, held, 1);
     assert_eq!(fill(&k, s, buf, 2, 5), SUCCESS);
     workers_become(1);
-    let t = Instant::now();
+    // Returns while the stream is held: destroy does not wait for the work.
     assert_eq!(cu!(x::cuStreamDestroy_v2(s)), SUCCESS);
-    assert!(
-        t.elapsed() < Duration::from_millis(250),
-        "destroy does not wait"
-    );
     assert_eq!(query(s), CUresult::ERROR_INVALID_HANDLE);
+    assert_eq!(words_async(buf), 0, "the fill has not run");
+    // Released from a stream destroyed at once too: both workers end once drained.
+    let r = new_stream();
+    release_hold(&k, r, held, 1);
+    assert_eq!(cu!(x::cuStreamDestroy_v2(r)), SUCCESS);
     assert_eq!(cu!(x::cuCtxSynchronize()), SUCCESS);
     assert_eq!(words(buf, 2), [5, 5]);
     workers_become(0);
