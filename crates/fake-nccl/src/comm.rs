@@ -10,7 +10,7 @@ use cuda_abi::{CUdevice, CUstream};
 use crate::abi::{Element, NcclUniqueId, UNIQUE_ID_BYTES};
 use crate::driver::{Driver, Kernels, driver};
 use crate::error::NcclError;
-use crate::layout::{Layout, MAX_RANKS, SLOT_BYTES};
+use crate::layout::{Layout, MAX_RANKS, SLOT_BYTES, SLOTS};
 use crate::plan::AllReduce;
 use crate::region::Region;
 
@@ -215,19 +215,26 @@ impl Comm {
         self.region.layout()
     }
 
-    /// Whether every collective enqueued has finished touching the region.
+    /// Whether every collective enqueued has finished touching the region: the last one of each
+    /// slot has (an earlier user of a slot finished before the next one could start, step 1 of
+    /// [`crate::plan`]).
     fn quiet(&self, state: &State) -> bool {
-        !state.broken && self.region.done(self.rank) >= state.last
+        let first = state.last.saturating_sub(SLOTS as u32 - 1).max(1);
+        !state.broken && (first..=state.last).all(|seq| self.region.done(self.rank, seq) >= seq)
     }
 
     /// `ncclCommDestroy`: waits until this rank's collectives are done (as `ncclCommFinalize`
-    /// does; forever if a peer never joins one), then releases the region and the module.
+    /// does; forever if a peer never joins one), then releases the region and the module. A
+    /// broken communicator (a collective enqueued in part) is aborted instead: its queued
+    /// kernels may never finish.
     pub fn destroy(self) {
         let state = self.state();
-        if !state.broken {
-            while !self.quiet(&state) {
-                std::thread::sleep(Duration::from_micros(200));
-            }
+        if state.broken {
+            drop(state);
+            return self.abort();
+        }
+        while !self.quiet(&state) {
+            std::thread::sleep(Duration::from_micros(200));
         }
         drop(state);
         self.release();

@@ -3,7 +3,8 @@
 //! ```text
 //! 0                 header: nranks u32 (0 until the first rank claims the file), left u32
 //!                   (ranks that destroyed or aborted their communicator)
-//! 64 + 64 * r       rank r's line: present u32 (1 once joined), arrived u32, done u32
+//! 64 + 64 * r       rank r's line: present u32 (1 once joined), arrived[SLOTS] u32,
+//!                   done[SLOTS] u32 (one of each per slot of its ring)
 //! slots (4096-aligned)
 //!                   rank r's ring: SLOTS slots of SLOT_BYTES, slot (r, i) at
 //!                   slots + (r * SLOTS + i) * SLOT_BYTES
@@ -38,15 +39,16 @@ impl Layout {
         HEADER_BYTES + LINE_BYTES * u64::from(rank)
     }
 
-    /// Rank `rank`'s `arrived` flag: the last collective whose input it has staged.
-    pub fn arrived(self, rank: u32) -> u64 {
-        self.present(rank) + 4
+    /// Rank `rank`'s `arrived` flag for collective `seq`'s slot: the last collective whose
+    /// input it has staged in that slot.
+    pub fn arrived(self, rank: u32, seq: u64) -> u64 {
+        self.present(rank) + 4 + 4 * (seq % SLOTS)
     }
 
-    /// Rank `rank`'s `done` flag: the last collective it has finished reading its peers' slots
-    /// for.
-    pub fn done(self, rank: u32) -> u64 {
-        self.present(rank) + 8
+    /// Rank `rank`'s `done` flag for collective `seq`'s slot: the last collective using that
+    /// slot for which it has finished reading every rank's slot.
+    pub fn done(self, rank: u32, seq: u64) -> u64 {
+        self.present(rank) + 4 + 4 * SLOTS + 4 * (seq % SLOTS)
     }
 
     fn slots(self) -> u64 {
@@ -74,9 +76,13 @@ mod tests {
             let l = Layout { nranks };
             let mut ranges: Vec<(u64, u64)> = vec![(Layout::NRANKS, 4), (Layout::LEFT, 4)];
             for r in 0..nranks {
-                ranges.extend([(l.present(r), 4), (l.arrived(r), 4), (l.done(r), 4)]);
+                ranges.push((l.present(r), 4));
                 for seq in 1..=SLOTS {
-                    ranges.push((l.slot(r, seq), SLOT_BYTES));
+                    ranges.extend([
+                        (l.arrived(r, seq), 4),
+                        (l.done(r, seq), 4),
+                        (l.slot(r, seq), SLOT_BYTES),
+                    ]);
                 }
             }
             ranges.sort();
@@ -91,8 +97,13 @@ mod tests {
 
     #[test]
     fn the_ring_reuses_a_slot_every_slots_collectives() {
-        let l = Layout { nranks: 2 };
+        let l = Layout { nranks: 3 };
         assert_eq!(l.slot(1, 3), l.slot(1, 3 + SLOTS));
+        assert_eq!(l.done(1, 3), l.done(1, 3 + SLOTS));
+        assert!(
+            l.done(1, SLOTS - 1) + 4 <= l.present(2),
+            "a rank's flags fit its line"
+        );
         assert_ne!(l.slot(1, 3), l.slot(1, 4));
         assert_ne!(l.slot(0, 3), l.slot(1, 3));
     }

@@ -1,22 +1,30 @@
 //! The kernels one all-reduce enqueues, as data: the protocol between ranks lives here, apart from
 //! the driver calls that launch it, so it can be checked on the host.
 //!
-//! Rank `r`'s collective number `seq` (from 1), with `n` ranks, `base` the region's address:
+//! Every rank has a ring of `SLOTS` staging slots; collective `seq` (from 1) uses slot
+//! `seq % SLOTS` of every rank and that slot's flags `arrived` and `done` (each the last
+//! collective that reached that point in the slot; they only grow). Rank `r`, `n` ranks:
 //!
-//! 1. if `seq > SLOTS`: for every peer `p`, spin until `done[p] >= seq - SLOTS` -- slot
-//!    `seq % SLOTS` was last used by collective `seq - SLOTS`, and a peer sets `done` only after
-//!    it has read every slot of that collective, so the ring is never overwritten under a reader;
-//! 2. copy `sendbuff` to `r`'s slot; set `arrived[r] = seq` (a release store, after the copy on
-//!    the same stream);
-//! 3. for every peer `p`: spin until `arrived[p] >= seq`;
+//! 1. if `seq > SLOTS`: for every rank `p` (itself included), spin until
+//!    `done[p][slot] >= seq - SLOTS`: the slot's previous user, collective `seq - SLOTS`, has been
+//!    read by everyone, so the ring is never overwritten under a reader;
+//! 2. copy `sendbuff` to `r`'s slot; set `arrived[r][slot] = seq` (a release store, after the copy
+//!    on the same stream);
+//! 3. for every peer `p`: spin until `arrived[p][slot] >= seq` (it cannot be a later collective's
+//!    mark: that one waits at step 1 for this rank's `done`);
 //! 4. copy rank 0's slot to `recvbuff`, then add ranks 1..n's slots in rank order: every rank
 //!    computes the same `((s0 + s1) + s2) + ...`, so float results are bit-identical everywhere;
-//! 5. set `done[r] = seq`.
+//! 5. set `done[r][slot] = seq`.
 //!
-//! A rank's collective thus completes once its peers have staged their inputs; it does not wait
-//! for them to finish reading (real NCCL's ranks also finish a collective at different times).
-//! A peer that never calls the collective keeps every other rank's stream busy at step 3, and a
-//! rank more than `SLOTS` collectives ahead of a peer waits at step 1.
+//! Flags per slot, rather than one counter per rank, keep this right when a rank's collectives
+//! run concurrently on several streams: collectives `seq` and `seq + 1` of one rank may then
+//! stage, wait and finish in either order. On one stream, step 1 never waits (a rank cannot
+//! stage collective `seq` before finishing `seq - 1`, which needed every peer's `seq - 1`
+//! staged, so every peer had finished `seq - 2`).
+//!
+//! A rank's collective completes once its peers have staged their inputs; it does not wait for
+//! them to finish reading (real NCCL's ranks also finish a collective at different times). A peer
+//! that never calls the collective keeps every other rank's stream busy at step 3.
 
 use crate::abi::Element;
 use crate::layout::{Layout, SLOTS};
@@ -64,15 +72,14 @@ impl AllReduce {
             seq,
             ..
         } = *self;
-        let peers = (0..layout.nranks).filter(|&p| p != rank);
+        let seq64 = u64::from(seq);
         let bytes = self.count * self.element.size();
-        let slot = |r: u32| base + layout.slot(r, u64::from(seq));
+        let slot = |r: u32| base + layout.slot(r, seq64);
         let mut out = Vec::new();
-        if u64::from(seq) > SLOTS {
-            let reused = seq - SLOTS as u32;
-            out.extend(peers.clone().map(|p| Kernel::SpinUntil {
-                flag: base + layout.done(p),
-                value: reused,
+        if seq64 > SLOTS {
+            out.extend((0..layout.nranks).map(|p| Kernel::SpinUntil {
+                flag: base + layout.done(p, seq64),
+                value: seq - SLOTS as u32,
             }));
         }
         out.push(Kernel::Copy {
@@ -81,13 +88,17 @@ impl AllReduce {
             bytes,
         });
         out.push(Kernel::Set {
-            flag: base + layout.arrived(rank),
+            flag: base + layout.arrived(rank, seq64),
             value: seq,
         });
-        out.extend(peers.map(|p| Kernel::SpinUntil {
-            flag: base + layout.arrived(p),
-            value: seq,
-        }));
+        out.extend(
+            (0..layout.nranks)
+                .filter(|&p| p != rank)
+                .map(|p| Kernel::SpinUntil {
+                    flag: base + layout.arrived(p, seq64),
+                    value: seq,
+                }),
+        );
         out.push(Kernel::Copy {
             dst: self.recv,
             src: slot(0),
@@ -100,7 +111,7 @@ impl AllReduce {
             count: self.count,
         }));
         out.push(Kernel::Set {
-            flag: base + layout.done(rank),
+            flag: base + layout.done(rank, seq64),
             value: seq,
         });
         out

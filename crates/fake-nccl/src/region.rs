@@ -134,9 +134,10 @@ impl Region {
         self.layout.size() as usize
     }
 
-    /// Rank `rank`'s `done` flag, as this process's stream last wrote it.
-    pub fn done(&self, rank: u32) -> u32 {
-        self.word(self.layout.done(rank)).load(Ordering::Acquire)
+    /// Rank `rank`'s `done` flag of collective `seq`'s slot.
+    pub fn done(&self, rank: u32, seq: u32) -> u32 {
+        self.word(self.layout.done(rank, u64::from(seq)))
+            .load(Ordering::Acquire)
     }
 
     /// Waits until every rank has joined, polling, for at most `timeout`.
@@ -216,8 +217,9 @@ mod tests {
         let r1 = Region::join(name, 2, 1).unwrap();
         r0.wait_for_all(Duration::from_secs(1)).unwrap();
         // The two mappings are one memory.
-        r0.word(r0.layout.arrived(1)).store(7, Ordering::Release);
-        assert_eq!(r1.word(r1.layout.arrived(1)).load(Ordering::Acquire), 7);
+        r0.word(r0.layout.arrived(1, 7)).store(7, Ordering::Release);
+        assert_eq!(r1.done(1, 7), 0);
+        assert_eq!(r1.word(r1.layout.arrived(1, 7)).load(Ordering::Acquire), 7);
         let path = state_dir().join(name);
         r0.leave();
         assert!(path.exists());

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 /// Generous: the machine running the tests may be loaded.
@@ -17,6 +17,38 @@ fn profile_dir() -> PathBuf {
         .and_then(Path::parent)
         .expect("test executable lives in target/<profile>/deps")
         .to_path_buf()
+}
+
+/// Builds the fake driver and this library (once per test process) into this test's target
+/// directory and profile: cargo builds neither cdylib for an integration test by itself, and a
+/// stale one would test old code. Returns `target/<profile>`.
+fn built_libraries() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let profile = profile_dir();
+        let target = profile.parent().expect("target/<profile>");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args([
+            "build",
+            "--lib",
+            "-p",
+            "fake-cuda",
+            "-p",
+            "fake-nccl",
+            "--target-dir",
+        ])
+        .arg(target);
+        match profile.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => {}
+            Some(name) => {
+                cmd.args(["--profile", name]);
+            }
+            None => panic!("no profile in {}", profile.display()),
+        }
+        let out = cmd.output().expect("run cargo build");
+        assert!(out.status.success(), "cargo build: {}", describe(&out));
+        profile
+    })
 }
 
 /// A directory of links by soname to the built libraries, and a state directory.
@@ -32,10 +64,9 @@ impl Env {
             .expect("tempdir");
         let libs = dir.path().join("lib");
         std::fs::create_dir(&libs).expect("mkdir");
-        // The fake driver is a dev-dependency: cargo built its cdylib into deps/ for this test.
-        let profile = profile_dir();
+        let profile = built_libraries();
         for (built, soname) in [
-            (profile.join("deps/libcuda.so"), "libcuda.so.1"),
+            (profile.join("libcuda.so"), "libcuda.so.1"),
             (profile.join("libnccl.so"), "libnccl.so.2"),
         ] {
             assert!(built.exists(), "{} is missing", built.display());
@@ -84,16 +115,67 @@ fn describe(out: &Output) -> String {
     )
 }
 
-/// Waits for `child` (its stdout already taken or not), killing it after `TIMEOUT`.
-fn finish(mut child: Child, started: Instant) -> Output {
-    while child.try_wait().expect("try_wait").is_none() {
-        if started.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            break;
+/// Rank processes, stopped together: when one fails or time runs out, the others are killed
+/// (a rank whose peer died would wait for it forever, as with real NCCL).
+struct Ranks {
+    children: Vec<Child>,
+    started: Instant,
+}
+
+impl Ranks {
+    fn new() -> Ranks {
+        Ranks {
+            children: Vec::new(),
+            started: Instant::now(),
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().expect("wait")
+
+    /// Whether some rank has exited unsuccessfully, or time is up.
+    fn failing(&mut self) -> bool {
+        let failed = self.children.iter_mut().any(|c| {
+            c.try_wait()
+                .expect("try_wait")
+                .is_some_and(|status| !status.success())
+        });
+        failed || self.started.elapsed() > TIMEOUT
+    }
+
+    /// Waits for every rank (the stdout of those whose stdout was taken comes back empty).
+    fn finish(mut self) -> Vec<Output> {
+        loop {
+            let all_exited = self
+                .children
+                .iter_mut()
+                .all(|c| c.try_wait().expect("try_wait").is_some());
+            if all_exited {
+                break;
+            }
+            if self.failing() {
+                for child in &mut self.children {
+                    let _ = child.kill();
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.children
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait"))
+            .collect()
+    }
+}
+
+/// Panics with every rank's output unless all succeeded.
+fn assert_all_succeeded(outputs: &[Output]) {
+    if outputs.iter().all(|o| o.status.success()) {
+        return;
+    }
+    let report: Vec<String> = outputs
+        .iter()
+        .enumerate()
+        .map(|(rank, out)| format!("rank {rank}: {}", describe(out)))
+        .collect();
+    panic!("a rank failed:\n{}", report.join("\n"));
 }
 
 /// The last line of every rank, `ok <checksum>`: asserts they are all there and all equal.
@@ -110,21 +192,24 @@ fn assert_same_results(lines: &[String]) {
 fn all_reduce_across(nranks: u32) {
     let env = Env::new();
     let id = env.unique_id();
-    let (n, started) = (nranks.to_string(), Instant::now());
-    let children: Vec<Child> = (0..nranks)
-        .map(|rank| {
-            let r = rank.to_string();
-            let args = ["allreduce", id.as_str(), n.as_str(), r.as_str(), "100"];
-            env.command(&args).spawn().expect("spawn rank")
+    let n = nranks.to_string();
+    let mut ranks = Ranks::new();
+    for rank in 0..nranks {
+        let r = rank.to_string();
+        let args = ["allreduce", id.as_str(), n.as_str(), r.as_str(), "100"];
+        ranks
+            .children
+            .push(env.command(&args).spawn().expect("spawn rank"));
+    }
+    let outputs = ranks.finish();
+    assert_all_succeeded(&outputs);
+    let lines: Vec<String> = outputs
+        .iter()
+        .map(|out| {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            stdout.lines().last().unwrap_or_default().to_string()
         })
         .collect();
-    let outputs: Vec<Output> = children.into_iter().map(|c| finish(c, started)).collect();
-    let mut lines = Vec::new();
-    for (rank, out) in outputs.iter().enumerate() {
-        assert!(out.status.success(), "rank {rank}: {}", describe(out));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        lines.push(stdout.lines().last().unwrap_or_default().to_string());
-    }
     assert_same_results(&lines);
     assert_eq!(
         env.state_files(),
@@ -143,24 +228,15 @@ fn four_ranks_all_reduce_a_hundred_times() {
     all_reduce_across(4);
 }
 
-/// Every rank but the last enqueues collective 1; the last calls it only once `go` exists. The
-/// others must report their stream busy first, and all must then finish with the same results.
-fn a_late_rank_holds_its_peers(nranks: u32) {
-    let env = Env::new();
+/// Starts the ranks of a stall run; their stdout lines come through the returned channel.
+fn start_stall(env: &Env, nranks: u32, go: &Path) -> (Ranks, mpsc::Receiver<(u32, String)>) {
     let id = env.unique_id();
-    let go = env.dir.path().join("go");
-    let (n, started) = (nranks.to_string(), Instant::now());
+    let n = nranks.to_string();
     let (tx, rx) = mpsc::channel();
-    let mut children = Vec::new();
+    let mut ranks = Ranks::new();
     for rank in 0..nranks {
         let r = rank.to_string();
-        let args = [
-            "stall",
-            id.as_str(),
-            n.as_str(),
-            r.as_str(),
-            go.to_str().unwrap(),
-        ];
+        let args = ["stall", &id, &n, &r, go.to_str().unwrap()];
         let mut child = env.command(&args).spawn().expect("spawn rank");
         let stdout = child.stdout.take().unwrap();
         let tx = tx.clone();
@@ -169,24 +245,36 @@ fn a_late_rank_holds_its_peers(nranks: u32) {
                 let _ = tx.send((rank, line.unwrap_or_default()));
             }
         });
-        children.push(child);
+        ranks.children.push(child);
     }
-    drop(tx);
+    (ranks, rx)
+}
+
+/// Every rank but the last enqueues collective 1; the last calls it only once `go` exists. The
+/// others must report their stream busy first (still busy a second into the collective), and
+/// all must then finish with the same results.
+fn a_late_rank_holds_its_peers(nranks: u32) {
+    let env = Env::new();
+    let go = env.dir.path().join("go");
+    let (mut ranks, rx) = start_stall(&env, nranks, &go);
     let mut busy = 0;
-    while busy < nranks - 1 {
-        let (rank, line) = rx
-            .recv_timeout(TIMEOUT.saturating_sub(started.elapsed()))
-            .expect("every early rank reports its stream busy");
-        assert_eq!(line, "busy", "rank {rank} before the late rank called");
-        busy += 1;
+    while busy < nranks - 1 && !ranks.failing() {
+        if let Ok((rank, line)) = rx.recv_timeout(Duration::from_millis(100)) {
+            assert_eq!(line, "busy", "rank {rank} before the late rank called");
+            busy += 1;
+        }
     }
-    let late = children.last_mut().unwrap();
-    assert!(late.try_wait().unwrap().is_none(), "the late rank exited");
-    std::fs::write(&go, b"").expect("write go file");
-    let outputs: Vec<Output> = children.into_iter().map(|c| finish(c, started)).collect();
-    for (rank, out) in outputs.iter().enumerate() {
-        assert!(out.status.success(), "rank {rank}: {}", describe(out));
+    if busy == nranks - 1 {
+        let late = ranks.children.last_mut().unwrap();
+        assert!(
+            late.try_wait().unwrap().is_none(),
+            "the late rank exited before it was let go"
+        );
+        std::fs::write(&go, b"").expect("write go file");
     }
+    let outputs = ranks.finish();
+    assert_all_succeeded(&outputs);
+    assert_eq!(busy, nranks - 1, "every early rank reports its stream busy");
     let mut last = vec![String::new(); nranks as usize];
     for (rank, line) in rx.iter() {
         assert!(line.starts_with("ok "), "rank {rank}: {line:?}");
@@ -203,4 +291,54 @@ fn two_ranks_one_late() {
 #[test]
 fn four_ranks_one_late() {
     a_late_rank_holds_its_peers(4);
+}
+
+#[test]
+fn a_rank_alone_gives_up_after_the_init_timeout() {
+    let env = Env::new();
+    let id = env.unique_id();
+    let started = Instant::now();
+    let out = env
+        .command(&["allreduce", &id, "2", "0", "1"])
+        .env("FAKE_NCCL_INIT_TIMEOUT", "0.5")
+        .output()
+        .expect("run rank");
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ncclCommInitRank returned ncclResult 2: ranks [1] of 2 did not join"),
+        "{}",
+        describe(&out)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(
+        env.state_files(),
+        Vec::<String>::new(),
+        "the lone rank's region outlived it"
+    );
+}
+
+#[test]
+fn a_failed_launch_is_an_unhandled_cuda_error() {
+    let env = Env::new();
+    let id = env.unique_id();
+    let mut ranks = Ranks::new();
+    for rank in ["0", "1"] {
+        let mut cmd = env.command(&["allreduce", &id, "2", rank, "1"]);
+        if rank == "0" {
+            // Its second launch: the collective is then enqueued in part.
+            cmd.env("FAKE_CUDA_FAIL", "cuLaunchKernel:2");
+        }
+        ranks.children.push(cmd.spawn().expect("spawn rank"));
+    }
+    let outputs = ranks.finish();
+    let stderr = String::from_utf8_lossy(&outputs[0].stderr);
+    assert!(
+        stderr.contains(
+            "ncclAllReduce returned ncclResult 1: cuLaunchKernel failed: \
+             CUDA_ERROR_OUT_OF_MEMORY(2)"
+        ),
+        "{}",
+        describe(&outputs[0])
+    );
 }

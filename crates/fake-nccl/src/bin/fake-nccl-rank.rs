@@ -30,6 +30,13 @@ const NCCL_UINT32: c_int = 3;
 const NCCL_FLOAT32: c_int = 7;
 const NCCL_SUM: c_int = 0;
 
+/// `ncclUniqueId`, passed by value to `ncclCommInitRank` as a C caller passes it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct UniqueId {
+    internal: [u8; 128],
+}
+
 /// The entry points used, copied out of the libraries (which stay loaded for the process's life).
 struct Api {
     cu_init: unsafe extern "C" fn(c_uint) -> CuResult,
@@ -43,8 +50,8 @@ struct Api {
     cu_mem_alloc: unsafe extern "C" fn(*mut Ptr, usize) -> CuResult,
     cu_memcpy_htod: unsafe extern "C" fn(Ptr, *const c_void, usize) -> CuResult,
     cu_memcpy_dtoh: unsafe extern "C" fn(*mut c_void, Ptr, usize) -> CuResult,
-    nccl_get_unique_id: unsafe extern "C" fn(*mut [u8; 128]) -> u32,
-    nccl_comm_init_rank: unsafe extern "C" fn(*mut *mut c_void, c_int, [u8; 128], c_int) -> u32,
+    nccl_get_unique_id: unsafe extern "C" fn(*mut UniqueId) -> u32,
+    nccl_comm_init_rank: unsafe extern "C" fn(*mut *mut c_void, c_int, UniqueId, c_int) -> u32,
     nccl_comm_destroy: unsafe extern "C" fn(*mut c_void) -> u32,
     nccl_comm_count: unsafe extern "C" fn(*mut c_void, *mut c_int) -> u32,
     nccl_comm_user_rank: unsafe extern "C" fn(*mut c_void, *mut c_int) -> u32,
@@ -120,19 +127,29 @@ fn nccl(api: &Api, call: &str, result: u32) -> Result<()> {
     Ok(())
 }
 
+const STREAMS: usize = 3;
+
 /// What a rank needs for collectives: its context's stream and its communicator.
 struct Rank {
     api: Api,
     nranks: u32,
     rank: u32,
-    stream: *mut c_void,
+    /// Collective `seq` runs on `streams[seq % STREAMS]`: a communicator's collectives on several
+    /// streams at once, as an application may enqueue them. Three, so that collectives sharing a
+    /// staging slot (4 apart) run on different streams.
+    streams: [*mut c_void; STREAMS],
     comm: *mut c_void,
 }
 
-fn parse_id(hex: &str) -> Result<[u8; 128]> {
-    ensure!(hex.len() == 256, "a unique id is 256 hex digits");
-    let mut id = [0u8; 128];
-    for (i, byte) in id.iter_mut().enumerate() {
+fn parse_id(hex: &str) -> Result<UniqueId> {
+    ensure!(
+        hex.len() == 256 && hex.is_ascii(),
+        "a unique id is 256 hex digits"
+    );
+    let mut id = UniqueId {
+        internal: [0u8; 128],
+    };
+    for (i, byte) in id.internal.iter_mut().enumerate() {
         *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).context("unique id")?;
     }
     Ok(id)
@@ -140,7 +157,7 @@ fn parse_id(hex: &str) -> Result<[u8; 128]> {
 
 impl Rank {
     /// Makes device `rank % count` current, a stream on it, and joins the communicator.
-    fn join(api: Api, id: [u8; 128], nranks: u32, rank: u32) -> Result<Rank> {
+    fn join(api: Api, id: UniqueId, nranks: u32, rank: u32) -> Result<Rank> {
         // SAFETY: no pointers.
         cu("cuInit", unsafe { (api.cu_init)(0) })?;
         let mut count = 0;
@@ -159,11 +176,13 @@ impl Rank {
         cu("cuDevicePrimaryCtxRetain", retained)?;
         // SAFETY: a context the driver just gave.
         cu("cuCtxSetCurrent", unsafe { (api.cu_ctx_set_current)(ctx) })?;
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: a live local out-pointer.
-        cu("cuStreamCreate", unsafe {
-            (api.cu_stream_create)(&mut stream, 0)
-        })?;
+        let mut streams = [std::ptr::null_mut(); STREAMS];
+        for stream in &mut streams {
+            // SAFETY: a live out-pointer.
+            cu("cuStreamCreate", unsafe {
+                (api.cu_stream_create)(stream, 0)
+            })?;
+        }
         let mut comm = std::ptr::null_mut();
         // SAFETY: as above; the id is passed by value.
         let joined =
@@ -187,7 +206,7 @@ impl Rank {
             api,
             nranks,
             rank,
-            stream,
+            streams,
             comm,
         })
     }
@@ -218,32 +237,39 @@ impl Rank {
         Ok(data)
     }
 
-    fn all_reduce(&self, send: Ptr, recv: Ptr, count: usize, dtype: Dtype) -> Result<()> {
+    fn stream(&self, seq: u32) -> *mut c_void {
+        self.streams[seq as usize % STREAMS]
+    }
+
+    fn all_reduce(&self, seq: u32, send: Ptr, recv: Ptr, count: usize) -> Result<()> {
         // SAFETY: device buffers of `count` elements, a live communicator and stream.
         let sent = unsafe {
             (self.api.nccl_all_reduce)(
                 send as *const c_void,
                 recv as *mut c_void,
                 count,
-                dtype.nccl(),
+                Dtype::of(seq).nccl(),
                 NCCL_SUM,
                 self.comm,
-                self.stream,
+                self.stream(seq),
             )
         };
         nccl(&self.api, "ncclAllReduce", sent)
     }
 
-    fn query(&self) -> CuResult {
+    fn query(&self, seq: u32) -> CuResult {
         // SAFETY: a live stream.
-        unsafe { (self.api.cu_stream_query)(self.stream) }
+        unsafe { (self.api.cu_stream_query)(self.stream(seq)) }
     }
 
     fn synchronize(&self) -> Result<()> {
-        // SAFETY: a live stream.
-        cu("cuStreamSynchronize", unsafe {
-            (self.api.cu_stream_synchronize)(self.stream)
-        })
+        for stream in self.streams {
+            // SAFETY: a live stream.
+            cu("cuStreamSynchronize", unsafe {
+                (self.api.cu_stream_synchronize)(stream)
+            })?;
+        }
+        Ok(())
     }
 
     fn destroy(self) -> Result<()> {
@@ -334,8 +360,9 @@ impl Buffers {
     }
 }
 
-/// Uploads collective `seq`'s input to pair `slot` and enqueues it (in place when `seq` is odd).
-fn start(rank: &Rank, buffers: &Buffers, slot: usize, seq: u32) -> Result<Ptr> {
+/// Uploads collective `seq`'s input to pair `slot`; returns its send and receive buffers (the
+/// same, in place, when `seq` is odd).
+fn upload(rank: &Rank, buffers: &Buffers, slot: usize, seq: u32) -> Result<(Ptr, Ptr)> {
     let (dtype, count) = (Dtype::of(seq), count_of(seq));
     let data: Vec<u32> = (0..count)
         .map(|i| input(rank.rank, seq, i, dtype))
@@ -343,7 +370,13 @@ fn start(rank: &Rank, buffers: &Buffers, slot: usize, seq: u32) -> Result<Ptr> {
     let (send, recv) = buffers.0[slot];
     let recv = if seq % 2 == 1 { send } else { recv };
     rank.upload(send, &data)?;
-    rank.all_reduce(send, recv, count, dtype)?;
+    Ok((send, recv))
+}
+
+/// Uploads and enqueues collective `seq` alone; returns its receive buffer.
+fn start(rank: &Rank, buffers: &Buffers, seq: u32) -> Result<Ptr> {
+    let (send, recv) = upload(rank, buffers, 0, seq)?;
+    rank.all_reduce(seq, send, recv, count_of(seq))?;
     Ok(recv)
 }
 
@@ -363,7 +396,9 @@ fn check(rank: &Rank, recv: Ptr, seq: u32, sum: &mut Checksum) -> Result<()> {
     Ok(())
 }
 
-/// Collectives `first..=last`, `IN_FLIGHT` enqueued at a time before one synchronisation.
+/// Collectives `first..=last`, `IN_FLIGHT` enqueued at a time before one synchronisation. The
+/// inputs of a batch are all uploaded before its first collective is enqueued: a synchronous
+/// copy waits for every blocking stream, which would serialise the collectives.
 fn run_batches(
     rank: &Rank,
     buffers: &Buffers,
@@ -373,13 +408,17 @@ fn run_batches(
 ) -> Result<()> {
     let seqs: Vec<u32> = (first..=last).collect();
     for batch in seqs.chunks(IN_FLIGHT) {
-        let recvs = batch
+        let pairs = batch
             .iter()
             .enumerate()
-            .map(|(slot, &seq)| start(rank, buffers, slot, seq))
+            .map(|(slot, &seq)| upload(rank, buffers, slot, seq))
             .collect::<Result<Vec<_>>>()?;
+        for (&seq, &(send, recv)) in batch.iter().zip(&pairs) {
+            rank.all_reduce(seq, send, recv, count_of(seq))?;
+        }
         rank.synchronize()?;
-        for (&seq, &recv) in batch.iter().zip(&recvs) {
+        let recvs = pairs.iter().map(|&(_, recv)| recv);
+        for (&seq, recv) in batch.iter().zip(recvs) {
             check(rank, recv, seq, sum)?;
         }
     }
@@ -391,7 +430,7 @@ fn stall(rank: &Rank, buffers: &Buffers, go: &Path, sum: &mut Checksum) -> Resul
     let laggard = rank.nranks - 1;
     if rank.rank == laggard {
         ensure!(
-            rank.query() == 0,
+            (0..STREAMS as u32).all(|s| rank.query(s) == 0),
             "the late rank's stream is busy before it calls"
         );
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -399,13 +438,13 @@ fn stall(rank: &Rank, buffers: &Buffers, go: &Path, sum: &mut Checksum) -> Resul
             ensure!(Instant::now() < deadline, "{} never appeared", go.display());
             std::thread::sleep(Duration::from_millis(10));
         }
-        let recv = start(rank, buffers, 0, 1)?;
+        let recv = start(rank, buffers, 1)?;
         rank.synchronize()?;
         return check(rank, recv, 1, sum);
     }
-    let recv = start(rank, buffers, 0, 1)?;
+    let recv = start(rank, buffers, 1)?;
     std::thread::sleep(Duration::from_secs(1));
-    let status = rank.query();
+    let status = rank.query(1);
     ensure!(
         status == CUDA_ERROR_NOT_READY,
         "rank {}: cuStreamQuery gave {status} a second into a collective its peer has not called",
@@ -421,14 +460,19 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let api = Api::load()?;
     if args.first().map(String::as_str) == Some("id") {
-        let mut id = [0u8; 128];
+        let mut id = UniqueId {
+            internal: [0u8; 128],
+        };
         // SAFETY: a live local of the id's size.
         nccl(&api, "ncclGetUniqueId", unsafe {
             (api.nccl_get_unique_id)(&mut id)
         })?;
         println!(
             "{}",
-            id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            id.internal
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         );
         return Ok(());
     }

@@ -11,12 +11,14 @@ use super::*;
 /// Host memory standing in for the shared region, u64-aligned.
 struct Region {
     words: Vec<u64>,
+    nranks: u32,
 }
 
 impl Region {
     fn new(layout: Layout) -> Region {
         Region {
             words: vec![0; (layout.size() / 8) as usize],
+            nranks: layout.nranks,
         }
     }
 
@@ -97,45 +99,76 @@ fn input(rank: u32, seq: u32, i: usize, element: Element) -> u32 {
     }
 }
 
-/// Runs `collectives` all-reduces on `nranks` threads, each rank enqueueing all of them at once
-/// (distinct buffers), and returns every rank's results.
-fn run(nranks: u32, collectives: u32, element: Element, seed: u64) -> Vec<Vec<Vec<u32>>> {
-    let layout = Layout { nranks };
-    let region = Arc::new(Region::new(layout));
-    let threads: Vec<_> = (0..nranks)
-        .map(|rank| {
-            let region = Arc::clone(&region);
-            std::thread::spawn(move || {
-                let mut rng = Lcg(seed ^ (u64::from(rank) * 7919));
-                let mut bufs: Vec<(Vec<u32>, Vec<u32>)> = (1..=collectives)
-                    .map(|seq| {
-                        let send = (0..COUNT).map(|i| input(rank, seq, i, element)).collect();
-                        (send, vec![0; COUNT])
-                    })
-                    .collect();
-                for (index, (send, recv)) in bufs.iter_mut().enumerate() {
-                    let plan = AllReduce {
-                        layout,
-                        base: region.base(),
-                        rank,
-                        seq: index as u32 + 1,
-                        send: send.as_ptr() as u64,
-                        recv: recv.as_mut_ptr() as u64,
-                        count: COUNT as u64,
-                        element,
-                    };
-                    for kernel in plan.kernels() {
-                        if rng.next().is_multiple_of(4) {
-                            std::thread::sleep(Duration::from_micros(rng.next() % 300));
-                        }
-                        execute(&kernel);
-                    }
-                }
-                bufs.into_iter().map(|(_, recv)| recv).collect::<Vec<_>>()
-            })
+/// One stream of one rank: executes collectives `seqs` in order, pausing at random.
+fn stream(
+    region: &Region,
+    rank: u32,
+    seqs: Vec<u32>,
+    element: Element,
+    seed: u64,
+) -> Vec<(u32, Vec<u32>)> {
+    let layout = Layout {
+        nranks: region.nranks,
+    };
+    let mut rng = Lcg(seed);
+    let mut bufs: Vec<(u32, Vec<u32>, Vec<u32>)> = seqs
+        .into_iter()
+        .map(|seq| {
+            let send = (0..COUNT).map(|i| input(rank, seq, i, element)).collect();
+            (seq, send, vec![0; COUNT])
         })
         .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
+    for (seq, send, recv) in &mut bufs {
+        let plan = AllReduce {
+            layout,
+            base: region.base(),
+            rank,
+            seq: *seq,
+            send: send.as_ptr() as u64,
+            recv: recv.as_mut_ptr() as u64,
+            count: COUNT as u64,
+            element,
+        };
+        for kernel in plan.kernels() {
+            if rng.next().is_multiple_of(4) {
+                std::thread::sleep(Duration::from_micros(rng.next() % 300));
+            }
+            execute(&kernel);
+        }
+    }
+    bufs.into_iter().map(|(seq, _, recv)| (seq, recv)).collect()
+}
+
+/// Runs `collectives` all-reduces on `nranks` ranks, each rank's collectives dealt round-robin
+/// to `streams` threads (its streams) and enqueued at once (distinct buffers); returns every
+/// rank's results in collective order.
+fn run(
+    nranks: u32,
+    streams: u32,
+    collectives: u32,
+    element: Element,
+    seed: u64,
+) -> Vec<Vec<Vec<u32>>> {
+    let region = Arc::new(Region::new(Layout { nranks }));
+    let threads: Vec<(u32, _)> = (0..nranks)
+        .flat_map(|rank| (0..streams).map(move |s| (rank, s)))
+        .map(|(rank, s)| {
+            let region = Arc::clone(&region);
+            let seqs = (1..=collectives).filter(|seq| seq % streams == s).collect();
+            let seed = seed ^ (u64::from(rank * streams + s) * 7919);
+            (
+                rank,
+                std::thread::spawn(move || stream(&region, rank, seqs, element, seed)),
+            )
+        })
+        .collect();
+    let mut results = vec![vec![Vec::new(); collectives as usize]; nranks as usize];
+    for (rank, thread) in threads {
+        for (seq, recv) in thread.join().unwrap() {
+            results[rank as usize][seq as usize - 1] = recv;
+        }
+    }
+    results
 }
 
 fn expected(nranks: u32, seq: u32, i: usize, element: Element) -> u32 {
@@ -152,14 +185,16 @@ fn expected(nranks: u32, seq: u32, i: usize, element: Element) -> u32 {
 
 #[test]
 fn every_rank_gets_the_sum_in_rank_order_while_ranks_run_ahead() {
-    for (nranks, element, seed) in [
-        (2, Element::U32, 1),
-        (3, Element::F32, 2),
-        (4, Element::U32, 3),
-        (4, Element::F32, 4),
+    for (nranks, streams, element, seed) in [
+        (2, 1, Element::U32, 1),
+        (3, 1, Element::F32, 2),
+        (4, 1, Element::U32, 3),
+        (2, 2, Element::U32, 4),
+        (3, 3, Element::F32, 5),
+        (4, 2, Element::F32, 6),
     ] {
         let collectives = 4 * SLOTS as u32 + 1;
-        let results = run(nranks, collectives, element, seed);
+        let results = run(nranks, streams, collectives, element, seed);
         for (rank, per_rank) in results.iter().enumerate() {
             for (index, recv) in per_rank.iter().enumerate() {
                 let seq = index as u32 + 1;
@@ -167,7 +202,8 @@ fn every_rank_gets_the_sum_in_rank_order_while_ranks_run_ahead() {
                     assert_eq!(
                         got,
                         expected(nranks, seq, i, element),
-                        "{nranks} ranks {element:?}: rank {rank} collective {seq} element {i}"
+                        "{nranks} ranks, {streams} streams, {element:?}: rank {rank} \
+                         collective {seq} element {i}"
                     );
                 }
             }
@@ -177,7 +213,7 @@ fn every_rank_gets_the_sum_in_rank_order_while_ranks_run_ahead() {
 
 #[test]
 fn a_single_rank_copies_its_input() {
-    let results = run(1, 3, Element::F32, 5);
+    let results = run(1, 2, 3, Element::F32, 5);
     assert_eq!(results[0][2][7], input(0, 3, 7, Element::F32));
 }
 
@@ -255,7 +291,7 @@ fn a_rank_waits_for_a_peer_that_has_not_called_the_collective() {
     let progress = rank0_alone(&region, 1);
     settles_at(&progress, 0);
     // The peer stages its input (what its kernels' first steps do): rank 0 completes.
-    flag(region.base() + layout.arrived(1)).store(1, Ordering::Release);
+    flag(region.base() + layout.arrived(1, 1)).store(1, Ordering::Release);
     settles_at(&progress, 1);
 }
 
@@ -263,12 +299,40 @@ fn a_rank_waits_for_a_peer_that_has_not_called_the_collective() {
 fn a_rank_runs_at_most_slots_collectives_ahead_of_a_reader() {
     let layout = Layout { nranks: 2 };
     let region = Arc::new(Region::new(layout));
-    // The peer has staged many inputs but read nothing yet: rank 0 may not reuse a slot.
-    flag(region.base() + layout.arrived(1)).store(100, Ordering::Release);
+    // The peer's inputs are staged in every slot but it has read none: rank 0 completes a
+    // ring's worth and may then reuse a slot only once the peer is done with it.
+    for seq in 1..=SLOTS {
+        flag(region.base() + layout.arrived(1, seq)).store(100, Ordering::Release);
+    }
     let progress = rank0_alone(&region, 2 * SLOTS as u32);
     settles_at(&progress, SLOTS);
-    flag(region.base() + layout.done(1)).store(1, Ordering::Release);
+    flag(region.base() + layout.done(1, 1)).store(1, Ordering::Release);
     settles_at(&progress, SLOTS + 1);
-    flag(region.base() + layout.done(1)).store(SLOTS as u32, Ordering::Release);
+    for seq in 2..=SLOTS {
+        flag(region.base() + layout.done(1, seq)).store(seq as u32, Ordering::Release);
+    }
     settles_at(&progress, 2 * SLOTS);
+}
+
+#[test]
+fn launches_per_collective() {
+    for nranks in [1u32, 2, 4] {
+        let plan = |seq| AllReduce {
+            layout: Layout { nranks },
+            base: 0x1000,
+            rank: 0,
+            seq,
+            send: 0x10,
+            recv: 0x20,
+            count: 1,
+            element: Element::U32,
+        };
+        let n = nranks as usize;
+        assert_eq!(plan(SLOTS as u32).kernels().len(), 2 * n + 2, "{nranks}");
+        assert_eq!(
+            plan(SLOTS as u32 + 1).kernels().len(),
+            3 * n + 2,
+            "{nranks}"
+        );
+    }
 }
