@@ -612,6 +612,8 @@ fn a_collective_that_can_never_complete_is_refused_after_the_deadline() {
         &strs(&suspend_args(&env, tree.root(), &["--freeze-timeout", "2"])),
     );
     run.expect_code(EXIT_ROLLED_BACK);
+    // The refusal names the process whose work cannot drain.
+    run.stderr_mentions(&[&format!("pid {}", ranks[0].pid())]);
     for w in &ranks {
         assert!(usage(&env, w.pid()) > 0, "{} lost its memory", w.name());
     }
