@@ -292,6 +292,7 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::NoCudaProcesses(_)
             | ControlError::NoSuchProcess(_)
             | ControlError::Unchanged { .. }
+            | ControlError::AnotherRun { .. }
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. },
         ) => Exit::Refused,

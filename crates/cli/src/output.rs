@@ -146,6 +146,7 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
         return print_json(report);
     }
     print_phases(&report.phases);
+    print_drained(&report.drained);
     println!(
         "{what} {} process(es), {} of device memory through carriers, in {:.1} ms (state: {})",
         report.participants.len(),
@@ -171,6 +172,7 @@ pub fn print_disk_report(
         return print_json(report);
     }
     print_phases(&report.report.phases);
+    print_drained(&report.report.drained);
     println!(
         "{what} {} process(es) (root pid {}), {} of device memory through carriers, CRIU images {} in {}, {:.1} ms",
         report.report.participants.len(),
@@ -187,6 +189,21 @@ pub fn print_disk_report(
         );
     }
     Ok(())
+}
+
+/// One line per process: how long from the hold until it was drained, and what was admitted.
+fn print_drained(drained: &[control::drain::Drained]) {
+    for d in drained {
+        let admitted = match d.admitted {
+            0 => String::new(),
+            n => format!(" ({n} held submissions admitted)"),
+        };
+        println!(
+            "drained {} in {:.1} ms{admitted}",
+            short(&d.process),
+            d.millis
+        );
+    }
 }
 
 pub fn print_phases(phases: &[control::capture::PhaseTiming]) {

@@ -134,6 +134,9 @@ pub struct Report {
     /// What could not be rebuilt because its creator is among `lost`: imports left unmapped.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub not_rebuilt: Vec<String>,
+    /// When each process was drained, from the hold (a capture; empty for a rebuild).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub drained: Vec<crate::drain::Drained>,
 }
 
 pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
@@ -158,6 +161,8 @@ pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
 pub(crate) struct Clock<'a> {
     progress: &'a dyn Progress,
     pub(crate) phases: Vec<PhaseTiming>,
+    /// When each process was drained, from the hold (a capture's first step).
+    pub(crate) drained: Vec<crate::drain::Drained>,
 }
 
 impl<'a> Clock<'a> {
@@ -170,6 +175,7 @@ impl<'a> Clock<'a> {
         Clock {
             progress,
             phases: Vec::new(),
+            drained: Vec::new(),
         }
     }
 
@@ -330,14 +336,19 @@ fn rebuild(group: &mut Group, clock: &mut Clock<'_>, bytes: Bytes<'_>) -> Vec<Co
     errors
 }
 
+/// Thaw to every participant; a process whose capture another run holds is that run's to
+/// thaw, not an error of ours.
 fn thaw_all(group: &mut Group) -> Vec<ControlError> {
     group
         .participants
         .iter_mut()
-        .filter_map(|p| {
-            p.phase(&Request::Thaw)
-                .err()
-                .map(|e| step_error("thaw", &p.info.label(), e))
+        .filter_map(|p| match p.phase(&Request::Thaw) {
+            Ok(_)
+            | Err(ControlError::Shim {
+                code: protocol::ErrorCode::Busy,
+                ..
+            }) => None,
+            Err(e) => Some(step_error("thaw", &p.info.label(), e)),
         })
         .collect()
 }
@@ -396,6 +407,7 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     let (_group, captured) = capture(options, &state_path, &mut clock, Bytes::Carriers)?;
     Ok(Report {
         participants: summarize(&captured),
+        drained: clock.drained,
         phases: clock.phases,
         saved_bytes: saved_bytes(&captured),
         state_file: state_path,
@@ -455,15 +467,18 @@ pub(crate) fn capture(
         SuspendMode::KeepContexts => None,
     };
 
-    // Freeze: a failure here thaws whoever froze and changes nothing else.
+    // Hold, drain, freeze (crate::drain): a failure here opens every gate again and changes
+    // nothing else.
     let freeze = Request::Freeze {
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
     };
+    let mut drained = Vec::new();
     let frozen = clock.time("freeze", None, || {
         let timeout = options.freeze_timeout + options.config.answer_timeout;
         for p in &mut group.participants {
             p.set_timeout(Some(timeout))?;
         }
+        drained = crate::drain::drain_group(&mut group.participants, options.freeze_timeout)?;
         phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
             let snapshots = group.snapshot()?;
             let refusals = check_group(&snapshots, Phase::Frozen);
@@ -476,8 +491,14 @@ pub(crate) fn capture(
     });
     let captured = match frozen {
         Ok(frozen) => frozen,
+        // Another run holds a process: ours are opened again, the other run's left to it.
+        Err(e @ ControlError::AnotherRun { .. }) => {
+            let _ = thaw_all(&mut group);
+            return Err(e);
+        }
         Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
     };
+    clock.drained = drained;
     let saved_bytes = saved_bytes(&captured);
     // The topology is published before anything is released: a tool killed from here on leaves a
     // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
@@ -614,16 +635,7 @@ fn split<E>(pids: &[(u32, String)], results: Vec<Result<(), E>>) -> (Vec<u32>, O
     (succeeded, failed)
 }
 
-/// Runs `f` on every item at once, one thread each, and returns the results in order.
-fn for_each_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = items.iter().map(|item| scope.spawn(|| f(item))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
-}
+use crate::parallel::for_each as for_each_parallel;
 
 /// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
 fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
@@ -869,6 +881,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         state_file: state_path,
         total_millis: millis_since(start),
         lost: lost_labels,
+        drained: Vec::new(),
         not_rebuilt,
     })
 }

@@ -4,6 +4,7 @@
 
 use crate::ControlError;
 use crate::discovery::{self, ProcessInfo};
+use protocol::message::DrainReport;
 use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
@@ -24,6 +25,9 @@ pub struct Participant {
     timeout: Option<Duration>,
     /// How long a (re)connect may wait for the shim's greeting.
     connect_timeout: Duration,
+    /// A capture runs: the connection holds the process's capture lease (the shim undoes a
+    /// capture that released nothing when it ends), so it is never replaced.
+    capturing: bool,
 }
 
 /// Idle time after which the tool connects again before a request: well below the shim's limit
@@ -63,19 +67,42 @@ impl Participant {
             last_used: Instant::now(),
             timeout: Some(timeout),
             connect_timeout: timeout,
+            capturing: false,
         })
     }
 
     /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
     pub fn request(&mut self, request: &Request) -> Result<Response, ControlError> {
-        if self.last_used.elapsed() >= RECONNECT_AFTER {
+        self.reconnect_if_idle()?;
+        if !matches!(request, Request::Hello { .. } | Request::Inspect) {
+            self.capturing = true;
+        }
+        let answer = call(&mut self.connection, &self.info, request);
+        self.last_used = Instant::now();
+        if matches!(request, Request::Thaw) && answer.is_ok() {
+            // Out of the capture: the shim gave the lease back.
+            self.capturing = false;
+        }
+        answer
+    }
+
+    /// Connects again after [`RECONNECT_AFTER`] of silence (the shim closes idle tool
+    /// connections), unless this connection holds a capture.
+    fn reconnect_if_idle(&mut self) -> Result<(), ControlError> {
+        if !self.capturing && self.last_used.elapsed() >= RECONNECT_AFTER {
             let mut again = Participant::connect(self.info.clone(), self.connect_timeout)?;
             again.set_timeout(self.timeout)?;
             self.connection = again.connection;
         }
-        let answer = call(&mut self.connection, &self.info, request);
-        self.last_used = Instant::now();
-        answer
+        Ok(())
+    }
+
+    /// Hold, Drain or Admit (crate::drain): how the process's drain stands.
+    pub fn drain_request(&mut self, request: &Request) -> Result<DrainReport, ControlError> {
+        match self.request(request)? {
+            Response::Drain(report) => Ok(report),
+            other => Err(unexpected(&self.info, request, other)),
+        }
     }
 
     pub fn inspect(&mut self) -> Result<ProcessRecord, ControlError> {
@@ -109,11 +136,8 @@ impl Participant {
         request: &Request,
         file: std::os::fd::BorrowedFd<'_>,
     ) -> Result<Streamed, ControlError> {
-        if self.last_used.elapsed() >= RECONNECT_AFTER {
-            let mut again = Participant::connect(self.info.clone(), self.connect_timeout)?;
-            again.set_timeout(self.timeout)?;
-            self.connection = again.connection;
-        }
+        self.reconnect_if_idle()?;
+        self.capturing = true;
         let answer = call_with(&mut self.connection, &self.info, request, Some(file));
         self.last_used = Instant::now();
         match answer? {

@@ -15,11 +15,13 @@ pub mod discard;
 pub mod discovery;
 pub mod disk;
 pub mod doctor;
+pub mod drain;
 pub mod group;
 pub mod launch;
 pub mod layout;
 pub mod namespaces;
 pub mod native;
+mod parallel;
 pub mod procfs;
 pub mod remaps;
 pub mod runlock;
@@ -113,6 +115,20 @@ pub enum ControlError {
     },
     #[error("{source}\nnothing was changed")]
     Unchanged { source: Box<ControlError> },
+    /// Another tool run holds the capture of one of the group's processes (the shims grant one at
+    /// a time); nothing of the other run's was touched.
+    #[error("{process}: {message}")]
+    AnotherRun { process: String, message: String },
+    /// The group could not be drained before `--freeze-timeout`: nothing was released.
+    #[error(
+        "not drained after {} s; no GPU memory was released (--freeze-timeout sets the limit):\n{}",
+        timeout.as_secs_f64(),
+        busy.iter().map(|b| format!("  {b}")).collect::<Vec<_>>().join("\n")
+    )]
+    NotDrained {
+        timeout: std::time::Duration,
+        busy: Vec<String>,
+    },
     #[error(
         "verify: the rebuilt group differs from the captured one; its processes are left frozen \
          (`cuinterpose resume` checks again):\n{}",
@@ -190,6 +206,8 @@ impl ControlError {
                 | ControlError::NoCudaProcesses(_)
                 | ControlError::NoSuchProcess(_)
                 | ControlError::Unchanged { .. }
+                | ControlError::AnotherRun { .. }
+                | ControlError::NotDrained { .. }
         )
     }
 }

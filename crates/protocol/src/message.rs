@@ -222,6 +222,8 @@ pub struct DrainReport {
     pub waiting: u32,
     /// Submissions admitted through the closed gate since the process started.
     pub admitted: u64,
+    /// Held submissions this request let through (Admit; 0 for the others).
+    pub granted: u32,
     /// What is not finished, one line each (a context with work running, a submission inside
     /// the driver, tracked calls in flight); empty when drained.
     pub busy: Vec<String>,

@@ -550,6 +550,7 @@ fn responses() -> Vec<(&'static str, Response)> {
                 drained: false,
                 waiting: 2,
                 admitted: 9,
+                granted: 1,
                 busy: vec!["device 0: work still running".into()],
                 held_micros: 1500,
             }),

@@ -134,7 +134,18 @@ impl Runtime {
         self.expect_phase("Admit", &[Phase::Running])?;
         let granted = self.submissions().admit(count);
         log_debug!("admitted {granted} held submissions");
-        Ok(self.drain_report(vec!["submissions admitted, not drained since".into()]))
+        let busy = if granted > 0 {
+            vec![format!(
+                "{granted} held submissions admitted, not drained since"
+            )]
+        } else {
+            Vec::new()
+        };
+        let mut report = self.drain_report(busy);
+        report.granted = granted;
+        // Nothing admitted: nothing checked either, so not a drained answer.
+        report.drained = false;
+        Ok(report)
     }
 
     fn drain_report(&self, busy: Vec<String>) -> DrainReport {
@@ -143,6 +154,7 @@ impl Runtime {
             drained: busy.is_empty() && gate.closed,
             waiting: gate.waiting,
             admitted: gate.admitted,
+            granted: 0,
             busy,
             held_micros: self.drainer.held_micros(),
         }

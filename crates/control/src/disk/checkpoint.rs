@@ -250,6 +250,7 @@ pub fn checkpoint(
     let (data_bytes, zero_bytes) = data_totals(&manifest.data_files);
     Ok(DiskReport {
         report: Report {
+            drained: clock.drained,
             participants: capture::summarize(&captured),
             phases: clock.phases,
             saved_bytes,

@@ -380,6 +380,7 @@ pub fn restore(
             total_millis: start.elapsed().as_secs_f64() * 1e3,
             lost: Vec::new(),
             not_rebuilt: Vec::new(),
+            drained: Vec::new(),
         },
         dir: options.dir.clone(),
         image_bytes,

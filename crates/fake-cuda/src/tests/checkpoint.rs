@@ -351,6 +351,9 @@ fn lock_blocks_application_calls_until_unlock() {
                 say(&format!("returned {} {n}", r.0));
             });
             caller.join().unwrap();
+            // Stay until the test is done: the unlock lets the call return, and exiting at
+            // once could end the process before its agent has replied to the unlock.
+            let _ = hear();
             return;
         }
         Some(other) => panic!("unknown role {other}"),
