@@ -428,8 +428,12 @@ fn a_busy_loop_whose_mapping_is_unmapped_under_it_fails_with_a_sticky_illegal_ad
     one(&w, "ping");
 }
 
-/// Stops busy thread `b`, which must have ended on a failed call; its reply's fields.
+/// Waits until busy thread `b` ends by itself (a failed call ends it; it is not asked to stop, so
+/// that it runs into the missing memory), then stops it; its reply's fields.
 fn stopped_with_failure(w: &Workload) -> Value {
+    wait_until("the busy loop fails on the missing memory", || {
+        one(w, "busy-status b").data.get("finished") == Some(&Value::Bool(true))
+    });
     let stop = one(w, "busy-stop b --timeout 60000");
     let fields = Value::Object(stop.data.clone());
     assert!(
