@@ -139,6 +139,17 @@ pub struct BenchArgs {
     /// CRIU, as `checkpoint` does)
     #[arg(long, value_name = "DIR")]
     to_disk: Option<PathBuf>,
+    /// Run only the launch-bound case: --launch-threads threads per process, each issuing
+    /// --launch-iterations noop kernel launches and 4 KiB async copies a round on a stream of its
+    /// own, with and without the shim, --repetitions pairs x --rounds alternating rounds
+    #[arg(long)]
+    launch: bool,
+    /// Threads of each launch-bound process
+    #[arg(long, default_value_t = 4)]
+    launch_threads: usize,
+    /// Launches (and as many copies) per thread per launch-bound round
+    #[arg(long, default_value_t = 20_000)]
+    launch_iterations: u64,
 }
 
 /// `8G`, `256M`, `4096`, `0x1000`.
@@ -174,6 +185,24 @@ pub struct BenchReport {
     pub whole: Option<Whole>,
     /// `--to-disk DIR`.
     pub disk: Option<crate::bench_disk::DiskBench>,
+    /// `--launch`.
+    pub launch: Option<Launch>,
+}
+
+/// The launch-bound case: launches per second with and without the shim, alternating rounds.
+#[derive(Debug, serde::Serialize)]
+pub struct Launch {
+    pub repetitions: usize,
+    pub rounds: usize,
+    pub threads: usize,
+    /// Launches (and as many 4 KiB copies) per thread per round.
+    pub iterations: u64,
+    /// Medians over the rounds.
+    pub without_shim_launches_per_s: f64,
+    pub with_shim_launches_per_s: f64,
+    /// Time per launch, shim over no shim: the median of the rounds' ratios (target <= 1.02 on
+    /// a GPU), with its spread.
+    pub ratio: Ratio,
 }
 
 /// One process holding `bytes` of `cuMemAlloc` memory, suspended and resumed under the shim
@@ -360,6 +389,9 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
         format!("fake driver ({})", driver.path().display())
     };
     let tables = !args.json;
+    if args.launch {
+        return launch_only(&programs, &args, driver_name, on_gpu);
+    }
     if tables {
         println!("cuinterpose bench on the {driver_name}");
         if args.carrier == crate::CarrierPlace::Helper {
@@ -425,8 +457,14 @@ pub fn bench(args: BenchArgs, config: &ToolConfig) -> anyhow::Result<()> {
         capture,
         whole,
         disk,
+        launch: None,
     };
-    let json = serde_json::to_string_pretty(&report)?;
+    write_report(&report, &args)
+}
+
+/// Prints (`--json`) and writes (`--json-out`) the report.
+fn write_report(report: &BenchReport, args: &BenchArgs) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
     if let Some(path) = &args.json_out {
         std::fs::write(path, format!("{json}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
@@ -474,8 +512,8 @@ fn overhead(programs: &Programs, args: &BenchArgs) -> anyhow::Result<Overhead> {
     let mut runs: [Vec<serde_json::Value>; 2] = [Vec::new(), Vec::new()];
     for repetition in 0..args.repetitions {
         let mut pair = [
-            Rounds::start(&env, false, args, cpu, repetition)?,
-            Rounds::start(&env, true, args, cpu, repetition)?,
+            Rounds::start(&env, false, &overhead_args(args, cpu), repetition)?,
+            Rounds::start(&env, true, &overhead_args(args, cpu), repetition)?,
         ];
         // Both warm up at once (their first round is not reported); then one runs at a time.
         for side in &mut pair {
@@ -545,6 +583,126 @@ fn overhead(programs: &Programs, args: &BenchArgs) -> anyhow::Result<Overhead> {
     })
 }
 
+/// The workload's arguments for the overhead loops.
+fn overhead_args(args: &BenchArgs, cpu: Option<usize>) -> Vec<String> {
+    let mut list = vec![
+        "--iterations".to_string(),
+        args.iterations.to_string(),
+        "--tracked-iterations".to_string(),
+        args.tracked_iterations.to_string(),
+    ];
+    if let Some(cpu) = cpu {
+        list.extend(["--cpu".to_string(), cpu.to_string()]);
+    }
+    list
+}
+
+/// `bench --launch`: the launch-bound case alone, its table or its JSON.
+fn launch_only(
+    programs: &Programs,
+    args: &BenchArgs,
+    driver: String,
+    on_gpu: bool,
+) -> anyhow::Result<()> {
+    if !args.json {
+        println!("cuinterpose bench --launch on the {driver}");
+    }
+    let launch = launch_bench(programs, args).context("launch-bound benchmark")?;
+    if !args.json {
+        print_launch(&launch);
+    }
+    let report = BenchReport {
+        driver,
+        on_gpu,
+        carrier: args.carrier,
+        overhead: None,
+        capture: None,
+        whole: None,
+        disk: None,
+        launch: Some(launch),
+    };
+    write_report(&report, args)
+}
+
+/// Pairs of launch-bound processes (without and with the shim, unpinned: their threads need
+/// CPUs of their own), rounds in alternation as for the overhead.
+fn launch_bench(programs: &Programs, args: &BenchArgs) -> anyhow::Result<Launch> {
+    ensure!(
+        args.launch_threads >= 1,
+        "--launch-threads must be at least 1"
+    );
+    let env = Launcher::new(programs.clone(), false).context("preparing a directory")?;
+    let bench_args = vec![
+        "--launch-threads".to_string(),
+        args.launch_threads.to_string(),
+        "--iterations".to_string(),
+        args.launch_iterations.to_string(),
+    ];
+    let mut ns = Vec::new();
+    let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for repetition in 0..args.repetitions {
+        let mut pair = [
+            Rounds::start(&env, false, &bench_args, repetition)?,
+            Rounds::start(&env, true, &bench_args, repetition)?,
+        ];
+        for side in &mut pair {
+            side.ready()?;
+        }
+        for round in 0..args.rounds {
+            let order = if (repetition + round) % 2 == 0 {
+                [0, 1]
+            } else {
+                [1, 0]
+            };
+            let mut figures = [(0.0, 0.0); 2];
+            for side in order {
+                let report = pair[side].round()?;
+                let value = |key: &str| {
+                    report["launch"][key]
+                        .as_f64()
+                        .with_context(|| format!("the launch report lacks launch.{key}"))
+                };
+                figures[side] = (value("ns_per_launch")?, value("launches_per_s")?);
+            }
+            ns.push((figures[0].0, figures[1].0));
+            for (side, rate) in rates.iter_mut().enumerate() {
+                rate.push(figures[side].1);
+            }
+        }
+        for side in pair {
+            side.finish()?;
+        }
+    }
+    let [without, with] = rates;
+    Ok(Launch {
+        repetitions: args.repetitions,
+        rounds: args.rounds,
+        threads: args.launch_threads,
+        iterations: args.launch_iterations,
+        without_shim_launches_per_s: median(without),
+        with_shim_launches_per_s: median(with),
+        ratio: Ratio::paired("ns per launch", &ns),
+    })
+}
+
+fn print_launch(l: &Launch) {
+    println!();
+    println!(
+        "launch-bound: {} pairs of processes x {} alternating rounds, {} threads each issuing {} \
+         noop launches and 4 KiB async copies a round on a stream of its own; medians",
+        l.repetitions, l.rounds, l.threads, l.iterations
+    );
+    println!(
+        "launches/s without the shim {:.0}, with the shim {:.0}",
+        l.without_shim_launches_per_s, l.with_shim_launches_per_s
+    );
+    println!(
+        "ratio {:.3} (time per launch, shim over no shim; P10 {:.3}, P90 {:.3}; target <= 1.02 on \
+         the GPU)",
+        l.ratio.ratio, l.ratio.ratio_p10, l.ratio.ratio_p90
+    );
+}
+
 /// One `cuinterpose-workload bench --serve-rounds` process: a round per `round` line on its
 /// stdin, a JSON report per line on its stdout; stderr to a log. Killed on drop.
 struct Rounds {
@@ -556,12 +714,12 @@ struct Rounds {
 }
 
 impl Rounds {
-    /// Starts one (warming up: see [`Rounds::ready`]).
+    /// Starts one with `bench_args` after `bench --serve-rounds` (warming up: see
+    /// [`Rounds::ready`]).
     fn start(
         env: &Launcher,
         shim: bool,
-        args: &BenchArgs,
-        cpu: Option<usize>,
+        bench_args: &[String],
         repetition: usize,
     ) -> anyhow::Result<Rounds> {
         let what = format!(
@@ -574,19 +732,14 @@ impl Rounds {
             .join(format!("overhead-{repetition}-{shim}.log"));
         let mut command = env.command(&env.programs().workload, shim)?;
         command
-            .args(["bench", "--serve-rounds", "--iterations"])
-            .arg(args.iterations.to_string())
-            .arg("--tracked-iterations")
-            .arg(args.tracked_iterations.to_string())
+            .args(["bench", "--serve-rounds"])
+            .args(bench_args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(
                 std::fs::File::create(&log)
                     .with_context(|| format!("creating {}", log.display()))?,
             );
-        if let Some(cpu) = cpu {
-            command.arg("--cpu").arg(cpu.to_string());
-        }
         let mut child = command
             .spawn()
             .with_context(|| format!("starting {what}"))?;

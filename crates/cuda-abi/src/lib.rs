@@ -207,7 +207,7 @@ pub mod stream_write_value {
 }
 
 /// Opaque driver handles this project passes through without looking inside: the submission gate
-/// forwards them unchanged, the workload's kernels use modules, functions and events.
+/// forwards them unchanged. (Modules, functions and events have their opaque struct types above.)
 pub type CUgraphExec = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUexternalSemaphore = *mut c_void;

@@ -622,6 +622,192 @@ impl DriverTable {
         unsafe { self.cuMulticastUnbind(mc.raw(), device, mc_offset, size) }
     }
 
+    /// `cuModuleLoadData` of a PTX (or cubin) image, NUL-terminated as the driver requires.
+    pub fn module_load_data(&self, image: &CStr) -> Result<CUmodule> {
+        let mut module: CUmodule = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the image is NUL-terminated and outlives the call (the
+        // driver copies what it keeps).
+        unsafe { self.cuModuleLoadData(&mut module, image.as_ptr().cast()) }?;
+        Ok(module)
+    }
+
+    /// `cuModuleGetFunction`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn module_get_function(&self, module: CUmodule, name: &CStr) -> Result<CUfunction> {
+        let mut function: CUfunction = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer and a NUL-terminated name; the module is passed by value.
+        unsafe { self.cuModuleGetFunction(&mut function, module, name.as_ptr()) }?;
+        Ok(function)
+    }
+
+    /// `cuModuleUnload`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn module_unload(&self, module: CUmodule) -> Result<()> {
+        // SAFETY: the module is passed by value; the driver validates it.
+        unsafe { self.cuModuleUnload(module) }
+    }
+
+    /// `cuLaunchKernel` of `f` on `stream` with `params` (no `extra`).
+    ///
+    /// # Safety
+    /// `params` holds one pointer per parameter of the kernel, in order, each pointing at a value
+    /// of that parameter's type, valid for the call (the driver copies the values at launch); the
+    /// kernel's memory accesses are the caller's to make valid for as long as it runs.
+    pub unsafe fn launch_kernel(
+        &self,
+        f: CUfunction,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_mem: u32,
+        stream: CUstream,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        let params_ptr = if params.is_empty() {
+            core::ptr::null_mut()
+        } else {
+            params.as_mut_ptr()
+        };
+        // SAFETY: the caller vouches for the parameter pointers; `extra` is null.
+        unsafe {
+            self.cuLaunchKernel(
+                f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shared_mem,
+                stream,
+                params_ptr,
+                core::ptr::null_mut(),
+            )
+        }
+    }
+
+    /// `cuStreamCreate`: a raw stream (see [`crate::owned::Stream`] for one destroyed on drop).
+    pub fn stream_create(&self, flags: u32) -> Result<CUstream> {
+        let mut stream: CUstream = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuStreamCreate(&mut stream, flags) }?;
+        Ok(stream)
+    }
+
+    /// `cuStreamDestroy`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn stream_destroy(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: the stream is passed by value; the driver validates it.
+        unsafe { self.cuStreamDestroy_v2(stream) }
+    }
+
+    /// `cuStreamSynchronize`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn stream_synchronize(&self, stream: CUstream) -> Result<()> {
+        // SAFETY: the stream is passed by value.
+        unsafe { self.cuStreamSynchronize(stream) }
+    }
+
+    /// `cuStreamQuery`: whether every piece of work on the stream is complete
+    /// (`CUDA_ERROR_NOT_READY` is `false`, not an error).
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn stream_query(&self, stream: CUstream) -> Result<bool> {
+        // SAFETY: the stream is passed by value.
+        match unsafe { self.cuStreamQuery(stream) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.result == CUresult::ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `cuEventCreate`.
+    pub fn event_create(&self, flags: u32) -> Result<CUevent> {
+        let mut event: CUevent = core::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuEventCreate(&mut event, flags) }?;
+        Ok(event)
+    }
+
+    /// `cuEventDestroy`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn event_destroy(&self, event: CUevent) -> Result<()> {
+        // SAFETY: the event is passed by value.
+        unsafe { self.cuEventDestroy_v2(event) }
+    }
+
+    /// `cuEventRecord` of `event` on `stream`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn event_record(&self, event: CUevent, stream: CUstream) -> Result<()> {
+        // SAFETY: handles passed by value.
+        unsafe { self.cuEventRecord(event, stream) }
+    }
+
+    /// `cuEventQuery`: whether the event's work is complete (`CUDA_ERROR_NOT_READY` is `false`).
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn event_query(&self, event: CUevent) -> Result<bool> {
+        // SAFETY: the event is passed by value.
+        match unsafe { self.cuEventQuery(event) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.result == CUresult::ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `cuEventSynchronize`.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn event_synchronize(&self, event: CUevent) -> Result<()> {
+        // SAFETY: the event is passed by value.
+        unsafe { self.cuEventSynchronize(event) }
+    }
+
+    /// `cuMemcpyHtoDAsync` of `bytes` bytes from `src` on `stream`.
+    ///
+    /// # Safety
+    /// `src` is readable for `bytes` bytes and not written until the copy has completed (the
+    /// stream is synchronised); page-locked memory makes the copy truly asynchronous.
+    pub unsafe fn memcpy_htod_async(
+        &self,
+        dst: CUdeviceptr,
+        src: *const u8,
+        bytes: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller keeps `src` valid until the copy completes.
+        unsafe { self.cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream) }
+    }
+
+    /// `cuMemcpyDtoHAsync` of `bytes` bytes into `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is writable for `bytes` bytes and neither read nor written by anyone else until the
+    /// copy has completed (the stream is synchronised).
+    pub unsafe fn memcpy_dtoh_async(
+        &self,
+        dst: *mut u8,
+        src: CUdeviceptr,
+        bytes: usize,
+        stream: CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller keeps `dst` valid and unaliased until the copy completes.
+        unsafe { self.cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream) }
+    }
+
+    /// `cuCtxSetCurrent`: makes `ctx` (a context of this process, e.g. another thread's current
+    /// one) current on the calling thread.
+    // Opaque handles, passed by value and never dereferenced on this side.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn ctx_make_current(&self, ctx: CUcontext) -> Result<()> {
+        self.ctx_set_current(ctx)
+    }
+
     /// `cuCheckpointProcessLock` of process `pid`.
     pub fn checkpoint_lock(&self, pid: i32, timeout_ms: u32) -> Result<()> {
         let mut args = CUcheckpointLockArgs {

@@ -154,6 +154,31 @@ impl Artifacts {
     pub fn fake_driver(&self) -> Result<PathBuf, HarnessError> {
         Ok(self.fake_driver_dir()?.join("libcuda.so.1"))
     }
+
+    /// A directory holding the fake NCCL (crate `fake-nccl`, cargo's `libnccl.so`) as
+    /// `libnccl.so.2`, the name programs load: `<dir>/fake-nccl/`, made on first use.
+    pub fn fake_nccl_dir(&self) -> Result<PathBuf, HarnessError> {
+        let built = self.dir.join("libnccl.so");
+        if !built.exists() {
+            return Err(missing(
+                built,
+                "build first: cargo build --workspace --all-targets (the fake-nccl crate)",
+            ));
+        }
+        let dir = self.dir.join("fake-nccl");
+        let link = dir.join("libnccl.so.2");
+        if !link.exists() {
+            std::fs::create_dir_all(&dir)
+                .map_err(io(format!("cannot create {}", dir.display())))?;
+            // Another test may make it at the same time: a link that appeared meanwhile is fine.
+            if let Err(e) = std::os::unix::fs::symlink(&built, &link)
+                && e.kind() != std::io::ErrorKind::AlreadyExists
+            {
+                return Err(io(format!("cannot link {}", link.display()))(e).into());
+            }
+        }
+        Ok(dir)
+    }
 }
 
 const BUILD_FIRST: &str = "build first: cargo build --workspace --all-targets";
@@ -240,6 +265,23 @@ impl TestEnv {
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> TestEnv {
         self.launcher = self.launcher.env(key, value);
         self
+    }
+
+    /// Every process finds the fake NCCL ([`Artifacts::fake_nccl_dir`]) as `libnccl.so.2`, after
+    /// the fake driver on `LD_LIBRARY_PATH`.
+    pub fn with_fake_nccl(self) -> Result<TestEnv, HarnessError> {
+        let nccl = self.artifacts.fake_nccl_dir()?;
+        let mut path = std::ffi::OsString::new();
+        if let Some(driver) = &self.programs().driver_dir {
+            path.push(driver);
+            path.push(":");
+        }
+        path.push(nccl);
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|v| !v.is_empty()) {
+            path.push(":");
+            path.push(old);
+        }
+        Ok(self.env("LD_LIBRARY_PATH", path))
     }
 
     /// `FAKE_CUDA_STATE_DIR` of every process.

@@ -6,6 +6,9 @@
 //! - tracked: `cuMemCreate` + `cuMemMap` + `cuMemSetAccess` + `cuMemUnmap` + `cuMemRelease` of one
 //!   granule into a reservation made once, with the time of each call.
 //!
+//! - launch-bound (`--launch-threads T`, module [`launch`]): `T` threads each issuing tiny kernel
+//!   launches and 4 KiB asynchronous copies on a stream of its own; a round runs only this loop.
+//!
 //! One round runs both loops; a first round is run and discarded before any is reported (the
 //! driver's and the shim's start-up, caches, clocks). Without `--rounds` the result is one JSON
 //! object; with `--rounds`, the process answers `round` lines on stdin with one JSON line each,
@@ -29,6 +32,8 @@ use serde_json::{Value, json};
 
 use crate::driver::{self, CuError, Driver, LoadError, Resolve};
 
+pub mod launch;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -46,6 +51,9 @@ pub struct BenchOptions {
     pub size: u64,
     /// The CPU the measuring thread is pinned to, if any.
     pub cpu: Option<usize>,
+    /// Threads of the launch-bound loop; `Some`: each round runs that loop instead of the
+    /// overhead loops (`untracked_iterations` launches and copies per thread).
+    pub launch_threads: Option<usize>,
 }
 
 /// Why the benchmark could not run.
@@ -85,6 +93,7 @@ pub struct Bench {
     size: u64,
     va: CUdeviceptr,
     access: [CUmemAccessDesc; 1],
+    launch: Option<launch::LaunchBench>,
 }
 
 impl std::fmt::Debug for Bench {
@@ -126,7 +135,16 @@ impl Bench {
             },
             flags: access_flags::PROT_READWRITE,
         }];
+        let launch = match options.launch_threads {
+            Some(threads) => Some(launch::LaunchBench::new(
+                &d,
+                threads,
+                options.untracked_iterations,
+            )?),
+            None => None,
+        };
         let bench = Bench {
+            launch,
             d,
             options: options.clone(),
             buf,
@@ -142,6 +160,9 @@ impl Bench {
 
     /// One round: both loops, as `{"untracked": {...}, "tracked": {...}}` (ns per iteration).
     pub fn round(&self) -> Result<Value, BenchError> {
+        if let Some(launch) = &self.launch {
+            return launch.round(&self.d);
+        }
         let (d, buf, host) = (&self.d, self.buf, &self.host.0);
         let n = self.options.untracked_iterations.max(1);
         let t = Instant::now();
@@ -209,7 +230,11 @@ impl Bench {
 
     /// A round with what ran it: `bench`, `resolve`, `device` and `cpu` beside its figures.
     pub fn report(&self, mut round: Value) -> Value {
-        round["bench"] = json!("overhead");
+        round["bench"] = json!(if self.launch.is_some() {
+            "launch"
+        } else {
+            "overhead"
+        });
         round["resolve"] = json!(self.options.resolve.as_str());
         round["device"] = json!(self.options.device);
         round["cpu"] = json!(self.options.cpu);

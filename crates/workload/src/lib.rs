@@ -10,11 +10,18 @@
 //!   [`launch::Group`]), with or without the shim; processes are killed on drop.
 //! - [`wire`]: the command channel; [`reply`]: what each command answers.
 //! - [`bench`]: the overhead loops of `cuinterpose-workload bench`.
+//! - [`kernels`]: the PTX module and its launchers; [`busy`]: the busy modes (a loop of kernels,
+//!   a ring of spin-flag exchanges, NCCL all-reduces) on threads of their own; [`nccl`]:
+//!   `libnccl.so.2` opened at run time.
 
 pub mod bench;
+pub mod busy;
 pub mod driver;
 pub mod grammar;
+pub mod kernels;
 pub mod launch;
+#[allow(unsafe_code)] // the FFI layer of libnccl.so.2: each block says why
+pub mod nccl;
 pub mod pattern;
 pub mod reply;
 pub mod server;

@@ -109,6 +109,10 @@ enum Cmd {
         /// line, until `exit` or the end of stdin.
         #[arg(long)]
         serve_rounds: bool,
+        /// Run the launch-bound loop instead: this many threads, each issuing --iterations noop
+        /// kernel launches and 4 KiB asynchronous copies on a stream of its own, per round.
+        #[arg(long)]
+        launch_threads: Option<usize>,
     },
     /// Send commands to a workload and print its replies; fails if one fails.
     Client {
@@ -196,6 +200,7 @@ fn run() -> anyhow::Result<i32> {
             library,
             cpu,
             serve_rounds,
+            launch_threads,
         } => {
             let options = BenchOptions {
                 device,
@@ -205,6 +210,7 @@ fn run() -> anyhow::Result<i32> {
                 tracked_iterations,
                 size,
                 cpu,
+                launch_threads,
             };
             if serve_rounds {
                 bench::serve_rounds(&options, std::io::stdin().lock(), std::io::stdout().lock())?;

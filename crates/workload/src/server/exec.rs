@@ -16,6 +16,7 @@ use crate::pattern::Pattern;
 use crate::reply::{Reply, kind};
 use crate::wire;
 
+mod busy;
 mod multicast;
 
 /// Every command word with a one-line synopsis (the README holds the details).
@@ -111,6 +112,24 @@ pub const COMMANDS: &[(&str, &str)] = &[
         "mc-unbind",
         "mc-unbind MC MC_OFFSET SIZE [--device D] (fake driver only)",
     ),
+    (
+        "busy-loop",
+        "busy-loop NAME ADDR [--elements N] (iota, add, checksum on a thread of its own)",
+    ),
+    (
+        "busy-ring",
+        "busy-ring NAME --mine ADDR --prev ADDR [--mine-read ADDR] [--prev-write ADDR] --rank R --prev-rank P [--elements N]",
+    ),
+    ("nccl-id", "nccl-id BLOB (ncclGetUniqueId)"),
+    (
+        "busy-nccl",
+        "busy-nccl NAME --id BLOB --ranks N --rank R [--elements N]",
+    ),
+    ("busy-status", "busy-status NAME"),
+    ("busy-hold", "busy-hold NAME ROUND"),
+    ("busy-release", "busy-release NAME"),
+    ("busy-wait", "busy-wait NAME ROUND [--timeout MS]"),
+    ("busy-stop", "busy-stop NAME [--timeout MS]"),
 ];
 
 /// Copies move through host buffers of this size.
@@ -194,6 +213,9 @@ pub struct Exec<'a> {
     options: &'a ServeOptions,
     handles: BTreeMap<String, Handle>,
     regions: BTreeMap<String, Region>,
+    kernels: Option<std::sync::Arc<crate::kernels::Kernels>>,
+    nccl: Option<std::sync::Arc<crate::nccl::Nccl>>,
+    busy: BTreeMap<String, crate::busy::Busy>,
 }
 
 impl<'a> Exec<'a> {
@@ -210,6 +232,9 @@ impl<'a> Exec<'a> {
             options,
             handles: BTreeMap::new(),
             regions: BTreeMap::new(),
+            kernels: None,
+            nccl: None,
+            busy: BTreeMap::new(),
         }
     }
 
@@ -292,6 +317,15 @@ impl<'a> Exec<'a> {
             "mc-bind-addr" => self.mc_bind_addr(a),
             "mc-unbind" => self.mc_unbind(a),
             "pointer-attrs" => self.pointer_attrs(a),
+            "busy-loop" => self.busy_loop(a),
+            "busy-ring" => self.busy_ring(a),
+            "nccl-id" => self.nccl_id(a),
+            "busy-nccl" => self.busy_nccl(a),
+            "busy-status" => self.busy_status(a),
+            "busy-hold" => self.busy_hold(a),
+            "busy-release" => self.busy_release(a),
+            "busy-wait" => self.busy_wait(a),
+            "busy-stop" => self.busy_stop(a),
             "mem-info" => {
                 a.check(0, &[])?;
                 let (free, total) = self.driver.mem_info()?;
