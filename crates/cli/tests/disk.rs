@@ -19,6 +19,7 @@ use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use testkit::container::{self, root_of};
+use testkit::runtime as container_runtime;
 use testkit::{TestEnv, Workload};
 
 /// Bytes rank 0 and rank 1 share: different sizes, so that a swap of devices shows in the usage
@@ -1506,6 +1507,176 @@ fn a_container_init_is_restored_into_another_container() {
         "nothing of the restore is left in the placeholder's shm"
     );
     verify_sharing(&disk.attach(), 1);
+}
+
+/// A container's init in a real container (runc, then Podman, over the image
+/// scripts/container-runtimes.sh makes; the build's artifacts and the test's directory bound in,
+/// as the emulated containers have them): `cuinterpose run` without a PID namespace of its own is
+/// the container's init, as in an ordinary pod. Checkpointed by the tool from the host and
+/// restored into another container of the same runtime, the tree runs over that container's root,
+/// in its namespaces, as the init of a PID namespace of its own, with the mount table it had
+/// (the runtime's masked and read-only `/proc` paths, its `/dev` tmpfs, `/dev/shm`, `/dev/mqueue`
+/// and cgroup mounts included), a file it held under a deleted name in the container's `/dev/shm`
+/// held again, and its memory and sharing intact.
+fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kind) {
+    let Some(runtime) = container_runtime::Runtime::find(kind) else {
+        return;
+    };
+    let disk = Disk::new();
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    // Container names are the runtime's, machine-wide: unique per test directory.
+    let unique = disk
+        .env
+        .dir()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a test directory name")
+        .trim_start_matches('.')
+        .to_ascii_lowercase();
+    let (name_a, name_b) = (format!("cuit-{unique}-a"), format!("cuit-{unique}-b"));
+    let _removed_a = container_runtime::Removed::new(&runtime, &name_a);
+    let _removed_b = container_runtime::Removed::new(&runtime, &name_b);
+    let binds = [disk.env.artifacts().dir(), disk.env.dir()];
+    let wrapper = runtime.wrapper(&name_a, &binds, scratch.path());
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let launcher = start_under(
+        &disk.env,
+        "launcher",
+        &disk.listen_dir(),
+        (2, "0,1"),
+        &[],
+        READY_TIMEOUT,
+        (&wrapper, &[]),
+    );
+    let mut group = disk.started(launcher);
+    let rank0 = runtime.init_pid(&name_a).expect("the container's init");
+    let _source = Restored(rank0);
+    let ns_pid = |pid: u32| control::discovery::describe(pid).expect("a process").ns_pid;
+    assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
+    assert_ne!(root_of(rank0), root_of(std::process::id()));
+    let before = sorted_mount_points(rank0);
+    for wanted in [
+        "/dev/shm",
+        "/dev/mqueue",
+        "/sys/fs/cgroup/memory",
+        "/proc/sys",
+    ] {
+        assert!(before.iter().any(|m| m == wanted), "{wanted}: {before:?}");
+    }
+    // A file held under a deleted name in the container's /dev/shm (the runtime's own), as a
+    // Python semaphore: made through the container's root, which the tool reaches as /proc/PID/root.
+    let shm_a = PathBuf::from(format!("/proc/{rank0}/root/dev/shm"));
+    std::fs::write(shm_a.join("sem.tmp"), b"a semaphore in the container").expect("a file");
+    group.ranks[0]
+        .ok("open-fd sem /dev/shm/sem.tmp")
+        .expect("open-fd");
+    std::fs::hard_link(shm_a.join("sem.tmp"), shm_a.join("sem")).expect("final name");
+    std::fs::remove_file(shm_a.join("sem.tmp")).expect("unlinking the temporary name");
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, rank0);
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
+    );
+    assert!(
+        manifest["criu"]["placement"]["container_init"]["node_mounts"].is_array(),
+        "{manifest}"
+    );
+
+    let placeholder_wrapper = runtime.wrapper(&name_b, &binds, scratch.path());
+    let mut placeholder_client = std::process::Command::new(&placeholder_wrapper[0])
+        .args(&placeholder_wrapper[1..])
+        .args(["sleep", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the runtime's client");
+    let placeholder = runtime.wait_for_init(&name_b, "sleep", READY_TIMEOUT);
+    let target = placeholder.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
+    );
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    assert_eq!(
+        ns_pid(restored.0),
+        1,
+        "the restored root is the init of its PID namespace"
+    );
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder),
+            "restored pid {pid} does not run over the placeholder's root"
+        );
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                namespace_inode(pid, ns),
+                namespace_inode(placeholder, ns),
+                "restored pid {pid} is not in the placeholder's {ns} namespace"
+            );
+        }
+    }
+    assert_eq!(
+        sorted_mount_points(restored.0),
+        before,
+        "the restored tree's mount table is the one it had"
+    );
+    // In the placeholder's cgroups, every hierarchy (the runtime made them in each v1 one).
+    let cgroups =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let theirs = cgroups(placeholder);
+    assert_ne!(
+        theirs,
+        cgroups(std::process::id()),
+        "the runtime made cgroups of its own"
+    );
+    for &pid in &tree {
+        assert_eq!(
+            cgroups(pid),
+            theirs,
+            "restored pid {pid} is not in the placeholder's cgroups"
+        );
+    }
+    for content in [&b"held by rank 0"[..], b"a semaphore in the container"] {
+        assert!(
+            holds_content(tree[0], content),
+            "rank 0 holds {:?} again",
+            String::from_utf8_lossy(content)
+        );
+    }
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
+    runtime.remove(&name_b);
+    let _ = placeholder_client.wait();
+}
+
+/// The mount points of `pid`'s mount table, sorted (CRIU mounts in an order of its own).
+fn sorted_mount_points(pid: u32) -> Vec<String> {
+    let mut points: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect();
+    points.sort();
+    points
+}
+
+#[test]
+fn a_container_init_in_runc_is_restored_into_another_runc_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Runc);
+}
+
+#[test]
+fn a_container_init_in_podman_is_restored_into_another_podman_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Podman);
 }
 
 /// Whether `pid` holds open a regular file with exactly `content`.

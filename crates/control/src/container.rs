@@ -290,10 +290,50 @@ impl Container {
     /// namespace, makes its mounts slaves (nothing it mounts reaches the container) and mounts a
     /// `/proc` of the tool's PID namespace over the container's, and CRIU stays in the tool's PID
     /// namespace.
-    pub fn run(&self, mut command: Command, inherit: Vec<OwnedFd>) -> std::io::Result<Output> {
+    pub fn run(&self, command: Command, inherit: Vec<OwnedFd>) -> std::io::Result<Output> {
+        self.run_with(command, inherit, Vec::new())
+    }
+
+    /// [`Container::run`] for a restore into this container: CRIU itself joins the container's
+    /// cgroups in every hierarchy mounted here (cgroup v1 controllers and named hierarchies, and
+    /// the unified one) before it execs, so the tree it restores is made inside them, as the
+    /// container's own processes are, and dies with the container. (CRIU runs with
+    /// `--manage-cgroups=ignore`: left alone, the tree would stay in the tool's cgroups, outside
+    /// the runtime's limits and out of reach of its `kill`/`rm`.) Fails, naming the directory,
+    /// when a hierarchy's `cgroup.procs` cannot be opened: before CRIU runs, nothing changed.
+    pub fn run_joining_cgroups(
+        &self,
+        command: Command,
+        inherit: Vec<OwnedFd>,
+    ) -> Result<std::io::Result<Output>, ControlError> {
+        let procs = cgroup_dirs(self.pid)?
+            .into_iter()
+            .map(|dir| {
+                let path = dir.join("cgroup.procs");
+                rustix::fs::open(
+                    &path,
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_err(|e| proc_error(self.pid, &path, e.into()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.run_with(command, inherit, procs))
+    }
+
+    fn run_with(
+        &self,
+        mut command: Command,
+        inherit: Vec<OwnedFd>,
+        cgroup_procs: Vec<OwnedFd>,
+    ) -> std::io::Result<Output> {
         let mnt = self.mnt.try_clone()?;
         let own_proc = self.is_init();
         let setup = move || {
+            // "0" moves the writer (this child, CRIU after its exec) into that cgroup.
+            for procs in &cgroup_procs {
+                rustix::io::write(procs, b"0")?;
+            }
             inherit_fds(&inherit)?;
             rustix::thread::move_into_link_name_space(
                 mnt.as_fd(),
@@ -321,7 +361,7 @@ impl Container {
             Ok(())
         };
         // SAFETY: `setup` runs in the forked child before exec and only makes system calls
-        // (fcntl, setns, unshare, mount) on descriptors it owns and constant strings:
+        // (write, fcntl, setns, unshare, mount) on descriptors it owns and constant strings:
         // async-signal-safe, no allocation.
         unsafe { command.pre_exec(setup) };
         let Placement::BelowInit {
@@ -345,6 +385,57 @@ impl Container {
                 .unwrap_or_else(|_| Err(std::io::Error::other("the CRIU thread panicked")))
         })
     }
+}
+
+/// The directories of `pid`'s cgroups in this tool's mount namespace, one per hierarchy of
+/// `/proc/PID/cgroup` that is mounted here (a v1 hierarchy by its controllers or `name=`, the
+/// unified one by its type), each the mount point joined with the cgroup's path below the
+/// mount's root. A hierarchy mounted nowhere here is left out: no process of the tool's can be
+/// put into it, and the tree is then where CRIU is.
+fn cgroup_dirs(pid: u32) -> Result<Vec<std::path::PathBuf>, ControlError> {
+    let own = std::path::PathBuf::from("/proc/self/mountinfo");
+    let table =
+        std::fs::read_to_string(&own).map_err(|e| proc_error(std::process::id(), &own, e))?;
+    // (root, mount point, fstype, super options) of every cgroup mount.
+    let cgroup_mounts: Vec<(String, String, String, String)> = table
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut l = left.split(' ');
+            let root = unescape_mountinfo(l.nth(3)?);
+            let point = unescape_mountinfo(l.next()?);
+            let mut r = right.split(' ');
+            let fstype = r.next()?.to_string();
+            let options = r.nth(1)?.to_string();
+            fstype
+                .starts_with("cgroup")
+                .then_some((root, point, fstype, options))
+        })
+        .collect();
+    let text = crate::procfs::read(pid, "cgroup")?;
+    let mut dirs = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let found = cgroup_mounts.iter().find(|(_, _, fstype, options)| {
+            if controllers.is_empty() {
+                return fstype == "cgroup2";
+            }
+            let options: Vec<&str> = options.split(',').collect();
+            fstype == "cgroup" && controllers.split(',').all(|c| options.contains(&c))
+        });
+        let Some((root, point, _, _)) = found else {
+            continue;
+        };
+        let Some(below) = path.strip_prefix(root.as_str()) else {
+            continue;
+        };
+        dirs.push(Path::new(point).join(below.trim_start_matches('/')));
+    }
+    Ok(dirs)
 }
 
 /// One mount of a `mountinfo` table: its superblock's device (`major:minor`) and its mount point.
