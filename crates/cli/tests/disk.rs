@@ -1629,6 +1629,14 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
         before,
         "the restored tree's mount table is the one it had"
     );
+    // Its output goes where the placeholder's goes: the runtime's pipes (CRIU alone would make
+    // new pipes with nobody reading them).
+    for fd in [1, 2] {
+        let link = |pid: u32| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).expect("an fd");
+        let theirs = link(placeholder);
+        assert!(theirs.to_string_lossy().starts_with("pipe:"), "{theirs:?}");
+        assert_eq!(link(restored.0), theirs, "the restored root's fd {fd}");
+    }
     // In the placeholder's cgroups, every hierarchy (the runtime made them in each v1 one).
     let cgroups =
         |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");

@@ -220,6 +220,39 @@ impl Container {
         open_namespace(pid, "mnt")
     }
 
+    /// Descriptor `fd` (0, 1 or 2) of the container's process when it is a pipe (a runtime's
+    /// pipe to its monitor, as runc and Podman give a container's stdio without a terminal),
+    /// opened again through `/proc` with the same access: the restored tree's own end of its
+    /// stdio pipe is replaced by it (`--inherit-fd`, crate::criu), so its output goes where the
+    /// container's goes. `None` when it is no pipe (a file, a terminal: CRIU's own pipe stays).
+    pub fn stdio_pipe(&self, fd: u32) -> Option<OwnedFd> {
+        let link = std::fs::read_link(crate::procfs::path(self.pid, &format!("fd/{fd}"))).ok()?;
+        if !link.to_string_lossy().starts_with("pipe:[") {
+            return None;
+        }
+        let info = crate::procfs::read(self.pid, &format!("fdinfo/{fd}")).ok()?;
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
+        let access = match flags & 0o3 {
+            0 => rustix::fs::OFlags::RDONLY,
+            1 => rustix::fs::OFlags::WRONLY,
+            _ => rustix::fs::OFlags::RDWR,
+        };
+        // Non-blocking: a write end with no reader left fails at once instead of waiting for
+        // one (open(2) of a FIFO); blocking again afterwards, as the pipe was.
+        let end = rustix::fs::open(
+            crate::procfs::path(self.pid, &format!("fd/{fd}")),
+            access | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        let status = rustix::fs::fcntl_getfl(&end).ok()?;
+        rustix::fs::fcntl_setfl(&end, status - rustix::fs::OFlags::NONBLOCK).ok()?;
+        Some(end)
+    }
+
     /// Whether the tree is the container's own init (CRIU in the tool's PID namespace, the
     /// node's mounts named external).
     pub fn is_init(&self) -> bool {
@@ -598,6 +631,22 @@ mod tests {
         // Not an escape: fewer than three octal digits, or not octal.
         assert_eq!(unescape_mountinfo(r"/x\04"), r"/x\04");
         assert_eq!(unescape_mountinfo(r"/x\089"), r"/x\089");
+    }
+
+    /// This process's cgroup directories, found through the mounts here, each list it.
+    #[test]
+    fn a_process_is_found_in_its_cgroup_directories() {
+        let me = std::process::id();
+        let dirs = cgroup_dirs(me).unwrap();
+        assert!(!dirs.is_empty(), "no cgroup hierarchy mounted here");
+        for dir in &dirs {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(
+                procs.lines().any(|l| l == me.to_string()),
+                "{} does not list pid {me}",
+                dir.display()
+            );
+        }
     }
 
     #[test]

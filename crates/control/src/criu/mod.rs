@@ -341,6 +341,17 @@ impl Criu {
         if tcp {
             run.command.arg("--tcp-established");
         }
+        if let Some(container) = inside {
+            // The root's stdio pipes to the checkpointed container's runtime: the placeholder's
+            // own pipes to its runtime instead (images::external_stdio_pipes).
+            for (fd, inode) in images::external_stdio_pipes(images)? {
+                if let Some(end) = container.stdio_pipe(fd) {
+                    let spec = format!("fd[{}]:pipe:[{inode}]", end.as_raw_fd());
+                    run.command.arg("--inherit-fd").arg(spec);
+                    run.inherit.push(end);
+                }
+            }
+        }
         self.execute("restore", run, work_dir)?;
         std::fs::read_to_string(&pid_file)
             .ok()
