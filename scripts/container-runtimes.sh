@@ -101,6 +101,7 @@ print_env() {
     printf 'export CUINTERPOSE_TEST_PODMAN=%q\n' "$(command -v podman)"
     printf 'export CUINTERPOSE_TEST_PODMAN_IMAGE=%q\n' "$image"
     printf 'export CUINTERPOSE_TEST_PODMAN_ARGS=%q\n' "$podman_args"
+    printf 'export CUINTERPOSE_TEST_PAUSE_IMAGE=%q\n' "$pause_image"
 }
 
 install() {
@@ -170,7 +171,6 @@ start() {
     {
         print_env
         printf 'export CUINTERPOSE_TEST_CONTAINERD=%q\n' "$dir/containerd.sock"
-        printf 'export CUINTERPOSE_TEST_PAUSE_IMAGE=%q\n' "$pause_image"
     } >"$dir/env"
     cat "$dir/env"
 }
