@@ -1524,16 +1524,7 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
     };
     let disk = Disk::new();
     let scratch = tempfile::tempdir().expect("a scratch directory");
-    // Container names are the runtime's, machine-wide: unique per test directory.
-    let unique = disk
-        .env
-        .dir()
-        .file_name()
-        .and_then(|n| n.to_str())
-        .expect("a test directory name")
-        .trim_start_matches('.')
-        .to_ascii_lowercase();
-    let (name_a, name_b) = (format!("cuit-{unique}-a"), format!("cuit-{unique}-b"));
+    let (name_a, name_b) = container_names(&disk);
     let _removed_a = container_runtime::Removed::new(&runtime, &name_a);
     let _removed_b = container_runtime::Removed::new(&runtime, &name_b);
     let binds = [disk.env.artifacts().dir(), disk.env.dir()];
@@ -1583,16 +1574,8 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
         "{manifest}"
     );
 
-    let placeholder_wrapper = runtime.wrapper(&name_b, &binds, scratch.path());
-    let mut placeholder_client = std::process::Command::new(&placeholder_wrapper[0])
-        .args(&placeholder_wrapper[1..])
-        .args(["sleep", "600"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the runtime's client");
-    let placeholder = runtime.wait_for_init(&name_b, "sleep", READY_TIMEOUT);
+    let (mut placeholder_client, placeholder) =
+        start_placeholder(&runtime, &name_b, &binds, scratch.path());
     let target = placeholder.to_string();
     let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
     assert_eq!(
@@ -1685,6 +1668,145 @@ fn a_container_init_in_runc_is_restored_into_another_runc_container() {
 #[test]
 fn a_container_init_in_podman_is_restored_into_another_podman_container() {
     a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Podman);
+}
+
+/// A group in a real privileged container (runc with `CAP_SYS_ADMIN`, Podman `--privileged`):
+/// `cuinterpose run --pid-namespace` is the container's init and the ranks the init of a PID
+/// namespace below it. Checkpointed by the tool from the host given the container's init (CRIU
+/// runs inside the container) and restored into another privileged container of the same
+/// runtime: the ranks run over that container's root, their PID namespace below the
+/// placeholder's, in its cgroups, with memory and sharing intact. Into an unprivileged container
+/// (where CRIU inside cannot restore) it is refused with nothing changed.
+fn a_group_in_a_real_privileged_container_is_restored(kind: container_runtime::Kind) {
+    let Some(runtime) = container_runtime::Runtime::find(kind).map(|r| r.privileged()) else {
+        return;
+    };
+    let disk = Disk::new();
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let (name_a, name_b) = container_names(&disk);
+    let _removed_a = container_runtime::Removed::new(&runtime, &name_a);
+    let _removed_b = container_runtime::Removed::new(&runtime, &name_b);
+    let binds = [disk.env.artifacts().dir(), disk.env.dir()];
+    let wrapper = runtime.wrapper(&name_a, &binds, scratch.path());
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut group = disk.start_group_under(&[], &wrapper);
+    let container_init = runtime.init_pid(&name_a).expect("the container's init");
+    let tree = control::discovery::process_tree(container_init).expect("tree");
+    assert_eq!(tree.len(), 3, "the launcher and the two ranks: {tree:?}");
+    assert_ne!(root_of(tree[1]), root_of(std::process::id()));
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, container_init);
+    assert_eq!(
+        manifest["criu"]["placement"], "below_container_init",
+        "{manifest}"
+    );
+    assert_eq!(report["placement"], "below_container_init", "{report}");
+
+    // Into an unprivileged container (/proc/sys read-only, where CRIU inside must write):
+    // refused, nothing changed.
+    let before = hash_dir(&disk.checkpoint_dir());
+    let unprivileged = container_runtime::Runtime::find(kind).expect("found above");
+    let name_c = format!("{name_a}-unprivileged");
+    let _removed_c = container_runtime::Removed::new(&unprivileged, &name_c);
+    let (mut client_c, init_c) = start_placeholder(&unprivileged, &name_c, &binds, scratch.path());
+    let target_c = init_c.to_string();
+    assert_restore_refused(
+        &disk,
+        &["--namespaces-of", &target_c],
+        "mounts /proc/sys read-only",
+        &before,
+    );
+    unprivileged.remove(&name_c);
+    let _ = client_c.wait();
+
+    let (mut placeholder_client, placeholder) =
+        start_placeholder(&runtime, &name_b, &binds, scratch.path());
+    let target = placeholder.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(report["placement"], "below_container_init", "{report}");
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    let placeholder_pid_ns = namespace_inode(placeholder, "pid");
+    let parent = control::procfs::stat(restored.0)
+        .expect("restored root")
+        .ppid;
+    assert_eq!(
+        namespace_inode(parent, "pid"),
+        placeholder_pid_ns,
+        "the restored tree's PID namespace is below the placeholder's"
+    );
+    let cgroups =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder),
+            "restored pid {pid}'s root"
+        );
+        assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
+        assert_eq!(
+            cgroups(pid),
+            cgroups(placeholder),
+            "restored pid {pid}'s cgroups"
+        );
+    }
+    assert!(
+        holds_content(tree[0], b"held by rank 0"),
+        "rank 0 holds its file again"
+    );
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
+    runtime.remove(&name_b);
+    let _ = placeholder_client.wait();
+}
+
+/// Two container names for a test (the runtime's names are machine-wide): unique per test
+/// directory.
+fn container_names(disk: &Disk) -> (String, String) {
+    let unique = disk
+        .env
+        .dir()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a test directory name")
+        .trim_start_matches('.')
+        .to_ascii_lowercase();
+    (format!("cuit-{unique}-a"), format!("cuit-{unique}-b"))
+}
+
+/// A container of `runtime` named `name` whose init is `sleep`, the placeholder a restore puts a
+/// tree into: the runtime's client (ended by removing the container) and the init's host PID.
+fn start_placeholder(
+    runtime: &container_runtime::Runtime,
+    name: &str,
+    binds: &[&Path],
+    scratch: &Path,
+) -> (Child, u32) {
+    let wrapper = runtime.wrapper(name, binds, scratch);
+    let client = std::process::Command::new(&wrapper[0])
+        .args(&wrapper[1..])
+        .args(["sleep", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the runtime's client");
+    let init = runtime.wait_for_init(name, "sleep", READY_TIMEOUT);
+    (client, init)
+}
+
+#[test]
+fn a_group_in_a_privileged_runc_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Runc);
+}
+
+#[test]
+fn a_group_in_a_privileged_podman_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Podman);
 }
 
 /// Whether `pid` holds open a regular file with exactly `content`.

@@ -572,6 +572,32 @@ impl Container {
         ))
     }
 
+    /// Refuses, naming `label`, a container to restore a tree below its init into whose
+    /// `/proc/sys` is read-only: an unprivileged container (runc's and Podman's default
+    /// `readonlyPaths`). CRIU runs inside that container and writes the restored tree's
+    /// namespace settings there (tried with CRIU 4.2 in runc: "Can't open sysctl
+    /// kernel/hostname: Read-only file system", half way through the restore); a privileged
+    /// container (`podman run --privileged`) has it writable.
+    pub fn check_writable_proc_sys(&self, label: &str) -> Result<(), ControlError> {
+        let table = crate::procfs::read(self.pid, "mountinfo")?;
+        let read_only = table.lines().any(|line| {
+            let mut fields = line.split(' ');
+            let point = fields.nth(4).map(unescape_mountinfo);
+            let options = fields.next().unwrap_or_default();
+            point.as_deref() == Some("/proc/sys") && options.split(',').any(|o| o == "ro")
+        });
+        if !read_only {
+            return Ok(());
+        }
+        Err(refuse(
+            label,
+            "its container mounts /proc/sys read-only (an unprivileged container), where CRIU, \
+             run inside it to restore a tree below its init, must set the tree's namespaces: \
+             restore into a privileged container (podman run --privileged)"
+                .into(),
+        ))
+    }
+
     /// Refuses, naming `label`, a container to restore into that lacks a mount point the
     /// checkpoint's tree took from its own container's node mounts (CRIU would fail half way).
     pub fn check_mount_points(&self, wanted: &[String], label: &str) -> Result<(), ControlError> {

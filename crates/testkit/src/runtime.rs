@@ -34,6 +34,8 @@ pub struct Runtime {
     image: String,
     /// Podman: the options every `podman run` needs on these machines.
     podman_args: Vec<String>,
+    /// Privileged containers ([`Runtime::privileged`]).
+    privileged: bool,
 }
 
 /// Settings as scripts/container-runtimes.sh prints them, with the same defaults.
@@ -105,7 +107,18 @@ impl Runtime {
             rootfs,
             image,
             podman_args,
+            privileged: false,
         })
+    }
+
+    /// This runtime making privileged containers, which can make PID namespaces of their own
+    /// (`cuinterpose run --pid-namespace` inside): Podman's `--privileged` (every capability, no
+    /// seccomp filter, no masked or read-only `/proc` paths); runc's default bundle with every
+    /// capability of the bounding set, no masked or read-only paths and no rlimits of its own,
+    /// as `--privileged` makes it.
+    pub fn privileged(mut self) -> Runtime {
+        self.privileged = true;
+        self
     }
 
     /// Which runtime.
@@ -127,6 +140,14 @@ impl Runtime {
                     .map(String::from)
                     .to_vec();
                 words.push(path(&self.program));
+                words.push(
+                    if self.privileged {
+                        "privileged"
+                    } else {
+                        "default"
+                    }
+                    .into(),
+                );
                 words.push(path(&scratch.join(name)));
                 words.push(name.into());
                 words.push(path(&self.rootfs));
@@ -138,6 +159,9 @@ impl Runtime {
                 let mut words = vec![path(&self.program), "run".into(), "--name".into()];
                 words.push(name.into());
                 words.extend(self.podman_args.iter().cloned());
+                if self.privileged {
+                    words.push("--privileged".into());
+                }
                 words.extend(["--env-host".into(), "-v".into(), "/usr:/usr:ro".into()]);
                 for b in binds {
                     words.push("-v".into());
@@ -236,8 +260,9 @@ impl Drop for Removed {
     }
 }
 
-/// runc's container, run by bash: `$1` runc, `$2` the bundle directory (made here), `$3` the
-/// container's name, `$4` the image's root directory (copied into the bundle: each container
+/// runc's container, run by bash: `$1` runc, `$2` `privileged` ([`Runtime::privileged`]) or
+/// `default`, `$3` the bundle directory (made here), `$4` the container's name, `$5` the image's
+/// root directory (copied into the bundle: each container
 /// writes its own), then the directories to bind up to `--`, then the command. The bundle's
 /// `config.json` is runc's default (`runc spec`: new mount, PID, network, IPC and UTS namespaces,
 /// masked and read-only `/proc` paths, `/dev` a tmpfs with its own `/dev/shm` and `/dev/mqueue`,
@@ -246,7 +271,7 @@ impl Drop for Removed {
 /// read-only and the binds. jq builds the lists one argument at a time (jq 1.6 reads `-c` after
 /// `--args` as its own option).
 pub const RUNC_SCRIPT: &str = r#"set -e
-runc=$1; bundle=$2; id=$3; rootfs=$4; shift 4
+runc=$1; privileged=$2; bundle=$3; id=$4; rootfs=$5; shift 5
 binds=()
 while [ "$1" != -- ]; do binds+=("$1"); shift; done
 shift
@@ -254,6 +279,21 @@ json_list() {
     local l='[]' a
     for a in "$@"; do l=$(jq -cn --argjson l "$l" --arg a "$a" '$l + [$a]'); done
     echo "$l"
+}
+# The capabilities of this process's bounding set, by name (a privileged container gets them all;
+# runc cannot give one the bounding set lacks).
+bounding_caps() {
+    local names=(CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
+        LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER
+        SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE
+        SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE AUDIT_CONTROL SETFCAP
+        MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ PERFMON BPF
+        CHECKPOINT_RESTORE)
+    local bnd i
+    bnd=$((16#$(awk '/^CapBnd:/{print $2}' /proc/self/status)))
+    for i in "${!names[@]}"; do
+        if (( (bnd >> i) & 1 )); then echo "CAP_${names[$i]}"; fi
+    done
 }
 mkdir -p "$bundle/rootfs"
 cp -a "$rootfs/." "$bundle/rootfs/"
@@ -266,7 +306,12 @@ jq --argjson binds "$(json_list "${binds[@]}")" --argjson args "$(json_list "$@"
   | .root = {path: "rootfs", readonly: false}
   | .mounts += [{destination: "/usr", type: "bind", source: "/usr", options: ["rbind", "ro"]}]
   | .mounts += ($binds | map({destination: ., type: "bind", source: ., options: ["rbind", "rw"]}))
-' config.json >config.json.new
+  | if $privileged == "privileged"
+    then .process.capabilities |= with_entries(.value = $caps)
+      | del(.linux.maskedPaths, .linux.readonlyPaths) | del(.process.rlimits)
+    else . end
+' --arg privileged "$privileged" --argjson caps "$(json_list $(bounding_caps))" \
+    config.json >config.json.new
 mv config.json.new config.json
 exec "$runc" run --bundle "$bundle" "$id"
 "#;
