@@ -73,7 +73,7 @@ make_rootfs() {
 }
 
 # The Podman images, imported from the root directory (no registry): the base, and the pause image
-# (busybox's `sleep` forever as the pod's init) that containerd takes too.
+# (busybox's `sleep` forever as the pod's init); both saved as archives for containerd.
 make_images() {
     if ! podman image exists "$image"; then
         log "importing $image"
@@ -86,10 +86,15 @@ make_images() {
         podman import --change 'ENTRYPOINT ["/bin/sleep", "2147483647"]' \
             "$base/rootfs.tar" "$pause_image" >/dev/null
     fi
-    if [ ! -f "$base/pause.tar" ]; then
-        podman save --format docker-archive -o "$base/pause.tar.new" "$pause_image" >/dev/null
-        mv "$base/pause.tar.new" "$base/pause.tar"
-    fi
+    local name tar
+    for name in base pause; do
+        tar=$base/$name.tar
+        [ -f "$tar" ] && continue
+        local img=$pause_image
+        [ $name = base ] && img=$image
+        podman save --format docker-archive -o "$tar.new" "$img" >/dev/null
+        mv "$tar.new" "$tar"
+    done
 }
 
 print_env() {
@@ -166,7 +171,9 @@ start() {
         done
         ctr --address "$dir/containerd.sock" version >/dev/null \
             || { log "containerd did not answer"; exit 1; }
+        # The pause image for CRI's pods (namespace k8s.io), the base for `ctr run` (default).
         ctr --address "$dir/containerd.sock" -n k8s.io images import "$base/pause.tar" >/dev/null
+        ctr --address "$dir/containerd.sock" -n default images import "$base/base.tar" >/dev/null
     fi
     {
         print_env

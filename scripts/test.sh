@@ -23,13 +23,15 @@ runtimes_env=$(timed scripts/container-runtimes.sh install)
 eval "$(grep '^export ' <<<"$runtimes_env")"
 export CUINTERPOSE_TEST_RUNTIMES=required
 grep -v '^export ' <<<"$runtimes_env" || true
-# containerd as the script runs it (private config, state and pid), answering with its pause image.
+# containerd as the script runs it (private config, state and pid) for the tests' `ctr run`
+# containers, with its pause image; stopped (that pid only) after `cargo test`.
 containerd_state=$(mktemp -d)
+trap 'scripts/container-runtimes.sh stop "$containerd_state"; rm -rf "$containerd_state"' EXIT
 timed scripts/container-runtimes.sh start "$containerd_state" >/dev/null
-ctr --address "$containerd_state/containerd.sock" -n k8s.io images ls -q | grep -qx "$CUINTERPOSE_TEST_PAUSE_IMAGE" \
-    || { echo "containerd lacks the pause image" >&2; exit 1; }
-scripts/container-runtimes.sh stop "$containerd_state"
-rm -rf "$containerd_state"
+# shellcheck disable=SC1091
+. "$containerd_state/env"
+ctr --address "$CUINTERPOSE_TEST_CONTAINERD" -n k8s.io images ls -q \
+    | grep -qx "$CUINTERPOSE_TEST_PAUSE_IMAGE" || { echo "containerd lacks the pause image" >&2; exit 1; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -56,6 +58,9 @@ cargo build --workspace --all-targets --locked
 
 step "cargo test"
 cargo test --workspace --locked -- --test-threads="${CUINTERPOSE_TEST_THREADS:-2}"
+scripts/container-runtimes.sh stop "$containerd_state"
+rm -rf "$containerd_state"
+trap - EXIT
 
 step "release layout (scripts/build-dist.sh: glibc 2.17 build, stripped, man pages, completions)"
 timed scripts/build-dist.sh

@@ -1509,7 +1509,7 @@ fn a_container_init_is_restored_into_another_container() {
     verify_sharing(&disk.attach(), 1);
 }
 
-/// A container's init in a real container (runc, then Podman, over the image
+/// A container's init in a real container (runc, Podman and containerd, over the image
 /// scripts/container-runtimes.sh makes; the build's artifacts and the test's directory bound in,
 /// as the emulated containers have them): `cuinterpose run` without a PID namespace of its own is
 /// the container's init, as in an ordinary pod. Checkpointed by the tool from the host and
@@ -1546,12 +1546,12 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
     assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
     assert_ne!(root_of(rank0), root_of(std::process::id()));
     let before = sorted_mount_points(rank0);
-    for wanted in [
-        "/dev/shm",
-        "/dev/mqueue",
-        "/sys/fs/cgroup/memory",
-        "/proc/sys",
-    ] {
+    // (`ctr run`'s default spec mounts no cgroup filesystem; runc's and Podman's do.)
+    let cgroup_mount = kind != container_runtime::Kind::Containerd;
+    let wanted = ["/dev/shm", "/dev/mqueue", "/proc/sys"]
+        .into_iter()
+        .chain(cgroup_mount.then_some("/sys/fs/cgroup/memory"));
+    for wanted in wanted {
         assert!(before.iter().any(|m| m == wanted), "{wanted}: {before:?}");
     }
     // A file held under a deleted name in the container's /dev/shm (the runtime's own), as a
@@ -1670,7 +1670,7 @@ fn a_container_init_in_podman_is_restored_into_another_podman_container() {
     a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Podman);
 }
 
-/// A group in a real privileged container (runc with `CAP_SYS_ADMIN`, Podman `--privileged`):
+/// A group in a real privileged container (runc, Podman and containerd, privileged):
 /// `cuinterpose run --pid-namespace` is the container's init and the ranks the init of a PID
 /// namespace below it. Checkpointed by the tool from the host given the container's init (CRIU
 /// runs inside the container) and restored into another privileged container of the same
@@ -2353,4 +2353,14 @@ fn a_full_disk_during_the_checkpoint_is_rolled_back() {
     assert!(left.is_empty(), "left in the directory: {left:?}");
     assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
     verify_sharing(&group.ranks, 1);
+}
+
+#[test]
+fn a_container_init_in_containerd_is_restored_into_another_containerd_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Containerd);
+}
+
+#[test]
+fn a_group_in_a_privileged_containerd_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Containerd);
 }

@@ -21,6 +21,9 @@ pub enum Kind {
     Runc,
     /// Podman with runc (`--runtime runc`: Debian's crun is built without CRIU).
     Podman,
+    /// containerd (its runc shim, `io.containerd.runc.v2`) through `ctr run`, the containerd
+    /// scripts/container-runtimes.sh starts (`CUINTERPOSE_TEST_CONTAINERD`, its socket).
+    Containerd,
 }
 
 /// A runtime found on this machine, with the image its containers run.
@@ -30,8 +33,10 @@ pub struct Runtime {
     program: PathBuf,
     /// runc: the image's root directory; Podman: unused (the image is imported).
     rootfs: PathBuf,
-    /// Podman: the image's name.
+    /// Podman and containerd: the image's name.
     image: String,
+    /// containerd: its socket.
+    address: PathBuf,
     /// Podman: the options every `podman run` needs on these machines.
     podman_args: Vec<String>,
     /// Privileged containers ([`Runtime::privileged`]).
@@ -66,7 +71,9 @@ impl Runtime {
         let (var, name) = match kind {
             Kind::Runc => ("CUINTERPOSE_TEST_RUNC", "runc"),
             Kind::Podman => ("CUINTERPOSE_TEST_PODMAN", "podman"),
+            Kind::Containerd => ("CUINTERPOSE_TEST_CTR", "ctr"),
         };
+        let address = PathBuf::from(setting("CUINTERPOSE_TEST_CONTAINERD", String::new));
         let program = std::env::var_os(var)
             .map(PathBuf::from)
             .or_else(|| on_path(name));
@@ -81,6 +88,10 @@ impl Runtime {
             Some(p) if kind == Kind::Podman && !podman_has_image(p, &image) => {
                 Some(format!("Podman has no image {image}"))
             }
+            Some(_) if kind == Kind::Containerd && !address.exists() => Some(format!(
+                "no containerd answers (CUINTERPOSE_TEST_CONTAINERD: {:?})",
+                address
+            )),
             Some(_) => None,
         };
         if let Some(why) = missing {
@@ -106,6 +117,7 @@ impl Runtime {
             program: program.expect("checked above"),
             rootfs,
             image,
+            address,
             podman_args,
             privileged: false,
         })
@@ -155,6 +167,26 @@ impl Runtime {
                 words.push("--".into());
                 words
             }
+            Kind::Containerd => {
+                let mut words: Vec<String> = ["bash", "-c", CTR_SCRIPT, "ctr-container"]
+                    .map(String::from)
+                    .to_vec();
+                words.push(path(&self.program));
+                words.push(path(&self.address));
+                words.push(
+                    if self.privileged {
+                        "privileged"
+                    } else {
+                        "default"
+                    }
+                    .into(),
+                );
+                words.push(name.into());
+                words.push(self.image.clone());
+                words.extend(binds.iter().map(|b| path(b)));
+                words.push("--".into());
+                words
+            }
             Kind::Podman => {
                 let mut words = vec![path(&self.program), "run".into(), "--name".into()];
                 words.push(name.into());
@@ -195,11 +227,21 @@ impl Runtime {
 
     /// The host PID of the init of container `name`, as the runtime reports it.
     pub fn init_pid(&self, name: &str) -> Option<u32> {
+        if self.kind == Kind::Containerd {
+            let out = self.ctr().args(["task", "ls"]).output().ok()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let pid = text.lines().find_map(|l| {
+                let mut words = l.split_whitespace();
+                (words.next() == Some(name)).then(|| words.next()?.parse().ok())?
+            });
+            return pid.filter(|&p: &u32| p > 0);
+        }
         let out = match self.kind {
             Kind::Runc => Command::new(&self.program).args(["state", name]).output(),
             Kind::Podman => Command::new(&self.program)
                 .args(["inspect", "--format", "{{.State.Pid}}", name])
                 .output(),
+            Kind::Containerd => return None,
         }
         .ok()
         .filter(|o| o.status.success())?;
@@ -208,16 +250,36 @@ impl Runtime {
                 .ok()?
                 .get("pid")?
                 .as_u64()?,
-            Kind::Podman => String::from_utf8_lossy(&out.stdout).trim().parse().ok()?,
+            Kind::Podman | Kind::Containerd => {
+                String::from_utf8_lossy(&out.stdout).trim().parse().ok()?
+            }
         };
         u32::try_from(pid).ok().filter(|&p| p > 0)
     }
 
+    /// `ctr` with containerd's socket.
+    fn ctr(&self) -> Command {
+        let mut command = Command::new(&self.program);
+        command.arg("--address").arg(&self.address);
+        command.stdout(Stdio::piped()).stderr(Stdio::null());
+        command
+    }
+
     /// Removes container `name`, killing what still runs in it (nothing if there is none).
     pub fn remove(&self, name: &str) {
+        if self.kind == Kind::Containerd {
+            let quiet = |args: &[&str]| {
+                let _ = self.ctr().args(args).stdout(Stdio::null()).status();
+            };
+            quiet(&["task", "kill", "--all", "--signal", "KILL", name]);
+            quiet(&["task", "delete", "--force", name]);
+            quiet(&["containers", "delete", name]);
+            return;
+        }
         let args: &[&str] = match self.kind {
             Kind::Runc => &["delete", "--force"],
             Kind::Podman => &["rm", "--force", "--time", "0"],
+            Kind::Containerd => return,
         };
         let _ = Command::new(&self.program)
             .args(args)
@@ -314,4 +376,19 @@ jq --argjson binds "$(json_list "${binds[@]}")" --argjson args "$(json_list "$@"
     config.json >config.json.new
 mv config.json.new config.json
 exec "$runc" run --bundle "$bundle" "$id"
+"#;
+
+/// containerd's container, run by bash: `$1` ctr, `$2` containerd's socket, `$3` `privileged` or
+/// `default`, `$4` the container's name, `$5` the image, then the directories to bind up to `--`,
+/// then the command. `ctr run --rm` in the foreground (its shim gives the container pipes as
+/// stdio, which ctr copies), the host's `/usr` read-only, the binds, and the caller's whole
+/// environment (`--env` one variable at a time).
+pub const CTR_SCRIPT: &str = r#"set -e
+ctr=$1; address=$2; privileged=$3; id=$4; image=$5; shift 5
+opts=(--mount type=bind,src=/usr,dst=/usr,options=rbind:ro)
+while [ "$1" != -- ]; do opts+=(--mount "type=bind,src=$1,dst=$1,options=rbind:rw"); shift; done
+shift
+[ "$privileged" = privileged ] && opts+=(--privileged)
+while IFS= read -r -d '' kv; do opts+=(--env "$kv"); done < <(env -0)
+exec "$ctr" --address "$address" run --rm "${opts[@]}" "$image" "$id" "$@"
 "#;
