@@ -1546,6 +1546,22 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
     assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
     assert_ne!(root_of(rank0), root_of(std::process::id()));
     let before = sorted_mount_points(rank0);
+    // The runtime's seccomp filter (Podman's and containerd's; runc's bundle has none).
+    let seccomp = |pid: u32| -> String {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        status
+            .lines()
+            .filter(|l| l.starts_with("Seccomp"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let filtered = seccomp(rank0);
+    if kind == container_runtime::Kind::Podman {
+        assert!(
+            filtered.contains("Seccomp:\t2"),
+            "Podman's filter: {filtered}"
+        );
+    }
     // (`ctr run`'s default spec mounts no cgroup filesystem; runc's and Podman's do.)
     let cgroup_mount = kind != container_runtime::Kind::Containerd;
     let wanted = ["/dev/shm", "/dev/mqueue", "/proc/sys"]
@@ -1620,6 +1636,11 @@ fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kin
         assert!(theirs.to_string_lossy().starts_with("pipe:"), "{theirs:?}");
         assert_eq!(link(restored.0), theirs, "the restored root's fd {fd}");
     }
+    assert_eq!(
+        seccomp(restored.0),
+        filtered,
+        "the restored root's seccomp filter"
+    );
     // In the placeholder's cgroups, every hierarchy (the runtime made them in each v1 one).
     let cgroups =
         |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
