@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real container runtimes for the container tests (crates/cli/tests/runtimes.rs): runc, Podman and
+# Real container runtimes for the container tests (crates/cli/tests/disk.rs): runc, Podman and
 # containerd from Debian's packages, their images made here from busybox-static (nothing is pulled),
 # and a containerd of the tests' own (private config, root and state; its pid recorded, and only
 # that pid stopped).
@@ -190,9 +190,8 @@ stop() {
     # containerd with this directory's config.
     if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "--config $dir/config.toml"; then
         kill "$pid"
-        local i
-        for i in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
     fi
     rm -f "$dir/containerd.pid"
 }
