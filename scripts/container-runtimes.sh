@@ -162,8 +162,7 @@ start() {
         write_config "$dir"
         containerd --config "$dir/config.toml" >"$dir/containerd.log" 2>&1 &
         echo $! >"$dir/containerd.pid"
-        local i
-        for i in $(seq 100); do
+        for _ in $(seq 100); do
             ctr --address "$dir/containerd.sock" version >/dev/null 2>&1 && break
             kill -0 "$(cat "$dir/containerd.pid")" 2>/dev/null \
                 || { cat "$dir/containerd.log" >&2; log "containerd exited"; exit 1; }
