@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run): formatting, lints, build, every test on the fake driver
 # (real processes, real sockets, a real CRIU), then the release: its layout built against glibc 2.17,
 # the baseline checked, the shim loaded in an old Debian userland and the .deb installed into a clean
-# chroot (scripts/test-release.sh). Needs a Rust toolchain; installs CRIU, zig and debootstrap itself.
+# chroot (scripts/test-release.sh). Needs a Rust toolchain; installs CRIU, zig and debootstrap itself,
+# and runc, Podman and containerd for the real-container tests (scripts/container-runtimes.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,23 @@ scripts/bootstrap.sh
 step "CRIU (private prefix, for the checkpoint-to-disk tests)"
 CUINTERPOSE_CRIU=$(scripts/install-criu.sh)
 export CUINTERPOSE_CRIU
+
+step "container runtimes: runc, Podman, containerd (Debian's), their images made here"
+# The real-runtime tests (crates/cli/tests/disk.rs) run in `cargo test` below: required here, so a
+# broken setup fails them instead of skipping them (testkit::runtime).
+runtimes_env=$(timed scripts/container-runtimes.sh install)
+eval "$(grep '^export ' <<<"$runtimes_env")"
+export CUINTERPOSE_TEST_RUNTIMES=required
+grep -v '^export ' <<<"$runtimes_env" || true
+# containerd as the script runs it (private config, state and pid) for the tests' `ctr run`
+# containers, with its pause image; stopped (that pid only) after `cargo test`.
+containerd_state=$(mktemp -d)
+trap 'scripts/container-runtimes.sh stop "$containerd_state"; rm -rf "$containerd_state"' EXIT
+timed scripts/container-runtimes.sh start "$containerd_state" >/dev/null
+# shellcheck disable=SC1091
+. "$containerd_state/env"
+ctr --address "$CUINTERPOSE_TEST_CONTAINERD" -n k8s.io images ls -q \
+    | grep -qx "$CUINTERPOSE_TEST_PAUSE_IMAGE" || { echo "containerd lacks the pause image" >&2; exit 1; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -40,6 +58,9 @@ cargo build --workspace --all-targets --locked
 
 step "cargo test"
 cargo test --workspace --locked -- --test-threads="${CUINTERPOSE_TEST_THREADS:-2}"
+scripts/container-runtimes.sh stop "$containerd_state"
+rm -rf "$containerd_state"
+trap - EXIT
 
 step "release layout (scripts/build-dist.sh: glibc 2.17 build, stripped, man pages, completions)"
 timed scripts/build-dist.sh

@@ -19,6 +19,7 @@ use std::process::{Child, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 use testkit::container::{self, root_of};
+use testkit::runtime as container_runtime;
 use testkit::{TestEnv, Workload};
 
 /// Bytes rank 0 and rank 1 share: different sizes, so that a swap of devices shows in the usage
@@ -1518,6 +1519,327 @@ fn a_container_init_is_restored_into_another_container() {
     verify_sharing(&disk.attach(), 1);
 }
 
+/// A container's init in a real container (runc, Podman and containerd, over the image
+/// scripts/container-runtimes.sh makes; the build's artifacts and the test's directory bound in,
+/// as the emulated containers have them): `cuinterpose run` without a PID namespace of its own is
+/// the container's init, as in an ordinary pod. Checkpointed by the tool from the host and
+/// restored into another container of the same runtime, the tree runs over that container's root,
+/// in its namespaces, as the init of a PID namespace of its own, with the mount table it had
+/// (the runtime's masked and read-only `/proc` paths, its `/dev` tmpfs, `/dev/shm`, `/dev/mqueue`
+/// and cgroup mounts included), a file it held under a deleted name in the container's `/dev/shm`
+/// held again, and its memory and sharing intact.
+fn a_container_init_in_a_real_container_is_restored(kind: container_runtime::Kind) {
+    let Some(runtime) = container_runtime::Runtime::find(kind) else {
+        return;
+    };
+    let disk = Disk::new();
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let (name_a, name_b) = container_names(&disk);
+    let _removed_a = container_runtime::Removed::new(&runtime, &name_a);
+    let _removed_b = container_runtime::Removed::new(&runtime, &name_b);
+    let binds = [disk.env.artifacts().dir(), disk.env.dir()];
+    let wrapper = runtime.wrapper(&name_a, &binds, scratch.path());
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let launcher = start_under(
+        &disk.env,
+        "launcher",
+        &disk.listen_dir(),
+        (2, "0,1"),
+        &[],
+        READY_TIMEOUT,
+        (&wrapper, &[]),
+    );
+    let mut group = disk.started(launcher);
+    let rank0 = runtime.init_pid(&name_a).expect("the container's init");
+    let _source = Restored(rank0);
+    let ns_pid = |pid: u32| control::discovery::describe(pid).expect("a process").ns_pid;
+    assert_eq!(ns_pid(rank0), 1, "rank 0 is its container's init");
+    assert_ne!(root_of(rank0), root_of(std::process::id()));
+    let before = sorted_mount_points(rank0);
+    // The runtime's seccomp filter (Podman's and containerd's; runc's bundle has none).
+    let seccomp = |pid: u32| -> String {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+        status
+            .lines()
+            .filter(|l| l.starts_with("Seccomp"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let filtered = seccomp(rank0);
+    if kind == container_runtime::Kind::Podman {
+        assert!(
+            filtered.contains("Seccomp:\t2"),
+            "Podman's filter: {filtered}"
+        );
+    }
+    // (`ctr run`'s default spec mounts no cgroup filesystem; runc's and Podman's do.)
+    let cgroup_mount = kind != container_runtime::Kind::Containerd;
+    let wanted = ["/dev/shm", "/dev/mqueue", "/proc/sys"]
+        .into_iter()
+        .chain(cgroup_mount.then_some("/sys/fs/cgroup/memory"));
+    for wanted in wanted {
+        assert!(before.iter().any(|m| m == wanted), "{wanted}: {before:?}");
+    }
+    // A file held under a deleted name in the container's /dev/shm (the runtime's own), as a
+    // Python semaphore: made through the container's root, which the tool reaches as /proc/PID/root.
+    let shm_a = PathBuf::from(format!("/proc/{rank0}/root/dev/shm"));
+    std::fs::write(shm_a.join("sem.tmp"), b"a semaphore in the container").expect("a file");
+    group.ranks[0]
+        .ok("open-fd sem /dev/shm/sem.tmp")
+        .expect("open-fd");
+    std::fs::hard_link(shm_a.join("sem.tmp"), shm_a.join("sem")).expect("final name");
+    std::fs::remove_file(shm_a.join("sem.tmp")).expect("unlinking the temporary name");
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, rank0);
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
+    );
+    assert!(
+        manifest["criu"]["placement"]["container_init"]["node_mounts"].is_array(),
+        "{manifest}"
+    );
+
+    let (mut placeholder_client, placeholder) =
+        start_placeholder(&runtime, &name_b, &binds, scratch.path());
+    let target = placeholder.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(
+        report["placement"], manifest["criu"]["placement"],
+        "{report}"
+    );
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    assert_eq!(
+        ns_pid(restored.0),
+        1,
+        "the restored root is the init of its PID namespace"
+    );
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder),
+            "restored pid {pid} does not run over the placeholder's root"
+        );
+        for ns in ["net", "ipc", "uts"] {
+            assert_eq!(
+                namespace_inode(pid, ns),
+                namespace_inode(placeholder, ns),
+                "restored pid {pid} is not in the placeholder's {ns} namespace"
+            );
+        }
+    }
+    assert_eq!(
+        sorted_mount_points(restored.0),
+        before,
+        "the restored tree's mount table is the one it had"
+    );
+    // Its output goes where the placeholder's goes: the runtime's pipes (CRIU alone would make
+    // new pipes with nobody reading them).
+    for fd in [1, 2] {
+        let link = |pid: u32| std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).expect("an fd");
+        let theirs = link(placeholder);
+        assert!(theirs.to_string_lossy().starts_with("pipe:"), "{theirs:?}");
+        assert_eq!(link(restored.0), theirs, "the restored root's fd {fd}");
+    }
+    assert_eq!(
+        seccomp(restored.0),
+        filtered,
+        "the restored root's seccomp filter"
+    );
+    // In the placeholder's cgroups, every hierarchy (the runtime made them in each v1 one).
+    let cgroups =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let theirs = cgroups(placeholder);
+    assert_ne!(
+        theirs,
+        cgroups(std::process::id()),
+        "the runtime made cgroups of its own"
+    );
+    for &pid in &tree {
+        assert_eq!(
+            cgroups(pid),
+            theirs,
+            "restored pid {pid} is not in the placeholder's cgroups"
+        );
+    }
+    for content in [&b"held by rank 0"[..], b"a semaphore in the container"] {
+        assert!(
+            holds_content(tree[0], content),
+            "rank 0 holds {:?} again",
+            String::from_utf8_lossy(content)
+        );
+    }
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
+    runtime.remove(&name_b);
+    let _ = placeholder_client.wait();
+}
+
+/// The mount points of `pid`'s mount table, sorted (CRIU mounts in an order of its own).
+fn sorted_mount_points(pid: u32) -> Vec<String> {
+    let mut points: Vec<String> = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect();
+    points.sort();
+    points
+}
+
+#[test]
+fn a_container_init_in_runc_is_restored_into_another_runc_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Runc);
+}
+
+#[test]
+fn a_container_init_in_podman_is_restored_into_another_podman_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Podman);
+}
+
+/// A group in a real privileged container (runc, Podman and containerd, privileged):
+/// `cuinterpose run --pid-namespace` is the container's init and the ranks the init of a PID
+/// namespace below it. Checkpointed by the tool from the host given the container's init (CRIU
+/// runs inside the container) and restored into another privileged container of the same
+/// runtime: the ranks run over that container's root, their PID namespace below the
+/// placeholder's, in its cgroups, with memory and sharing intact. Into an unprivileged container
+/// (where CRIU inside cannot restore) it is refused with nothing changed.
+fn a_group_in_a_real_privileged_container_is_restored(kind: container_runtime::Kind) {
+    let Some(runtime) = container_runtime::Runtime::find(kind).map(|r| r.privileged()) else {
+        return;
+    };
+    let disk = Disk::new();
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let (name_a, name_b) = container_names(&disk);
+    let _removed_a = container_runtime::Removed::new(&runtime, &name_a);
+    let _removed_b = container_runtime::Removed::new(&runtime, &name_b);
+    let binds = [disk.env.artifacts().dir(), disk.env.dir()];
+    let wrapper = runtime.wrapper(&name_a, &binds, scratch.path());
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut group = disk.start_group_under(&[], &wrapper);
+    let container_init = runtime.init_pid(&name_a).expect("the container's init");
+    let tree = control::discovery::process_tree(container_init).expect("tree");
+    assert_eq!(tree.len(), 3, "the launcher and the two ranks: {tree:?}");
+    assert_ne!(root_of(tree[1]), root_of(std::process::id()));
+
+    let (report, manifest) = checkpoint_at_and_stop(&disk, &mut group, container_init);
+    assert_eq!(
+        manifest["criu"]["placement"], "below_container_init",
+        "{manifest}"
+    );
+    assert_eq!(report["placement"], "below_container_init", "{report}");
+
+    // Into an unprivileged container (/proc/sys read-only, where CRIU inside must write):
+    // refused, nothing changed.
+    let before = hash_dir(&disk.checkpoint_dir());
+    let unprivileged = container_runtime::Runtime::find(kind).expect("found above");
+    let name_c = format!("{name_a}-unprivileged");
+    let _removed_c = container_runtime::Removed::new(&unprivileged, &name_c);
+    let (mut client_c, init_c) = start_placeholder(&unprivileged, &name_c, &binds, scratch.path());
+    let target_c = init_c.to_string();
+    assert_restore_refused(
+        &disk,
+        &["--namespaces-of", &target_c],
+        "mounts /proc/sys read-only",
+        &before,
+    );
+    unprivileged.remove(&name_c);
+    let _ = client_c.wait();
+
+    let (mut placeholder_client, placeholder) =
+        start_placeholder(&runtime, &name_b, &binds, scratch.path());
+    let target = placeholder.to_string();
+    let (report, restored) = restore(&disk, &["--namespaces-of", &target]);
+    assert_eq!(report["placement"], "below_container_init", "{report}");
+    let tree = control::discovery::process_tree(restored.0).expect("restored tree");
+    assert_eq!(
+        tree.len(),
+        2,
+        "the two ranks (rank 0 is the root): {tree:?}"
+    );
+    let placeholder_pid_ns = namespace_inode(placeholder, "pid");
+    let parent = control::procfs::stat(restored.0)
+        .expect("restored root")
+        .ppid;
+    assert_eq!(
+        namespace_inode(parent, "pid"),
+        placeholder_pid_ns,
+        "the restored tree's PID namespace is below the placeholder's"
+    );
+    let cgroups =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    for &pid in &tree {
+        assert_eq!(
+            root_of(pid),
+            root_of(placeholder),
+            "restored pid {pid}'s root"
+        );
+        assert_ne!(namespace_inode(pid, "pid"), placeholder_pid_ns);
+        assert_eq!(
+            cgroups(pid),
+            cgroups(placeholder),
+            "restored pid {pid}'s cgroups"
+        );
+    }
+    assert!(
+        holds_content(tree[0], b"held by rank 0"),
+        "rank 0 holds its file again"
+    );
+    verify_sharing(&disk.attach(), 1);
+    drop(restored);
+    runtime.remove(&name_b);
+    let _ = placeholder_client.wait();
+}
+
+/// Two container names for a test (the runtime's names are machine-wide): unique per test
+/// directory.
+fn container_names(disk: &Disk) -> (String, String) {
+    let unique = disk
+        .env
+        .dir()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .expect("a test directory name")
+        .trim_start_matches('.')
+        .to_ascii_lowercase();
+    (format!("cuit-{unique}-a"), format!("cuit-{unique}-b"))
+}
+
+/// A container of `runtime` named `name` whose init is `sleep`, the placeholder a restore puts a
+/// tree into: the runtime's client (ended by removing the container) and the init's host PID.
+fn start_placeholder(
+    runtime: &container_runtime::Runtime,
+    name: &str,
+    binds: &[&Path],
+    scratch: &Path,
+) -> (Child, u32) {
+    let wrapper = runtime.wrapper(name, binds, scratch);
+    let client = std::process::Command::new(&wrapper[0])
+        .args(&wrapper[1..])
+        .args(["sleep", "600"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the runtime's client");
+    let init = runtime.wait_for_init(name, "sleep", READY_TIMEOUT);
+    (client, init)
+}
+
+#[test]
+fn a_group_in_a_privileged_runc_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Runc);
+}
+
+#[test]
+fn a_group_in_a_privileged_podman_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Podman);
+}
+
 /// Whether `pid` holds open a regular file with exactly `content`.
 fn holds_content(pid: u32, content: &[u8]) -> bool {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -2626,4 +2948,14 @@ fn tampered_unsigned_and_foreign_checkpoints_are_refused_unless_allowed() {
     let (_report, restored) = restore(&disk, &["--allow-unsigned"]);
     verify_sharing(&disk.attach(), 1);
     drop(restored);
+}
+
+#[test]
+fn a_container_init_in_containerd_is_restored_into_another_containerd_container() {
+    a_container_init_in_a_real_container_is_restored(container_runtime::Kind::Containerd);
+}
+
+#[test]
+fn a_group_in_a_privileged_containerd_container_is_restored_into_another() {
+    a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Containerd);
 }

@@ -220,6 +220,39 @@ impl Container {
         open_namespace(pid, "mnt")
     }
 
+    /// Descriptor `fd` (0, 1 or 2) of the container's process when it is a pipe (a runtime's
+    /// pipe to its monitor, as runc and Podman give a container's stdio without a terminal),
+    /// opened again through `/proc` with the same access: the restored tree's own end of its
+    /// stdio pipe is replaced by it (`--inherit-fd`, crate::criu), so its output goes where the
+    /// container's goes. `None` when it is no pipe (a file, a terminal: CRIU's own pipe stays).
+    pub fn stdio_pipe(&self, fd: u32) -> Option<OwnedFd> {
+        let link = std::fs::read_link(crate::procfs::path(self.pid, &format!("fd/{fd}"))).ok()?;
+        if !link.to_string_lossy().starts_with("pipe:[") {
+            return None;
+        }
+        let info = crate::procfs::read(self.pid, &format!("fdinfo/{fd}")).ok()?;
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
+        let access = match flags & 0o3 {
+            0 => rustix::fs::OFlags::RDONLY,
+            1 => rustix::fs::OFlags::WRONLY,
+            _ => rustix::fs::OFlags::RDWR,
+        };
+        // Non-blocking: a write end with no reader left fails at once instead of waiting for
+        // one (open(2) of a FIFO); blocking again afterwards, as the pipe was.
+        let end = rustix::fs::open(
+            crate::procfs::path(self.pid, &format!("fd/{fd}")),
+            access | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NONBLOCK,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        let status = rustix::fs::fcntl_getfl(&end).ok()?;
+        rustix::fs::fcntl_setfl(&end, status - rustix::fs::OFlags::NONBLOCK).ok()?;
+        Some(end)
+    }
+
     /// Whether the tree is the container's own init (CRIU in the tool's PID namespace, the
     /// node's mounts named external).
     pub fn is_init(&self) -> bool {
@@ -290,10 +323,50 @@ impl Container {
     /// namespace, makes its mounts slaves (nothing it mounts reaches the container) and mounts a
     /// `/proc` of the tool's PID namespace over the container's, and CRIU stays in the tool's PID
     /// namespace.
-    pub fn run(&self, mut command: Command, inherit: Vec<OwnedFd>) -> std::io::Result<Output> {
+    pub fn run(&self, command: Command, inherit: Vec<OwnedFd>) -> std::io::Result<Output> {
+        self.run_with(command, inherit, Vec::new())
+    }
+
+    /// [`Container::run`] for a restore into this container: CRIU itself joins the container's
+    /// cgroups in every hierarchy mounted here (cgroup v1 controllers and named hierarchies, and
+    /// the unified one) before it execs, so the tree it restores is made inside them, as the
+    /// container's own processes are, and dies with the container. (CRIU runs with
+    /// `--manage-cgroups=ignore`: left alone, the tree would stay in the tool's cgroups, outside
+    /// the runtime's limits and out of reach of its `kill`/`rm`.) Fails, naming the directory,
+    /// when a hierarchy's `cgroup.procs` cannot be opened: before CRIU runs, nothing changed.
+    pub fn run_joining_cgroups(
+        &self,
+        command: Command,
+        inherit: Vec<OwnedFd>,
+    ) -> Result<std::io::Result<Output>, ControlError> {
+        let procs = cgroup_dirs(self.pid)?
+            .into_iter()
+            .map(|dir| {
+                let path = dir.join("cgroup.procs");
+                rustix::fs::open(
+                    &path,
+                    rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::empty(),
+                )
+                .map_err(|e| proc_error(self.pid, &path, e.into()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(self.run_with(command, inherit, procs))
+    }
+
+    fn run_with(
+        &self,
+        mut command: Command,
+        inherit: Vec<OwnedFd>,
+        cgroup_procs: Vec<OwnedFd>,
+    ) -> std::io::Result<Output> {
         let mnt = self.mnt.try_clone()?;
         let own_proc = self.is_init();
         let setup = move || {
+            // "0" moves the writer (this child, CRIU after its exec) into that cgroup.
+            for procs in &cgroup_procs {
+                rustix::io::write(procs, b"0")?;
+            }
             inherit_fds(&inherit)?;
             rustix::thread::move_into_link_name_space(
                 mnt.as_fd(),
@@ -321,7 +394,7 @@ impl Container {
             Ok(())
         };
         // SAFETY: `setup` runs in the forked child before exec and only makes system calls
-        // (fcntl, setns, unshare, mount) on descriptors it owns and constant strings:
+        // (write, fcntl, setns, unshare, mount) on descriptors it owns and constant strings:
         // async-signal-safe, no allocation.
         unsafe { command.pre_exec(setup) };
         let Placement::BelowInit {
@@ -345,6 +418,57 @@ impl Container {
                 .unwrap_or_else(|_| Err(std::io::Error::other("the CRIU thread panicked")))
         })
     }
+}
+
+/// The directories of `pid`'s cgroups in this tool's mount namespace, one per hierarchy of
+/// `/proc/PID/cgroup` that is mounted here (a v1 hierarchy by its controllers or `name=`, the
+/// unified one by its type), each the mount point joined with the cgroup's path below the
+/// mount's root. A hierarchy mounted nowhere here is left out: no process of the tool's can be
+/// put into it, and the tree is then where CRIU is.
+fn cgroup_dirs(pid: u32) -> Result<Vec<std::path::PathBuf>, ControlError> {
+    let own = std::path::PathBuf::from("/proc/self/mountinfo");
+    let table =
+        std::fs::read_to_string(&own).map_err(|e| proc_error(std::process::id(), &own, e))?;
+    // (root, mount point, fstype, super options) of every cgroup mount.
+    let cgroup_mounts: Vec<(String, String, String, String)> = table
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mut l = left.split(' ');
+            let root = unescape_mountinfo(l.nth(3)?);
+            let point = unescape_mountinfo(l.next()?);
+            let mut r = right.split(' ');
+            let fstype = r.next()?.to_string();
+            let options = r.nth(1)?.to_string();
+            fstype
+                .starts_with("cgroup")
+                .then_some((root, point, fstype, options))
+        })
+        .collect();
+    let text = crate::procfs::read(pid, "cgroup")?;
+    let mut dirs = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let found = cgroup_mounts.iter().find(|(_, _, fstype, options)| {
+            if controllers.is_empty() {
+                return fstype == "cgroup2";
+            }
+            let options: Vec<&str> = options.split(',').collect();
+            fstype == "cgroup" && controllers.split(',').all(|c| options.contains(&c))
+        });
+        let Some((root, point, _, _)) = found else {
+            continue;
+        };
+        let Some(below) = path.strip_prefix(root.as_str()) else {
+            continue;
+        };
+        dirs.push(Path::new(point).join(below.trim_start_matches('/')));
+    }
+    Ok(dirs)
 }
 
 /// One mount of a `mountinfo` table: its superblock's device (`major:minor`) and its mount point.
@@ -448,6 +572,32 @@ impl Container {
         ))
     }
 
+    /// Refuses, naming `label`, a container to restore a tree below its init into whose
+    /// `/proc/sys` is read-only: an unprivileged container (runc's and Podman's default
+    /// `readonlyPaths`). CRIU runs inside that container and writes the restored tree's
+    /// namespace settings there (tried with CRIU 4.2 in runc: "Can't open sysctl
+    /// kernel/hostname: Read-only file system", half way through the restore); a privileged
+    /// container (`podman run --privileged`) has it writable.
+    pub fn check_writable_proc_sys(&self, label: &str) -> Result<(), ControlError> {
+        let table = crate::procfs::read(self.pid, "mountinfo")?;
+        let read_only = table.lines().any(|line| {
+            let mut fields = line.split(' ');
+            let point = fields.nth(4).map(unescape_mountinfo);
+            let options = fields.next().unwrap_or_default();
+            point.as_deref() == Some("/proc/sys") && options.split(',').any(|o| o == "ro")
+        });
+        if !read_only {
+            return Ok(());
+        }
+        Err(refuse(
+            label,
+            "its container mounts /proc/sys read-only (an unprivileged container), where CRIU, \
+             run inside it to restore a tree below its init, must set the tree's namespaces: \
+             restore into a privileged container (podman run --privileged)"
+                .into(),
+        ))
+    }
+
     /// Refuses, naming `label`, a container to restore into that lacks a mount point the
     /// checkpoint's tree took from its own container's node mounts (CRIU would fail half way).
     pub fn check_mount_points(&self, wanted: &[String], label: &str) -> Result<(), ControlError> {
@@ -507,6 +657,22 @@ mod tests {
         // Not an escape: fewer than three octal digits, or not octal.
         assert_eq!(unescape_mountinfo(r"/x\04"), r"/x\04");
         assert_eq!(unescape_mountinfo(r"/x\089"), r"/x\089");
+    }
+
+    /// This process's cgroup directories, found through the mounts here, each list it.
+    #[test]
+    fn a_process_is_found_in_its_cgroup_directories() {
+        let me = std::process::id();
+        let dirs = cgroup_dirs(me).unwrap();
+        assert!(!dirs.is_empty(), "no cgroup hierarchy mounted here");
+        for dir in &dirs {
+            let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(
+                procs.lines().any(|l| l == me.to_string()),
+                "{} does not list pid {me}",
+                dir.display()
+            );
+        }
     }
 
     #[test]

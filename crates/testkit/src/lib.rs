@@ -5,6 +5,7 @@
 //!   system's, the build artifacts, the fake driver's accounting; workloads and groups
 //!   ([`harness::Workload`], [`harness::Group`]) are the workload crate's client.
 //! - [`container`]: emulated containers (`unshare` and `pivot_root`, as runc makes them).
+//! - [`runtime`]: real container runtimes (runc, Podman) over a locally made image.
 //! - [`native`]: the driver's `cuCheckpointProcess*` API on another process's pid.
 //! - [`scenarios`]: the scenario list that CI runs on the fake driver and the GPU lane on the real
 //!   one (binary `cuinterpose-scenarios`).
@@ -15,6 +16,7 @@
 pub mod container;
 pub mod harness;
 pub mod native;
+pub mod runtime;
 pub mod scenarios;
 
 pub use harness::{Artifacts, DriverKind, Group, TestEnv, Workload, WorkloadOptions};

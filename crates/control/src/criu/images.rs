@@ -1,4 +1,5 @@
-//! What the tool reads out of CRIU's images: the link remaps of a dump.
+//! What the tool reads out of CRIU's images: the link remaps of a dump, and the pipes on the
+//! tree root's standard descriptors whose other end was outside the tree.
 //!
 //! A file that a process holds open (or has mapped) under a name that was deleted, while the file
 //! still has another name, is dumped by `criu dump --link-remap` as a hard link CRIU makes next to
@@ -22,6 +23,12 @@ use super::CriuError;
 const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 /// `files.img`: one `FileEntry` per file object of the tree.
 const FILES_MAGIC: u32 = 0x5630_3138;
+/// `pstree.img`: one `PstreeEntry` per process, the root first.
+const PSTREE_MAGIC: u32 = 0x5027_3030;
+/// `ids-<pid>.img`: the ids of a process's shared kernel objects.
+const IDS_MAGIC: u32 = 0x5443_2030;
+/// `fdinfo-<files id>.img`: one `FdinfoEntry` per descriptor of a descriptor table.
+const FDINFO_MAGIC: u32 = 0x5621_3732;
 /// `remap-fpath.img`: one `RemapFilePathEntry` per remapped file.
 const REMAP_FPATH_MAGIC: u32 = 0x5913_3954;
 /// Image files read here are small (a few entries per open file); anything bigger is not CRIU's.
@@ -29,6 +36,8 @@ const MAX_IMAGE_BYTES: u64 = 64 << 20;
 
 /// `fd_types.REG` of `fdinfo.proto`.
 const FD_TYPE_REG: i32 = 1;
+/// `fd_types.PIPE` of `fdinfo.proto`.
+const FD_TYPE_PIPE: i32 = 2;
 /// `remap_type.LINKED` of `remap-file-path.proto`.
 const REMAP_TYPE_LINKED: i32 = 0;
 
@@ -41,6 +50,42 @@ struct FileEntry {
     id: u32,
     #[prost(message, optional, tag = "3")]
     reg: Option<RegFileEntry>,
+    #[prost(message, optional, tag = "18")]
+    pipe: Option<PipeEntry>,
+}
+
+/// `pipe_entry` of `pipe.proto`: the pipe's inode and this end's open flags.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PipeEntry {
+    #[prost(uint32, required, tag = "2")]
+    pipe_id: u32,
+    #[prost(uint32, required, tag = "3")]
+    flags: u32,
+}
+
+/// `pstree_entry` of `pstree.proto`: only the PID.
+#[derive(Clone, PartialEq, prost::Message)]
+struct PstreeEntry {
+    #[prost(uint32, required, tag = "1")]
+    pid: u32,
+}
+
+/// `task_kobj_ids_entry` of `core.proto`: only the descriptor table's id.
+#[derive(Clone, PartialEq, prost::Message)]
+struct TaskIds {
+    #[prost(uint32, required, tag = "2")]
+    files_id: u32,
+}
+
+/// `fdinfo_entry` of `fdinfo.proto`: the file's id, its type and the descriptor's number.
+#[derive(Clone, PartialEq, prost::Message)]
+struct FdinfoEntry {
+    #[prost(uint32, required, tag = "1")]
+    id: u32,
+    #[prost(int32, required, tag = "3")]
+    kind: i32,
+    #[prost(uint32, required, tag = "4")]
+    fd: u32,
 }
 
 /// `reg_file_entry` of `regfile.proto`: only the path.
@@ -98,6 +143,58 @@ pub fn link_remaps(images: &Path) -> Result<Vec<String>, CriuError> {
     paths.sort();
     paths.dedup();
     Ok(paths)
+}
+
+/// The standard descriptors (0, 1, 2) of the dumped tree's root that are one end of a pipe whose
+/// other end no process of the tree held (a container runtime's pipes to its monitor): each
+/// descriptor with the pipe's inode, as `criu restore --inherit-fd fd[N]:pipe:[INODE]` names it.
+/// Left to CRIU, such a pipe comes back with no process at its other end: the tree's output
+/// would go nowhere, and its first write after the reader's end is closed would kill it
+/// (`SIGPIPE`). A pipe is external when every end of it in the images is open the same way
+/// (only read ends, or only write ends).
+pub fn external_stdio_pipes(images: &Path) -> Result<Vec<(u32, u32)>, CriuError> {
+    let pstree = images.join("pstree.img");
+    let root = read_entries::<PstreeEntry>(&pstree, PSTREE_MAGIC)?
+        .first()
+        .map(|e| e.pid)
+        .ok_or_else(|| CriuError::Image {
+            path: pstree.clone(),
+            message: "no process".into(),
+        })?;
+    let ids_path = images.join(format!("ids-{root}.img"));
+    let files_id = read_entries::<TaskIds>(&ids_path, IDS_MAGIC)?
+        .first()
+        .map(|e| e.files_id)
+        .ok_or_else(|| CriuError::Image {
+            path: ids_path.clone(),
+            message: "no ids".into(),
+        })?;
+    let fdinfo = images.join(format!("fdinfo-{files_id}.img"));
+    let stdio: Vec<FdinfoEntry> = read_entries::<FdinfoEntry>(&fdinfo, FDINFO_MAGIC)?
+        .into_iter()
+        .filter(|e| e.fd <= 2 && e.kind == FD_TYPE_PIPE)
+        .collect();
+    if stdio.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pipes: Vec<(u32, PipeEntry)> =
+        read_entries::<FileEntry>(&images.join("files.img"), FILES_MAGIC)?
+            .into_iter()
+            .filter(|f| f.kind == FD_TYPE_PIPE)
+            .filter_map(|f| Some((f.id, f.pipe?)))
+            .collect();
+    const ACCESS: u32 = 0o3;
+    Ok(stdio
+        .iter()
+        .filter_map(|e| {
+            let (_, end) = pipes.iter().find(|(id, _)| *id == e.id)?;
+            let external = pipes
+                .iter()
+                .filter(|(_, p)| p.pipe_id == end.pipe_id)
+                .all(|(_, p)| p.flags & ACCESS == end.flags & ACCESS);
+            external.then_some((e.fd, end.pipe_id))
+        })
+        .collect())
 }
 
 /// Every entry of one image file, after checking both magics.
@@ -162,8 +259,66 @@ mod tests {
             kind: FD_TYPE_REG,
             id,
             reg: Some(RegFileEntry { name: name.into() }),
+            pipe: None,
         }
         .encode_to_vec()
+    }
+
+    fn pipe_end(id: u32, pipe_id: u32, flags: u32) -> Vec<u8> {
+        FileEntry {
+            kind: FD_TYPE_PIPE,
+            id,
+            reg: None,
+            pipe: Some(PipeEntry { pipe_id, flags }),
+        }
+        .encode_to_vec()
+    }
+
+    /// The root (pid 7) holds: fd 0 a file, fd 1 the write end of a pipe nobody in the tree
+    /// reads, fd 2 the write end of a pipe the tree also reads (a pipeline), fd 5 another
+    /// external pipe (not stdio).
+    #[test]
+    fn external_stdio_pipes_are_found() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let write = |name: &str, bytes: Vec<u8>| {
+            std::fs::write(dir.path().join(name), bytes).expect("image");
+        };
+        write(
+            "pstree.img",
+            image(PSTREE_MAGIC, &[PstreeEntry { pid: 7 }.encode_to_vec()]),
+        );
+        write(
+            "ids-7.img",
+            image(IDS_MAGIC, &[TaskIds { files_id: 3 }.encode_to_vec()]),
+        );
+        let fd = |id, kind, fd| FdinfoEntry { id, kind, fd }.encode_to_vec();
+        write(
+            "fdinfo-3.img",
+            image(
+                FDINFO_MAGIC,
+                &[
+                    fd(1, FD_TYPE_REG, 0),
+                    fd(2, FD_TYPE_PIPE, 1),
+                    fd(3, FD_TYPE_PIPE, 2),
+                    fd(5, FD_TYPE_PIPE, 5),
+                ],
+            ),
+        );
+        let (o_wronly, o_rdonly) = (0o1, 0o0);
+        write(
+            "files.img",
+            image(
+                FILES_MAGIC,
+                &[
+                    file(1, "/dev/null"),
+                    pipe_end(2, 100, o_wronly),
+                    pipe_end(3, 200, o_wronly),
+                    pipe_end(4, 200, o_rdonly),
+                    pipe_end(5, 300, o_wronly),
+                ],
+            ),
+        );
+        assert_eq!(external_stdio_pipes(dir.path()).expect("pipes"), [(1, 100)]);
     }
 
     fn remap(orig_id: u32, remap_id: u32, kind: i32) -> Vec<u8> {

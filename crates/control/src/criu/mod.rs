@@ -330,14 +330,27 @@ impl Criu {
             .args(mount_args(placement, true))
             .args(namespaces);
         if placement.in_container() {
-            // The tree goes into the cgroup of the container restored into (the agent moves it
-            // there), not back into the checkpointed pod's cgroup paths. And CRIU could not
+            // The tree goes into the cgroups of the container restored into (CRIU is started in
+            // them, crate::container::Container::run_joining_cgroups; the agent then moves it
+            // into the pod's v2 cgroup), not back into the checkpointed pod's cgroup paths. And
+            // CRIU could not
             // mount its cgroup yard anyway: its working directory is a descriptor of the tool's
             // mount namespace, where a mount from the container's is refused.
             run.command.arg("--manage-cgroups=ignore");
         }
         if tcp {
             run.command.arg("--tcp-established");
+        }
+        if let Some(container) = inside {
+            // The root's stdio pipes to the checkpointed container's runtime: the placeholder's
+            // own pipes to its runtime instead (images::external_stdio_pipes).
+            for (fd, inode) in images::external_stdio_pipes(images)? {
+                if let Some(end) = container.stdio_pipe(fd) {
+                    let spec = format!("fd[{}]:pipe:[{inode}]", end.as_raw_fd());
+                    run.command.arg("--inherit-fd").arg(spec);
+                    run.inherit.push(end);
+                }
+            }
         }
         self.execute("restore", run, work_dir)?;
         std::fs::read_to_string(&pid_file)
@@ -391,6 +404,13 @@ impl Criu {
         log_dir: &Path,
     ) -> Result<(), CriuError> {
         let output = match run.inside {
+            // A restore goes into the container's cgroups (crate::container).
+            Some(container) if action == "restore" => container
+                .run_joining_cgroups(run.command, run.inherit)
+                .map_err(|e| CriuError::Spawn {
+                    program: self.program.clone(),
+                    source: std::io::Error::other(e.to_string()),
+                })?,
             Some(container) => container.run(run.command, run.inherit),
             None => crate::container::run_here(run.command, run.inherit),
         }

@@ -203,7 +203,11 @@ fn container_target(
                 container.check_mount_points(node_mounts, &label)?;
                 Ok(Some(container))
             }
-            _ => Container::open(pid, &label).map(Some),
+            _ => {
+                let container = Container::open(pid, &label)?;
+                container.check_writable_proc_sys(&label)?;
+                Ok(Some(container))
+            }
         },
         (false, false) => Ok(None),
         (true, false) => Err(refuse(
