@@ -57,6 +57,10 @@ step "cargo build (libraries, binaries, the fake driver and the shim)"
 cargo build --workspace --all-targets --locked
 
 step "cargo test"
+# The busy-workload cycles (crates/cli/tests/busy.rs: 50 in place and 10 to disk per case by
+# default) are cut to fit CI's 90 minutes on 2 cores; set them higher for a soak.
+export CUINTERPOSE_BUSY_CYCLES=${CUINTERPOSE_BUSY_CYCLES:-8}
+export CUINTERPOSE_BUSY_DISK_CYCLES=${CUINTERPOSE_BUSY_DISK_CYCLES:-2}
 cargo test --workspace --locked -- --test-threads="${CUINTERPOSE_TEST_THREADS:-2}"
 scripts/container-runtimes.sh stop "$containerd_state"
 rm -rf "$containerd_state"
