@@ -37,10 +37,11 @@ fn a_second_run_on_a_group_is_refused_at_once_naming_the_run_in_progress() {
     pair(&tree);
     let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
     let native = env.native().unwrap();
-    // `a`'s freeze waits for the test's native lock: the first suspend stays in progress.
+    // `a`'s drain waits for the test's native lock: the first suspend stays in progress, with
+    // the whole group held.
     native.lock(a, 60_000).unwrap();
     let first = start_tool(&env, &strs(&suspend_args(&env, tree.root(), &[])), &[]);
-    wait_until("b is frozen", || phase_of(&env, b) == Phase::Frozen);
+    wait_until("b is held", || record_of(&env, b).gate.closed);
     for args in [
         suspend_args(&env, tree.root(), &[]),
         resume_args(&env, tree.root(), &[]),

@@ -111,8 +111,11 @@ impl Runtime {
             return;
         }
         let phase = self.lock().phase();
-        let released =
-            self.control().release_started || matches!(phase, Phase::Released | Phase::Loaded);
+        // Only a capture that never reached Release is undone here; anything from Release on (a
+        // rebuild half done included) is finished by `cuinterpose resume` from the state file,
+        // for the whole group at once.
+        let released = self.control().release_started
+            || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
         if released {
             log_warn!(
                 "the tool holding this capture is gone after memory was released ({phase:?}): \

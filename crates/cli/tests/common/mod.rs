@@ -655,11 +655,16 @@ pub fn mapping(pid: u32, region: &RegionInfo) -> String {
 /// The phase a participant's shim reports, asked directly on its control socket (faster than a
 /// tool run, for the tests that follow a capture step by step).
 pub fn phase_of(env: &TestEnv, pid: u32) -> protocol::Phase {
+    record_of(env, pid).phase
+}
+
+/// What the shim of `pid` answers to INSPECT.
+pub fn record_of(env: &TestEnv, pid: u32) -> protocol::ProcessRecord {
     let path = control_socket(env, pid);
     let mut conn = transport::Connection::connect(&path, Duration::from_secs(60))
         .unwrap_or_else(|e| panic!("control socket of pid {pid}: {e}"));
     match conn.call(&protocol::Request::Inspect) {
-        Ok((protocol::Response::Records(record), _)) => record.phase,
+        Ok((protocol::Response::Records(record), _)) => record,
         other => panic!("inspect of pid {pid}: {other:?}"),
     }
 }
