@@ -16,7 +16,7 @@
 //! thread has not yet noticed is treated as gone when another connection asks (a process
 //! restored by CRIU wakes with such connections).
 
-use crate::log::log_warn;
+use crate::log::{log_info, log_warn};
 use crate::runtime::Runtime;
 use protocol::record::Phase;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -117,7 +117,10 @@ impl Runtime {
         let released = self.control().release_started
             || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
         if released {
-            log_warn!(
+            // Every suspend and checkpoint ends this way (the tool exits, or drops its
+            // connections before CRIU): not a warning, and never on the application's stderr,
+            // whose file CRIU restores only at its recorded size.
+            log_info!(
                 "the tool holding this capture is gone after memory was released ({phase:?}): \
                  the process stays suspended until `cuinterpose resume`"
             );

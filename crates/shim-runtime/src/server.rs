@@ -23,7 +23,7 @@
 //! - All threads run with every signal blocked, so they never take a signal meant for the
 //!   application's own handlers or `sigwait` threads.
 
-use crate::log::{log_debug, log_warn};
+use crate::log::{log_debug, log_info, log_warn};
 use crate::runtime::{Identity, Runtime};
 use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
