@@ -373,7 +373,7 @@ impl Runtime {
             }
             Ok(crate::lease::Taken::Now { previous_gone }) => {
                 if previous_gone {
-                    log_warn!(
+                    log_info!(
                         "the connection holding the capture had hung up; its capture is lost"
                     );
                     let _ = jobs.send(Work::LeaseLost);
