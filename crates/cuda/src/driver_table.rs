@@ -17,9 +17,11 @@
 //                                for each that passes the submission gate and calls the driver with
 //                                the arguments unchanged. No hand-written code per entry: the gate is
 //                                all the shim does there (crates/shim-runtime/src/gate.rs). Each ABI
-//                                variant (`_v2`, `_ptds`, `_ptsz`) is its own entry, found by its
-//                                exact ELF name, because a resolver hands out whichever the caller's
-//                                version and stream mode pick.
+//                                variant (`_v2`, `_ptds`, `_ptsz`) is its own entry, because a
+//                                resolver hands out whichever the caller's version and stream mode
+//                                pick; the `_v2` ones are written `NAME = BASE @ VERSION` like the
+//                                other sections' variants, so that the tool and the workloads reach
+//                                them through `cuGetProcAddress_v2` too.
 //   called { ENTRY; ... }        driver functions called but not intercepted (by the shim's
 //                                runtime, the tool, the workloads).
 // ENTRY is `NAME(ARG: TYPE, ...)` (every driver function returns CUresult), found by its exact ELF
@@ -280,21 +282,21 @@ interposer_table! {
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize);
+        cuMemcpyHtoD_v2 = cuMemcpyHtoD @ 12000 (dst: CUdeviceptr, src: *const c_void, bytes: usize);
         cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, bytes: usize);
-        cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoH_v2 = cuMemcpyDtoH @ 12000 (dst: *mut c_void, src: CUdeviceptr, bytes: usize);
         cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, bytes: usize);
-        cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoD_v2 = cuMemcpyDtoD @ 12000 (dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
         cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize);
-        cuMemcpyDtoA_v2(dst: CUarray, dst_offset: usize, src: CUdeviceptr, bytes: usize);
+        cuMemcpyDtoA_v2 = cuMemcpyDtoA @ 12000 (dst: CUarray, dst_offset: usize, src: CUdeviceptr, bytes: usize);
         cuMemcpyDtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: CUdeviceptr, bytes: usize);
-        cuMemcpyAtoD_v2(dst: CUdeviceptr, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyAtoD_v2 = cuMemcpyAtoD @ 12000 (dst: CUdeviceptr, src: CUarray, src_offset: usize, bytes: usize);
         cuMemcpyAtoD_v2_ptds(dst: CUdeviceptr, src: CUarray, src_offset: usize, bytes: usize);
-        cuMemcpyHtoA_v2(dst: CUarray, dst_offset: usize, src: *const c_void, bytes: usize);
+        cuMemcpyHtoA_v2 = cuMemcpyHtoA @ 12000 (dst: CUarray, dst_offset: usize, src: *const c_void, bytes: usize);
         cuMemcpyHtoA_v2_ptds(dst: CUarray, dst_offset: usize, src: *const c_void, bytes: usize);
-        cuMemcpyAtoH_v2(dst: *mut c_void, src: CUarray, src_offset: usize, bytes: usize);
+        cuMemcpyAtoH_v2 = cuMemcpyAtoH @ 12000 (dst: *mut c_void, src: CUarray, src_offset: usize, bytes: usize);
         cuMemcpyAtoH_v2_ptds(dst: *mut c_void, src: CUarray, src_offset: usize, bytes: usize);
-        cuMemcpyAtoA_v2(
+        cuMemcpyAtoA_v2 = cuMemcpyAtoA @ 12000 (
             dst: CUarray,
             dst_offset: usize,
             src: CUarray,
@@ -308,7 +310,7 @@ interposer_table! {
             src_offset: usize,
             bytes: usize,
         );
-        cuMemcpyHtoAAsync_v2(
+        cuMemcpyHtoAAsync_v2 = cuMemcpyHtoAAsync @ 12000 (
             dst: CUarray,
             dst_offset: usize,
             src: *const c_void,
@@ -322,7 +324,7 @@ interposer_table! {
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpyAtoHAsync_v2(
+        cuMemcpyAtoHAsync_v2 = cuMemcpyAtoHAsync @ 12000 (
             dst: *mut c_void,
             src: CUarray,
             src_offset: usize,
@@ -336,36 +338,36 @@ interposer_table! {
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
+        cuMemcpyHtoDAsync_v2 = cuMemcpyHtoDAsync @ 12000 (dst: CUdeviceptr, src: *const c_void, bytes: usize, stream: CUstream);
         cuMemcpyHtoDAsync_v2_ptsz(
             dst: CUdeviceptr,
             src: *const c_void,
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyDtoHAsync_v2 = cuMemcpyDtoHAsync @ 12000 (dst: *mut c_void, src: CUdeviceptr, bytes: usize, stream: CUstream);
         cuMemcpyDtoHAsync_v2_ptsz(
             dst: *mut c_void,
             src: CUdeviceptr,
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
+        cuMemcpyDtoDAsync_v2 = cuMemcpyDtoDAsync @ 12000 (dst: CUdeviceptr, src: CUdeviceptr, bytes: usize, stream: CUstream);
         cuMemcpyDtoDAsync_v2_ptsz(
             dst: CUdeviceptr,
             src: CUdeviceptr,
             bytes: usize,
             stream: CUstream,
         );
-        cuMemcpy2D_v2(copy: *const c_void);
+        cuMemcpy2D_v2 = cuMemcpy2D @ 12000 (copy: *const c_void);
         cuMemcpy2D_v2_ptds(copy: *const c_void);
-        cuMemcpy2DUnaligned_v2(copy: *const c_void);
+        cuMemcpy2DUnaligned_v2 = cuMemcpy2DUnaligned @ 12000 (copy: *const c_void);
         cuMemcpy2DUnaligned_v2_ptds(copy: *const c_void);
-        cuMemcpy2DAsync_v2(copy: *const c_void, stream: CUstream);
+        cuMemcpy2DAsync_v2 = cuMemcpy2DAsync @ 12000 (copy: *const c_void, stream: CUstream);
         cuMemcpy2DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
-        cuMemcpy3D_v2(copy: *const c_void);
+        cuMemcpy3D_v2 = cuMemcpy3D @ 12000 (copy: *const c_void);
         cuMemcpy3D_v2_ptds(copy: *const c_void);
-        cuMemcpy3DAsync_v2(copy: *const c_void, stream: CUstream);
+        cuMemcpy3DAsync_v2 = cuMemcpy3DAsync @ 12000 (copy: *const c_void, stream: CUstream);
         cuMemcpy3DAsync_v2_ptsz(copy: *const c_void, stream: CUstream);
         cuMemcpy3DPeer(copy: *const c_void);
         cuMemcpy3DPeer_ptds(copy: *const c_void);
@@ -393,7 +395,7 @@ interposer_table! {
             fail_idx: *mut usize,
             stream: CUstream,
         );
-        cuMemcpyBatchAsync_v2(
+        cuMemcpyBatchAsync_v2 = cuMemcpyBatchAsync @ 13000 (
             dsts: *mut CUdeviceptr,
             srcs: *mut CUdeviceptr,
             sizes: *mut usize,
@@ -427,7 +429,7 @@ interposer_table! {
             flags: c_ulonglong,
             stream: CUstream,
         );
-        cuMemcpy3DBatchAsync_v2(
+        cuMemcpy3DBatchAsync_v2 = cuMemcpy3DBatchAsync @ 13000 (
             num_ops: usize,
             ops: *mut c_void,
             flags: c_ulonglong,
@@ -439,9 +441,9 @@ interposer_table! {
             flags: c_ulonglong,
             stream: CUstream,
         );
-        cuMemsetD8_v2(dst: CUdeviceptr, value: u8, count: usize);
+        cuMemsetD8_v2 = cuMemsetD8 @ 12000 (dst: CUdeviceptr, value: u8, count: usize);
         cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize);
-        cuMemsetD2D8_v2(dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
+        cuMemsetD2D8_v2 = cuMemsetD2D8 @ 12000 (dst: CUdeviceptr, pitch: usize, value: u8, width: usize, height: usize);
         cuMemsetD2D8_v2_ptds(
             dst: CUdeviceptr,
             pitch: usize,
@@ -467,9 +469,9 @@ interposer_table! {
             height: usize,
             stream: CUstream,
         );
-        cuMemsetD16_v2(dst: CUdeviceptr, value: u16, count: usize);
+        cuMemsetD16_v2 = cuMemsetD16 @ 12000 (dst: CUdeviceptr, value: u16, count: usize);
         cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, count: usize);
-        cuMemsetD2D16_v2(dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize);
+        cuMemsetD2D16_v2 = cuMemsetD2D16 @ 12000 (dst: CUdeviceptr, pitch: usize, value: u16, width: usize, height: usize);
         cuMemsetD2D16_v2_ptds(
             dst: CUdeviceptr,
             pitch: usize,
@@ -495,9 +497,9 @@ interposer_table! {
             height: usize,
             stream: CUstream,
         );
-        cuMemsetD32_v2(dst: CUdeviceptr, value: c_uint, count: usize);
+        cuMemsetD32_v2 = cuMemsetD32 @ 12000 (dst: CUdeviceptr, value: c_uint, count: usize);
         cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, count: usize);
-        cuMemsetD2D32_v2(
+        cuMemsetD2D32_v2 = cuMemsetD2D32 @ 12000 (
             dst: CUdeviceptr,
             pitch: usize,
             value: c_uint,
@@ -539,25 +541,25 @@ interposer_table! {
         cuStreamWriteValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
         cuStreamBatchMemOp(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
         cuStreamBatchMemOp_ptsz(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
-        cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWaitValue32_v2 = cuStreamWaitValue32 @ 12000 (stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
         cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
-        cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWaitValue64_v2 = cuStreamWaitValue64 @ 12000 (stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
         cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
-        cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
+        cuStreamWriteValue32_v2 = cuStreamWriteValue32 @ 12000 (stream: CUstream, addr: CUdeviceptr, value: u32, flags: c_uint);
         cuStreamWriteValue32_v2_ptsz(
             stream: CUstream,
             addr: CUdeviceptr,
             value: u32,
             flags: c_uint,
         );
-        cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
+        cuStreamWriteValue64_v2 = cuStreamWriteValue64 @ 12000 (stream: CUstream, addr: CUdeviceptr, value: u64, flags: c_uint);
         cuStreamWriteValue64_v2_ptsz(
             stream: CUstream,
             addr: CUdeviceptr,
             value: u64,
             flags: c_uint,
         );
-        cuStreamBatchMemOp_v2(stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
+        cuStreamBatchMemOp_v2 = cuStreamBatchMemOp @ 12000 (stream: CUstream, count: c_uint, ops: *mut c_void, flags: c_uint);
         cuStreamBatchMemOp_v2_ptsz(
             stream: CUstream,
             count: c_uint,
@@ -572,7 +574,7 @@ interposer_table! {
         cuStreamWaitEvent_ptsz(stream: CUstream, event: CUevent, flags: c_uint);
         cuMemPrefetchAsync(ptr: CUdeviceptr, bytes: usize, device: CUdevice, stream: CUstream);
         cuMemPrefetchAsync_ptsz(ptr: CUdeviceptr, bytes: usize, device: CUdevice, stream: CUstream);
-        cuMemPrefetchAsync_v2(
+        cuMemPrefetchAsync_v2 = cuMemPrefetchAsync @ 13000 (
             ptr: CUdeviceptr,
             bytes: usize,
             location: CUmemLocation,

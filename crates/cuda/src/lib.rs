@@ -101,12 +101,12 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
-        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
+        gated { $( $g:ident $(= $gb:ident @ $gv:literal)? ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         generate! {
             $( $w $(= $wb @ $wv)? ( $($wa : $wt),* ); )*
-            $( $g ( $($ga : $gt),* ); )*
+            $( $g $(= $gb @ $gv)? ( $($ga : $gt),* ); )*
             $( $c $(= $cb @ $cv)? ( $($ca : $ct),* ); )*
         }
 

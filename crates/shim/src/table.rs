@@ -39,7 +39,7 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
-        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
+        gated { $( $g:ident $(= $gb:ident @ $gv:literal)? ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         /// The exported wrappers. Each one fetches the real table (built on the first call) and

@@ -12,7 +12,7 @@ macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
         wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
-        gated { $( $g:ident ( $($ga:ident : $gt:ty),* $(,)? ); )* }
+        gated { $( $g:ident $(= $gb:ident @ $gv:literal)? ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
         const INTERCEPTION: &[&str] = &[$(stringify!($i)),*];
