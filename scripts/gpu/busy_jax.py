@@ -20,6 +20,7 @@ import os
 import sys
 
 # Multicast off (lane_common) before jax is imported.
+import lane_common  # noqa: F401 (multicast off at module level, in spawned children too)
 from busy_common import Tally, add_common_args, emit, guarded, run_until_stop, shim_mapped, write_ready
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -18,6 +18,7 @@ import os
 import sys
 
 # Multicast off (lane_common) before torch is imported.
+import lane_common  # noqa: F401 (multicast off at module level, in spawned children too)
 from busy_common import Tally, add_common_args, emit, guarded, run_until_stop, shim_mapped, write_ready
 
 

@@ -26,6 +26,7 @@ import sys
 import time
 
 # Multicast off (lane_common) before torch is imported, here and in the spawned consumer.
+import lane_common  # noqa: F401 (multicast off at module level, in spawned children too)
 from busy_common import Tally, add_common_args, emit, guarded, shim_mapped, stop_requested, write_ready
 
 MODULUS = 1021  # base[i] = i % MODULUS

@@ -35,6 +35,7 @@ import sys
 import time
 
 # Multicast off (lane_common) before cupy is imported, here and in the spawned rank.
+import lane_common  # noqa: F401 (multicast off at module level, in spawned children too)
 from busy_common import Tally, add_common_args, emit, guarded, shim_mapped, stop_requested, write_ready
 
 WORDS = 1024  # words per data slot

@@ -35,6 +35,7 @@ import sys
 import time
 
 # Multicast off (lane_common) before torch is imported; cuBLAS's workspace fixed for determinism.
+import lane_common  # noqa: F401 (multicast off at module level, in spawned children too)
 from busy_common import Tally, add_common_args, emit, guarded, shim_mapped, stop_requested, write_ready
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
