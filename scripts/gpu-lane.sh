@@ -13,8 +13,9 @@
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
-# Safety (DESIGN.md): multicast is never used here; the switches below are exported to every process,
-# and nothing here changes clocks, power, compute or persistence mode, MIG, or resets a GPU.
+# Safety (docs/design.md, "Rules on the GPU machine"): multicast is never used here; the switches
+# below are exported to every process, and nothing here changes clocks, power, compute or
+# persistence mode, MIG, or resets a GPU.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1

@@ -5,7 +5,7 @@ spawned children (which re-import their main module, and with it this one) switc
 import json
 import os
 
-# Multicast must never be used on the GPU machine (DESIGN.md, "Rules on the GPU machine").
+# Multicast must never be used on the GPU machine (docs/design.md, "Rules on the GPU machine").
 MULTICAST_OFF = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Exit codes, documented in `--help` and the README.
+/// Exit codes, documented in `--help`, the README and docs/recovery.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {
     Success = 0,
@@ -46,7 +46,7 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  unexpected error
-  2  bad arguments or a bad setting (an environment variable of README's table)
+  2  bad arguments or a bad setting (an environment variable of docs/settings.md)
   3  refused before anything changed (the workload runs as before)
   4  failed and rolled back (the workload runs as before; a restore: what it brought back
      was killed, the checkpoint is unchanged)

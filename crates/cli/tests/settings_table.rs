@@ -1,7 +1,7 @@
-//! README.md's "### Settings" table against the two configurations that read the environment: the
-//! shim's (`ShimConfig`) and the tool's (`ToolConfig`). Every row names who reads it; each side's
-//! rows are exactly its `SETTINGS`, with the same defaults (in the table's words, up to any
-//! parenthesis).
+//! The settings table of `docs/settings.md` ("## Environment variables") against the two
+//! configurations that read the environment: the shim's (`ShimConfig`) and the tool's
+//! (`ToolConfig`). Every row names who reads it; each side's rows are exactly its `SETTINGS`, with
+//! the same defaults (in the table's words, up to any parenthesis).
 
 use control::config::ToolConfig;
 use shim_runtime::config::ShimConfig;
@@ -12,13 +12,16 @@ struct Row {
     default: String,
 }
 
-fn readme_settings() -> Vec<Row> {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
-    let table = readme
-        .split("\n### Settings\n")
+fn documented_settings() -> Vec<Row> {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/settings.md"
+    ))
+    .unwrap();
+    let table = page
+        .split("\n## Environment variables\n")
         .nth(1)
-        .expect("README.md has a ### Settings section");
+        .expect("docs/settings.md has a ## Environment variables section");
     let rows: Vec<Row> = table
         .lines()
         .skip_while(|l| !l.starts_with('|'))
@@ -44,7 +47,7 @@ fn readme_settings() -> Vec<Row> {
 
 /// The table's `(name, default)` pairs read by `reader`, sorted.
 fn documented_for(reader: &str) -> Vec<(String, String)> {
-    let mut rows: Vec<(String, String)> = readme_settings()
+    let mut rows: Vec<(String, String)> = documented_settings()
         .into_iter()
         .filter(|row| row.readers.iter().any(|r| r == reader))
         .map(|row| (row.name, row.default))
@@ -63,7 +66,7 @@ fn sorted(pairs: impl Iterator<Item = (&'static str, &'static str)>) -> Vec<(Str
 
 #[test]
 fn every_row_names_the_shim_or_the_tool_as_its_reader() {
-    for row in readme_settings() {
+    for row in documented_settings() {
         for reader in &row.readers {
             assert!(
                 reader == "shim" || reader == "tool",

@@ -1,5 +1,5 @@
-//! Suspend and resume in place: the capture phases of DESIGN.md driven over every participant, the
-//! native lock and checkpoint around them, and the rebuild after native restore.
+//! Suspend and resume in place: the capture phases of docs/design.md driven over every
+//! participant, the native lock and checkpoint around them, and the rebuild after native restore.
 //!
 //! Order of a suspend: discover → inspect (read-only, whole-group checks) → freeze → inspect again
 //! (frozen, nothing in flight) → state file → save → release → inspect (all released) → native lock

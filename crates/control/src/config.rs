@@ -2,18 +2,18 @@
 //! [`ToolConfig`] that the commands are given (the tool never reads a workload's environment; see
 //! `discovery`).
 //!
-//! [`ToolConfig::SETTINGS`] lists the variables with their defaults as README.md's "Settings" table
-//! states them; the parser reads each variable through that list, and tests hold the list, the
-//! table and the parsed defaults to each other. A value that does not parse is an error
-//! ([`ConfigError`]; the CLI exits 2, as for a bad argument) rather than a silent default. An empty
-//! value counts as unset. `PATH` (where CRIU is looked for) and `LD_PRELOAD` (which `run` extends)
-//! are the system's, not settings.
+//! [`ToolConfig::SETTINGS`] lists the variables with their defaults as the settings table of
+//! docs/settings.md states them; the parser reads each variable through that list, and tests hold
+//! the list, the table and the parsed defaults to each other. A value that does not parse is an
+//! error ([`ConfigError`]; the CLI exits 2, as for a bad argument) rather than a silent default. An
+//! empty value counts as unset. `PATH` (where CRIU is looked for) and `LD_PRELOAD` (which `run`
+//! extends) are the system's, not settings.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// An environment variable, with its default as the README's settings table states it.
+/// An environment variable, with its default as the settings table of docs/settings.md states it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting {
     pub name: &'static str,

@@ -2,7 +2,7 @@
 //! and the few device queries the tool needs (UUIDs for device maps, memory info for reports).
 //!
 //! The tool loads `libcuda.so.1` once (through the `cuda` crate's loader) and keeps it: each
-//! `cuInit` costs seconds on large machines (measurements.md), so one long-lived process makes
+//! `cuInit` costs seconds on large machines (docs/measurements.md), so one long-lived process makes
 //! every native call of a suspend or resume.
 
 use crate::ControlError;

@@ -50,9 +50,10 @@ pub struct Driver {
     ctx_get_device: CtxGetDevice,
 }
 
-/// The module this library loads in each communicator's context: PTX text whose `.entry` names
-/// are the fake driver's built-in kernels (KERNELS.md), which is all the fake reads of it. The
-/// bodies are empty: this library is for the fake driver, never for a GPU.
+/// The module this library loads in each communicator's context: PTX text whose `.entry` names are
+/// the fake driver's built-in kernels (crates/fake-cuda/README.md, "Modules and kernels"), which is
+/// all the fake reads of it. The bodies are empty: this library is for the fake driver, never for a
+/// GPU.
 const MODULE: &CStr = c"//
 // fake-nccl: the kernels of an all-reduce (implemented by the fake CUDA driver)
 //
@@ -238,8 +239,9 @@ impl Driver {
             }
             Kernel::Sum { .. } => vec![ptr(&mut wide[0]), ptr(&mut wide[1]), ptr(&mut wide[2])],
         };
-        // SAFETY: `params` holds one pointer per kernel parameter (KERNELS.md order), each to a
-        // live local of the parameter's type; the driver copies the values before returning.
+        // SAFETY: `params` holds one pointer per kernel parameter (in the order of the kernel table
+        // of crates/fake-cuda/README.md), each to a live local of the parameter's type; the driver
+        // copies the values before returning.
         let launched = unsafe {
             (self.launch_kernel)(
                 kernels.functions[index],

@@ -29,7 +29,8 @@
 use crate::abi::Element;
 use crate::layout::{Layout, SLOTS};
 
-/// One kernel launch: a built-in kernel of the fake driver (KERNELS.md) and its arguments.
+/// One kernel launch: a built-in kernel of the fake driver (crates/fake-cuda/README.md, "Modules
+/// and kernels") and its arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     /// `cuinterpose_copy(dst, src, bytes)`.

@@ -1,11 +1,11 @@
 //! The shim's configuration: every environment variable it reads, each read once, when the runtime
 //! starts (the first successful `cuInit`), into one [`ShimConfig`].
 //!
-//! [`ShimConfig::SETTINGS`] lists the variables with their defaults as README.md's "Settings" table
-//! states them; the parser reads each variable through that list, and tests hold the list, the
-//! table and the parsed defaults to each other. A value that does not parse is not fatal (the shim
-//! must never break the application): the default is used and [`Invalid`] says so, which the
-//! runtime logs as a warning. An empty value counts as unset.
+//! [`ShimConfig::SETTINGS`] lists the variables with their defaults as the settings table of
+//! docs/settings.md states them; the parser reads each variable through that list, and tests hold
+//! the list, the table and the parsed defaults to each other. A value that does not parse is not
+//! fatal (the shim must never break the application): the default is used and [`Invalid`] says so,
+//! which the runtime logs as a warning. An empty value counts as unset.
 
 use crate::copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
@@ -13,7 +13,7 @@ use crate::owned_alloc::AllocMode;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// An environment variable, with its default as the README's settings table states it.
+/// An environment variable, with its default as the settings table of docs/settings.md states it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Setting {
     pub name: &'static str,

@@ -71,7 +71,7 @@ pub struct Scenario {
     pub name: &'static str,
     /// What it shows.
     pub about: &'static str,
-    /// What r580 did in `measurements.md` (`?` where a step was not measured; empty when the
+    /// What r580 did in `docs/measurements.md` (`?` where a step was not measured; empty when the
     /// scenario was not measured there).
     pub r580: &'static str,
     /// May hang on a real driver: runs last, skipped by `--skip-hangs`.

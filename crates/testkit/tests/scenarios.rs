@@ -1,5 +1,5 @@
 //! Every scenario on the fake driver, with the outcome the fake must give. The fake reproduces
-//! r580 (measurements.md) except where its README says otherwise: the exporter that the real
+//! r580 (docs/measurements.md) except where its README says otherwise: the exporter that the real
 //! driver hangs on times out instead.
 
 use cuinterpose_testkit::scenarios::{self, Outcome, Settings};

@@ -116,10 +116,11 @@ impl Kernels {
             })
             .collect();
         #[allow(unsafe_code)] // the launch: kernel parameters by pointer
-        // SAFETY: every public launcher below passes exactly the parameters its kernel declares
-        // in kernels.ptx (and KERNELS.md), in order and of the declared widths; `values` outlives
-        // the call, and the driver copies the values at launch. Device addresses the kernel
-        // touches are checked by the device (a bad one is a sticky error, not host memory access).
+        // SAFETY: every public launcher below passes exactly the parameters its kernel declares in
+        // kernels.ptx (and the kernel table of crates/fake-cuda/README.md), in order and of the
+        // declared widths; `values` outlives the call, and the driver copies the values at launch.
+        // Device addresses the kernel touches are checked by the device (a bad one is a sticky
+        // error, not host memory access).
         unsafe {
             api.launch_kernel(f, [grid, 1, 1], [block, 1, 1], 0, stream, &mut params)
         }

@@ -44,7 +44,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(180);
 /// Default bound on one command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The multicast kill switches set in every process the launcher starts (DESIGN.md, GPU rules).
+/// The multicast kill switches set in every process the launcher starts (docs/design.md, "Rules
+/// on the GPU machine").
 pub const NO_MULTICAST_ENV: [(&str, &str); 3] = [
     ("NCCL_NVLS_ENABLE", "0"),
     ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),

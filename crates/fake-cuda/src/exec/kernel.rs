@@ -1,6 +1,7 @@
-//! The built-in kernels of the fake (the shared contract in KERNELS.md): what each one takes
-//! and what it does when its stream executes it. Arguments are copied at launch, as the driver
-//! does; memory is checked and touched at execution (see [`super::access`]).
+//! The built-in kernels of the fake (the shared contract: the kernel table of this crate's README,
+//! "Modules and kernels"): what each one takes and what it does when its stream executes it.
+//! Arguments are copied at launch, as the driver does; memory is checked and touched at execution
+//! (see [`super::access`]).
 
 use std::ffi::c_void;
 use std::time::{Duration, Instant};

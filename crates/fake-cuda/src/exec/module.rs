@@ -1,7 +1,8 @@
 //! Modules and kernel launches. `cuModuleLoadData` takes PTX text and keeps the names of its
-//! `.entry` functions (no JIT: the fake runs its built-in kernels, KERNELS.md);
-//! `cuModuleGetFunction` hands out a function for a name the module has and the fake implements;
-//! `cuLaunchKernel`/`cuLaunchKernelEx` copy the arguments and queue the kernel on the stream.
+//! `.entry` functions (no JIT: the fake runs its built-in kernels, this crate's README, "Modules
+//! and kernels"); `cuModuleGetFunction` hands out a function for a name the module has and the fake
+//! implements; `cuLaunchKernel`/`cuLaunchKernelEx` copy the arguments and queue the kernel on the
+//! stream.
 
 use std::ffi::{CStr, c_char, c_uint, c_void};
 

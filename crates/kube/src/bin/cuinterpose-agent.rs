@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .context("connecting to the Kubernetes API")?;
             let config = control::config::ToolConfig::from_env()
-                .context("reading the tool's settings (README's settings table)")?;
+                .context("reading the tool's settings (docs/settings.md)")?;
             control::runlock::configure(&config);
             let tool = ToolOptions {
                 criu,
