@@ -24,6 +24,7 @@ ln -s ../../opt/cuinterpose/bin/cuinterpose "$root/usr/bin/cuinterpose"
 for page in dist/share/man/man1/*.1; do gzip -9n <"$page" >"$root/usr/share/man/man1/$(basename "$page").gz"; done
 cp -a dist/share/bash-completion dist/share/zsh dist/share/fish "$root/usr/share/"
 cp README.md "$root/usr/share/doc/cuinterpose/"
+cp -r docs "$root/usr/share/doc/cuinterpose/"  # the README links into docs/
 cat >"$root/DEBIAN/control" <<CONTROL
 Package: cuinterpose
 Version: $version

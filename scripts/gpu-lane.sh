@@ -34,6 +34,8 @@ steps=("$@")
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
 wants() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+# LANE_BUSY=jax,spin runs only those busy workloads (tags up to the first dash; default all).
+busy_wanted() { [ -z "${LANE_BUSY:-}" ] || [[ ",$LANE_BUSY," == *",${1%%-*},"* ]]; }
 
 [ -x "$bin/cuinterpose" ] || { echo "dist/bin/cuinterpose missing: run scripts/build-dist.sh here first" >&2; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
@@ -736,6 +738,7 @@ busy_plain() {
     local envs=()
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
+    busy_wanted "$tag" || return 0
     local dir lg pid st result
     dir=$(mktemp -d "/tmp/busy-plain-$tag.XXXXXX")
     lg=$logs/busy-plain-$tag
@@ -752,14 +755,42 @@ busy_plain() {
     pkill -9 -f "ready-dir $dir" 2>/dev/null
     rm -rf "$dir"
 }
+# busy_idle TAG ENV-ASSIGNMENT... -- SCRIPT ARGS...: the workload under the shim for a few seconds,
+#   no capture: what the shim costs it while it runs (rounds/s against busy_plain's).
+busy_idle() {
+    local tag=$1; shift
+    local envs=(PYTHONFAULTHANDLER=1)
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    busy_wanted "$tag" || return 0
+    local dir lg pid st result
+    dir=$(mktemp -d "/tmp/busy-idle-$tag.XXXXXX")
+    lg=$logs/busy-idle-$tag
+    env "${envs[@]}" "$bin/cuinterpose" run --pid-namespace -- python3 "$@" --ready-dir "$dir" \
+        --require-shim --max-seconds 300 >"$lg.jsonl" 2>"$lg.err" &
+    pid=$!
+    busy_wait_ready "$dir/ready.json" 300 "$pid" && sleep 5
+    touch "$dir/stop"
+    timeout 120 tail --pid="$pid" -f /dev/null
+    kill -0 "$pid" 2>/dev/null && busy_reap "$pid"
+    wait "$pid" 2>/dev/null
+    st=$?
+    result=$(busy_summary "$lg.jsonl" "$lg.err")
+    row "busy $tag under the shim, no capture" "-" "${result#*$'\t'}" "$([ "$st" -eq 0 ] && [ "${result%%$'\t'*}" = ok ] && echo ok || echo "FAIL (exit $st)")"
+    pkill -9 -f "ready-dir $dir" 2>/dev/null
+    rm -rf "$dir"
+}
 # busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
 #   ACTIONS: "suspend", "checkpoint" or "suspend,checkpoint"; LOSSES/STEPS: the training loop's loss
 #   file and the steps it must reach before stop (else "-" and 0), compared with $busy_ref's.
 busy_case() {
     local tag=$1 actions=$2 losses=$3 need_steps=$4; shift 4
-    local envs=()
+    local envs=(PYTHONFAULTHANDLER=1)  # a crash prints every Python thread's stack to the .err
+    # LANE_SHIM_LOG=debug: the shims' log level for the busy cases (into each workload's .err).
+    [ -n "${LANE_SHIM_LOG:-}" ] && envs+=("CUINTERPOSE_LOG=$LANE_SHIM_LOG")
     while [ "$1" != "--" ]; do envs+=("$1"); shift; done
     shift
+    busy_wanted "$tag" || return 0
     local dir lg launcher t0 st ckpt restored=no verdict=ok
     local suspend_ms=- resume_ms=- checkpoint_ms=- restore_ms=- drained_s=- drained_c=- notes=()  # "N ms" or "exit N"
     log "busy: $tag ($actions)"
@@ -775,6 +806,7 @@ busy_case() {
         rm -rf "$dir"; return
     fi
     sleep 2.5  # let it work
+    "$bin/cuinterpose" inspect --json --pid "$launcher" >"$lg-inspect.json" 2>&1  # what the shims track
     if [[ $actions == *suspend* ]]; then
         [ "$losses" = - ] || notes+=("$(busy_step_note suspended "$losses" "$need_steps")")
         t0=$(date +%s%N)
@@ -878,7 +910,9 @@ if wants busy; then
     busy_steps=150
     busy_ref=$logs/busy-train-reference.losses
     # The run left alone: no shim, exactly 150 steps.
-    if timeout 600 python3 "$repo/scripts/gpu/busy_train.py" --steps "$busy_steps" --losses "$busy_ref" \
+    if ! busy_wanted train; then
+        :
+    elif timeout 600 python3 "$repo/scripts/gpu/busy_train.py" --steps "$busy_steps" --losses "$busy_ref" \
             >"$logs/busy-train-reference.jsonl" 2>"$logs/busy-train-reference.err"; then
         row "busy train reference (no shim)" "-" "$(busy_summary "$logs/busy-train-reference.jsonl" "$logs/busy-train-reference.err" | cut -f2); $(python3 -c "
 import json
@@ -906,6 +940,8 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
     if python3 -c "import cupy" 2>/dev/null; then
         # Kernels spinning on each other's flags in legacy IPC memory: suspend/resume only (issue 27).
         busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
+        busy_idle spin-vmm CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
+        busy_idle spin-native CUINTERPOSE_ALLOC=native -- "$repo/scripts/gpu/busy_spin.py"
         busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
     else
         row "busy spin" "-" "cupy is not installed on this machine" SKIPPED

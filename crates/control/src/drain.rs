@@ -11,9 +11,15 @@
 //! 3. When a slice ends with no process newly drained, the group is stalled: kernels of one
 //!    process wait for work of another that is held at its gate (NCCL ranks in a collective,
 //!    processes spinning on each other's flags in shared memory). The tool then **admits** held
-//!    submissions in every process that has some, one per process at first and twice as many at
-//!    each stall in a row (a rank that queued many rounds ahead lets its peers catch up in a few
-//!    slices), so the exchange in flight completes instead of being cut.
+//!    submissions, one per process at first and twice as many at each stall in a row (a process
+//!    with many submitting threads lets its peers catch up in a few slices), so the exchange in
+//!    flight completes instead of being cut. It admits into the processes that are drained and
+//!    hold submissions: a process still busy waits for a peer, so what it holds would only take it
+//!    further ahead and start new waits, while the work it waits for is held in a process that is
+//!    at rest (the one behind). Admitting into every process at each stall made a chase that
+//!    never ended in rings of 8 spinning processes: each admission moved the ranks ahead as far as
+//!    the one behind. Only when no drained process holds anything (a process that waits for its
+//!    own held work, two streams of one process) are the busy ones admitted into.
 //! 4. The deadline (`--freeze-timeout`) ends it: every gate opens again (the caller's rollback),
 //!    nothing was released, and the refusal names each process still busy, what it waits for,
 //!    and what is held at its gate.
@@ -122,19 +128,48 @@ fn drain_slice(
     Ok(newly)
 }
 
-/// Admits up to `count` held submissions in every process (a process with none holds nothing and
-/// stays as it was); a process that let some through is no longer drained.
+/// Admits up to `count` held submissions at a stall (module docs, step 3): into the drained
+/// processes first, and only when none of them holds anything into the busy ones. A process that
+/// let some through is no longer drained.
 fn admit_held(
     participants: &mut [Participant],
     standing: &mut [Standing],
     count: u32,
 ) -> Result<(), ControlError> {
+    let at_rest: Vec<bool> = standing.iter().map(|s| s.drained_at.is_some()).collect();
+    let granted = admit_into(participants, standing, count, &at_rest)?;
+    if granted == 0 {
+        let busy: Vec<bool> = at_rest.iter().map(|rest| !rest).collect();
+        admit_into(participants, standing, count, &busy)?;
+    }
+    Ok(())
+}
+
+/// Admits up to `count` held submissions into each process `chosen` marks; returns how many were
+/// granted in all.
+fn admit_into(
+    participants: &mut [Participant],
+    standing: &mut [Standing],
+    count: u32,
+    chosen: &[bool],
+) -> Result<u64, ControlError> {
     let request = Request::Admit { count };
-    let reports = crate::parallel::for_each_mut(participants.iter_mut().collect(), |p| {
-        p.drain_request(&request)
-    });
-    for (s, report) in standing.iter_mut().zip(reports) {
+    let targets: Vec<&mut Participant> = participants
+        .iter_mut()
+        .zip(chosen)
+        .filter(|(_, chosen)| **chosen)
+        .map(|(p, _)| p)
+        .collect();
+    let reports = crate::parallel::for_each_mut(targets, |p| p.drain_request(&request));
+    let target_standing = standing
+        .iter_mut()
+        .zip(chosen)
+        .filter(|(_, chosen)| **chosen)
+        .map(|(s, _)| s);
+    let mut granted = 0u64;
+    for (s, report) in target_standing.zip(reports) {
         let report = report?;
+        granted += u64::from(report.granted);
         if report.granted > 0 {
             tracing::debug!(granted = report.granted, "held submissions admitted");
             s.drained_at = None;
@@ -144,7 +179,7 @@ fn admit_held(
             s.last.admitted = report.admitted;
         }
     }
-    Ok(())
+    Ok(granted)
 }
 
 /// Hold to everyone at once. Another run holding a process's capture is a refusal.
