@@ -94,7 +94,8 @@ def rank_loop(cp, rank, own, peer, stop_round, should_stop, alive, stall_timeout
         deadline = time.monotonic() + stall_timeout
         while not event.done:
             if time.monotonic() > deadline:
-                return "round %d did not complete in %.0f s (stalled: the peer never met it)" % (r, stall_timeout)
+                return "round %d did not complete in %.0f s (stalled: the peer never met it); %s" % (
+                    r, stall_timeout, flags_seen(cp, own, peer))
             if not alive():
                 return "round %d: the peer process is gone (stalled: it will never meet it)" % r
             time.sleep(0.0001)
@@ -111,6 +112,24 @@ def rank_loop(cp, rank, own, peer, stop_round, should_stop, alive, stall_timeout
         if should_stop is not None and not stop_round.value and should_stop():
             stop_round.value = r + 1  # rank 1 may already spin in round r + 1: meet it there, then end
         r += 1
+
+
+def flags_seen(cp, own, peer):
+    """The two flag words of each buffer as this rank's mappings show them, copied on a stream of
+    their own while the round's kernel still spins: which side's writes never arrived."""
+    import numpy as np
+
+    try:
+        side = cp.cuda.Stream(non_blocking=True)
+        seen = {}
+        for name, base in (("own", own), ("peer", peer)):
+            host = np.zeros(2, dtype=np.uint32)
+            cp.cuda.runtime.memcpyAsync(host.ctypes.data, base, 8, cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
+            side.synchronize()
+            seen[name] = [int(v) for v in host]
+        return "flags seen: own %s, peer %s" % (seen["own"], seen["peer"])
+    except Exception as e:  # a diagnostic only: the stall is the failure
+        return "flags not readable: %s" % e
 
 
 def open_peer(cp, handle):
