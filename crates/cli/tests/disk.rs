@@ -658,6 +658,70 @@ fn a_failure_after_criu_restore_kills_the_restored_tree() {
     assert!(disk.holds_file(restored.0));
 }
 
+/// The root of the tree a killed restore left stopped: the topmost stopped ancestor of a rank
+/// (whose command line names this test's socket directory).
+fn stopped_restored_root(disk: &Disk) -> u32 {
+    let listen = disk.listen_dir();
+    let listen = listen.to_str().expect("utf-8 path");
+    let stat = |pid: u32| control::procfs::stat(pid);
+    let rank = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(listen))
+                && stat(pid).is_some_and(|s| s.stopped())
+        })
+        .expect("a stopped rank of the restored tree");
+    let mut root = rank;
+    while let Some(parent) = stat(root).map(|s| s.ppid) {
+        if !stat(parent).is_some_and(|s| s.stopped()) {
+            break;
+        }
+        root = parent;
+    }
+    root
+}
+
+/// A restore killed in its native restore (CRIU brought the tree back stopped, the group's state
+/// is recorded, the tool dies inside `cuCheckpointProcessRestore`) is finished by `resume --pid
+/// <restored root>`: each process restored with only its restore thread running (the fake
+/// refuses a restore of a CRIU-restored process whose other threads run, as r580 crashes it),
+/// then the tree continued and the shims rebuilt.
+#[test]
+fn a_restore_killed_in_its_native_restore_is_finished_by_resume() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    checkpoint_and_stop(&disk, &mut group);
+    let dir = disk.checkpoint_dir();
+    let out = disk.tool_with(
+        &["restore", "--dir", dir.to_str().expect("utf-8 path")],
+        &[("FAKE_CUDA_FAIL", "cuCheckpointProcessRestore:1=die")],
+    );
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(9),
+        "the tool died in the call: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = stopped_restored_root(&disk);
+    let _restored = Restored(root);
+    let tree = control::discovery::process_tree(root).expect("the restored tree");
+    assert!(
+        tree.iter()
+            .all(|&pid| control::procfs::stat(pid).is_some_and(|s| s.stopped())),
+        "CRIU's tree is still stopped"
+    );
+    let report = disk.tool_json(&["resume", "--pid", &root.to_string()]);
+    assert_eq!(
+        report["participants"].as_array().map(Vec::len),
+        Some(2),
+        "{report}"
+    );
+    verify_sharing(&disk.attach(), 1);
+}
+
 /// A restore killed while CRIU restores (here a CRIU that never finishes its restore) leaves its
 /// work files beside the run locks, never in the checkpoint: `restore --cleanup` removes them, and
 /// a restore after another kill clears them by itself and brings the group back.

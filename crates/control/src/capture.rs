@@ -821,11 +821,22 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = find_state(options)?;
+    let state = read_state(&state_path).map_err(unchanged)?;
+    // Nothing native was done to a keep-contexts suspension, so nothing native is undone.
+    let driver = match state.mode {
+        SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
+        SuspendMode::KeepContexts => None,
+    };
     let (mut state, mut group) = clock.time("inspect", None, || {
-        let state = read_state(&state_path).map_err(unchanged)?;
-        // A checkpoint killed during CRIU's dump leaves the tree stopped; this run holds the
-        // tree's lock, so no dump of it is running now.
-        continue_stopped(options.root, options.config.answer_timeout)?;
+        // A checkpoint killed during CRIU's dump, or a restore killed before it continued the
+        // tree CRIU brought back, leaves the tree stopped; this run holds the tree's lock, so
+        // no dump or restore of it is running now.
+        continue_stopped(
+            options.root,
+            driver.as_ref(),
+            &options.gpu_pairs,
+            options.config.answer_timeout,
+        )?;
         let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
@@ -853,16 +864,12 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             .participants
             .retain(|c| !lost.iter().any(|l| l.host_pid == c.host_pid));
     }
-    match state.mode {
-        SuspendMode::Native => {
-            let driver = Driver::load(options.driver.as_deref())?;
-            clock.time("native-restore", None, || {
-                native_resume(&driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
-            })?;
-        }
-        // Nothing native was done, so nothing native is undone: the contexts stayed resident and
-        // the shims rebuild into them (from any phase a suspend or an earlier resume left).
-        SuspendMode::KeepContexts => {}
+    // Without a driver (keep-contexts) the contexts stayed resident and the shims rebuild into
+    // them (from any phase a suspend or an earlier resume left).
+    if let Some(driver) = &driver {
+        clock.time("native-restore", None, || {
+            native_resume(driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
+        })?;
     }
     // A checkpoint or restore killed while the shared bytes were only in its data files left
     // a record of them beside the state file.
@@ -891,7 +898,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
 }
 
 /// A captured process as the state file names it.
-fn captured_label(p: &ParticipantState) -> String {
+pub(crate) fn captured_label(p: &ParticipantState) -> String {
     if p.host_pid == p.ns_pid {
         format!("pid {}", p.host_pid)
     } else {
@@ -952,9 +959,17 @@ pub fn suspended_state(root: u32, state_dir: Option<&Path>) -> Option<crate::gro
     })
 }
 
-/// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish
-/// leaves. A tree with none stopped is left alone.
-fn continue_stopped(root: u32, answer_timeout: Duration) -> Result<(), ControlError> {
+/// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish,
+/// or a restore killed before it continued what CRIU brought back, leaves. With a driver, each
+/// stopped CUDA process that is natively checkpointed is restored first, with only its restore
+/// thread running (crate::restore_thread: after CRIU's restore its other threads must not run
+/// before that). A tree with none stopped is left alone.
+fn continue_stopped(
+    root: u32,
+    driver: Option<&Driver>,
+    gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
+    answer_timeout: Duration,
+) -> Result<(), ControlError> {
     let tree = crate::discovery::process_tree(root)?;
     let stopped: Vec<u32> = tree
         .iter()
@@ -966,8 +981,17 @@ fn continue_stopped(root: u32, answer_timeout: Duration) -> Result<(), ControlEr
     }
     tracing::warn!(
         ?stopped,
-        "continuing processes left stopped (an interrupted dump)"
+        "continuing processes left stopped (an interrupted dump or restore)"
     );
+    if let Some(driver) = driver {
+        for &pid in &stopped {
+            if !crate::discovery::describe(pid).is_ok_and(|p| p.is_cuda()) {
+                continue;
+            }
+            crate::restore_thread::restore_stopped(driver, pid, gpu_pairs)
+                .map_err(|e| step_error("native restore", &format!("pid {pid}"), e))?;
+        }
+    }
     crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
         step: "continuing the stopped tree",
         process: format!("pid {root}"),
@@ -1120,7 +1144,10 @@ pub fn native_restore(
 }
 
 /// Native unlock of every process given, all at once; the first failure in their order.
-fn unlock_all(driver: &Driver, participants: &[&Participant]) -> Result<(), ControlError> {
+pub(crate) fn unlock_all(
+    driver: &Driver,
+    participants: &[&Participant],
+) -> Result<(), ControlError> {
     let unlocked = for_each_parallel(participants, |p| driver.unlock(p.info.host_pid));
     for (p, result) in participants.iter().zip(unlocked) {
         result.map_err(|e| step_error("native unlock", &p.info.label(), e))?;

@@ -91,12 +91,7 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
 /// Everything the tool needs to know about one process.
 pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
     let status = procfs::read(pid, "status")?;
-    let ns_pid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(pid);
+    let ns_pid = procfs::ns_pid_in(&status).unwrap_or(pid);
     let pid_namespace = fs::read_link(procfs::path(pid, "ns/pid"))
         .ok()
         .and_then(|l| namespace_inode(&l.to_string_lossy()))

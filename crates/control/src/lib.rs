@@ -24,6 +24,7 @@ pub mod native;
 mod parallel;
 pub mod procfs;
 pub mod remaps;
+pub mod restore_thread;
 pub mod runlock;
 pub mod safefs;
 pub mod tcp;
@@ -78,6 +79,14 @@ pub enum ControlError {
     Driver {
         call: &'static str,
         result: CUresult,
+    },
+    /// Letting a stopped process's restore thread run alone failed (restore_thread.rs).
+    #[error("pid {pid}, its restore thread {tid}: {what}: {source}")]
+    RestoreThread {
+        pid: u32,
+        tid: u32,
+        what: &'static str,
+        source: std::io::Error,
     },
     #[error(transparent)]
     Criu(#[from] criu::CriuError),

@@ -144,6 +144,19 @@ impl Driver {
             .map_err(driver_error)
     }
 
+    /// The thread of `pid` that carries out its restore, as the driver names it (the process's
+    /// own PID namespace or this one: [`crate::restore_thread`] takes either).
+    pub fn restore_thread(&self, pid: u32) -> Result<u32, ControlError> {
+        let tid = self
+            .table()
+            .checkpoint_restore_thread(pid as i32)
+            .map_err(driver_error)?;
+        u32::try_from(tid).map_err(|_| ControlError::Driver {
+            call: "cuCheckpointProcessGetRestoreThreadId",
+            result: CUresult::ERROR_INVALID_VALUE,
+        })
+    }
+
     pub fn unlock(&self, pid: u32) -> Result<(), ControlError> {
         self.table()
             .checkpoint_unlock(pid as i32)

@@ -16,6 +16,22 @@ pub fn read(pid: u32, rest: &str) -> Result<String, ControlError> {
     std::fs::read_to_string(&path).map_err(|source| ControlError::Proc { pid, path, source })
 }
 
+/// `pid`'s PID in its own namespace: the last field of `NSpid:` in `/proc/<pid>/status` (`pid`
+/// itself on a kernel without the field).
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    let status = read(pid, "status").ok()?;
+    Some(ns_pid_in(&status).unwrap_or(pid))
+}
+
+/// The namespace PID in the text of a `status` file.
+pub fn ns_pid_in(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+}
+
 /// The fields of `/proc/<pid>/stat` the tool reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {

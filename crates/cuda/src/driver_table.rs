@@ -660,5 +660,6 @@ interposer_table! {
         cuCheckpointProcessRestore(pid: c_int, args: *mut CUcheckpointRestoreArgs);
         cuCheckpointProcessUnlock(pid: c_int, args: *mut CUcheckpointUnlockArgs);
         cuCheckpointProcessGetState(pid: c_int, state: *mut u32);
+        cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int);
     }
 }

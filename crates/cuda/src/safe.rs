@@ -851,6 +851,15 @@ impl DriverTable {
         unsafe { self.cuCheckpointProcessUnlock(pid, &mut args) }
     }
 
+    /// `cuCheckpointProcessGetRestoreThreadId`: the thread of `pid` that carries out its restore
+    /// (the one thread that must run while a process CRIU brought back is restored).
+    pub fn checkpoint_restore_thread(&self, pid: i32) -> Result<i32> {
+        let mut tid = 0;
+        // SAFETY: a valid out-pointer.
+        unsafe { self.cuCheckpointProcessGetRestoreThreadId(pid, &mut tid) }?;
+        Ok(tid)
+    }
+
     /// `cuCheckpointProcessGetState`: a [`cuda_abi::process_state`] value.
     pub fn checkpoint_state(&self, pid: i32) -> Result<u32> {
         let mut state = 0u32;

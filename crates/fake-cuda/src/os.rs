@@ -366,6 +366,28 @@ pub(crate) fn start_token(pid: i32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Every thread of this process with its state letter (`/proc/self/task/<tid>/stat`, field 3).
+pub(crate) fn threads_of_self() -> Vec<(i32, char)> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|entry| {
+            let tid = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .chars()
+                .next()?;
+            Some((tid, state))
+        })
+        .collect()
+}
+
 /// Opens another process's descriptor through `/proc/<pid>/fd/<fd>` (a new open file
 /// description of the same file), close-on-exec.
 pub(crate) fn open_peer_fd(pid: u32, fd: u32) -> io::Result<File> {

@@ -323,6 +323,8 @@ impl Criu {
             .arg("--work-dir")
             .arg(work)
             .arg("--restore-detached")
+            // Stopped until every process is restored natively (crate::restore_thread).
+            .arg("--leave-stopped")
             .arg("--pidfile")
             .arg(named_pid_file)
             // Restored over the root of CRIU's mount namespace.

@@ -572,6 +572,32 @@ fn host_root(container: &Container, inside: u32, work_dir: &Path) -> Result<u32,
     Ok(root)
 }
 
+/// Native restore of every participant of the stopped tree, each with only its restore thread
+/// running (crate::restore_thread), then the tree continued: its threads run again only once
+/// the driver has mapped back what they may touch.
+fn restore_stopped_tree(
+    root: u32,
+    verified: &Verified,
+    state: &GroupState,
+) -> Result<(), ControlError> {
+    let pids: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
+    let restored = crate::parallel::for_each(&pids, |&pid| {
+        crate::restore_thread::restore_stopped(&verified.driver, pid, &verified.gpu_pairs)
+    });
+    for (captured, result) in state.participants.iter().zip(restored) {
+        result.map_err(|e| ControlError::Step {
+            step: "native restore",
+            process: capture::captured_label(captured),
+            source: Box::new(e),
+        })?;
+    }
+    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
+        step: "continuing the restored tree",
+        process: format!("pid {root}"),
+        source: Box::new(e.into()),
+    })
+}
+
 fn rebuild_restored(
     root: u32,
     verified: &Verified,
@@ -580,28 +606,24 @@ fn rebuild_restored(
 ) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
     // The restored tree is a group like any other from here: no other run may act on it.
     let _lock = capture::lock_tree(root)?;
-    let mut group = Group::discover(root, verified.answer_timeout)?;
-    // Host PIDs are new; namespace PIDs are what CRIU kept.
+    // CRIU left the tree stopped (crate::restore_thread says why), so its shims cannot answer
+    // yet: host PIDs are found in /proc (namespace PIDs are what CRIU kept).
     let mut state = verified.state.clone();
+    let tree: Vec<(u32, Option<u32>)> = discovery::process_tree(root)?
+        .into_iter()
+        .map(|pid| (pid, crate::procfs::ns_pid(pid)))
+        .collect();
     for captured in &mut state.participants {
-        let restored = group
-            .participants
+        let (host_pid, _) = tree
             .iter()
-            .find(|p| p.info.ns_pid == captured.ns_pid)
+            .find(|(_, ns_pid)| *ns_pid == Some(captured.ns_pid))
             .ok_or_else(|| {
                 refuse(
                     &format!("ns pid {}", captured.ns_pid),
                     "was checkpointed but is missing after restore".into(),
                 )
             })?;
-        captured.host_pid = restored.info.host_pid;
-    }
-    let lost = capture::match_participants(&mut group, &state)?;
-    if let Some(gone) = lost.first() {
-        return Err(refuse(
-            &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
-            "exited right after CRIU restored it".into(),
-        ));
+        captured.host_pid = *host_pid;
     }
     // Where this restore got is recorded as for a suspended group: a restore killed from here on
     // is finished by `cuinterpose resume --pid <restored root>`.
@@ -610,10 +632,21 @@ fn rebuild_restored(
     files.write_record(&state_path)?;
     let rebuilt = clock
         .time("native-restore", None, || {
-            capture::native_restore(&verified.driver, &group, &verified.gpu_pairs)
-                .map(|()| ((), 0, 0.0))
+            restore_stopped_tree(root, verified, &state).map(|()| ((), 0, 0.0))
         })
-        .and_then(|()| capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)));
+        .and_then(|()| {
+            let mut group = Group::discover(root, verified.answer_timeout)?;
+            let lost = capture::match_participants(&mut group, &state)?;
+            if let Some(gone) = lost.first() {
+                return Err(refuse(
+                    &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
+                    "exited right after CRIU restored it".into(),
+                ));
+            }
+            let participants: Vec<_> = group.participants.iter().collect();
+            capture::unlock_all(&verified.driver, &participants)?;
+            capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files))
+        });
     // Done, or the tree is killed by the caller: the record has no use either way.
     super::datafiles::remove_record(&state_path);
     capture::remove_state(&state_path);

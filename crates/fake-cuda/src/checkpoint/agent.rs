@@ -1,27 +1,30 @@
 //! The checkpoint agent of a process: a thread started at the first successful `cuInit`,
 //! listening on `$FAKE_CUDA_STATE_DIR/agent-<getpid()>-<start token>.sock` (mode 0600, close-on-exec), with
 //! every signal blocked. Each connection carries one request from another process's
-//! `cuCheckpointProcess*` call, served on a thread of its own (so a `GetState` query from a
-//! peer's checkpoint is answered while a lock waits); peers must have our uid or be root.
+//! `cuCheckpointProcess*` call; peers must have our uid or be root. The agent thread is the
+//! process's *restore thread* (`cuCheckpointProcessGetRestoreThreadId`): as on r580, where a
+//! process CRIU restored stays stopped but for that thread until the driver's restore is done
+//! (CRIU's CUDA plugin lets only it run), restore, unlock and state requests are served on the
+//! agent thread itself, so they are answered while every other thread is stopped. A lock or a
+//! checkpoint, which may wait, is served on a thread of its own (so a `GetState` query from a
+//! peer's checkpoint is answered while a lock waits).
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use super::wire::{Request, Response};
+use super::wire::{Op, Request, Response};
 use super::{dispatch, gate};
 use crate::os;
 
-/// The agent thread's id: what `cuCheckpointProcessGetRestoreThreadId` reports.
-static AGENT_TID: AtomicI32 = AtomicI32::new(0);
-
-pub(crate) fn agent_tid() -> i32 {
-    AGENT_TID.load(Ordering::Acquire)
-}
+/// The agent thread's name (`/proc/<pid>/task/<tid>/comm`): how a caller finds the restore
+/// thread of a process that cannot answer (client::restore_thread).
+pub(crate) const AGENT_THREAD_NAME: &str = "fake-cuda-agent";
+/// How long the agent thread waits for a connection's request before it drops it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Binds the socket (reclaiming a stale file only after a refused connect) and starts the thread.
 pub(crate) fn start(path: &Path) -> io::Result<()> {
@@ -38,15 +41,21 @@ pub(crate) fn start(path: &Path) -> io::Result<()> {
     }
     let listener = UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    spawn_blocking_signals("fake-cuda-agent", move || {
+    spawn_blocking_signals(AGENT_THREAD_NAME, move || {
         gate::mark_agent_thread();
-        AGENT_TID.store(os::gettid(), Ordering::Release);
         for stream in listener.incoming() {
             let Ok(stream) = stream else { continue };
+            let Some((stream, request)) = receive(stream) else {
+                continue;
+            };
+            if !matches!(request.op, Op::Lock | Op::Checkpoint) {
+                answer(stream, &request);
+                continue;
+            }
             // A failure to start a connection thread drops that connection: the caller sees EOF.
             let _ = spawn_blocking_signals("fake-cuda-agent-conn", move || {
                 gate::mark_agent_thread();
-                serve(stream);
+                answer(stream, &request);
             });
         }
     })
@@ -92,16 +101,19 @@ fn peer_allowed(stream: &UnixStream) -> bool {
     ret == 0 && (cred.uid == os::getuid() || cred.uid == 0)
 }
 
-fn serve(mut stream: UnixStream) {
+/// The request of an allowed peer, read on the agent thread.
+fn receive(mut stream: UnixStream) -> Option<(UnixStream, Request)> {
     if !peer_allowed(&stream) {
-        return;
+        return None;
     }
-    // A request arrives right after connect; a silent peer must not pin the thread forever.
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
-    let Ok(request) = Request::read_from(&mut stream) else {
-        return;
-    };
-    let (result, value) = match dispatch(&request) {
+    // A request arrives right after connect; a silent peer must not hold the agent thread.
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT)).ok()?;
+    let request = Request::read_from(&mut stream).ok()?;
+    Some((stream, request))
+}
+
+fn answer(mut stream: UnixStream, request: &Request) {
+    let (result, value) = match dispatch(request) {
         Ok(value) => (0, value),
         Err(code) => (code.0, 0),
     };

@@ -91,6 +91,25 @@ fn connect(pid: i32, path: &std::path::Path) -> Res<UnixStream> {
     UnixStream::connect(&target).map_err(|_| CUresult::ERROR_INVALID_VALUE)
 }
 
+/// The restore thread of `pid` (its agent thread), as this process names it: found by its name
+/// in `/proc/<pid>/task`, without asking the agent, which cannot answer while the process is
+/// stopped (the thread is what a caller lets run for a restore).
+pub(crate) fn restore_thread(pid: i32) -> Res<i32> {
+    if pid <= 0 || find_agent(pid).is_none() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+    tasks
+        .flatten()
+        .find_map(|entry| {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).ok()?;
+            (comm.trim_end() == super::agent::AGENT_THREAD_NAME)
+                .then(|| entry.file_name().to_str()?.parse().ok())?
+        })
+        .ok_or(CUresult::ERROR_INVALID_VALUE)
+}
+
 /// Sends `request` to `pid`'s agent and returns its reply.
 fn call(pid: i32, request: &Request) -> Res<Response> {
     if pid <= 0 {

@@ -62,10 +62,8 @@ static POISON: Mutex<Option<CUresult>> = Mutex::new(None);
 
 /// Serves one request in the target process.
 fn dispatch(request: &Request) -> Res<u64> {
-    match request.op {
-        Op::GetState => return Ok(u64::from(gate::phase().process_state())),
-        Op::GetRestoreThreadId => return Ok(agent::agent_tid() as u64),
-        _ => {}
+    if request.op == Op::GetState {
+        return Ok(u64::from(gate::phase().process_state()));
     }
     let _serial = OP_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
     match request.op {
@@ -79,7 +77,7 @@ fn dispatch(request: &Request) -> Res<u64> {
         Op::Checkpoint => checkpoint().map(|()| 0),
         Op::Restore => restore(&request.pairs).map(|()| 0),
         Op::Unlock => gate::transition(Phase::Locked, Phase::Running).map(|()| 0),
-        Op::GetState | Op::GetRestoreThreadId => Ok(0),
+        Op::GetState => Ok(0),
     }
 }
 
@@ -283,8 +281,39 @@ fn rebuild(old: &Backing, device: usize, start: u64) -> Res<Backing> {
     Ok(fresh)
 }
 
+/// On r580 a process that CRIU brought back holds none of the mappings the driver makes (pinned
+/// host memory, UVM) until the driver's restore: a thread that touches one first crashes the
+/// process (measured: a JAX loop's main thread in a device-to-host copy, SIGSEGV right after
+/// CRIU's restore). CRIU's CUDA plugin keeps every thread stopped but the restore thread while it
+/// restores. The fake cannot fault exactly where the driver would, so it refuses the restore of a
+/// process that CRIU restored (its start token changed) while any other thread of it runs:
+/// `CUDA_ERROR_ILLEGAL_STATE`, and the process stays CHECKPOINTED. A restore in place (no CRIU)
+/// runs with the application's threads running, as on the real driver.
+fn refuse_running_threads_after_criu() -> Res {
+    let (pid, token) = state::with(|d| Ok((d.pid, d.start_token)))?;
+    if os::start_token(pid).is_none_or(|now| now == token) {
+        return Ok(());
+    }
+    let me = os::gettid();
+    let running: Vec<i32> = os::threads_of_self()
+        .into_iter()
+        .filter(|&(tid, state)| tid != me && !matches!(state, 'T' | 't' | 'Z' | 'X'))
+        .map(|(tid, _)| tid)
+        .collect();
+    if running.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "fake-cuda: restore refused: CRIU restored this process and threads {running:?} run \
+         (on r580 a thread that touches driver-mapped host memory before the restore crashes \
+         the process: keep it stopped but for its restore thread)"
+    );
+    Err(CUresult::ERROR_ILLEGAL_STATE)
+}
+
 fn restore(pairs: &[Pair]) -> Res {
     gate::require(Phase::Checkpointed)?;
+    refuse_running_threads_after_criu()?;
     let map = state::with(|d| device_map(d, pairs))?;
     let poison = POISON.lock().unwrap_or_else(PoisonError::into_inner).take();
     if let Some(code) = poison {
@@ -484,14 +513,7 @@ pub(crate) unsafe fn process_get_restore_thread_id(pid: c_int, tid: *mut c_int) 
     if tid.is_null() {
         return Err(CUresult::ERROR_INVALID_VALUE);
     }
-    let value = client::call_result(
-        pid,
-        &Request {
-            op: Op::GetRestoreThreadId,
-            timeout_ms: 0,
-            pairs: Vec::new(),
-        },
-    )?;
+    let value = client::restore_thread(pid)?;
     // SAFETY: checked non-null; the caller passes a writable int.
-    unsafe { write_out(tid, value as c_int) }
+    unsafe { write_out(tid, value) }
 }

@@ -17,7 +17,6 @@ pub(crate) enum Op {
     Restore = 3,
     Unlock = 4,
     GetState = 5,
-    GetRestoreThreadId = 6,
 }
 
 impl Op {
@@ -28,7 +27,6 @@ impl Op {
             3 => Op::Restore,
             4 => Op::Unlock,
             5 => Op::GetState,
-            6 => Op::GetRestoreThreadId,
             _ => return None,
         })
     }
