@@ -819,6 +819,8 @@ busy_case() {
             "$bin/cuinterpose" resume --pid "$launcher" >"$lg-resume.txt" 2>&1
             st=$?
             if [ "$st" -eq 0 ]; then resume_ms="$(busy_ms "$t0") ms"
+                # What the shims track once rebuilt: compared with the inspect before the suspend.
+                "$bin/cuinterpose" inspect --json --pid "$launcher" >"$lg-inspect-resumed.json" 2>&1
             else resume_ms="exit $st"; verdict=FAIL; notes+=("resume: $(busy_tail "$lg-resume.txt")"); fi
         else
             suspend_ms="exit $st"; verdict=FAIL; notes+=("suspend: $(busy_tail "$lg-suspend.txt")")

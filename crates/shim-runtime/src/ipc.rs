@@ -185,7 +185,43 @@ impl Runtime {
             multicast: false,
         };
         let imported = self.import_ticket(&ticket)?;
-        let backing = usize::try_from(virt.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
+        let base = self.map_ipc_import(imported, virt.backing, device, flags)?;
+        let mut opens = self.ipc.lock();
+        if let Some((&first, o)) = opens
+            .iter_mut()
+            .find(|(_, o)| o.creator_ns_pid == virt.creator_ns_pid && o.id == virt.id)
+        {
+            // Another thread opened the same handle meanwhile: one mapping per allocation.
+            o.opens = o.opens.saturating_add(1);
+            drop(opens);
+            self.unmap_ipc_range(base, virt.backing as usize, true);
+            return Ok(first);
+        }
+        opens.insert(
+            base,
+            IpcOpen {
+                creator_ns_pid: virt.creator_ns_pid,
+                id: virt.id,
+                requested: virt.requested,
+                backing: virt.backing,
+                opens: 1,
+                ctx,
+            },
+        );
+        Ok(base)
+    }
+
+    /// Reserves `backing` bytes, maps the import there (the mapping then holds it: its handle is
+    /// released) and grants the calling context's device read-write access, and the allocation's
+    /// own device too with `LAZY_ENABLE_PEER_ACCESS`. The range's base; on failure nothing is left.
+    fn map_ipc_import(
+        &self,
+        imported: crate::registry::VHandle,
+        backing: u64,
+        device: CUdevice,
+        flags: c_uint,
+    ) -> Tracked<CUdeviceptr> {
+        let backing = usize::try_from(backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
         let undo_import = |what: &str| {
             if let Err(e) = self.mem_release(imported) {
                 log_warn!("cuIpcOpenMemHandle undo ({what}): the import was not released: {e:?}");
@@ -198,16 +234,8 @@ impl Runtime {
                 return Err(e);
             }
         };
-        let undo_range = |mapped: bool| {
-            if mapped && let Err(e) = self.mem_unmap(base, backing) {
-                log_warn!("cuIpcOpenMemHandle undo: cuMemUnmap failed: {e:?}");
-            }
-            if let Err(e) = self.mem_address_free(base, backing) {
-                log_warn!("cuIpcOpenMemHandle undo: cuMemAddressFree failed: {e:?}");
-            }
-        };
         if let Err(e) = self.mem_map(base, backing, 0, imported, 0) {
-            undo_range(false);
+            self.unmap_ipc_range(base, backing, false);
             undo_import("map");
             return Err(e);
         }
@@ -233,32 +261,20 @@ impl Runtime {
             });
         }
         if let Err(e) = self.mem_set_access(base, backing, &access) {
-            undo_range(true);
+            self.unmap_ipc_range(base, backing, true);
             return Err(e);
         }
-        let mut opens = self.ipc.lock();
-        if let Some((&first, o)) = opens
-            .iter_mut()
-            .find(|(_, o)| o.creator_ns_pid == virt.creator_ns_pid && o.id == virt.id)
-        {
-            // Another thread opened the same handle meanwhile: one mapping per allocation.
-            o.opens = o.opens.saturating_add(1);
-            drop(opens);
-            undo_range(true);
-            return Ok(first);
-        }
-        opens.insert(
-            base,
-            IpcOpen {
-                creator_ns_pid: virt.creator_ns_pid,
-                id: virt.id,
-                requested: virt.requested,
-                backing: virt.backing,
-                opens: 1,
-                ctx,
-            },
-        );
         Ok(base)
+    }
+
+    /// Undoes [`Runtime::map_ipc_import`]'s range: unmapped (when `mapped`) and freed.
+    fn unmap_ipc_range(&self, base: CUdeviceptr, backing: usize, mapped: bool) {
+        if mapped && let Err(e) = self.mem_unmap(base, backing) {
+            log_warn!("cuIpcOpenMemHandle undo: cuMemUnmap failed: {e:?}");
+        }
+        if let Err(e) = self.mem_address_free(base, backing) {
+            log_warn!("cuIpcOpenMemHandle undo: cuMemAddressFree failed: {e:?}");
+        }
     }
 
     /// The device an imported allocation lives on, when it is a device of this process.
