@@ -383,10 +383,21 @@ fn shape_container(
     ops: &mut Vec<Value>,
     problems: &mut Vec<String>,
 ) {
-    let name = &container.name;
     let base = format!("/spec/containers/{index}");
-    let prefix = launcher_prefix(container);
+    shape_command(container, &base, ops, problems);
+    shape_env(container, &base, ops, problems);
+    shape_mounts(container, &base, ops, problems);
+}
 
+/// The launcher in front of the container's command.
+fn shape_command(
+    container: &Container,
+    base: &str,
+    ops: &mut Vec<Value>,
+    problems: &mut Vec<String>,
+) {
+    let name = &container.name;
+    let prefix = launcher_prefix(container);
     match container.command.as_deref() {
         None | Some([]) => problems.push(format!(
             "container {name:?} has no command: the launcher must run before the image's entrypoint, \
@@ -404,7 +415,11 @@ fn shape_container(
             ops.push(json!({"op": "replace", "path": format!("{base}/command"), "value": shaped}));
         }
     }
+}
 
+/// The control directory's variable, and the environment the launcher relies on checked.
+fn shape_env(container: &Container, base: &str, ops: &mut Vec<Value>, problems: &mut Vec<String>) {
+    let name = &container.name;
     // Environment: duplicates make the resolved value ambiguous; LD_PRELOAD from a reference would
     // be resolved by the kubelet where the webhook cannot check it.
     let env = container.env.as_deref().unwrap_or_default();
@@ -440,7 +455,16 @@ fn shape_container(
             vec![to_value(&wanted_env)],
         ),
     }
+}
 
+/// The shim's and the control directory's mounts, and nothing of the container's over them.
+fn shape_mounts(
+    container: &Container,
+    base: &str,
+    ops: &mut Vec<Value>,
+    problems: &mut Vec<String>,
+) {
+    let name = &container.name;
     // Mounts: ours exactly as shaping makes them, nothing of the container's at or below our paths.
     let mounts = container.volume_mounts.as_deref().unwrap_or_default();
     let wanted = target_mounts(name);
