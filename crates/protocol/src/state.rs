@@ -110,85 +110,35 @@ impl GroupState {
     /// - each multicast object appears once per participant, and one imported names a creator in
     ///   the group that created and shared a multicast object of that ID and size.
     pub fn validate(&self) -> Result<(), ProtocolError> {
-        let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
         if self.participants.is_empty() {
-            return bad("the group has no participants".into());
+            return inconsistent("the group has no participants".into());
         }
         let mut host_pids = BTreeSet::new();
-        // ns pid -> (allocation id -> (size, shared))
-        let mut created: BTreeMap<u32, BTreeMap<AllocationId, (u64, bool)>> = BTreeMap::new();
+        let mut created: BTreeMap<u32, Created> = BTreeMap::new();
         for p in &self.participants {
-            if p.host_pid == 0 || p.ns_pid == 0 {
-                return bad(format!(
-                    "participant with pid 0 (host {}, namespace {})",
-                    p.host_pid, p.ns_pid
-                ));
-            }
             if !host_pids.insert(p.host_pid) {
-                return bad(format!("host pid {} appears twice", p.host_pid));
+                return inconsistent(format!("host pid {} appears twice", p.host_pid));
             }
-            if p.record.ns_pid != p.ns_pid {
-                return bad(format!(
-                    "participant {} holds the record of namespace pid {}",
-                    p.ns_pid, p.record.ns_pid
-                ));
-            }
-            if !crate::is_sha256_hex(&p.shim_sha256) {
-                return bad(format!(
-                    "participant {}: shim sha-256 {:?} is not 64 lower-case hex digits",
-                    p.ns_pid, p.shim_sha256
-                ));
-            }
-            let mut allocations = BTreeMap::new();
-            for a in &p.record.allocations {
-                if allocations.insert(a.id, (a.size, a.shared)).is_some() {
-                    return bad(format!(
-                        "participant {}: allocation {:?} appears twice",
-                        p.ns_pid, a.id
-                    ));
-                }
-            }
-            let mut carried = BTreeSet::new();
-            for c in &p.carriers {
-                match allocations.get(&c.id) {
-                    Some(&(size, _)) if c.bytes <= size => {}
-                    Some(&(size, _)) => {
-                        return bad(format!(
-                            "participant {}: carrier of {:?} holds {} bytes, the allocation has {size}",
-                            p.ns_pid, c.id, c.bytes
-                        ));
-                    }
-                    _ => {
-                        return bad(format!(
-                            "participant {}: carrier of {:?}, which is not an allocation it created",
-                            p.ns_pid, c.id
-                        ));
-                    }
-                }
-                if !carried.insert(c.id) {
-                    return bad(format!(
-                        "participant {}: two carriers of {:?}",
-                        p.ns_pid, c.id
-                    ));
-                }
-            }
-            if let Some(id) = allocations.keys().find(|id| !carried.contains(*id)) {
-                return bad(format!(
-                    "participant {}: allocation {id:?} has no carrier",
-                    p.ns_pid
-                ));
-            }
-            if created.insert(p.ns_pid, allocations).is_some() {
-                return bad(format!("namespace pid {} appears twice", p.ns_pid));
+            if created.insert(p.ns_pid, p.validated_creations()?).is_some() {
+                return inconsistent(format!("namespace pid {} appears twice", p.ns_pid));
             }
         }
-        // ns pid -> (multicast id -> (size, shared)) of the multicast objects each one created.
-        let mut multicasts: BTreeMap<u32, BTreeMap<AllocationId, (u64, bool)>> = BTreeMap::new();
+        let multicasts = self.created_multicasts()?;
+        for p in &self.participants {
+            p.check_imports(&created, &multicasts)?;
+        }
+        Ok(())
+    }
+
+    /// The multicast objects each participant created, by namespace PID; an object listed twice
+    /// by one participant is refused.
+    fn created_multicasts(&self) -> Result<BTreeMap<u32, Created>, ProtocolError> {
+        let mut multicasts: BTreeMap<u32, Created> = BTreeMap::new();
         for p in &self.participants {
             let mut seen = BTreeSet::new();
             for m in &p.record.multicasts {
                 if !seen.insert(m.id) {
-                    return bad(format!(
+                    return inconsistent(format!(
                         "participant {}: multicast object {:?} appears twice",
                         p.ns_pid, m.id
                     ));
@@ -201,38 +151,113 @@ impl GroupState {
                 }
             }
         }
-        for p in &self.participants {
-            for m in p
-                .record
-                .multicasts
-                .iter()
-                .filter(|m| m.creator_ns_pid != p.ns_pid)
-            {
-                match multicasts.get(&m.creator_ns_pid).and_then(|c| c.get(&m.id)) {
-                    Some(&(size, true)) if size == m.size => {}
-                    _ => {
-                        return bad(format!(
-                            "participant {} imports multicast object {:?} ({} bytes), which participant {} did not create and share with that size",
-                            p.ns_pid, m.id, m.size, m.creator_ns_pid
-                        ));
-                    }
+        Ok(multicasts)
+    }
+}
+
+/// What one participant created: allocation (or multicast object) ID -> (size, shared).
+type Created = BTreeMap<AllocationId, (u64, bool)>;
+
+fn inconsistent<T>(message: String) -> Result<T, ProtocolError> {
+    Err(ProtocolError::Inconsistent(message))
+}
+
+impl ParticipantState {
+    /// Its identity and its own allocations checked (each once, each with one carrier holding no
+    /// more than the allocation): what it created.
+    fn validated_creations(&self) -> Result<Created, ProtocolError> {
+        if self.host_pid == 0 || self.ns_pid == 0 {
+            return inconsistent(format!(
+                "participant with pid 0 (host {}, namespace {})",
+                self.host_pid, self.ns_pid
+            ));
+        }
+        if self.record.ns_pid != self.ns_pid {
+            return inconsistent(format!(
+                "participant {} holds the record of namespace pid {}",
+                self.ns_pid, self.record.ns_pid
+            ));
+        }
+        if !crate::is_sha256_hex(&self.shim_sha256) {
+            return inconsistent(format!(
+                "participant {}: shim sha-256 {:?} is not 64 lower-case hex digits",
+                self.ns_pid, self.shim_sha256
+            ));
+        }
+        let mut allocations = BTreeMap::new();
+        for a in &self.record.allocations {
+            if allocations.insert(a.id, (a.size, a.shared)).is_some() {
+                return inconsistent(format!(
+                    "participant {}: allocation {:?} appears twice",
+                    self.ns_pid, a.id
+                ));
+            }
+        }
+        let mut carried = BTreeSet::new();
+        for c in &self.carriers {
+            match allocations.get(&c.id) {
+                Some(&(size, _)) if c.bytes <= size => {}
+                Some(&(size, _)) => {
+                    return inconsistent(format!(
+                        "participant {}: carrier of {:?} holds {} bytes, the allocation has {size}",
+                        self.ns_pid, c.id, c.bytes
+                    ));
+                }
+                _ => {
+                    return inconsistent(format!(
+                        "participant {}: carrier of {:?}, which is not an allocation it created",
+                        self.ns_pid, c.id
+                    ));
                 }
             }
-            for import in &p.record.imports {
-                let Some(allocations) = created.get(&import.creator_ns_pid) else {
-                    return bad(format!(
-                        "participant {} imports {:?} from namespace pid {}, which is not in the group",
-                        p.ns_pid, import.id, import.creator_ns_pid
+            if !carried.insert(c.id) {
+                return inconsistent(format!(
+                    "participant {}: two carriers of {:?}",
+                    self.ns_pid, c.id
+                ));
+            }
+        }
+        if let Some(id) = allocations.keys().find(|id| !carried.contains(*id)) {
+            return inconsistent(format!(
+                "participant {}: allocation {id:?} has no carrier",
+                self.ns_pid
+            ));
+        }
+        Ok(allocations)
+    }
+
+    /// Every import and imported multicast object names a participant that created and shared
+    /// it with that size.
+    fn check_imports(
+        &self,
+        created: &BTreeMap<u32, Created>,
+        multicasts: &BTreeMap<u32, Created>,
+    ) -> Result<(), ProtocolError> {
+        for m in (self.record.multicasts.iter()).filter(|m| m.creator_ns_pid != self.ns_pid) {
+            match multicasts.get(&m.creator_ns_pid).and_then(|c| c.get(&m.id)) {
+                Some(&(size, true)) if size == m.size => {}
+                _ => {
+                    return inconsistent(format!(
+                        "participant {} imports multicast object {:?} ({} bytes), which participant {} did not create and share with that size",
+                        self.ns_pid, m.id, m.size, m.creator_ns_pid
                     ));
-                };
-                match allocations.get(&import.id) {
-                    Some(&(size, true)) if size == import.size => {}
-                    _ => {
-                        return bad(format!(
-                            "participant {} imports {:?} ({} bytes), which participant {} did not create and share with that size",
-                            p.ns_pid, import.id, import.size, import.creator_ns_pid
-                        ));
-                    }
+                }
+            }
+        }
+        for import in &self.record.imports {
+            let Some(allocations) = created.get(&import.creator_ns_pid) else {
+                return inconsistent(format!(
+                    "participant {} imports {:?} from namespace pid {}, which is not in the group",
+                    self.ns_pid, import.id, import.creator_ns_pid
+                ));
+            };
+            match allocations.get(&import.id) {
+                Some(&(size, true)) if size == import.size => {}
+                _ => {
+                    return inconsistent(format!(
+                        "participant {} imports {:?} ({} bytes), which participant {} did not create and share with that size",
+                        self.ns_pid, import.id, import.size, import.creator_ns_pid
+                    ));
                 }
             }
         }
