@@ -188,7 +188,6 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
             }
         );
     }
-
     let env = Launcher::new(programs, true).context("preparing the demo's directory")?;
     // Before the group starts: what other processes hold on the device is not the group's.
     let gauge = GroupMemory::measure(&driver)?;
@@ -198,12 +197,38 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
     if args.to_disk {
         return demo_to_disk(&args, config, &env, &gauge, driver_name, on_gpu, size);
     }
+    let report = demo_in_place(
+        &args,
+        config,
+        &env,
+        (&driver, on_gpu),
+        &gauge,
+        driver_name,
+        size,
+    )?;
+    if args.json {
+        crate::output::print_json(&report)
+    } else {
+        print_demo(&report, on_gpu);
+        Ok(())
+    }
+}
+
+/// The ring started, filled, suspended and resumed in place, and checked.
+fn demo_in_place(
+    args: &DemoArgs,
+    config: &ToolConfig,
+    env: &Launcher,
+    (driver, on_gpu): (&Driver, bool),
+    gauge: &GroupMemory,
+    driver_name: String,
+    size: u64,
+) -> anyhow::Result<DemoReport> {
     let mut options = WorkloadOptions::new("demo").shim(true);
     if let Some((key, value)) = args.sharing.env() {
         options = options.env(key, value);
     }
-    let group =
-        Group::tree(&env, args.processes, options).context("starting the workload group")?;
+    let group = Group::tree(env, args.processes, options).context("starting the workload group")?;
     ring(group.members(), size, args.sharing).context("sharing memory around the ring")?;
     let root = group[0].pid();
     for (rank, w) in group.members().iter().enumerate() {
@@ -232,7 +257,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
             bytes(during)
         );
     }
-    let report = DemoReport {
+    Ok(DemoReport {
         driver: driver_name,
         sharing: args.sharing,
         processes: args.processes,
@@ -242,13 +267,7 @@ pub fn demo(args: DemoArgs, config: &ToolConfig) -> anyhow::Result<()> {
         suspend: suspended,
         resume: resumed,
         verified,
-    };
-    if args.json {
-        crate::output::print_json(&report)
-    } else {
-        print_demo(&report, on_gpu);
-        Ok(())
-    }
+    })
 }
 
 /// The driver the demo and the bench run on, and the programs they start on it.
