@@ -84,6 +84,7 @@ pub fn disk_bench(
             dir: checkpoint_dir.clone(),
             leave_running: false,
             criu: None,
+            self_contained: false,
         },
         &progress,
     )
