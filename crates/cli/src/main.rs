@@ -539,6 +539,9 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                     store.kept
                 );
             }
+            if let Some(why) = &report.store_not_collected {
+                eprintln!("warning: the block store was not collected: {why}");
+            }
             Ok(())
         }
         Command::Demo(args) => demo::demo(args, config),

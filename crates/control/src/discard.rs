@@ -46,6 +46,8 @@ pub struct DiscardReport {
     /// What the collection of the block store beside the directory removed (blocks no other
     /// checkpoint references); `None` when there is no store there.
     pub store: Option<Collected>,
+    /// Why the block store beside the directory was not collected, when it was not.
+    pub store_not_collected: Option<String>,
 }
 
 fn removing(path: &Path, e: std::io::Error) -> ControlError {
@@ -72,7 +74,12 @@ pub fn discard(dir: &Path) -> Result<DiscardReport, ControlError> {
     let store = BlockStore::existing(dir).map_err(|e| refused(dir, e))?;
     let mut report = discard_unlocked(dir)?;
     if let Some(store) = store {
-        report.store = Some(store.collect()?);
+        // The checkpoint is gone either way; a collection that cannot run (a manifest beside it
+        // that does not parse) deletes nothing and says why: the next discard collects.
+        match store.collect() {
+            Ok(collected) => report.store = Some(collected),
+            Err(e) => report.store_not_collected = Some(e.to_string()),
+        }
     }
     Ok(report)
 }
@@ -134,6 +141,7 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
         image_bytes,
         link_remaps: plan.remaps.into_iter().map(|r| r.kept_as).collect(),
         store: None,
+        store_not_collected: None,
     })
 }
 

@@ -116,7 +116,7 @@ pub fn checkpoint(
         mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
-    let _store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
+    let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
     let files = DataFiles::new(dir, &work_state, store);
     let captured = capture::capture(
         &capture_options,
@@ -136,6 +136,8 @@ pub fn checkpoint(
             if !dir_existed {
                 let _ = std::fs::remove_dir(dir);
             }
+            drop(store_lock.take());
+            collect_after_failure(&files);
             return Err(e);
         }
     };
@@ -235,6 +237,8 @@ pub fn checkpoint(
                     files.remove();
                     super::datafiles::remove_record(&work_state);
                     capture::remove_state(&work_state);
+                    drop(store_lock.take());
+                    collect_after_failure(&files);
                     ControlError::RolledBack {
                         failure: Box::new(e),
                     }
@@ -302,6 +306,18 @@ pub(super) fn data_totals(entries: &[protocol::manifest::DataFileEntry]) -> (u64
         .map(|x| x.size)
         .sum();
     (written, shared, held.saturating_sub(written + shared))
+}
+
+/// After a checkpoint into a block store failed and was rolled back: the blocks it wrote that no
+/// checkpoint references go (a full disk is left as it was found). Blocks another checkpoint
+/// references stay, as after any `discard`; a collection that cannot run is only logged (the
+/// next `discard` in the store collects them).
+fn collect_after_failure(files: &DataFiles) {
+    if let Some(store) = files.store() {
+        if let Err(e) = store.collect() {
+            tracing::warn!(error = %e, "collecting the blocks of a failed checkpoint");
+        }
+    }
 }
 
 /// Continues the tree CRIU left stopped after its dump, so the shims can answer again.
