@@ -2408,8 +2408,7 @@ fn a_full_disk_during_the_checkpoint_is_rolled_back() {
     // What the failed checkpoint stored went with it: only the store's lock and its empty
     // sub-directories are left.
     let left: Vec<PathBuf> = listing(&mount)
-        .into_iter()
-        .map(|(p, _)| p)
+        .into_keys()
         .filter(|p| !mount.join(p).is_dir())
         .filter(|p| !p.ends_with(".lock"))
         .collect();

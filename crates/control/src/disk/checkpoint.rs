@@ -313,10 +313,8 @@ pub(super) fn data_totals(entries: &[protocol::manifest::DataFileEntry]) -> (u64
 /// references stay, as after any `discard`; a collection that cannot run is only logged (the
 /// next `discard` in the store collects them).
 fn collect_after_failure(files: &DataFiles) {
-    if let Some(store) = files.store() {
-        if let Err(e) = store.collect() {
-            tracing::warn!(error = %e, "collecting the blocks of a failed checkpoint");
-        }
+    if let Some(Err(e)) = files.store().map(|store| store.collect()) {
+        tracing::warn!(error = %e, "collecting the blocks of a failed checkpoint");
     }
 }
 

@@ -327,8 +327,7 @@ fn describe(kind: FileType) -> &'static str {
 /// The names in a directory (without `.` and `..`).
 fn list(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<String>> {
     let mut out = Vec::new();
-    let mut entries = rustix::fs::Dir::read_from(dir)?;
-    while let Some(entry) = entries.next() {
+    for entry in rustix::fs::Dir::read_from(dir)? {
         let entry = entry?;
         let Ok(name) = entry.file_name().to_str() else {
             continue;
