@@ -27,10 +27,25 @@ pub struct DiskBench {
     pub dir_read_gb_per_s: f64,
     pub checkpoint: DiskReport,
     pub restore: DiskReport,
+    /// A second checkpoint of the restored group after a tenth of its bytes changed, into the
+    /// same block store.
+    pub second: SecondCheckpoint,
     /// Each byte-moving phase of the checkpoint and the restore against the directory's rate in
     /// the same direction (save against write; load, which
     /// reads each data file once and checks its digests, against read).
     pub ratios: Vec<PhaseRatio>,
+}
+
+/// The second checkpoint of `bench --to-disk`.
+#[derive(Debug, serde::Serialize)]
+pub struct SecondCheckpoint {
+    /// Bytes changed (rewritten with another pattern) before it, over all processes.
+    pub changed_bytes: u64,
+    pub report: DiskReport,
+    /// Its bytes written over the first checkpoint's.
+    pub written_ratio: f64,
+    /// Its wall time over the first checkpoint's.
+    pub time_ratio: f64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -84,6 +99,7 @@ pub fn disk_bench(
             dir: checkpoint_dir.clone(),
             leave_running: false,
             criu: None,
+            self_contained: false,
         },
         &progress,
     )
@@ -108,10 +124,53 @@ pub fn disk_bench(
     launched.restored = Some(restore.root);
     let ranks = attach_ranks(&listen, processes)?;
     let verified = verify_after(&ranks, "restore", Sharing::Vmm);
+    // The second checkpoint: every allocation back to what the first checkpoint stored (the
+    // verification wrote another pattern), then its first tenth (whole blocks) rewritten with
+    // another pattern.
+    let second_dir = dir.join(format!("cuinterpose-bench-{}-2", std::process::id()));
+    let changed = (per / 10)
+        .next_multiple_of(protocol::message::DATA_ALIGN)
+        .min(per);
+    let second = verified.and_then(|_| {
+        for (rank, w) in ranks.iter().enumerate() {
+            w.ok(&format!("fill a{rank} {}", seed(rank, 1)))?;
+            w.ok(&format!(
+                "fill a{rank} {} --offset 0 --len {changed}",
+                seed(rank, 3)
+            ))?;
+        }
+        let mut again = SuspendOptions::new(restore.root, config);
+        again.driver = capture.driver.clone();
+        disk::checkpoint(
+            &CheckpointOptions {
+                capture: again,
+                dir: second_dir.clone(),
+                leave_running: true,
+                criu: None,
+                self_contained: false,
+            },
+            &progress,
+        )
+        .context("second checkpoint to disk")
+    });
     drop(launched);
+    if second_dir.exists() {
+        control::discard::discard(&second_dir)
+            .with_context(|| format!("removing {}", second_dir.display()))?;
+    }
     control::discard::discard(&checkpoint_dir)
         .with_context(|| format!("removing {}", checkpoint_dir.display()))?;
-    verified.context("verifying after the restore")?;
+    let second = second.context("verifying after the restore, then the second checkpoint")?;
+    let second = SecondCheckpoint {
+        changed_bytes: changed * processes as u64,
+        written_ratio: ratio(second.data_bytes, checkpoint.data_bytes),
+        time_ratio: if checkpoint.report.total_millis > 0.0 {
+            second.report.total_millis / checkpoint.report.total_millis
+        } else {
+            0.0
+        },
+        report: second,
+    };
     ensure!(
         checkpoint.report.saved_bytes == per * processes as u64,
         "the checkpoint saved {} of {}",
@@ -149,8 +208,13 @@ pub fn disk_bench(
         dir_read_gb_per_s: read,
         checkpoint,
         restore,
+        second,
         ratios,
     })
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b > 0 { a as f64 / b as f64 } else { 0.0 }
 }
 
 pub fn print_disk(b: &DiskBench) {
@@ -192,9 +256,22 @@ pub fn print_disk(b: &DiskBench) {
         }
     }
     println!(
-        "data files: {} written, {} of zero blocks elided",
+        "GPU bytes: {} written, {} shared (already in the block store), {} of zero blocks elided",
         bytes(b.checkpoint.data_bytes),
+        bytes(b.checkpoint.shared_bytes),
         bytes(b.checkpoint.zero_bytes)
+    );
+    let s = &b.second;
+    println!(
+        "second checkpoint, {} changed: {} written, {} shared, {} elided, {:.1} ms \
+         (written {:.0}% of the first's, time {:.0}% of the first's)",
+        bytes(s.changed_bytes),
+        bytes(s.report.data_bytes),
+        bytes(s.report.shared_bytes),
+        bytes(s.report.zero_bytes),
+        s.report.report.total_millis,
+        s.written_ratio * 100.0,
+        s.time_ratio * 100.0
     );
     for r in &b.ratios {
         println!(

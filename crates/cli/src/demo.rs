@@ -558,6 +558,7 @@ fn demo_to_disk(
             dir: dir.clone(),
             leave_running: false,
             criu: args.criu.clone(),
+            self_contained: false,
         },
         &progress,
     )

@@ -136,6 +136,11 @@ enum Command {
         /// Resume the group in place after the dump instead of letting CRIU end it
         #[arg(long)]
         leave_running: bool,
+        /// Keep the GPU bytes in data files in DIR instead of the block store beside it
+        /// (`<parent of DIR>/.cuinterpose-blocks`, shared with the checkpoints there): for a
+        /// directory that is copied elsewhere on its own
+        #[arg(long)]
+        self_contained: bool,
         /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
         #[arg(long)]
         criu: Option<PathBuf>,
@@ -439,6 +444,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             pid,
             dir,
             leave_running,
+            self_contained,
             criu,
             freeze_timeout,
             driver,
@@ -449,6 +455,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 dir,
                 leave_running,
                 criu,
+                self_contained,
             };
             let progress = progress::Bars::new(!json);
             let report = disk::checkpoint(&options, &progress)
@@ -524,6 +531,17 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 output::bytes(report.image_bytes),
                 report.link_remaps.len()
             );
+            if let Some(store) = &report.store {
+                println!(
+                    "block store: {} block(s) no other checkpoint references removed ({}), {} kept",
+                    store.blocks,
+                    output::bytes(store.bytes),
+                    store.kept
+                );
+            }
+            if let Some(why) = &report.store_not_collected {
+                eprintln!("warning: the block store was not collected: {why}");
+            }
             Ok(())
         }
         Command::Demo(args) => demo::demo(args, config),

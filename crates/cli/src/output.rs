@@ -182,6 +182,21 @@ pub fn print_disk_report(
         report.dir.display(),
         report.report.total_millis
     );
+    let data = if what == "checkpointed" {
+        format!(
+            "GPU bytes: {} written, {} shared (already in the block store), {} elided (zero blocks)",
+            bytes(report.data_bytes),
+            bytes(report.shared_bytes),
+            bytes(report.zero_bytes)
+        )
+    } else {
+        format!(
+            "GPU bytes: {} read, {} elided (zero blocks)",
+            bytes(report.data_bytes),
+            bytes(report.zero_bytes)
+        )
+    };
+    println!("{data}");
     if let Some(share) = report.digest_share {
         println!(
             "digests: {:.1}% of the data-file workers' time",

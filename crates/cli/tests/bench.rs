@@ -221,7 +221,8 @@ fn bench_prints_the_whole_process_table() {
 }
 
 /// `bench --to-disk DIR`: the directory's own rates, the checkpoint's and the restore's phases
-/// with bytes, a ratio for every phase that streams data files, and nothing left in DIR.
+/// with bytes, a ratio for every phase that streams data files, a second checkpoint after a
+/// tenth of the bytes changed, and nothing but the block store's lock left in DIR.
 #[test]
 fn bench_to_disk_reports_phases_next_to_the_directory_rate() {
     let criu = std::env::var_os("CUINTERPOSE_CRIU")
@@ -301,12 +302,40 @@ fn bench_to_disk_reports_phases_next_to_the_directory_rate() {
             .unwrap_or_else(|| panic!("{run}: digest_share in {}", disk[run]));
         assert!(share > 0.0 && share <= 1.0, "{run}: digest share {share}");
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .expect("dir")
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
+    // The second checkpoint, after a tenth of the bytes changed (whole 2 MiB blocks: 2 MiB of
+    // each process's 8 MiB), writes only the changed blocks and references the rest.
+    let second = &disk["second"];
+    let changed = second["changed_bytes"].as_u64().expect("changed bytes");
+    assert_eq!(changed, 4 << 20, "{second}");
+    assert_eq!(second["report"]["data_bytes"], changed, "{second}");
+    assert_eq!(
+        second["report"]["shared_bytes"],
+        (16 << 20) - changed,
+        "{second}"
+    );
+    assert_eq!(second["written_ratio"], 0.25, "{second}");
+    positive(&second["time_ratio"], "time against the first");
+    // Both checkpoints discarded, their blocks with them: only the store's lock is left.
+    let mut left = Vec::new();
+    for entry in walkdir(dir.path()) {
+        if !entry.is_dir() && !entry.ends_with(".cuinterpose-blocks/.lock") {
+            left.push(entry);
+        }
+    }
     assert!(left.is_empty(), "left in the directory: {left:?}");
+}
+
+/// Every path under `dir`.
+fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(walkdir(&path));
+        }
+        out.push(path);
+    }
+    out
 }
 
 /// `bench --carrier helper`: every suspend saves through the carrier helper; its copies are

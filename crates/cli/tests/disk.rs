@@ -50,6 +50,9 @@ struct Disk {
     env: TestEnv,
     tool: PathBuf,
     criu: PathBuf,
+    /// `checkpoint_and_stop` passes `--self-contained`: the data files in the checkpoint
+    /// directory, for the tests of what a restore and discard make of them.
+    self_contained: std::sync::atomic::AtomicBool,
 }
 
 impl Disk {
@@ -59,6 +62,7 @@ impl Disk {
             tool: tool_path(&env),
             env,
             criu: criu(),
+            self_contained: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -406,13 +410,20 @@ fn checkpoint_at_and_stop(
 ) -> (serde_json::Value, serde_json::Value) {
     let dir = disk.checkpoint_dir();
     let pid = pid.to_string();
-    let report = disk.tool_json(&[
+    let mut args = vec![
         "checkpoint",
         "--pid",
         &pid,
         "--dir",
         dir.to_str().expect("utf-8 path"),
-    ]);
+    ];
+    if disk
+        .self_contained
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        args.push("--self-contained");
+    }
+    let report = disk.tool_json(&args);
     let status = wait_child(&mut group.launcher, READY_TIMEOUT);
     assert!(
         !status.success(),
@@ -469,25 +480,34 @@ fn checkpoint_to_disk_and_restore_keep_contents_and_sharing() {
     ] {
         assert!(phases.iter().any(|p| p == wanted), "{wanted} in {phases:?}");
     }
-    // The shared bytes are in one data file per creating process, streamed there by its shim,
-    // and not in CRIU's images: no image holds a piece of them (no carrier, no staging buffer).
+    // The shared bytes are in the block store beside the checkpoint (one file per 2 MiB block,
+    // named by its BLAKE3), streamed there by each creating process's shim, and not in CRIU's
+    // images: no image holds a piece of them (no carrier, no staging buffer).
+    assert!(
+        !disk.checkpoint_dir().join("data").exists(),
+        "no data files in the directory"
+    );
     let data = manifest["data_files"].as_array().expect("data files");
     assert_eq!(data.len(), 2, "{data:?}");
     for d in data {
         let ns_pid = d["ns_pid"].as_u64().expect("ns pid");
-        let path = disk
-            .checkpoint_dir()
-            .join("data")
-            .join(format!("gpu-{ns_pid}.data"));
         assert_eq!(d["file"], format!("gpu-{ns_pid}.data"));
         let extents = d["extents"].as_array().expect("extents");
         assert_eq!(extents.len(), 1, "rank {ns_pid} creates one allocation");
         assert_eq!(extents[0]["size"], SIZE[ns_pid as usize - 1]);
+        let blocks = block_paths(&disk, d);
         assert_eq!(
-            std::fs::metadata(&path).expect("data file").len(),
-            d["bytes"].as_u64().expect("bytes")
+            blocks.len() as u64,
+            SIZE[ns_pid as usize - 1] / BLOCK,
+            "a block per 2 MiB"
         );
-        let bytes = std::fs::read(&path).expect("data file");
+        let path = &blocks[0];
+        let bytes = std::fs::read(path).expect("block");
+        assert_eq!(
+            blake3::hash(&bytes).to_hex().as_str(),
+            path.file_name().expect("name").to_str().expect("utf-8"),
+            "named by its BLAKE3"
+        );
         let needle = &bytes[(1 << 20)..(1 << 20) + 256];
         for image in std::fs::read_dir(disk.checkpoint_dir().join("images")).expect("images") {
             let image = image.expect("image").path();
@@ -1058,6 +1078,9 @@ fn copy_dir(from: &Path, to: &Path) {
 #[test]
 fn bad_checkpoints_and_device_maps_are_refused_and_change_nothing() {
     let disk = Disk::new();
+    // What is refused of data files in the directory (the block store's: store tests below).
+    disk.self_contained
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut group = disk.start_group();
     checkpoint_and_stop(&disk, &mut group);
     let good = disk.checkpoint_dir();
@@ -2334,6 +2357,9 @@ fn four_ranks_keep_a_multicast_object_through_checkpoint_to_disk_and_restore() {
 #[test]
 fn zero_blocks_are_elided_and_pinned_carriers_still_work() {
     let disk = Disk::new();
+    // Holes in a data file (a block store elides the same blocks: store tests below).
+    disk.self_contained
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut group = disk.start_group_with(&[("CUINTERPOSE_CARRIER", "pinned")]);
     let launcher = group.launcher.id().to_string();
     for _ in 0..2 {
@@ -2426,12 +2452,14 @@ fn a_full_disk_during_the_checkpoint_is_rolled_back() {
     let _unmount = Unmount(mount.clone());
     let group = disk.start_group();
     let launcher = group.launcher.id().to_string();
+    // The block store beside the checkpoint is on the small filesystem too.
+    let dir = mount.join("ck");
     let out = disk.tool(&[
         "checkpoint",
         "--pid",
         &launcher,
         "--dir",
-        mount.to_str().expect("utf-8 path"),
+        dir.to_str().expect("utf-8 path"),
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
@@ -2440,12 +2468,15 @@ fn a_full_disk_during_the_checkpoint_is_rolled_back() {
         stderr.contains("No space left on device"),
         "the cause is named: {stderr}"
     );
-    let left: Vec<_> = std::fs::read_dir(&mount)
-        .expect("mount")
-        .flatten()
-        .map(|e| e.file_name())
+    assert!(!dir.exists(), "the checkpoint directory is gone");
+    // What the failed checkpoint stored went with it: only the store's lock and its empty
+    // sub-directories are left.
+    let left: Vec<PathBuf> = listing(&mount)
+        .into_keys()
+        .filter(|p| !mount.join(p).is_dir())
+        .filter(|p| !p.ends_with(".lock"))
         .collect();
-    assert!(left.is_empty(), "left in the directory: {left:?}");
+    assert!(left.is_empty(), "left on the filesystem: {left:?}");
     assert_eq!(disk.usage_table(), [[SIZE[0], 0], [0, SIZE[1]]]);
     verify_sharing(&group.ranks, 1);
 }
@@ -2691,6 +2722,9 @@ fn discard_crafts(disk: &Disk, outside: &Outside) -> Vec<Craft> {
 #[test]
 fn crafted_checkpoints_make_discard_and_checkpoint_touch_nothing_outside() {
     let disk = Disk::new();
+    // What is refused of data files in the directory (the block store's: store tests below).
+    disk.self_contained
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut group = disk.start_group();
     checkpoint_and_stop(&disk, &mut group);
     let good = disk.checkpoint_dir();
@@ -2871,6 +2905,9 @@ fn criu_failing_restore(disk: &Disk) -> PathBuf {
 #[test]
 fn fifos_devices_and_links_in_a_checkpoint_are_refused_and_a_criu_failure_keeps_its_log() {
     let disk = Disk::new();
+    // What is refused of data files in the directory (the block store's: store tests below).
+    disk.self_contained
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let mut group = disk.start_group();
     checkpoint_and_stop(&disk, &mut group);
     let good = disk.checkpoint_dir();
@@ -3022,4 +3059,301 @@ fn a_container_init_in_containerd_is_restored_into_another_containerd_container(
 #[test]
 fn a_group_in_a_privileged_containerd_container_is_restored_into_another() {
     a_group_in_a_real_privileged_container_is_restored(container_runtime::Kind::Containerd);
+}
+
+// ---- issue 30: the block store beside the checkpoints ----
+
+/// The block size of the store (and of zero blocks).
+const BLOCK: u64 = 2 << 20;
+
+/// The block store of the checkpoints in the test's directory.
+fn store_dir(disk: &Disk) -> PathBuf {
+    disk.env
+        .dir()
+        .canonicalize()
+        .expect("test dir")
+        .join(".cuinterpose-blocks")
+}
+
+/// The files of the blocks a manifest's data-file entry lists.
+fn block_paths(disk: &Disk, entry: &serde_json::Value) -> Vec<PathBuf> {
+    let store = store_dir(disk);
+    entry["blocks"]
+        .as_array()
+        .expect("a block list")
+        .iter()
+        .map(|d| {
+            let d = d.as_str().expect("digest");
+            store.join(&d[..2]).join(d)
+        })
+        .collect()
+}
+
+/// The names of the blocks in the store.
+fn stored_blocks(disk: &Disk) -> Vec<String> {
+    let mut out = Vec::new();
+    for sub in std::fs::read_dir(store_dir(disk)).expect("store").flatten() {
+        if !sub.path().is_dir() {
+            continue;
+        }
+        for block in std::fs::read_dir(sub.path()).expect("sub").flatten() {
+            out.push(block.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `cuinterpose checkpoint --pid PID --dir DIR EXTRA --json`, which must succeed.
+fn checkpoint_into(disk: &Disk, pid: u32, dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let pid = pid.to_string();
+    let mut args = vec![
+        "checkpoint",
+        "--pid",
+        &pid,
+        "--dir",
+        dir.to_str().expect("utf-8"),
+    ];
+    args.extend_from_slice(extra);
+    disk.tool_json(&args)
+}
+
+fn manifest_of(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).expect("manifest"))
+        .expect("manifest JSON")
+}
+
+/// Blocks alike in two processes (replicas) and within one are stored once; a second checkpoint
+/// of the unchanged group writes no block, a third after a change writes only the changed one;
+/// `discard` removes the blocks no other checkpoint references and keeps the rest, from which
+/// the first checkpoint restores.
+#[test]
+fn blocks_are_shared_within_and_across_checkpoints_and_discard_keeps_what_is_referenced() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let launcher = group.launcher.id();
+    // Every block holds the same bytes: rank 0's two, rank 1's one.
+    group.ranks[0]
+        .ok(&format!("memset a0 7 --offset 0 --len {}", SIZE[0]))
+        .expect("memset");
+    group.ranks[1]
+        .ok(&format!("memset a1 7 --offset 0 --len {}", SIZE[1]))
+        .expect("memset");
+    let first_dir = disk.checkpoint_dir();
+    let first = checkpoint_into(&disk, launcher, &first_dir, &["--leave-running"]);
+    assert_eq!(first["data_bytes"], BLOCK, "one block written: {first}");
+    assert_eq!(first["shared_bytes"], 2 * BLOCK, "two referenced: {first}");
+    assert_eq!(first["zero_bytes"], 0);
+    assert_eq!(stored_blocks(&disk).len(), 1);
+    let manifest = manifest_of(&first_dir);
+    for entry in manifest["data_files"].as_array().expect("data files") {
+        for path in block_paths(&disk, entry) {
+            assert!(path.is_file(), "{} is stored", path.display());
+        }
+    }
+
+    let second_dir = disk.env.dir().join("ck2");
+    let second = checkpoint_into(&disk, launcher, &second_dir, &["--leave-running"]);
+    assert_eq!(
+        second["data_bytes"], 0,
+        "nothing changed, nothing written: {second}"
+    );
+    assert_eq!(second["shared_bytes"], SIZE[0] + SIZE[1]);
+    assert_eq!(stored_blocks(&disk).len(), 1);
+
+    group.ranks[0]
+        .ok(&format!("memset a0 9 --offset {BLOCK} --len {BLOCK}"))
+        .expect("change a block");
+    let third_dir = disk.env.dir().join("ck3");
+    let third = checkpoint_into(&disk, launcher, &third_dir, &[]);
+    wait_child(&mut group.launcher, READY_TIMEOUT);
+    assert_eq!(
+        third["data_bytes"], BLOCK,
+        "only the changed block: {third}"
+    );
+    assert_eq!(third["shared_bytes"], 2 * BLOCK);
+    assert_eq!(stored_blocks(&disk).len(), 2);
+
+    // The third's own block goes; the one the others reference stays.
+    let report = disk.tool_json(&["discard", "--dir", third_dir.to_str().expect("utf-8")]);
+    assert_eq!(report["store"]["blocks"], 1, "{report}");
+    assert_eq!(report["store"]["bytes"], BLOCK, "{report}");
+    assert_eq!(stored_blocks(&disk).len(), 1);
+    let report = disk.tool_json(&["discard", "--dir", second_dir.to_str().expect("utf-8")]);
+    assert_eq!(
+        report["store"]["blocks"], 0,
+        "still referenced by the first: {report}"
+    );
+    assert_eq!(stored_blocks(&disk).len(), 1);
+
+    let (report, _restored) = restore(&disk, &[]);
+    assert_eq!(report["data_bytes"], SIZE[0] + SIZE[1], "{report}");
+    let ranks = disk.attach();
+    ranks[0]
+        .ok(&format!("verify a0 --byte 7 --offset 0 --len {}", SIZE[0]))
+        .expect("a0 back from the store");
+    ranks[1]
+        .ok(&format!("verify a1 --byte 7 --offset 0 --len {}", SIZE[1]))
+        .expect("a1 back from the store");
+}
+
+/// A block missing, cut short or changed, and a manifest naming a block outside the store: a
+/// restore refuses each before anything changes (exit 3), or undoes itself when a changed block
+/// is found while loading (exit 4); the checkpoint and the store are unchanged and restore again.
+#[test]
+fn damaged_missing_and_crafted_blocks_are_refused_and_change_nothing() {
+    let disk = Disk::new();
+    let mut group = disk.start_group();
+    let (_, manifest) = checkpoint_and_stop(&disk, &mut group);
+    let good = disk.checkpoint_dir();
+    let store = store_dir(&disk);
+    let rank0 = manifest["data_files"]
+        .as_array()
+        .expect("data files")
+        .iter()
+        .find(|d| d["ns_pid"] == 1)
+        .expect("rank 0")
+        .clone();
+    let block = block_paths(&disk, &rank0).remove(0);
+    let original = std::fs::read(&block).expect("block");
+    let refused = |dir: &Path, extra: &[&str], code: i32, message: &str, what: &str| {
+        let (before, stored) = (hash_dir(dir), hash_dir(&store));
+        let mut args = vec!["restore", "--dir", dir.to_str().expect("utf-8 path")];
+        args.extend_from_slice(extra);
+        let out = disk.tool(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{what}: {stderr}");
+        assert!(
+            stderr.contains(message),
+            "{what}: {message:?} not in {stderr}"
+        );
+        assert_eq!(hash_dir(dir), before, "{what}: the checkpoint changed");
+        assert_eq!(hash_dir(&store), stored, "{what}: the store changed");
+        assert!(!disk.group_answers(), "{what}: something was restored");
+    };
+
+    let aside = disk.env.dir().join("aside");
+    std::fs::rename(&block, &aside).expect("mv");
+    refused(&good, &[], 3, "No such file", "a block missing");
+    std::fs::rename(&aside, &block).expect("mv back");
+
+    truncate(&block);
+    refused(
+        &good,
+        &[],
+        3,
+        "is not a regular file of",
+        "a block cut short",
+    );
+    std::fs::write(&block, &original).expect("put back");
+
+    flip_byte(&block);
+    refused(
+        &good,
+        &["--verify-data-first"],
+        3,
+        "does not hash to its name",
+        "a block changed, checked first",
+    );
+    refused(&good, &[], 4, "the block is damaged", "a block changed");
+    std::fs::write(&block, &original).expect("put back");
+
+    // A manifest naming a block by a path: refused whatever the signature says, by restore and
+    // by discard, and nothing outside the store is read or removed.
+    let crafted = disk.env.dir().join("crafted");
+    copy_dir(&good, &crafted);
+    let outside = disk.env.dir().join("outside.txt");
+    std::fs::write(&outside, b"not a block").expect("outside");
+    edit_manifest(&crafted, |m| {
+        m["data_files"][0]["blocks"][0] = "../../outside.txt".into();
+    });
+    refused(
+        &crafted,
+        &["--allow-unsigned"],
+        3,
+        "is not a BLAKE3 digest",
+        "a block outside the store",
+    );
+    let out = disk.tool(&["discard", "--dir", crafted.to_str().expect("utf-8")]);
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(outside.is_file(), "nothing outside the store removed");
+    std::fs::remove_dir_all(&crafted).expect("rm crafted");
+
+    let (_report, _restored) = restore(&disk, &["--verify-data-first"]);
+    verify_sharing(&disk.attach(), 1);
+}
+
+/// Two groups checkpointed into one store at once, with a `discard` of an older checkpoint in
+/// that store running beside them: each checkpoint is complete with every block it references,
+/// and only the older checkpoint's own block is collected.
+#[test]
+fn two_checkpoints_into_one_store_at_once_and_a_discard_beside_them() {
+    let disk = Disk::new();
+    let other = Disk::new();
+    let group = disk.start_group();
+    let mut other_group = other.start_group();
+    let launcher = group.launcher.id();
+    let old_dir = disk.env.dir().join("old");
+    checkpoint_into(&disk, launcher, &old_dir, &["--leave-running"]);
+    let old = manifest_of(&old_dir);
+    let old_only: Vec<PathBuf> = block_paths(&disk, &old["data_files"][0]);
+    // Rank 0's blocks change, and the other group's differ from both: the old checkpoint's
+    // rank 0 blocks are its own from now on.
+    group.ranks[0]
+        .ok(&format!("fill a0 {}", seed(0, 7)))
+        .expect("fill");
+    other_group.ranks[0]
+        .ok(&format!("fill a0 {}", seed(0, 8)))
+        .expect("fill");
+
+    let (a_dir, b_dir) = (disk.env.dir().join("a"), disk.env.dir().join("b"));
+    let other_launcher = other_group.launcher.id();
+    std::thread::scope(|s| {
+        let a = s.spawn(|| checkpoint_into(&disk, launcher, &a_dir, &["--leave-running"]));
+        let b = s.spawn(|| checkpoint_into(&other, other_launcher, &b_dir, &[]));
+        let discarded =
+            s.spawn(|| disk.tool_json(&["discard", "--dir", old_dir.to_str().expect("utf-8")]));
+        a.join().expect("checkpoint a");
+        b.join().expect("checkpoint b");
+        let report = discarded.join().expect("discard");
+        assert!(report["store"].is_object(), "collected: {report}");
+    });
+    wait_child(&mut other_group.launcher, READY_TIMEOUT);
+    for dir in [&a_dir, &b_dir] {
+        let manifest = manifest_of(dir);
+        for entry in manifest["data_files"].as_array().expect("data files") {
+            for path in block_paths(&disk, entry) {
+                let bytes = std::fs::read(&path).expect("a referenced block is kept");
+                assert_eq!(
+                    blake3::hash(&bytes).to_hex().as_str(),
+                    path.file_name().expect("name").to_str().expect("utf-8"),
+                    "{} is whole",
+                    path.display()
+                );
+            }
+        }
+    }
+    for path in old_only {
+        assert!(
+            !path.exists(),
+            "{} was the old checkpoint's alone",
+            path.display()
+        );
+    }
+    // The second group's checkpoint restores from the shared store.
+    let out = other.tool(&["restore", "--dir", b_dir.to_str().expect("utf-8"), "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in other.attach() {
+        r.assert_pattern("a0", seed(0, 8)).expect("a0 back");
+        r.assert_pattern("a1", seed(1, 1)).expect("a1 back");
+    }
 }

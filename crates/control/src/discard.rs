@@ -18,7 +18,14 @@
 //!
 //! Anything else is a refusal that removes nothing. The manifest (or the marker) goes last, so a
 //! discard that failed part way can be run again.
+//!
+//! Then the block store beside the directory (crate::disk::store) is collected: the blocks no
+//! other checkpoint there references are deleted, under the store's exclusive lock, so never one a
+//! running checkpoint has written or referenced. The store is checked (a directory, not a
+//! symbolic link) before anything is deleted, and only regular files named like blocks inside it
+//! are deleted.
 
+use crate::disk::store::{BlockStore, Collected, PENDING_BLOCKS};
 use crate::disk::{
     DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, SIGNATURE_FILE, read_manifest,
 };
@@ -36,6 +43,11 @@ pub struct DiscardReport {
     pub image_bytes: u64,
     /// The kept link remaps removed (outside the directory).
     pub link_remaps: Vec<String>,
+    /// What the collection of the block store beside the directory removed (blocks no other
+    /// checkpoint references); `None` when there is no store there.
+    pub store: Option<Collected>,
+    /// Why the block store beside the directory was not collected, when it was not.
+    pub store_not_collected: Option<String>,
 }
 
 fn removing(path: &Path, e: std::io::Error) -> ControlError {
@@ -58,7 +70,18 @@ pub fn discard(dir: &Path) -> Result<DiscardReport, ControlError> {
     // Before the lock, which would be taken on the link's target otherwise.
     check_real_dir(dir)?;
     let _lock = crate::runlock::RunLock::directory(dir)?;
-    discard_unlocked(dir)
+    // Checked before anything is removed: a store that is a symbolic link is a refusal.
+    let store = BlockStore::existing(dir).map_err(|e| refused(dir, e))?;
+    let mut report = discard_unlocked(dir)?;
+    if let Some(store) = store {
+        // The checkpoint is gone either way; a collection that cannot run (a manifest beside it
+        // that does not parse) deletes nothing and says why: the next discard collects.
+        match store.collect() {
+            Ok(collected) => report.store = Some(collected),
+            Err(e) => report.store_not_collected = Some(e.to_string()),
+        }
+    }
+    Ok(report)
 }
 
 /// `dir` must be a directory itself (a symbolic link would have the tool delete in its target).
@@ -117,6 +140,8 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
         dir: dir.to_path_buf(),
         image_bytes,
         link_remaps: plan.remaps.into_iter().map(|r| r.kept_as).collect(),
+        store: None,
+        store_not_collected: None,
     })
 }
 
@@ -165,9 +190,21 @@ fn plan_complete(dir: &Path) -> Result<Plan, ControlError> {
                 .map(str::to_string)
         })
         .collect();
-    let data: Vec<String> = manifest.data_files.iter().map(|d| d.file.clone()).collect();
+    // Entries kept in the block store have no file in `data/`.
+    let data: Vec<String> = (manifest.data_files.iter())
+        .filter(|d| d.blocks.is_none())
+        .map(|d| d.file.clone())
+        .collect();
     let expected = Expected {
-        top: &|name| [STATE_FILE_NAME, IMAGE_DIGESTS, SIGNATURE_FILE].contains(&name),
+        top: &|name| {
+            [
+                STATE_FILE_NAME,
+                IMAGE_DIGESTS,
+                SIGNATURE_FILE,
+                PENDING_BLOCKS,
+            ]
+            .contains(&name)
+        },
         images: &|name| listed_images.iter().any(|n| n == name) || is_criu_log(name),
         data: &|name| data.iter().any(|n| n == name),
         remaps: &|name| copies.iter().any(|n| n == name),
@@ -203,10 +240,11 @@ fn plan_incomplete(dir: &Path) -> Result<Plan, ControlError> {
         STATE_FILE_NAME,
         IMAGE_DIGESTS,
         SIGNATURE_FILE,
+        PENDING_BLOCKS,
         INCOMPLETE_MARKER,
     ];
     let expected = Expected {
-        top: &|name| top[..4].contains(&name) || is_temporary_of(name, &top),
+        top: &|name| top[..5].contains(&name) || is_temporary_of(name, &top),
         images: &|name| crate::criu::is_image(name) || is_criu_log(name),
         data: &|name| is_data_file_name(name),
         remaps: &|name| is_remap_copy_name(name),

@@ -23,8 +23,10 @@ pub const MANIFEST_FORMAT: &str = "cuinterpose-manifest";
 /// 5: the GPU bytes are in data files the shims stream, `data_files`, not in CRIU's images, and
 /// `bytes.saved` counts every allocation the shims created, private ones too, in place of
 /// `bytes.shared_saved`; 7: `criu.in_container`; 8: `criu.placement` in its place, with the
-/// container's own init as a third case, and link remaps kept as copies in `remaps/`).
-pub const MANIFEST_VERSION: u32 = 8;
+/// container's own init as a third case, and link remaps kept as copies in `remaps/`; 9: the GPU
+/// bytes in a block store beside the checkpoint by default, `data_files[].blocks` and
+/// `shared_bytes`).
+pub const MANIFEST_VERSION: u32 = 9;
 /// Largest manifest accepted.
 pub const MAX_MANIFEST_LEN: usize = 16 << 20;
 /// Longest socket path a participant can have listened on (`sun_path` less its NUL).
@@ -62,7 +64,9 @@ pub struct Manifest {
 }
 
 /// One process's data file: the bytes of its shared allocations, which its shim streamed there
-/// and reads back at restore (`protocol::message::DataFile` in JSON).
+/// and reads back at restore (`protocol::message::DataFile` in JSON). With `blocks`, the file is
+/// not in the checkpoint: its blocks are in the block store beside it (`<parent>/`
+/// [`BLOCK_STORE_DIR`]), and `file` only names the entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataFileEntry {
@@ -72,13 +76,26 @@ pub struct DataFileEntry {
     pub ns_pid: u32,
     /// Length of the file in bytes.
     pub bytes: u64,
-    /// Bytes actually written: the rest are zero blocks left as holes.
+    /// Bytes actually written: the rest are zero blocks left as holes, or (in a block store)
+    /// blocks the store already held.
     pub written_bytes: u64,
+    /// In a block store: bytes of blocks the store already held when the checkpoint wrote them
+    /// (another checkpoint's, another process's, or the same block twice), not written again.
+    pub shared_bytes: u64,
     /// The allocations in the file, in file order.
     pub extents: Vec<DataExtent>,
     /// Blocks of [`DATA_ALIGN`] bytes (by index) that were all zeros and were not written.
     pub zero_blocks: Vec<u64>,
+    /// `None`: the bytes are in `data/<file>`. Otherwise the BLAKE3 of every block that is not a
+    /// zero block, in file order, 64 lower-case hex digits each: the block's name in the block
+    /// store ([`crate::message::block_path`]). The manifest is signed, so the signature covers
+    /// every block a restore reads.
+    pub blocks: Option<Vec<String>>,
 }
+
+/// Directory of the block store beside the checkpoints of one storage directory: the
+/// checkpoint `DIR` keeps its blocks in `<parent of DIR>/.cuinterpose-blocks`.
+pub const BLOCK_STORE_DIR: &str = ".cuinterpose-blocks";
 
 /// One allocation in a data file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,12 +117,18 @@ pub fn data_file_name(ns_pid: u32) -> String {
 
 impl DataFileEntry {
     /// The entry of what the shim of `ns_pid` answered to SaveTo.
-    pub fn new(ns_pid: u32, written_bytes: u64, record: &DataFile) -> DataFileEntry {
+    pub fn new(
+        ns_pid: u32,
+        written_bytes: u64,
+        shared_bytes: u64,
+        record: &DataFile,
+    ) -> DataFileEntry {
         DataFileEntry {
             file: data_file_name(ns_pid),
             ns_pid,
             bytes: record.length,
             written_bytes,
+            shared_bytes,
             extents: record
                 .extents
                 .iter()
@@ -117,6 +140,10 @@ impl DataFileEntry {
                 })
                 .collect(),
             zero_blocks: record.zero_blocks.clone(),
+            blocks: record
+                .blocks
+                .as_ref()
+                .map(|b| b.iter().map(|d| hex(d)).collect()),
         }
     }
 
@@ -134,10 +161,19 @@ impl DataFileEntry {
                 })
             })
             .collect::<Result<Vec<_>, ProtocolError>>()?;
+        let blocks = match &self.blocks {
+            None => None,
+            Some(b) => Some(
+                b.iter()
+                    .map(|d| unhex::<32>(d))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
         Ok(DataFile {
             length: self.bytes,
             extents,
             zero_blocks: self.zero_blocks.clone(),
+            blocks,
         })
     }
 
@@ -172,11 +208,21 @@ impl DataFileEntry {
             end = past.unwrap_or(u64::MAX);
             held = held.saturating_add(e.size);
         }
-        if self.written_bytes > held {
+        if self.written_bytes.saturating_add(self.shared_bytes) > held {
             return Err(format!(
-                "{}: {} bytes written of extents holding {held}",
-                self.file, self.written_bytes
+                "{}: {} bytes written and {} shared of extents holding {held}",
+                self.file, self.written_bytes, self.shared_bytes
             ));
+        }
+        if let Some(blocks) = &self.blocks {
+            // Each names a file a restore opens in the store, and discard's collection keeps:
+            // nothing but a digest may name one (no `/`, no `..`, no other directory).
+            if let Some(bad) = blocks.iter().find(|d| unhex::<32>(d).is_err()) {
+                return Err(format!(
+                    "{}: block {bad:?} is not a BLAKE3 digest (64 lower-case hex digits)",
+                    self.file
+                ));
+            }
         }
         let inside = |b: u64| {
             let at = b.saturating_mul(DATA_ALIGN);
@@ -190,6 +236,16 @@ impl DataFileEntry {
                 "{}: zero blocks not ascending or outside the extents",
                 self.file
             ));
+        }
+        if self.blocks.is_some() {
+            let listed = self.record().ok().and_then(|r| r.stored_blocks());
+            if listed.is_none() {
+                return Err(format!(
+                    "{}: the block list does not have one digest per block that is not a zero \
+                     block",
+                    self.file
+                ));
+            }
         }
         Ok(())
     }
@@ -746,6 +802,7 @@ pub fn decode(bytes: &[u8]) -> Result<Manifest, ProtocolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::StoredBlock;
     use crate::state::tests::two_workers;
 
     fn sample() -> (Manifest, Vec<u8>) {
@@ -824,6 +881,7 @@ mod tests {
             data_files: vec![DataFileEntry::new(
                 41,
                 2 << 20,
+                0,
                 &DataFile {
                     length: 4 << 20,
                     extents: vec![Extent {
@@ -833,6 +891,7 @@ mod tests {
                         blake3: [7; 32],
                     }],
                     zero_blocks: vec![1],
+                    blocks: Some(vec![[0x3c; 32]]),
                 },
             )],
         };
@@ -955,10 +1014,28 @@ mod tests {
         let (manifest, _) = sample();
         let entry = &manifest.data_files[0];
         let record = entry.record().unwrap();
-        assert_eq!(DataFileEntry::new(41, entry.written_bytes, &record), *entry);
+        assert_eq!(
+            DataFileEntry::new(41, entry.written_bytes, entry.shared_bytes, &record),
+            *entry
+        );
         assert_eq!(entry.extents[0].id, "a1".repeat(16));
+        assert_eq!(
+            record.stored_blocks().unwrap(),
+            vec![
+                StoredBlock {
+                    index: 0,
+                    len: 2 << 20,
+                    digest: Some([0x3c; 32])
+                },
+                StoredBlock {
+                    index: 1,
+                    len: 2 << 20,
+                    digest: None
+                },
+            ]
+        );
         type Edit = fn(&mut DataFileEntry);
-        let edits: [(&str, Edit); 9] = [
+        let edits: [(&str, Edit); 14] = [
             ("another name", |e| e.file = "../gpu-41.data".into()),
             ("another participant", |e| {
                 e.ns_pid = 43;
@@ -975,6 +1052,17 @@ mod tests {
                 e.zero_blocks = vec![5]
             }),
             ("zero blocks out of order", |e| e.zero_blocks = vec![1, 0]),
+            ("more shared than held", |e| e.shared_bytes = 3 << 20),
+            ("a block named by a path outside the store", |e| {
+                e.blocks = Some(vec![format!("../../../etc/{}", "3c".repeat(26))])
+            }),
+            ("a block named in upper case", |e| {
+                e.blocks = Some(vec!["3C".repeat(32)])
+            }),
+            ("a block missing from the list", |e| e.blocks = Some(vec![])),
+            ("a block too many", |e| {
+                e.blocks = Some(vec!["3c".repeat(32), "3d".repeat(32)])
+            }),
         ];
         for (what, edit) in edits {
             let mut bad = manifest.clone();

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -95,10 +95,14 @@ pub enum Request {
     Multicast(MulticastStep),
     /// Save into a data file instead of the host carrier (checkpoint to disk): creators stream
     /// the bytes Save would copy into the file on this frame's descriptor, which the tool opened
-    /// for writing and left empty. Answered with [`Response::Streamed`].
-    SaveTo,
+    /// for writing and left empty; or, with `store`, into the block store whose directory is the
+    /// descriptor (one file per distinct 2 MiB block, named by its BLAKE3: [`block_path`]).
+    /// Answered with [`Response::Streamed`].
+    SaveTo { store: bool },
     /// Load from the data file on this frame's descriptor instead of the carrier: `file` is what
-    /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest.
+    /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest. When
+    /// the record lists blocks ([`DataFile::blocks`]) the descriptor is the block store's
+    /// directory, and each block read must hash to its name.
     LoadFrom { file: DataFile },
     /// Save for a cycle that skips the native checkpoint and restore (`suspend --keep-contexts`):
     /// as Save, and a shim whose carrier setting is `auto` copies through a pinned carrier, which
@@ -244,12 +248,85 @@ pub struct DataFile {
     /// and were not written: holes in the file, set to zero on the device at load without being
     /// read. Ascending.
     pub zero_blocks: Vec<u64>,
+    /// `None`: the bytes are in one file, as laid out above. `Some`: they are in a block store
+    /// (SaveTo with `store`): the BLAKE3 of every block of [`DATA_ALIGN`] bytes of that layout
+    /// that is not a zero block, in file order, each stored once as the file [`block_path`]
+    /// names (the last block of an allocation only as long as the allocation's bytes in it).
+    pub blocks: Option<Vec<[u8; 32]>>,
+}
+
+impl DataFile {
+    /// The blocks of the layout, by index, with the digest of each stored one (`None` for a zero
+    /// block) and its length; `None` when the record is not of a block store or its block list
+    /// does not match its layout (a count that differs from the blocks that are not zero).
+    pub fn stored_blocks(&self) -> Option<Vec<StoredBlock>> {
+        let digests = self.blocks.as_ref()?;
+        let mut out = Vec::new();
+        let mut next = digests.iter();
+        for extent in &self.extents {
+            let first = extent.offset / DATA_ALIGN;
+            let count = extent.size.div_ceil(DATA_ALIGN);
+            for index in first..first + count {
+                let start = index * DATA_ALIGN;
+                let len = (extent.offset + extent.size - start).min(DATA_ALIGN);
+                let digest = if self.zero_blocks.binary_search(&index).is_ok() {
+                    None
+                } else {
+                    Some(*next.next()?)
+                };
+                out.push(StoredBlock { index, len, digest });
+            }
+        }
+        next.next().is_none().then_some(out)
+    }
+}
+
+/// One block of a [`DataFile`] kept in a block store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredBlock {
+    /// Index in the layout: file offset / [`DATA_ALIGN`].
+    pub index: u64,
+    /// Bytes of the allocation in it: [`DATA_ALIGN`], or less for an allocation's last block.
+    pub len: u64,
+    /// BLAKE3 of those bytes, the block's name in the store; `None` for a zero block (not stored).
+    pub digest: Option<[u8; 32]>,
+}
+
+/// Path of a block in a block store's directory: `<first two hex digits>/<64 hex digits>` of its
+/// BLAKE3 (256 sub-directories keep each directory small).
+pub fn block_path(digest: &[u8; 32]) -> String {
+    let hex = block_name(digest);
+    format!("{}/{hex}", &hex[..2])
+}
+
+/// The file name of a block in its sub-directory: its BLAKE3 in 64 lower-case hex digits.
+pub fn block_name(digest: &[u8; 32]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+/// The digest of an allocation kept as blocks ([`Extent::blake3`] in a block store's record):
+/// BLAKE3 over its blocks' digests in order, a zero block counted as 32 zero bytes. It binds the
+/// allocation to its block list without hashing its bytes a second time (each block is checked
+/// against its own digest as it is read).
+pub fn block_list_digest(blocks: impl IntoIterator<Item = Option<[u8; 32]>>) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    for block in blocks {
+        hasher.update(&block.unwrap_or([0; 32]));
+    }
+    *hasher.finalize().as_bytes()
 }
 
 /// How one process streamed a data file. Times in microseconds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StreamStats {
-    /// Bytes written to (SaveTo) or read from (LoadFrom) the file.
+    /// Bytes written to (SaveTo) or read from (LoadFrom) the file, or the block store (for
+    /// SaveTo: the blocks it did not hold yet).
     pub file_bytes: u64,
     /// Bytes of zero blocks neither written nor read (set on the device instead).
     pub zero_bytes: u64,
@@ -263,6 +340,9 @@ pub struct StreamStats {
     /// this over `threads` x `micros` (what they would save at most where the threads, not the
     /// storage, set the pace).
     pub hash_micros: u64,
+    /// SaveTo into a block store: bytes of blocks the store already held (written by another
+    /// process or checkpoint, or twice in this file), referenced without being written again.
+    pub shared_bytes: u64,
 }
 
 /// One allocation's bytes in a data file.
@@ -379,7 +459,7 @@ impl Request {
             Request::Import => 8,
             Request::Thaw => 9,
             Request::Multicast(_) => 10,
-            Request::SaveTo => 11,
+            Request::SaveTo { .. } => 11,
             Request::LoadFrom { .. } => 12,
             Request::SaveKeepingContexts => 13,
             Request::SaveThroughHelper { .. } => 14,
@@ -397,7 +477,7 @@ impl Request {
     pub fn carries_fd(&self) -> bool {
         matches!(
             self,
-            Request::SaveTo | Request::LoadFrom { .. } | Request::CarrierItem { .. }
+            Request::SaveTo { .. } | Request::LoadFrom { .. } | Request::CarrierItem { .. }
         )
     }
 }

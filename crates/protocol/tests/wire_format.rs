@@ -409,7 +409,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("import", Request::Import),
         ("thaw", Request::Thaw),
         ("multicast", Request::Multicast(MulticastStep::AddDevices)),
-        ("save_to", Request::SaveTo),
+        ("save_to", Request::SaveTo { store: true }),
         ("load_from", Request::LoadFrom { file: data_file() }),
         ("save_keeping_contexts", Request::SaveKeepingContexts),
         (
@@ -468,6 +468,7 @@ fn data_file() -> DataFile {
             },
         ],
         zero_blocks: vec![2],
+        blocks: Some(vec![[0xc1; 32], [0xc2; 32]]),
     }
 }
 
@@ -524,6 +525,7 @@ fn responses() -> Vec<(&'static str, Response)> {
                     threads: 4,
                     micros: 850,
                     hash_micros: 1200,
+                    shared_bytes: 2 << 20,
                 },
                 file: data_file(),
             },
@@ -751,7 +753,8 @@ fn manifest_for(state_file: &[u8]) -> Manifest {
         },
         data_files: vec![manifest::DataFileEntry::new(
             41,
-            (4 << 20) - 4096,
+            2 << 20,
+            (2 << 20) - 4096,
             &data_file(),
         )],
     }

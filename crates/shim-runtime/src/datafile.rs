@@ -24,12 +24,13 @@
 //! fill them); LoadFrom sets them to zero on the device instead of reading and copying them.
 
 use crate::Real;
+use crate::blockstore::{self, Put};
 use crate::copy::{self, CopyError};
 use crate::digest::{DigestError, TreeDigests};
 use crate::log::log_warn;
 use crate::phases::{LoadItem, PhaseError, TempMap};
 use cuda::owned::PinnedBuffer;
-use protocol::message::{DATA_ALIGN, DataFile, Extent, StreamStats};
+use protocol::message::{DATA_ALIGN, DataFile, Extent, StoredBlock, StreamStats};
 use protocol::record::{AllocationId, Phase};
 use rustix::fs::OFlags;
 use rustix::io::Errno;
@@ -77,6 +78,14 @@ pub enum DataFileError {
     },
     #[error("the data file does not describe this process's allocations: {0}")]
     Mismatch(String),
+    #[error("block store: {path}: {source}")]
+    Block {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("block {path} of the store hashes to {found}: the block is damaged")]
+    BlockDigest { path: String, found: String },
     #[error("cannot start a data file thread: {0}")]
     Spawn(std::io::Error),
     #[error(transparent)]
@@ -270,6 +279,8 @@ struct Shared<'a> {
     failed: AtomicBool,
     file_bytes: AtomicU64,
     zero_bytes: AtomicU64,
+    /// Bytes of blocks a block store already held (SaveTo into a store).
+    shared_bytes: AtomicU64,
     /// Microseconds the workers spent hashing, summed ([`StreamStats::hash_micros`]).
     hash_micros: AtomicU64,
     first_error: Mutex<Option<DataFileError>>,
@@ -385,6 +396,7 @@ pub fn write(
         failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
+        shared_bytes: AtomicU64::new(0),
         hash_micros: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
@@ -446,6 +458,7 @@ pub fn write(
         threads,
         micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
         hash_micros: shared.hash_micros.load(Ordering::Relaxed),
+        shared_bytes: 0,
     };
     let extents = regions
         .iter()
@@ -456,6 +469,7 @@ pub fn write(
         length,
         extents,
         zero_blocks,
+        blocks: None,
     };
     Ok((record, stats))
 }
@@ -493,6 +507,7 @@ pub fn read(
         failed: AtomicBool::new(false),
         file_bytes: AtomicU64::new(0),
         zero_bytes: AtomicU64::new(0),
+        shared_bytes: AtomicU64::new(0),
         hash_micros: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
@@ -549,15 +564,7 @@ pub fn read(
             });
         }
     }
-    // Memsets of device memory may still run after they return; the rebuilt memory must hold
-    // its bytes before anyone maps it.
-    let mut devices: Vec<i32> = regions.iter().map(|r| r.device).collect();
-    devices.sort_unstable();
-    devices.dedup();
-    for device in devices {
-        let _ctx = copy::enter(real, device)?;
-        real.ctx_synchronize().map_err(driver_error(device))?;
-    }
+    synchronize(real, regions)?;
     Ok(StreamStats {
         file_bytes: shared.file_bytes.load(Ordering::Relaxed),
         zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
@@ -565,7 +572,259 @@ pub fn read(
         threads,
         micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
         hash_micros: shared.hash_micros.load(Ordering::Relaxed),
+        shared_bytes: 0,
     })
+}
+
+/// The workers' state of a stream through a block store, besides [`Shared`] (whose file is the
+/// store's directory and whose tree digests are not used: each block has its own).
+fn new_shared<'a>(real: &'a Real, store: BorrowedFd<'a>, regions: &[Region]) -> Shared<'a> {
+    Shared {
+        real,
+        file: store,
+        direct: Direct::of(store),
+        units: units(regions),
+        next: AtomicUsize::new(0),
+        digests: TreeDigests::new(std::iter::empty(), IO_SIZE),
+        failed: AtomicBool::new(false),
+        file_bytes: AtomicU64::new(0),
+        zero_bytes: AtomicU64::new(0),
+        shared_bytes: AtomicU64::new(0),
+        hash_micros: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    }
+}
+
+/// Hashes one block, counting the time.
+fn hash_block(shared: &Shared<'_>, bytes: &[u8]) -> [u8; 32] {
+    let start = Instant::now();
+    let digest = *blake3::hash(bytes).as_bytes();
+    let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    shared.hash_micros.fetch_add(micros, Ordering::Relaxed);
+    digest
+}
+
+fn stats_of(
+    shared: &Shared<'_>,
+    direct: &blockstore::Direct,
+    threads: u32,
+    start: Instant,
+) -> StreamStats {
+    StreamStats {
+        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
+        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
+        direct: direct.on(),
+        threads,
+        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
+        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
+        shared_bytes: shared.shared_bytes.load(Ordering::Relaxed),
+    }
+}
+
+/// Each extent with its digest in a block store's record: [`protocol::message::block_list_digest`]
+/// of its blocks.
+fn with_list_digests(record: &DataFile, blocks: &[StoredBlock]) -> Vec<Extent> {
+    record
+        .extents
+        .iter()
+        .map(|e| {
+            let first = e.offset / DATA_ALIGN;
+            let count = e.size.div_ceil(DATA_ALIGN);
+            let digests = blocks
+                .iter()
+                .filter(|b| (first..first + count).contains(&b.index))
+                .map(|b| b.digest);
+            Extent {
+                blake3: protocol::message::block_list_digest(digests),
+                ..*e
+            }
+        })
+        .collect()
+}
+
+/// SaveTo into a block store: every region's blocks that are not all zeros go into the store whose
+/// directory is `store`, each under its BLAKE3 unless the store holds it already
+/// ([`blockstore::put`]). Returns the record (the layout of [`layout`], the zero blocks, the
+/// block digests; each extent's digest is the digest of its block list).
+pub fn write_blocks(
+    real: &Real,
+    store: BorrowedFd<'_>,
+    regions: &[Region],
+    length: u64,
+) -> Result<(DataFile, StreamStats), DataFileError> {
+    let start = Instant::now();
+    let shared = new_shared(real, store, regions);
+    let direct = blockstore::Direct::default();
+    let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
+    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
+        let bytes = buffer
+            .get_mut(..unit.len)
+            .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
+        shared
+            .real
+            .memcpy_dtoh(bytes, unit.va)
+            .map_err(driver_error(unit.device))?;
+        let mut at = 0;
+        let mut here = Vec::new();
+        while at < unit.len {
+            let len = BLOCK.min(unit.len - at);
+            let index = (unit.offset + at as u64) / DATA_ALIGN;
+            let block = buffer.get(at..at + len).unwrap_or_default();
+            if is_zero(block) {
+                shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                here.push((index, None));
+                at += len;
+                continue;
+            }
+            let digest = hash_block(shared, block);
+            // An allocation's last block ends inside it: padded with zeros to the page for
+            // O_DIRECT (the block file is cut to its length).
+            let padded = len.next_multiple_of(PAGE);
+            if let Some(pad) = buffer.get_mut(at + len..at + padded) {
+                pad.fill(0);
+            }
+            let data = buffer
+                .get(at..at + padded)
+                .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
+            match blockstore::put(shared.file, &digest, data, len, &direct)? {
+                Put::Written => shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed),
+                Put::Present => shared.shared_bytes.fetch_add(len as u64, Ordering::Relaxed),
+            };
+            here.push((index, Some(digest)));
+            at += len;
+        }
+        found.lock().unwrap_or_else(|e| e.into_inner()).extend(here);
+        Ok(())
+    };
+    let threads = run(&shared, &step);
+    if let Some(e) = take_error(&shared) {
+        return Err(e);
+    }
+    let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
+    found.sort_unstable_by_key(|(index, _)| *index);
+    let mut record = DataFile {
+        length,
+        extents: regions.iter().map(|r| r.extent).collect(),
+        zero_blocks: found
+            .iter()
+            .filter(|(_, d)| d.is_none())
+            .map(|(i, _)| *i)
+            .collect(),
+        blocks: Some(found.iter().filter_map(|(_, d)| *d).collect()),
+    };
+    let blocks = record.stored_blocks().ok_or_else(|| {
+        DataFileError::Mismatch("the blocks written do not cover the layout".into())
+    })?;
+    record.extents = with_list_digests(&record, &blocks);
+    Ok((record, stats_of(&shared, &direct, threads, start)))
+}
+
+/// LoadFrom a block store: reads the blocks of `record` (a block store's) for the regions' extents
+/// from the store whose directory is `store`, each checked against its digest as it is read, and
+/// sets zero blocks to zero on the device. On any error the regions' contents are undefined.
+pub fn read_blocks(
+    real: &Real,
+    store: BorrowedFd<'_>,
+    regions: &[Region],
+    record: &DataFile,
+) -> Result<StreamStats, DataFileError> {
+    let start = Instant::now();
+    if regions.is_empty() {
+        return Ok(StreamStats::default());
+    }
+    let blocks = record.stored_blocks().ok_or_else(|| {
+        DataFileError::Mismatch("its block list does not match its layout".into())
+    })?;
+    // The record is the one this process wrote (load_from compares them), so the extents'
+    // digests are of these block lists; checked all the same, before any byte is read.
+    for (extent, ours) in record
+        .extents
+        .iter()
+        .zip(with_list_digests(record, &blocks))
+    {
+        if extent.blake3 != ours.blake3 {
+            return Err(DataFileError::Digest {
+                id: extent.id,
+                expected: hex(&extent.blake3),
+                found: hex(&ours.blake3),
+            });
+        }
+    }
+    let by_index: std::collections::HashMap<u64, StoredBlock> =
+        blocks.iter().map(|b| (b.index, *b)).collect();
+    let shared = new_shared(real, store, regions);
+    let direct = blockstore::Direct::default();
+    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
+        let mut at = 0;
+        while at < unit.len {
+            let len = BLOCK.min(unit.len - at);
+            let index = (unit.offset + at as u64) / DATA_ALIGN;
+            let dev = unit.va + at as u64;
+            let digest = by_index
+                .get(&index)
+                .filter(|b| b.len == len as u64)
+                .map(|b| b.digest)
+                .ok_or_else(|| {
+                    DataFileError::Mismatch(format!("no block {index} of {len} bytes"))
+                })?;
+            let Some(digest) = digest else {
+                shared
+                    .real
+                    .memset_d8(dev, 0, len)
+                    .map_err(driver_error(unit.device))?;
+                shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
+                at += len;
+                continue;
+            };
+            let padded = len.next_multiple_of(PAGE);
+            let space = buffer
+                .get_mut(at..at + padded)
+                .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
+            blockstore::get(shared.file, &digest, space, len, &direct)?;
+            let data = space.get(..len).unwrap_or_default();
+            let found = hash_block(shared, data);
+            if found != digest {
+                return Err(DataFileError::BlockDigest {
+                    path: protocol::message::block_path(&digest),
+                    found: hex(&found),
+                });
+            }
+            shared
+                .real
+                .memcpy_htod(dev, data)
+                .map_err(driver_error(unit.device))?;
+            shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
+            at += len;
+        }
+        Ok(())
+    };
+    let threads = run(&shared, &step);
+    if let Some(e) = take_error(&shared) {
+        return Err(e);
+    }
+    synchronize(real, regions)?;
+    Ok(stats_of(&shared, &direct, threads, start))
+}
+
+fn take_error(shared: &Shared<'_>) -> Option<DataFileError> {
+    shared
+        .first_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+}
+
+/// Memsets of device memory may still run after they return; the rebuilt memory must hold its
+/// bytes before anyone maps it.
+fn synchronize(real: &Real, regions: &[Region]) -> Result<(), DataFileError> {
+    let mut devices: Vec<i32> = regions.iter().map(|r| r.device).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    for device in devices {
+        let _ctx = copy::enter(real, device)?;
+        real.ctx_synchronize().map_err(driver_error(device))?;
+    }
+    Ok(())
 }
 
 /// Lower-case hex of a digest.
@@ -574,11 +833,13 @@ pub fn hex(digest: &[u8; 32]) -> String {
 }
 
 impl crate::runtime::Runtime {
-    /// SaveTo: what Save does, into the data file `file` instead of the carrier. The allocations
-    /// stay live (Release lets them go, as after Save).
+    /// SaveTo: what Save does, into the data file `file` instead of the carrier, or with `store`
+    /// into the block store whose directory `file` is. The allocations stay live (Release lets
+    /// them go, as after Save).
     pub(crate) fn save_to(
         &self,
         file: BorrowedFd<'_>,
+        store: bool,
     ) -> Result<(u64, StreamStats, DataFile), PhaseError> {
         self.expect_phase("SaveTo", &[Phase::Frozen])?;
         let items = self.save_items();
@@ -599,7 +860,11 @@ impl crate::runtime::Runtime {
         }
         let regions = regions_of(&work);
         // Synchronous copies only: when `write` returns no copy can touch the mappings.
-        let written = write(&self.real, file, &regions, length);
+        let written = if store {
+            write_blocks(&self.real, file, &regions, length)
+        } else {
+            write(&self.real, file, &regions, length)
+        };
         self.drop_temp(work);
         let (record, stats) = written?;
         let bytes = record.extents.iter().map(|e| e.size).sum();
@@ -637,7 +902,12 @@ impl crate::runtime::Runtime {
             "LoadFrom",
             extent_of,
             |work| {
-                let read = read(&self.real, file, &regions_of(&work), &record);
+                let regions = regions_of(&work);
+                let read = if record.blocks.is_some() {
+                    read_blocks(&self.real, file, &regions, &record)
+                } else {
+                    read(&self.real, file, &regions, &record)
+                };
                 // Synchronous copies and a synchronised context: nothing touches the mappings.
                 self.drop_temp(work);
                 read.map_err(PhaseError::from)
@@ -767,5 +1037,122 @@ mod tests {
         let file = std::fs::File::open(&path).expect("open");
         let error = read(&real, file.as_fd(), &regions, &record).expect_err("short");
         assert!(matches!(error, DataFileError::Truncated { .. }), "{error}");
+    }
+
+    #[test]
+    fn blocks_go_into_the_store_once_and_come_back_checked() {
+        let real = testdriver::real();
+        // Two replicas of 6 MiB + 64 KiB (their last block partial), block 1 zero in both; a
+        // third allocation shares its first block with them.
+        let len = 6 * MIB + 64 * 1024;
+        // The pattern repeats every 256 bytes: each block stamped with its index and a tag,
+        // so that only the blocks meant to be equal are.
+        let stamp = |va: u64, bytes: &mut Vec<u8>, tag: u8| {
+            for (k, block) in bytes.chunks_mut(BLOCK).enumerate() {
+                if block.iter().any(|&x| x != 0) {
+                    block[0] = k as u8;
+                    block[1] = tag;
+                }
+            }
+            real.memcpy_htod(va, bytes).expect("stamp");
+        };
+        let (a, mut a_bytes) = allocation(&real, len, 3, &[1]);
+        stamp(a, &mut a_bytes, 1);
+        let (b, mut b_bytes) = allocation(&real, len, 3, &[1]);
+        stamp(b, &mut b_bytes, 1);
+        let (c, mut c_bytes) = allocation(&real, 4 * MIB, 11, &[]);
+        c_bytes[..BLOCK].copy_from_slice(&a_bytes[..BLOCK]);
+        stamp(c, &mut c_bytes, 2);
+        c_bytes[..BLOCK].copy_from_slice(&a_bytes[..BLOCK]);
+        real.memcpy_htod(c, &c_bytes).expect("share a block");
+        let ids = [
+            AllocationId([1; 16]),
+            AllocationId([2; 16]),
+            AllocationId([3; 16]),
+        ];
+        let (extents, length) = layout(&[
+            (ids[0], len as u64),
+            (ids[1], len as u64),
+            (ids[2], 4 * MIB as u64),
+        ]);
+        let regions: Vec<Region> = [a, b, c]
+            .iter()
+            .zip(&extents)
+            .map(|(&va, &extent)| Region {
+                device: 0,
+                va,
+                extent,
+            })
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = std::fs::File::open(dir.path()).expect("store");
+        let (record, stats) = write_blocks(&real, store.as_fd(), &regions, length).expect("write");
+        // Blocks: a 0..4 (1 zero, 3 partial), b 4..8 (5 zero), c 8..10 (8 = a's block 0).
+        assert_eq!(record.zero_blocks, vec![1, 5]);
+        let digests = record.blocks.clone().expect("a block list");
+        assert_eq!(digests.len(), 8);
+        assert_eq!(digests[0], *blake3::hash(&a_bytes[..BLOCK]).as_bytes());
+        assert_eq!(
+            digests[0..3],
+            digests[3..6],
+            "replicas name the same blocks"
+        );
+        assert_eq!(digests[6], digests[0], "a block shared across allocations");
+        let distinct = 4 * MIB + 64 * 1024 + 2 * MIB;
+        assert_eq!(
+            stats.file_bytes, distinct as u64,
+            "each distinct block written once"
+        );
+        assert_eq!(
+            stats.shared_bytes,
+            2 * (len - BLOCK) as u64 - distinct as u64 + 4 * MIB as u64
+        );
+        assert_eq!(stats.zero_bytes, 2 * BLOCK as u64);
+        let partial = dir.path().join(protocol::message::block_path(&digests[2]));
+        assert_eq!(std::fs::metadata(&partial).expect("stat").len(), 64 * 1024);
+
+        // A second write of the same bytes writes nothing.
+        let (again, second) =
+            write_blocks(&real, store.as_fd(), &regions, length).expect("write again");
+        assert_eq!(again, record);
+        assert_eq!(second.file_bytes, 0);
+        assert_eq!(second.shared_bytes, stats.file_bytes + stats.shared_bytes);
+
+        let regions: Vec<Region> = regions
+            .iter()
+            .zip(&record.extents)
+            .map(|(r, &extent)| Region { extent, ..*r })
+            .collect();
+        for (va, n) in [(a, len), (b, len), (c, 4 * MIB)] {
+            real.memcpy_htod(va, &vec![0xee; n]).expect("wipe");
+        }
+        let read = read_blocks(&real, store.as_fd(), &regions, &record).expect("read");
+        assert_eq!(read.zero_bytes, 2 * BLOCK as u64);
+        assert!(device(&real, a, len) == a_bytes, "first replica back");
+        assert!(device(&real, b, len) == b_bytes, "second replica back");
+        assert!(
+            device(&real, c, 4 * MIB) == c_bytes,
+            "the sharing allocation back"
+        );
+
+        // A block whose bytes changed under its name: refused by its digest.
+        let shared = dir.path().join(protocol::message::block_path(&digests[0]));
+        let mut bytes = std::fs::read(&shared).expect("read block");
+        bytes[7] ^= 1;
+        std::fs::write(&shared, &bytes).expect("corrupt");
+        let error = read_blocks(&real, store.as_fd(), &regions, &record).expect_err("corrupt");
+        assert!(
+            matches!(error, DataFileError::BlockDigest { .. }),
+            "{error}"
+        );
+        // Missing: refused.
+        std::fs::remove_file(&shared).expect("remove");
+        let error = read_blocks(&real, store.as_fd(), &regions, &record).expect_err("missing");
+        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+        // A record whose extent digest is not of its block list: refused before reading.
+        let mut edited = record.clone();
+        edited.extents[2].blake3[0] ^= 1;
+        let error = read_blocks(&real, store.as_fd(), &regions, &edited).expect_err("edited");
+        assert!(matches!(error, DataFileError::Digest { .. }), "{error}");
     }
 }

@@ -29,6 +29,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
+pub mod blockstore;
 pub mod carrier_helper;
 pub mod config;
 pub mod contexts;

@@ -237,7 +237,7 @@ impl Runtime {
             (Request::Load, _) => copied(self.load()),
             (Request::Import, _) => plain(self.import()),
             (Request::Thaw, _) => plain(self.thaw()),
-            (Request::SaveTo, Some(file)) => streamed(self.save_to(file.as_fd())),
+            (Request::SaveTo { store }, Some(file)) => streamed(self.save_to(file.as_fd(), store)),
             (Request::LoadFrom { file: record }, Some(file)) => {
                 streamed(self.load_from(file.as_fd(), record))
             }
@@ -1298,7 +1298,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::Import => "Import",
         Request::Thaw => "Thaw",
         Request::Multicast(step) => step.name(),
-        Request::SaveTo => "SaveTo",
+        Request::SaveTo { .. } => "SaveTo",
         Request::LoadFrom { .. } => "LoadFrom",
         Request::SaveThroughHelper { .. } => "SaveThroughHelper",
         Request::CarrierItem { .. } => "CarrierItem",

@@ -87,6 +87,21 @@ pub fn checkpoint(
     let namespaces = crate::namespaces::Shared::of(root)?;
     let images = dir.join(IMAGES_DIR);
     let dir_existed = dir.exists();
+    // The block store beside the checkpoint (unless --self-contained), held shared from before
+    // the first block is written until the manifest that references them is complete: a
+    // `discard` beside it collects no block of this checkpoint meanwhile (super::store).
+    let store = if options.self_contained {
+        None
+    } else {
+        let owner = std::fs::metadata(format!("/proc/{root}"))
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+        // The store is in the directory's parent, which must exist for it.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| state_error(parent, e))?;
+        }
+        Some(super::store::BlockStore::create(dir, owner)?)
+    };
     // The marker goes first and leaves last: until it is gone the directory is an incomplete
     // checkpoint, which restore refuses and discard (or the next checkpoint here) removes.
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
@@ -101,7 +116,8 @@ pub fn checkpoint(
         mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
-    let files = DataFiles::new(dir, &work_state);
+    let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
+    let files = DataFiles::new(dir, &work_state, store);
     let captured = capture::capture(
         &capture_options,
         &work_state,
@@ -120,6 +136,8 @@ pub fn checkpoint(
             if !dir_existed {
                 let _ = std::fs::remove_dir(dir);
             }
+            drop(store_lock.take());
+            collect_after_failure(&files);
             return Err(e);
         }
     };
@@ -190,6 +208,8 @@ pub fn checkpoint(
         )
         .map_err(|e| state_error(dir, e))?;
         super::signing::sign(dir, &options.capture.config.signing_key)?;
+        // The manifest references the blocks now.
+        files.remove_pending();
         let marker = dir.join(INCOMPLETE_MARKER);
         std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
         Ok((manifest, image_bytes))
@@ -217,6 +237,8 @@ pub fn checkpoint(
                     files.remove();
                     super::datafiles::remove_record(&work_state);
                     capture::remove_state(&work_state);
+                    drop(store_lock.take());
+                    collect_after_failure(&files);
                     ControlError::RolledBack {
                         failure: Box::new(e),
                     }
@@ -249,7 +271,7 @@ pub fn checkpoint(
     super::datafiles::remove_record(&work_state);
     capture::remove_state(&work_state);
     let saved_bytes = manifest.bytes.saved;
-    let (data_bytes, zero_bytes) = data_totals(&manifest.data_files);
+    let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
     Ok(DiskReport {
         report: Report {
             drained: clock.drained,
@@ -264,6 +286,7 @@ pub fn checkpoint(
         dir: dir.clone(),
         image_bytes,
         data_bytes,
+        shared_bytes,
         zero_bytes,
         root,
         shared_namespaces: namespaces.namespaces,
@@ -272,15 +295,27 @@ pub fn checkpoint(
     })
 }
 
-/// Bytes the data files hold on disk, and bytes of zero blocks left out of them.
-pub(super) fn data_totals(entries: &[protocol::manifest::DataFileEntry]) -> (u64, u64) {
+/// Bytes the checkpoint wrote (into data files, or blocks new to the store), bytes of blocks the
+/// store held already, and bytes of zero blocks left out.
+pub(super) fn data_totals(entries: &[protocol::manifest::DataFileEntry]) -> (u64, u64, u64) {
     let written: u64 = entries.iter().map(|e| e.written_bytes).sum();
+    let shared: u64 = entries.iter().map(|e| e.shared_bytes).sum();
     let held: u64 = entries
         .iter()
         .flat_map(|e| &e.extents)
         .map(|x| x.size)
         .sum();
-    (written, held.saturating_sub(written))
+    (written, shared, held.saturating_sub(written + shared))
+}
+
+/// After a checkpoint into a block store failed and was rolled back: the blocks it wrote that no
+/// checkpoint references go (a full disk is left as it was found). Blocks another checkpoint
+/// references stay, as after any `discard`; a collection that cannot run is only logged (the
+/// next `discard` in the store collects them).
+fn collect_after_failure(files: &DataFiles) {
+    if let Some(Err(e)) = files.store().map(|store| store.collect()) {
+        tracing::warn!(error = %e, "collecting the blocks of a failed checkpoint");
+    }
 }
 
 /// Continues the tree CRIU left stopped after its dump, so the shims can answer again.

@@ -1,5 +1,7 @@
-//! The data files of a checkpoint to disk: the tool creates one per creating process in the
-//! checkpoint's `data/` directory, hands it to the process's shim with SaveTo (the shim streams
+//! The data files of a checkpoint to disk: by default kept as blocks in the block store beside the
+//! checkpoint (super::store: the tool hands each shim the store's directory with SaveTo, and the
+//! shim stores the blocks the store does not hold yet); with `--self-contained`, the tool creates
+//! one per creating process in the checkpoint's `data/` directory, hands it to the process's shim with SaveTo (the shim streams
 //! its shared allocations into it, crates/shim-runtime/src/datafile.rs) and records what the shim
 //! answered in the manifest; at restore it checks every file's presence and length against the
 //! manifest before anything changes, and hands each back with LoadFrom, whose shim checks the
@@ -11,6 +13,7 @@
 //! filesystem takes it (tmpfs refuses it at open), which keeps the page cache from holding a
 //! second copy of GPU memory and lets the disk run at its streaming rate.
 
+use super::store::{BlockStore, PENDING_BLOCKS};
 use super::{damaged, state_error};
 use crate::ControlError;
 use crate::capture::Progress;
@@ -38,6 +41,8 @@ pub const DATA_FILES_RECORD: &str = "cuinterpose.datafiles";
 #[derive(Debug)]
 pub struct DataFiles {
     dir: PathBuf,
+    /// The block store the files are kept in (the default); `None`: files in `dir`.
+    store: Option<BlockStore>,
     /// By namespace PID: what SaveTo answered, or what the manifest lists.
     written: Mutex<BTreeMap<u32, DataFileEntry>>,
     /// Where SaveTo's results are recorded for `resume` ([`DATA_FILES_RECORD`]), if anywhere.
@@ -81,6 +86,9 @@ pub enum Streaming {
 struct Record {
     dir: PathBuf,
     files: Vec<DataFileEntry>,
+    /// The files are kept in the block store of the checkpoint `dir` is the data directory of.
+    #[serde(default)]
+    store: bool,
 }
 
 /// The record beside the state file `state`.
@@ -95,11 +103,13 @@ pub fn remove_record(state: &Path) {
 }
 
 impl DataFiles {
-    /// The data files of a new checkpoint in `checkpoint` (none written yet).
+    /// The data files of a new checkpoint in `checkpoint` (none written yet), kept in `store`
+    /// when given, else as files in `data/`.
     /// SaveTo's results are recorded beside the state file `state` ([`DATA_FILES_RECORD`]).
-    pub fn new(checkpoint: &Path, state: &Path) -> DataFiles {
+    pub fn new(checkpoint: &Path, state: &Path, store: Option<BlockStore>) -> DataFiles {
         DataFiles {
             dir: checkpoint.join(DATA_DIR),
+            store,
             written: Mutex::new(BTreeMap::new()),
             record: Some(record_path(state)),
             saved: Mutex::default(),
@@ -107,15 +117,27 @@ impl DataFiles {
         }
     }
 
-    /// The data files a manifest lists, in `checkpoint`.
-    pub fn listed(checkpoint: &Path, entries: &[DataFileEntry]) -> DataFiles {
-        DataFiles {
+    /// The data files a manifest lists, in `checkpoint` or in its block store (which must
+    /// exist when an entry lists blocks: a refusal otherwise).
+    pub fn listed(checkpoint: &Path, entries: &[DataFileEntry]) -> Result<DataFiles, ControlError> {
+        let store = if entries.iter().any(|e| e.blocks.is_some()) {
+            Some(BlockStore::open(checkpoint)?)
+        } else {
+            None
+        };
+        Ok(DataFiles {
             dir: checkpoint.join(DATA_DIR),
+            store,
             written: Mutex::new(entries.iter().map(|e| (e.ns_pid, e.clone())).collect()),
             record: None,
             saved: Mutex::default(),
             loaded: Mutex::default(),
-        }
+        })
+    }
+
+    /// The block store the files are kept in, if they are.
+    pub fn store(&self) -> Option<&BlockStore> {
+        self.store.as_ref()
     }
 
     /// The data files recorded beside the state file `state`, if a checkpoint or restore left
@@ -131,8 +153,14 @@ impl DataFiles {
         };
         let record: Record = serde_json::from_slice(&bytes)
             .map_err(|e| state_error(&path, std::io::Error::other(e)))?;
+        let store = if record.store {
+            Some(BlockStore::open(&record.dir)?)
+        } else {
+            None
+        };
         Ok(Some(DataFiles {
             dir: record.dir,
+            store,
             written: Mutex::new(record.files.into_iter().map(|e| (e.ns_pid, e)).collect()),
             record: None,
             saved: Mutex::default(),
@@ -150,6 +178,7 @@ impl DataFiles {
         let record = Record {
             dir: self.dir.clone(),
             files: self.entries(),
+            store: self.store.is_some(),
         };
         let bytes =
             serde_json::to_vec(&record).map_err(|e| state_error(path, std::io::Error::other(e)))?;
@@ -181,8 +210,11 @@ impl DataFiles {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Removes the data files and their directory (a checkpoint that failed).
+    /// Removes the data files and their directory (a checkpoint that failed); in a block store,
+    /// the checkpoint's list of pending references (its blocks stay until a `discard` in the
+    /// store collects them: another checkpoint may reference them by then).
     pub fn remove(&self) {
+        self.remove_pending();
         match std::fs::remove_dir_all(&self.dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -198,24 +230,47 @@ impl DataFiles {
         participants: &mut [Participant],
         progress: &dyn Progress,
     ) -> Result<(u64, f64), ControlError> {
-        std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
+        if self.store.is_none() {
+            std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
+        }
         let results = each_parallel(participants, |p| {
             let ns_pid = p.hello.ns_pid;
-            let path = self.path(ns_pid);
-            let file = create(&path)?;
-            let streamed = p.stream(&Request::SaveTo, file.as_fd())?;
+            let streamed = if let Some(store) = &self.store {
+                p.stream(&Request::SaveTo { store: true }, store.fd())?
+            } else {
+                let path = self.path(ns_pid);
+                let file = create(&path)?;
+                let streamed = p.stream(&Request::SaveTo { store: false }, file.as_fd())?;
+                if streamed.file.extents.is_empty() {
+                    drop(file);
+                    std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
+                }
+                streamed
+            };
             lock_work(&self.saved).add(&streamed.stats);
             report(progress, "save", p, &streamed);
-            if streamed.file.extents.is_empty() {
-                drop(file);
-                std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
-            } else {
-                let entry = DataFileEntry::new(ns_pid, streamed.stats.file_bytes, &streamed.file);
+            if !streamed.file.extents.is_empty() {
+                let entry = DataFileEntry::new(
+                    ns_pid,
+                    streamed.stats.file_bytes,
+                    streamed.stats.shared_bytes,
+                    &streamed.file,
+                );
                 self.lock().insert(ns_pid, entry);
             }
             Ok(streamed)
         });
         let done = totals(results)?;
+        if let Some(store) = &self.store {
+            store.sync()?;
+            // Before Release: a checkpoint killed from here on needs these blocks (`resume`
+            // loads them back), and a collection finds no manifest that references them yet.
+            let pending = self.pending_path();
+            let bytes = serde_json::to_vec(&self.entries())
+                .map_err(|e| state_error(&pending, std::io::Error::other(e)))?;
+            transport::files::write_atomically(&pending, &bytes)
+                .map_err(|e| state_error(&pending, e))?;
+        }
         // Before Release: from here on the bytes may be only in these files.
         if let Some(path) = &self.record {
             self.write_record_to(path)?;
@@ -246,8 +301,16 @@ impl DataFiles {
             };
             let path = self.path(ns_pid);
             let record = entry.record().map_err(|e| damaged(&path, e))?;
-            let file = open(&path)?;
-            let streamed = p.stream(&Request::LoadFrom { file: record }, file.as_fd())?;
+            let streamed = match (&self.store, record.blocks.is_some()) {
+                (Some(store), true) => p.stream(&Request::LoadFrom { file: record }, store.fd())?,
+                (None, true) => {
+                    return Err(damaged(&path, "lists blocks, and there is no block store"));
+                }
+                (_, false) => {
+                    let file = open(&path)?;
+                    p.stream(&Request::LoadFrom { file: record }, file.as_fd())?
+                }
+            };
             lock_work(&self.loaded).add(&streamed.stats);
             report(progress, "load", p, &streamed);
             Ok(streamed)
@@ -261,9 +324,49 @@ impl DataFiles {
     /// load on a mismatch, crates/shim-runtime/src/datafile.rs).
     pub fn check_lengths(&self) -> Result<(), ControlError> {
         for entry in self.entries() {
-            self.open_checked(&entry)?;
+            if entry.blocks.is_some() {
+                let (store, blocks) = self.stored(&entry)?;
+                store
+                    .check_blocks(&blocks)
+                    .map_err(|e| damaged(&self.path(entry.ns_pid), e))?;
+            } else {
+                self.open_checked(&entry)?;
+            }
         }
         Ok(())
+    }
+
+    /// The store and the blocks of an entry that lists blocks.
+    fn stored(
+        &self,
+        entry: &DataFileEntry,
+    ) -> Result<(&BlockStore, Vec<protocol::message::StoredBlock>), ControlError> {
+        let path = self.path(entry.ns_pid);
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| damaged(&path, "lists blocks, and there is no block store"))?;
+        let blocks = entry
+            .record()
+            .ok()
+            .and_then(|r| r.stored_blocks())
+            .ok_or_else(|| damaged(&path, "its block list does not match its layout"))?;
+        Ok((store, blocks))
+    }
+
+    fn pending_path(&self) -> PathBuf {
+        self.dir.with_file_name(PENDING_BLOCKS)
+    }
+
+    /// Removes the list of pending references (the manifest lists the blocks now, or the
+    /// checkpoint failed).
+    pub fn remove_pending(&self) {
+        let path = self.pending_path();
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "removing"),
+        }
     }
 
     /// The data file of `entry`, open for reading, after checking its length against the
@@ -322,6 +425,37 @@ impl DataFiles {
     ) -> Result<u64, ControlError> {
         use std::os::unix::fs::FileExt;
         let path = self.path(entry.ns_pid);
+        if entry.blocks.is_some() {
+            // Each block against its name (the manifest, signed, names them); the extents'
+            // digests are of the block lists, which the shim checks before it reads.
+            let (store, blocks) = self.stored(entry)?;
+            store.check_blocks(&blocks).map_err(|e| damaged(&path, e))?;
+            for extent in &entry.extents {
+                let first = extent.offset / DATA_ALIGN;
+                let range = first..first + extent.size.div_ceil(DATA_ALIGN);
+                let digests = blocks
+                    .iter()
+                    .filter(|b| range.contains(&b.index))
+                    .map(|b| b.digest);
+                let listed = hex(&protocol::message::block_list_digest(digests));
+                if listed != extent.blake3 {
+                    return Err(damaged(
+                        &path,
+                        format!(
+                            "allocation {:?} does not have the digest of its block list",
+                            extent.id
+                        ),
+                    ));
+                }
+            }
+            let mut read = 0;
+            for block in &blocks {
+                let len = store.verify_block(block).map_err(|e| damaged(&path, e))?;
+                progress.advance(len);
+                read += len;
+            }
+            return Ok(read);
+        }
         let (file, record) = self.open_checked(entry)?;
         let zeros = vec![0u8; DATA_ALIGN as usize];
         let mut buffer = vec![0u8; VERIFY_RUN as usize];
@@ -374,6 +508,10 @@ impl DataFiles {
         }
         Ok(read)
     }
+}
+
+fn hex(digest: &[u8; 32]) -> String {
+    protocol::message::block_name(digest)
 }
 
 /// Largest read of `verify`: a run of data blocks hashed at once across the cores.

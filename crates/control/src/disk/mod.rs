@@ -2,8 +2,9 @@
 //! the process tree; on restore, CRIU brings the tree back, then native restore (optionally onto other
 //! GPUs) and the same rebuild a resume does.
 //!
-//! A checkpoint directory holds `manifest.json`, `cuinterpose.state`, `images/` (CRIU's) and
-//! `data/` (the GPU bytes, one data file per creating process: [`datafiles`]). Restore
+//! A checkpoint directory holds `manifest.json`, `cuinterpose.state` and `images/` (CRIU's); the
+//! GPU bytes are blocks in the block store beside it ([`store`]), or with `--self-contained` in
+//! `data/` (one data file per creating process: [`datafiles`]). Restore
 //! checks all of it before it changes anything, and never writes into the directory except CRIU's own
 //! restore log.
 //!
@@ -20,6 +21,7 @@ mod manifest;
 mod preflight;
 mod restore;
 pub mod signing;
+pub mod store;
 
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
 pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, DirRate, measure_dir, remove_record};
@@ -44,6 +46,9 @@ pub struct CheckpointOptions {
     pub dir: PathBuf,
     pub leave_running: bool,
     pub criu: Option<PathBuf>,
+    /// Keep the GPU bytes in data files in the directory (`checkpoint --self-contained`) instead
+    /// of the block store beside it ([`store`]).
+    pub self_contained: bool,
 }
 
 /// What a checkpoint or restore did.
@@ -53,8 +58,12 @@ pub struct DiskReport {
     pub report: Report,
     pub dir: PathBuf,
     pub image_bytes: u64,
-    /// Bytes of GPU memory the data files hold on disk (written at checkpoint, read at restore).
+    /// Bytes of GPU memory written at a checkpoint (to data files, or blocks the store did not
+    /// hold yet), read at a restore.
     pub data_bytes: u64,
+    /// At a checkpoint into a block store: bytes of blocks the store held already (another
+    /// checkpoint's, another process's, or repeated in this one), referenced, not written.
+    pub shared_bytes: u64,
     /// Bytes of zero blocks neither written nor read (set to zero on the device at restore).
     pub zero_bytes: u64,
     /// Host PID of the tree's root: the dumped one, or the restored one.

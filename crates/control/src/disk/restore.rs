@@ -366,10 +366,17 @@ pub fn restore(
         verify_images(&options.dir, &verified.image_digests, progress)
             .map(|()| ((), image_bytes, 0.0))
     })?;
-    let files = DataFiles::listed(&options.dir, &verified.manifest.data_files);
-    let (data_bytes, zero_bytes) = super::checkpoint::data_totals(&verified.manifest.data_files);
-    // A missing or truncated data file is refused here, before anything changes; its content is
-    // checked in one pass with the load (each shim hashes what it reads), unless asked first.
+    let files = DataFiles::listed(&options.dir, &verified.manifest.data_files)?;
+    // No collection of the block store while its blocks are read (a `discard` of another
+    // checkpoint beside this one waits).
+    let _store_lock = files.store().map(|s| s.lock_shared()).transpose()?;
+    let (written, shared, zero_bytes) =
+        super::checkpoint::data_totals(&verified.manifest.data_files);
+    // Every byte that is not a zero block is read back, from a data file or the store.
+    let data_bytes = written + shared;
+    // A missing or truncated data file or block is refused here, before anything changes; its
+    // content is checked in one pass with the load (each shim hashes what it reads), unless
+    // asked first.
     files.check_lengths()?;
     if options.verify_data_first {
         clock.time("verify-data", Some(data_bytes), || {
@@ -408,6 +415,7 @@ pub fn restore(
         dir: options.dir.clone(),
         image_bytes,
         data_bytes,
+        shared_bytes: 0,
         zero_bytes,
         root,
         shared_namespaces: verified

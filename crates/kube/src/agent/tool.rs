@@ -115,6 +115,7 @@ pub fn checkpoint(
         dir: dir.to_path_buf(),
         leave_running,
         criu: options.criu.clone(),
+        self_contained: false,
     };
     disk::checkpoint(&options, &Quiet)
         .map(report)
@@ -145,8 +146,14 @@ pub fn restore(
 pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
     control::discard::discard(dir)
         .map(|r| {
+            let store = r.store.map_or_else(String::new, |s| {
+                format!(
+                    ", {} unreferenced block(s) of the store ({} bytes)",
+                    s.blocks, s.bytes
+                )
+            });
             format!(
-                "discarded {}: {} bytes of CRIU images, {} link remap(s)",
+                "discarded {}: {} bytes of CRIU images, {} link remap(s){store}",
                 r.dir.display(),
                 r.image_bytes,
                 r.link_remaps.len()

@@ -219,6 +219,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
             ns_pid: 41,
             bytes: 2 << 20,
             written_bytes: 2 << 20,
+            shared_bytes: 0,
             extents: vec![manifest::DataExtent {
                 id: "a1".repeat(16),
                 offset: 0,
@@ -226,6 +227,7 @@ pub fn manifest_for(state_file: &[u8]) -> Manifest {
                 blake3: "b3".repeat(32),
             }],
             zero_blocks: vec![],
+            blocks: Some(vec!["c4".repeat(32)]),
         }],
     }
 }

@@ -1,0 +1,336 @@
+//! The shim's side of a block store (checkpoint to disk, the default): SaveTo with `store` writes
+//! each 2 MiB block of the data file's layout that is not all zeros as its own file, named by its
+//! BLAKE3, through the store's directory descriptor the tool passed; LoadFrom reads them back.
+//!
+//! A block is written once: a name already present (another process's replica, another
+//! checkpoint's weights) is referenced, not written again; a new one is written under a temporary
+//! name, synced, and renamed into place without replacing anything (`RENAME_NOREPLACE`), so a
+//! reader never sees a partial block under a block's name and two writers of the same block at
+//! once (replicas) store it once. Every open is relative to the store's descriptor and follows no
+//! symbolic link, and the names come from digests (64 hex digits), so nothing outside the store
+//! is ever opened.
+
+use crate::datafile::DataFileError;
+use crate::log::log_warn;
+use protocol::message::block_name;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
+use rustix::io::Errno;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Prefix of a block being written (`.tmp-<digest>-<pid>-<n>`): the tool's collection removes
+/// such leftovers of a killed checkpoint, and nothing else that is not a block.
+pub const TEMP_PREFIX: &str = ".tmp-";
+
+/// What [`put`] did with a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// The store did not hold it: written.
+    Written,
+    /// The store held it already (or another writer stored it first): referenced.
+    Present,
+}
+
+/// Whether block files are opened with `O_DIRECT`; cleared for good when the filesystem refuses
+/// it (tmpfs refuses it at open).
+#[derive(Debug)]
+pub struct Direct(AtomicBool);
+
+impl Default for Direct {
+    fn default() -> Self {
+        Direct(AtomicBool::new(true))
+    }
+}
+
+impl Direct {
+    pub fn on(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn give_up(&self) {
+        if self.0.swap(false, Ordering::AcqRel) {
+            log_warn!("the block store's filesystem refused O_DIRECT; streaming buffered");
+        }
+    }
+}
+
+fn io(path: &str, e: Errno) -> DataFileError {
+    DataFileError::Block {
+        path: path.to_string(),
+        source: e.into(),
+    }
+}
+
+/// The block's sub-directory (`xx` of its name), made when `create`.
+fn subdir(store: BorrowedFd<'_>, name: &str, create: bool) -> Result<OwnedFd, DataFileError> {
+    let sub = name.get(..2).unwrap_or_default();
+    if create {
+        match rustix::fs::mkdirat(store, sub, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(io(sub, e)),
+        }
+    }
+    rustix::fs::openat(
+        store,
+        sub,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(sub, e))
+}
+
+/// Opens `name` in `dir` with `flags`, `O_DIRECT` too while `direct` is on.
+fn open(dir: BorrowedFd<'_>, name: &str, flags: OFlags, direct: &Direct) -> Result<OwnedFd, Errno> {
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mode = Mode::from_raw_mode(0o600);
+    if direct.on() {
+        match rustix::fs::openat(dir, name, flags | OFlags::DIRECT, mode) {
+            Err(Errno::INVAL) => {
+                direct.give_up();
+                // O_CREAT|O_EXCL may have made it before the flag was refused.
+                if flags.contains(OFlags::CREATE) {
+                    let _ = rustix::fs::unlinkat(dir, name, AtFlags::empty());
+                }
+            }
+            other => return other,
+        }
+    }
+    rustix::fs::openat(dir, name, flags, mode)
+}
+
+/// Stores a block of `len` bytes whose BLAKE3 is `digest`: `data` holds them, padded with zeros to
+/// the page for `O_DIRECT`. A block already present with its length is left as it is; one of
+/// another length or type (damaged, or a file someone put there) is replaced.
+pub fn put(
+    store: BorrowedFd<'_>,
+    digest: &[u8; 32],
+    data: &[u8],
+    len: usize,
+    direct: &Direct,
+) -> Result<Put, DataFileError> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = block_name(digest);
+    let dir = subdir(store, &name, true)?;
+    let replace = match rustix::fs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st)
+            if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                && u64::try_from(st.st_size).ok() == Some(len as u64) =>
+        {
+            return Ok(Put::Present);
+        }
+        Ok(_) => true,
+        Err(Errno::NOENT) => false,
+        Err(e) => return Err(io(&name, e)),
+    };
+    let temp = format!(
+        "{TEMP_PREFIX}{name}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let written = (|| {
+        let file = open(
+            dir.as_fd(),
+            &temp,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+            direct,
+        )
+        .map_err(|e| io(&temp, e))?;
+        write_all(file.as_fd(), data, direct).map_err(|e| io(&temp, e))?;
+        if data.len() != len {
+            rustix::fs::ftruncate(&file, len as u64).map_err(|e| io(&temp, e))?;
+        }
+        // On the disk before it has its name: a block under its name is whole, or the
+        // checkpoint that references it did not complete.
+        rustix::fs::fdatasync(&file).map_err(|e| io(&temp, e))?;
+        let flags = if replace {
+            RenameFlags::empty()
+        } else {
+            RenameFlags::NOREPLACE
+        };
+        match rustix::fs::renameat_with(&dir, temp.as_str(), &dir, name.as_str(), flags) {
+            Ok(()) => Ok(Put::Written),
+            // Another writer stored the same block first.
+            Err(Errno::EXIST) => {
+                let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
+                Ok(Put::Present)
+            }
+            Err(e) => Err(io(&name, e)),
+        }
+    })();
+    if written.is_err() {
+        let _ = rustix::fs::unlinkat(&dir, temp.as_str(), AtFlags::empty());
+    }
+    written
+}
+
+fn write_all(file: BorrowedFd<'_>, data: &[u8], direct: &Direct) -> Result<(), Errno> {
+    let mut done = 0;
+    while let Some(rest) = data.get(done..).filter(|r| !r.is_empty()) {
+        match rustix::io::pwrite(file, rest, done as u64) {
+            Ok(0) => return Err(Errno::NOSPC),
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::INVAL) if drop_direct(file, direct) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// After `EINVAL` on a direct I/O: this file, and the blocks after it, buffered. True when a
+/// retry can help.
+fn drop_direct(file: BorrowedFd<'_>, direct: &Direct) -> bool {
+    let Ok(flags) = rustix::fs::fcntl_getfl(file) else {
+        return false;
+    };
+    if !flags.contains(OFlags::DIRECT)
+        || rustix::fs::fcntl_setfl(file, flags - OFlags::DIRECT).is_err()
+    {
+        return false;
+    }
+    direct.give_up();
+    true
+}
+
+/// Reads the block named by `digest` into `buffer` (at least `len` bytes rounded up to the page):
+/// it must be a regular file of exactly `len` bytes. The caller checks the digest.
+pub fn get(
+    store: BorrowedFd<'_>,
+    digest: &[u8; 32],
+    buffer: &mut [u8],
+    len: usize,
+    direct: &Direct,
+) -> Result<(), DataFileError> {
+    let name = block_name(digest);
+    let dir = subdir(store, &name, false)?;
+    let path = format!("{}/{name}", name.get(..2).unwrap_or_default());
+    let file = open(
+        dir.as_fd(),
+        &name,
+        OFlags::RDONLY | OFlags::NONBLOCK,
+        direct,
+    )
+    .map_err(|e| io(&path, e))?;
+    let st = rustix::fs::fstat(&file).map_err(|e| io(&path, e))?;
+    let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || size != len as u64 {
+        return Err(DataFileError::Mismatch(format!(
+            "block {path} of the store is not a regular file of {len} bytes"
+        )));
+    }
+    let mut done = 0;
+    while done < len {
+        let Some(rest) = buffer.get_mut(done..) else {
+            break;
+        };
+        match rustix::io::pread(&file, rest, done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(Errno::INTR) => {}
+            Err(Errno::INVAL) if drop_direct(file.as_fd(), direct) => {}
+            Err(e) => return Err(io(&path, e)),
+        }
+    }
+    if done != len {
+        return Err(DataFileError::Mismatch(format!(
+            "block {path} of the store ends after {done} of its {len} bytes"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn store() -> (tempfile::TempDir, OwnedFd) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .expect("open store");
+        (dir, fd)
+    }
+
+    #[test]
+    fn a_block_is_written_once_under_its_digest_and_read_back() {
+        let (dir, fd) = store();
+        let direct = Direct::default();
+        let bytes: Vec<u8> = (0..(1 << 20) + 100).map(|i| (i % 251) as u8).collect();
+        let len = bytes.len();
+        let mut padded = bytes.clone();
+        padded.resize(len.next_multiple_of(4096), 0);
+        let digest = *blake3::hash(&bytes).as_bytes();
+        assert_eq!(
+            put(fd.as_fd(), &digest, &padded, len, &direct).expect("put"),
+            Put::Written
+        );
+        let path = dir.path().join(protocol::message::block_path(&digest));
+        assert_eq!(
+            std::fs::read(&path).expect("block file"),
+            bytes,
+            "exactly its bytes"
+        );
+        let before = std::fs::metadata(&path).expect("stat");
+        assert_eq!(
+            put(fd.as_fd(), &digest, &padded, len, &direct).expect("again"),
+            Put::Present
+        );
+        let after = std::fs::metadata(&path).expect("stat");
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(before.ino(), after.ino(), "not rewritten");
+        let leftovers: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file left: {leftovers:?}");
+
+        let mut back = vec![0u8; padded.len()];
+        get(fd.as_fd(), &digest, &mut back, len, &direct).expect("get");
+        assert_eq!(&back[..len], &bytes[..]);
+    }
+
+    #[test]
+    fn a_short_or_missing_block_is_refused_and_a_short_one_replaced_by_put() {
+        let (dir, fd) = store();
+        let direct = Direct::default();
+        let bytes = vec![7u8; 8192];
+        let digest = *blake3::hash(&bytes).as_bytes();
+        let mut buffer = vec![0u8; 8192];
+        let error = get(fd.as_fd(), &digest, &mut buffer, 8192, &direct).expect_err("missing");
+        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+        put(fd.as_fd(), &digest, &bytes, 8192, &direct).expect("put");
+        let path = dir.path().join(protocol::message::block_path(&digest));
+        std::fs::write(&path, &bytes[..4096]).expect("cut short");
+        let error = get(fd.as_fd(), &digest, &mut buffer, 8192, &direct).expect_err("short");
+        assert!(matches!(error, DataFileError::Mismatch(_)), "{error}");
+        assert_eq!(
+            put(fd.as_fd(), &digest, &bytes, 8192, &direct).expect("put"),
+            Put::Written
+        );
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            bytes,
+            "a short block is replaced"
+        );
+    }
+
+    #[test]
+    fn a_symbolic_link_in_place_of_a_block_is_not_followed() {
+        let (dir, fd) = store();
+        let direct = Direct::default();
+        let outside = tempfile::NamedTempFile::new().expect("outside");
+        std::fs::write(outside.path(), vec![1u8; 4096]).expect("write");
+        let bytes = vec![1u8; 4096];
+        let digest = *blake3::hash(&bytes).as_bytes();
+        let path = dir.path().join(protocol::message::block_path(&digest));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(outside.path(), &path).unwrap();
+        let mut buffer = vec![0u8; 4096];
+        let error = get(fd.as_fd(), &digest, &mut buffer, 4096, &direct).expect_err("a link");
+        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+    }
+}
