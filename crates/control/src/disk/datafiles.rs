@@ -154,7 +154,9 @@ impl DataFiles {
         let record: Record = serde_json::from_slice(&bytes)
             .map_err(|e| state_error(&path, std::io::Error::other(e)))?;
         let store = if record.store {
-            Some(BlockStore::open(&record.dir)?)
+            // `dir` is the checkpoint's data directory: the store is its checkpoint's.
+            let checkpoint = record.dir.parent().unwrap_or(&record.dir);
+            Some(BlockStore::open(checkpoint)?)
         } else {
             None
         };
