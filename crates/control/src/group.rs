@@ -272,6 +272,9 @@ pub struct HelloReplyView {
     pub driver_version: i32,
     /// Host memory its carrier holds pinned between cycles.
     pub carrier_pinned_bytes: u64,
+    /// Its bytes of this cycle in the carrier helper, and the copy it holds of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier_helper: Option<protocol::message::HelperHold>,
 }
 
 impl From<&HelloReply> for HelloReplyView {
@@ -281,6 +284,7 @@ impl From<&HelloReply> for HelloReplyView {
             shim_sha256: h.shim_sha256.clone(),
             driver_version: h.driver_version,
             carrier_pinned_bytes: h.carrier_pinned_bytes,
+            carrier_helper: h.carrier_helper.clone(),
         }
     }
 }
@@ -684,6 +688,10 @@ pub struct InspectReport {
     /// it: how the group was suspended (the shims know their phase, not the mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suspended: Option<Suspension>,
+    /// The carrier helpers holding bytes of the group (`suspend --carrier helper`), and their
+    /// health.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub carrier_helpers: Vec<crate::carrier_helper::HelperStatus>,
 }
 
 /// A suspended group's state file and the mode it records.
@@ -769,6 +777,7 @@ pub fn inspect(
     let shared = topology(&snapshots);
     let multicasts = multicast_topology(&snapshots);
     let suspended = crate::capture::suspended_state(root, state_dir);
+    let carrier_helpers = crate::carrier_helper::statuses(&snapshots);
     Ok(InspectReport {
         root,
         processes,
@@ -777,5 +786,6 @@ pub fn inspect(
         multicasts,
         refusals,
         suspended,
+        carrier_helpers,
     })
 }

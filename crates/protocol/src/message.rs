@@ -2,8 +2,8 @@
 //!
 //! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
 //! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
-//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`], a [`Request::LoadFrom`] and a
-//! [`Request::CarrierItem`] carry one. The kind in the header repeats the message's
+//! byte), and only a [`Response::Fd`], a [`Response::CarrierFd`], a [`Request::SaveTo`], a
+//! [`Request::LoadFrom`] and a [`Request::CarrierItem`] carry one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
 //!
@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -134,6 +134,11 @@ pub enum Request {
     /// Let up to `count` submissions waiting at the closed gate through (a peer's stalled drain
     /// waits for them). Answered with [`Response::Drain`] (not waited).
     Admit { count: u32 },
+    /// To a carrier helper, after a [`Request::CarrierCopy`] into the caller's carrier: the
+    /// carrier itself, a memfd, answered with [`Response::CarrierFd`] and the descriptor. The
+    /// caller holds it until its resume, so the saved bytes outlive the helper (a `resume` whose
+    /// helper died loads from it).
+    CarrierShare,
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -211,6 +216,13 @@ pub enum Response {
     },
     /// How the drain of Hold, Drain or Admit stands.
     Drain(DrainReport),
+    /// The caller's carrier ([`Request::CarrierShare`]): a memfd of `length` bytes rides on this
+    /// frame; `helper_pid` is the helper's own pid (in the PID namespace of the tool that started
+    /// it), what `inspect` names.
+    CarrierFd {
+        length: u64,
+        helper_pid: u32,
+    },
 }
 
 /// How one process's drain stands (Hold, Drain, Admit).
@@ -340,6 +352,23 @@ pub struct HelloReply {
     /// Host memory of the process's carrier held pinned (registered with the driver) between
     /// cycles: what a pinned carrier costs while the process runs.
     pub carrier_pinned_bytes: u64,
+    /// This cycle's bytes went through the carrier helper (`suspend --carrier helper`), until the
+    /// Thaw: which helper, and the copy this process holds of what it saved there.
+    pub carrier_helper: Option<HelperHold>,
+}
+
+/// A process's saved bytes in the carrier helper ([`HelloReply::carrier_helper`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelperHold {
+    /// The helper's pid as it reported it ([`Response::CarrierFd`]).
+    pub helper_pid: u32,
+    /// Allocations saved through it in this cycle.
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Bytes of the helper's carrier this process holds a descriptor of (a memfd, 0 when none):
+    /// at least `bytes` when the saved bytes outlive the helper.
+    pub held_bytes: u64,
 }
 
 /// Why a request failed. Only ever added to, at the end: postcard encodes a variant as its index in
@@ -389,6 +418,7 @@ impl Request {
             Request::Hold => 18,
             Request::Drain { .. } => 19,
             Request::Admit { .. } => 20,
+            Request::CarrierShare => 21,
         }
     }
 
@@ -414,7 +444,14 @@ impl Response {
             Response::Accepted => 0x107,
             Response::Copied { .. } => 0x108,
             Response::Drain(_) => 0x109,
+            Response::CarrierFd { .. } => 0x10a,
         }
+    }
+
+    /// Whether a descriptor rides on this response's frame (exactly when it does: an
+    /// allocation from the peer descriptor service, or a carrier from the carrier helper).
+    pub fn carries_fd(&self) -> bool {
+        matches!(self, Response::Fd { .. } | Response::CarrierFd { .. })
     }
 }
 
