@@ -825,7 +825,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         let state = read_state(&state_path).map_err(unchanged)?;
         // A checkpoint killed during CRIU's dump leaves the tree stopped; this run holds the
         // tree's lock, so no dump of it is running now.
-        continue_stopped(options.root, options.config.answer_timeout)?;
+        continue_stopped(options.root, &state, options.config.answer_timeout)?;
         let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
@@ -952,24 +952,41 @@ pub fn suspended_state(root: u32, state_dir: Option<&Path>) -> Option<crate::gro
     })
 }
 
-/// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish
-/// leaves. A tree with none stopped is left alone.
-fn continue_stopped(root: u32, answer_timeout: Duration) -> Result<(), ControlError> {
-    let tree = crate::discovery::process_tree(root)?;
-    let stopped: Vec<u32> = tree
+/// Continues the stopped processes of the group (SIGCONT): what a CRIU dump that did not finish
+/// leaves. Of the group: a process the state file captured, or, for a workload in a PID namespace
+/// of its own (what a checkpoint dumps, the whole namespace), any process of that namespace. A
+/// stopped process of the tree outside the group (a job the user stopped beside the workload,
+/// a process being debugged) is left as it is; one of the group not stopped is not signalled.
+fn continue_stopped(
+    root: u32,
+    state: &GroupState,
+    answer_timeout: Duration,
+) -> Result<(), ControlError> {
+    let ours = crate::discovery::pid_namespace(std::process::id());
+    let captured: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
+    let workload_namespaces: Vec<u64> = captured
         .iter()
-        .copied()
+        .filter_map(|&pid| crate::discovery::pid_namespace(pid))
+        .filter(|ns| Some(*ns) != ours)
+        .collect();
+    let stopped: Vec<u32> = crate::discovery::process_tree(root)?
+        .into_iter()
         .filter(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
+        .filter(|pid| {
+            captured.contains(pid)
+                || crate::discovery::pid_namespace(*pid)
+                    .is_some_and(|ns| workload_namespaces.contains(&ns))
+        })
         .collect();
     if stopped.is_empty() {
         return Ok(());
     }
     tracing::warn!(
         ?stopped,
-        "continuing processes left stopped (an interrupted dump)"
+        "continuing processes of the group left stopped (an interrupted dump)"
     );
-    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
-        step: "continuing the stopped tree",
+    crate::launch::continue_processes(&stopped).map_err(|e| ControlError::Step {
+        step: "continuing the stopped group",
         process: format!("pid {root}"),
         source: Box::new(e.into()),
     })?;

@@ -320,12 +320,20 @@ impl Group {
                 });
                 continue;
             }
+            // A stopped process cannot answer: named as what it is, without waiting for it.
+            if let Some(reason) = stopped_reason(pid) {
+                refusals.push(Refusal {
+                    process: info.label(),
+                    reason,
+                });
+                continue;
+            }
             match Participant::connect(info.clone(), timeout) {
                 Ok(p) => participants.push(p),
                 Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
                 Err(e) => refusals.push(Refusal {
                     process: info.label(),
-                    reason: no_answer_reason(e, timeout),
+                    reason: stopped_reason(pid).unwrap_or_else(|| no_answer_reason(e, timeout)),
                 }),
             }
         }
@@ -355,6 +363,20 @@ impl Group {
             })
             .collect()
     }
+}
+
+/// Why a process stopped by a signal or a tracer (state `T` or `t`) cannot take part, or `None`
+/// when it is not stopped.
+fn stopped_reason(pid: u32) -> Option<String> {
+    let stat = crate::procfs::stat(pid)?;
+    stat.stopped().then(|| {
+        format!(
+            "is stopped (state {}: SIGSTOP, a debugger, or a checkpoint whose dump was interrupted): \
+             continue it (`kill -CONT {pid}`, or `cuinterpose resume` after an interrupted \
+             checkpoint) and run this again",
+            stat.state
+        )
+    })
 }
 
 /// Why a shim's HELLO failed, without repeating the process (the refusal names it).
@@ -744,6 +766,17 @@ pub fn inspect(
             });
             "shim loaded, runtime off".to_string()
         } else {
+            if let Some(reason) = stopped_reason(pid) {
+                refusals.push(Refusal {
+                    process: info.label(),
+                    reason,
+                });
+                processes.push(ProcessStatus {
+                    info,
+                    status: "stopped".to_string(),
+                });
+                continue;
+            }
             match Participant::connect(info.clone(), timeout).and_then(|mut p| {
                 Ok(Snapshot {
                     record: p.inspect()?,
