@@ -496,6 +496,12 @@ pub(crate) fn capture(
             let _ = thaw_all(&mut group);
             return Err(e);
         }
+        // A context that holds a sticky error: nothing was frozen or released, so a refusal once
+        // every gate is open again.
+        Err(e @ ControlError::StickyError { .. }) => {
+            let _ = thaw_all(&mut group);
+            return Err(e);
+        }
         Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
     };
     clock.drained = drained;

@@ -119,7 +119,7 @@ fn drain_slice(
     let mut newly = 0;
     let pending_standing = standing.iter_mut().filter(|s| s.drained_at.is_none());
     for (s, report) in pending_standing.zip(reports) {
-        s.last = report?;
+        s.last = report.map_err(sticky_refusal)?;
         if s.last.drained {
             s.drained_at = Some(start.elapsed().as_secs_f64() * 1e3);
             newly += 1;
@@ -194,10 +194,23 @@ fn request_all(
                 code: ErrorCode::Busy,
                 message,
             } => ControlError::AnotherRun { process, message },
-            other => other,
+            other => sticky_refusal(other),
         })
     });
     results.into_iter().collect()
+}
+
+/// A shim's report of a sticky error in one of its contexts, as the refusal it is (exit 3: the
+/// caller opens the gates again and nothing else was changed).
+fn sticky_refusal(error: ControlError) -> ControlError {
+    match error {
+        ControlError::Shim {
+            process,
+            code: ErrorCode::Sticky,
+            message,
+        } => ControlError::StickyError { process, message },
+        other => other,
+    }
 }
 
 /// The refusal after the deadline: each process still busy and why, and what is held where.

@@ -393,6 +393,9 @@ pub enum ErrorCode {
     /// Another tool run holds this process's capture (one capture at a time, whatever the
     /// callers' environments).
     Busy,
+    /// A context of the process already holds a sticky error of the application's own work (a
+    /// kernel that faulted): it cannot be drained, and nothing was changed.
+    Sticky,
 }
 
 impl Request {

@@ -177,6 +177,7 @@ fn error_codes() -> Vec<(&'static str, ErrorCode)> {
         ("peer", ErrorCode::Peer),
         ("internal", ErrorCode::Internal),
         ("busy", ErrorCode::Busy),
+        ("sticky", ErrorCode::Sticky),
     ]
 }
 

@@ -172,8 +172,7 @@ pub enum PhaseError {
     #[error("not drained after {timeout_ms} ms ({}); not frozen", .busy.join("; "))]
     NotDrained { busy: Vec<String>, timeout_ms: u32 },
     #[error(
-        "the context of device {device} holds an error of the application's own work ({error}): \
-         nothing was changed"
+        "the context of device {device} holds an error of the application's own work ({error})"
     )]
     Sticky { device: i32, error: String },
     #[error("{call} failed for {what}: {result}")]
@@ -202,7 +201,7 @@ impl PhaseError {
                 ErrorCode::WrongPhase
             }
             PhaseError::Timeout { .. } | PhaseError::NotDrained { .. } => ErrorCode::Timeout,
-            PhaseError::Sticky { .. } => ErrorCode::Driver,
+            PhaseError::Sticky { .. } => ErrorCode::Sticky,
             PhaseError::Driver { .. }
             | PhaseError::Copy(_)
             | PhaseError::DataFile(DataFileError::Copy(_)) => ErrorCode::Driver,
