@@ -478,7 +478,8 @@ pub(crate) fn capture(
         for p in &mut group.participants {
             p.set_timeout(Some(timeout))?;
         }
-        drained = crate::drain::drain_group(&mut group.participants, options.freeze_timeout)?;
+        drained =
+            crate::drain::drain_group(group.participants.as_mut_slice(), options.freeze_timeout)?;
         phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
             let snapshots = group.snapshot()?;
             let refusals = check_group(&snapshots, Phase::Frozen);
