@@ -952,6 +952,15 @@ impl Runtime {
             );
             return self.save(native_follows);
         }
+        if items.is_empty() {
+            // Nothing of this process's goes to the helper (it only imports): saved, with no
+            // carrier there to hand over, and a Load with nothing to fill.
+            self.set_phase(Phase::Saved);
+            let mut control = self.control();
+            control.through_helper = true;
+            control.helper_copy = None;
+            return Ok((0, None));
+        }
         let mut allocations = Vec::with_capacity(items.len());
         let mut offset = 0u64;
         for item in &items {
