@@ -337,6 +337,7 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::NoSuchProcess(_)
             | ControlError::Unchanged { .. }
             | ControlError::AnotherRun { .. }
+            | ControlError::StickyError { .. }
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. },
         ) => Exit::Refused,

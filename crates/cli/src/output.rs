@@ -92,6 +92,27 @@ pub fn print_inspect(report: &InspectReport) {
         };
         println!("suspended: {mode}, state {}", s.state_file.display());
     }
+    for h in &report.carrier_helpers {
+        println!(
+            "carrier helper: pid {}, socket {}: {}",
+            h.pid,
+            h.socket.display(),
+            h.health
+        );
+        for c in &h.processes {
+            let copy = if c.holds_copy() {
+                "holds its own copy"
+            } else {
+                "holds no copy"
+            };
+            println!(
+                "  {}: {} in {} allocation(s), {copy}",
+                short(&c.process),
+                bytes(c.bytes),
+                c.allocations
+            );
+        }
+    }
     if report.refusals.is_empty() {
         println!("capture: possible (every CUDA process has the shim and nothing blocks)");
     } else {

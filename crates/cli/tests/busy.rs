@@ -681,3 +681,36 @@ fn hold_all(ranks: &[Workload]) -> u64 {
     }
     hold
 }
+
+/// A process whose context already holds a sticky error (its own kernel touched memory freed
+/// under it) cannot be drained: the capture is refused before anything changes, naming the
+/// process and the error, and the group runs on (issue 29).
+#[test]
+fn a_context_holding_a_sticky_error_is_refused_before_anything_changes() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    one(a, "malloc buf 1M");
+    one(a, &format!("busy-loop b buf --elements {}", 64 * ELEMENTS));
+    one(a, "busy-wait b 5 --timeout 60000");
+    one(a, "free buf");
+    let stopped = stopped_with_failure(a);
+    assert_eq!(
+        stopped["first_failure"]["error"], "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "{stopped}"
+    );
+    let run = tool(&env, &strs(&suspend_args(&env, tree.root(), &[])));
+    run.expect_code(EXIT_REFUSED).stderr_mentions(&[
+        &format!("pid {}", a.pid()),
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+        "nothing was changed",
+    ]);
+    for w in [a, b] {
+        let record = record_of(&env, w.pid());
+        assert_eq!(record.phase, protocol::Phase::Running, "{}", w.name());
+        assert!(!record.gate.closed, "{}: its gate stayed closed", w.name());
+    }
+    // `b` was never touched: its work and its sharing go on.
+    ok(b, &["fill a0 9", "verify a0 9"]);
+}

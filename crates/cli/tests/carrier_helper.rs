@@ -2,9 +2,10 @@
 //! starts the carrier helper of the control directory, the shims save through it (it imports each
 //! allocation, copies it into memory it keeps pinned and releases the import), the native
 //! checkpoint finds nothing of theirs, and the resume copies the bytes back from it; the next
-//! cycle reuses the same helper and its carriers; a helper killed while it holds the bytes makes
-//! the resume fail naming it; the helper gives a carrier back when its process exits, and exits
-//! when it holds none.
+//! cycle reuses the same helper and its carriers; a helper killed while it holds the bytes, or in
+//! the middle of a Load, loses nothing (each process holds its carrier's memfd, and loads from it),
+//! and `inspect` shows the helper and its health; the helper gives a carrier back when its
+//! process exits, and exits when it holds none.
 
 mod common;
 
@@ -142,18 +143,160 @@ fn a_group_saves_through_the_carrier_helper_cycle_after_cycle() {
     assert!(!env.control_dir().join(CARRIER_HELPER_SOCKET).exists());
 }
 
+/// `a` and `b` share both ways and each holds a `cuMemAlloc` allocation: every byte of both goes
+/// through the helper (no private allocation that would keep one in its own carrier).
+fn build_through_helper(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    create_shared(a, "a0", SIZE);
+    create_shared(b, "a1", SIZE);
+    share(a, b, "a0", SIZE);
+    share(b, a, "a1", SIZE);
+    ok(a, &["fill a0 21", "malloc ma 2M", "fill ma 23"]);
+    ok(b, &["fill a1 22", "malloc mb 2M", "fill mb 24"]);
+}
+
+fn assert_through_helper_intact(tree: &Tree) {
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    ok(a, &["verify a0 21", "verify a1 22", "verify ma 23"]);
+    ok(b, &["verify a0 21", "verify a1 22", "verify mb 24"]);
+    ok(b, &["fill a1 25"]);
+    ok(a, &["verify a1 25"]);
+    ok(b, &["fill a1 22"]);
+}
+
+/// `inspect --json` of the tree: its `carrier_helpers`.
+fn inspected_helpers(env: &TestEnv, root: u32) -> Vec<serde_json::Value> {
+    let root = root.to_string();
+    let run = tool(env, &["inspect", "--pid", &root, "--json"]);
+    let report = run.ok().json();
+    report["carrier_helpers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Sends one phase request to the shim of `pid` directly, as a tool run would before it was
+/// killed.
+fn send_phase(env: &TestEnv, pid: u32, request: protocol::Request) -> protocol::Phase {
+    let path = control_socket(env, pid);
+    let mut conn = transport::Connection::connect(&path, std::time::Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("control socket of pid {pid}: {e}"));
+    match conn.call(&request) {
+        Ok((protocol::Response::PhaseDone { phase, .. }, _)) => phase,
+        other => panic!("{request:?} to pid {pid}: {other:?}"),
+    }
+}
+
 #[test]
-fn a_resume_whose_carrier_helper_was_killed_fails_naming_it() {
+fn a_carrier_helper_killed_while_it_holds_the_bytes_loses_nothing() {
     let env = env();
     let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
-    build(&tree);
+    build_through_helper(&tree);
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    let before = [regions(a), regions(b)];
     helper_suspend(&env, tree.root(), false).ok();
     let helper = helper_pid(&env).expect("a carrier helper");
+
+    // inspect names the helper, alive, and what each process saved there and holds itself.
+    let helpers = inspected_helpers(&env, tree.root());
+    assert_eq!(helpers.len(), 1, "{helpers:?}");
+    assert_eq!(helpers[0]["pid"], helper, "{helpers:?}");
+    assert_eq!(helpers[0]["alive"], true, "{helpers:?}");
+    let socket = env.control_dir().join(CARRIER_HELPER_SOCKET);
+    assert!(
+        helpers[0]["socket"]
+            .as_str()
+            .is_some_and(|s| s.ends_with(&socket.display().to_string())),
+        "{helpers:?}"
+    );
+    let clients = helpers[0]["processes"].as_array().unwrap();
+    assert_eq!(clients.len(), 2, "{helpers:?}");
+    for c in clients {
+        assert_eq!(c["allocations"], 2, "{helpers:?}");
+        assert_eq!(c["bytes"], SIZE + (2 << 20), "{helpers:?}");
+        assert!(
+            c["held_bytes"].as_u64() >= c["bytes"].as_u64(),
+            "{helpers:?}"
+        );
+    }
+
     signal(helper, rustix::process::Signal::KILL);
     wait_gone(helper);
-    resume(&env, tree.root())
-        .expect_code(5)
-        .stderr_mentions(&["carrier helper", CARRIER_HELPER_SOCKET]);
+    let helpers = inspected_helpers(&env, tree.root());
+    assert_eq!(helpers[0]["pid"], helper, "{helpers:?}");
+    assert_eq!(helpers[0]["alive"], false, "{helpers:?}");
+    assert!(
+        helpers[0]["health"]
+            .as_str()
+            .is_some_and(|h| h.contains("gone") && h.contains("own copy")),
+        "{helpers:?}"
+    );
+    let root = tree.root().to_string();
+    let text = tool(&env, &["inspect", "--pid", &root]);
+    let stdout = &text.ok().stdout;
+    assert!(
+        stdout.contains(&format!("carrier helper: pid {helper}")) && stdout.contains("gone"),
+        "{stdout}"
+    );
+
+    // The resume loads from the processes' own copies of the helper's carrier.
+    resume(&env, tree.root()).ok();
+    assert_eq!([regions(a), regions(b)], before, "addresses changed");
+    assert_through_helper_intact(&tree);
+    assert!(inspected_helpers(&env, tree.root()).is_empty());
+
+    // A new cycle starts a new helper and goes through it.
+    helper_suspend(&env, tree.root(), false).ok();
+    let second = helper_pid(&env).expect("a new carrier helper");
+    assert_ne!(second, helper);
+    resume(&env, tree.root()).ok();
+    assert_through_helper_intact(&tree);
+}
+
+#[test]
+fn a_load_whose_carrier_helper_dies_in_the_middle_is_finished_by_resume() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    build_through_helper(&tree);
+    let (a, b) = (tree.w("a"), tree.w("b"));
+    let before = [regions(a), regions(b)];
+    // The helper inherits the suspend's environment: the fake driver kills it inside its first
+    // copy back to a device, in the middle of the first Load that reaches it.
+    let dies_in_load = [("FAKE_CUDA_FAIL", "cuMemcpyHtoDAsync:1=die")];
+    let suspend_dying = |keep_contexts: bool| {
+        let mut options = vec!["--carrier", "helper"];
+        if keep_contexts {
+            options.push("--keep-contexts");
+        }
+        let args = suspend_args(&env, tree.root(), &options);
+        tool_with(&env, &strs(&args), &dies_in_load).ok();
+        helper_pid(&env).expect("a carrier helper")
+    };
+
+    // A resume killed after `a`'s Load, whose helper died during it: `a` is loaded (from its
+    // own copy), `b` is not, the helper is gone. `resume` again finishes.
+    let helper = suspend_dying(true);
+    assert_eq!(
+        send_phase(&env, a.pid(), protocol::Request::Load),
+        protocol::Phase::Loaded
+    );
+    wait_gone(helper);
+    assert_eq!(phase_of(&env, b.pid()), protocol::Phase::Released);
+    resume(&env, tree.root()).ok();
+    assert_eq!([regions(a), regions(b)], before, "addresses changed");
+    assert_through_helper_intact(&tree);
+
+    // A whole resume whose helper dies during its Load, with the native checkpoint.
+    let helper = suspend_dying(false);
+    resume(&env, tree.root()).ok();
+    wait_gone(helper);
+    assert_eq!([regions(a), regions(b)], before, "addresses changed");
+    assert_through_helper_intact(&tree);
+    let log = helper_log(&env);
+    assert!(
+        log.contains("dying in call 1 of cuMemcpyHtoDAsync"),
+        "{log}"
+    );
 }
 
 #[test]

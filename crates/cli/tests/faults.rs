@@ -938,3 +938,86 @@ fn allow_lost_refuses_a_multicast_object_missing_a_member_before_anything_change
     assert_eq!(phases(&ranks), before, "{}", run.describe());
     assert!(state_dir(&env).join("cuinterpose.state").exists());
 }
+
+// ---- issue 29, item 11: stopped processes ----
+
+/// The state letter of `/proc/PID/stat` (`T`: stopped).
+fn proc_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    stat[stat.rfind(')').expect("comm") + 1..]
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.chars().next())
+        .expect("state")
+}
+
+#[test]
+fn a_stopped_participant_is_refused_as_stopped_and_nothing_changes() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
+    signal(a, rustix::process::Signal::STOP);
+    wait_until("a is stopped", || proc_state(a) == 'T');
+    let run = tool(&env, &strs(&suspend_args(&env, tree.root(), &[])));
+    run.expect_code(EXIT_REFUSED).stderr_mentions(&[
+        &format!("pid {a}"),
+        "is stopped (state T",
+        &format!("kill -CONT {a}"),
+        "nothing was changed",
+    ]);
+    assert!(
+        !run.stderr.contains("does not answer"),
+        "{}",
+        run.describe()
+    );
+    // inspect names it the same way.
+    let root = tree.root().to_string();
+    let inspected = tool(&env, &["inspect", "--pid", &root]);
+    assert!(
+        inspected.stdout.contains("stopped") && inspected.stdout.contains("is stopped (state T"),
+        "{}",
+        inspected.describe()
+    );
+    assert_eq!(phase_of(&env, b), Phase::Running);
+    assert_eq!(
+        proc_state(a),
+        'T',
+        "the tool continued a process it refused"
+    );
+    signal(a, rustix::process::Signal::CONT);
+    wait_until("a runs", || proc_state(a) != 'T');
+    assert_eq!(phase_of(&env, a), Phase::Running);
+    assert_pair(&env, &tree);
+    suspend(&env, tree.root(), &[]).ok();
+    resume(&env, tree.root()).ok();
+    assert_pair(&env, &tree);
+}
+
+#[test]
+fn resume_continues_only_the_stopped_processes_of_the_group() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let (a, b) = (tree.w("a").pid(), tree.w("b").pid());
+    suspend(&env, tree.root(), &[]).ok();
+    // `a` stopped as an interrupted dump leaves it; the tree's root, which is not of the group
+    // (no CUDA, not captured, in the tool's PID namespace), stopped by someone else.
+    signal(a, rustix::process::Signal::STOP);
+    signal(tree.root(), rustix::process::Signal::STOP);
+    wait_until("a and the root are stopped", || {
+        proc_state(a) == 'T' && proc_state(tree.root()) == 'T'
+    });
+    let run = resume(&env, tree.root());
+    run.ok();
+    assert_ne!(proc_state(a), 'T', "a captured process was left stopped");
+    assert_eq!(
+        proc_state(tree.root()),
+        'T',
+        "resume continued a process outside the group"
+    );
+    signal(tree.root(), rustix::process::Signal::CONT);
+    assert_running(&env, &tree, &run);
+    assert_eq!(phase_of(&env, b), Phase::Running);
+    assert_pair(&env, &tree);
+}

@@ -181,7 +181,13 @@ fn a_participant_that_does_not_answer_is_refused_within_the_timeout() {
     let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
     pair(&tree);
     let b = tree.w("b").pid();
-    signal(b, rustix::process::Signal::STOP);
+    // `b`'s shim stops answering: its socket file is moved aside and a listener that never
+    // reads takes its path (the tool finds the path among `b`'s sockets and connects there). A
+    // stopped process is named as stopped instead (faults.rs).
+    let socket = control_socket(&env, b);
+    let aside = socket.with_extension("aside");
+    std::fs::rename(&socket, &aside).unwrap();
+    let silent = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     // The knob keeps the test short; the default (10 s) is bounded the same way, see inspect.
     let run = suspend(
         &env,
@@ -210,7 +216,9 @@ fn a_participant_that_does_not_answer_is_refused_within_the_timeout() {
             && r["reason"].as_str().is_some_and(|r| r.contains("10s"))),
         "{report:#}"
     );
-    signal(b, rustix::process::Signal::CONT);
+    drop(silent);
+    std::fs::remove_file(&socket).unwrap();
+    std::fs::rename(&aside, &socket).unwrap();
     assert_untouched(&env, &tree, &run);
 }
 

@@ -478,7 +478,8 @@ pub(crate) fn capture(
         for p in &mut group.participants {
             p.set_timeout(Some(timeout))?;
         }
-        drained = crate::drain::drain_group(&mut group.participants, options.freeze_timeout)?;
+        drained =
+            crate::drain::drain_group(group.participants.as_mut_slice(), options.freeze_timeout)?;
         phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
             let snapshots = group.snapshot()?;
             let refusals = check_group(&snapshots, Phase::Frozen);
@@ -493,6 +494,12 @@ pub(crate) fn capture(
         Ok(frozen) => frozen,
         // Another run holds a process: ours are opened again, the other run's left to it.
         Err(e @ ControlError::AnotherRun { .. }) => {
+            let _ = thaw_all(&mut group);
+            return Err(e);
+        }
+        // A context that holds a sticky error: nothing was frozen or released, so a refusal once
+        // every gate is open again.
+        Err(e @ ControlError::StickyError { .. }) => {
             let _ = thaw_all(&mut group);
             return Err(e);
         }
@@ -829,10 +836,11 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     };
     let (mut state, mut group) = clock.time("inspect", None, || {
         // A checkpoint killed during CRIU's dump, or a restore killed before it continued the
-        // tree CRIU brought back, leaves the tree stopped; this run holds the tree's lock, so
+        // tree CRIU brought back, leaves the group stopped; this run holds the tree's lock, so
         // no dump or restore of it is running now.
         continue_stopped(
             options.root,
+            &state,
             driver.as_ref(),
             &options.gpu_pairs,
             options.config.answer_timeout,
@@ -959,29 +967,44 @@ pub fn suspended_state(root: u32, state_dir: Option<&Path>) -> Option<crate::gro
     })
 }
 
-/// Continues every stopped process of the tree (SIGCONT): what a CRIU dump that did not finish,
-/// or a restore killed before it continued what CRIU brought back, leaves. With a driver, each
-/// stopped CUDA process that is natively checkpointed is restored first, with only its restore
-/// thread running (crate::restore_thread: after CRIU's restore its other threads must not run
-/// before that). A tree with none stopped is left alone.
+/// Continues the stopped processes of the group (SIGCONT): what a CRIU dump that did not finish,
+/// or a restore killed before it continued what CRIU brought back, leaves. Of the group: a
+/// process the state file captured, or, for a workload in a PID namespace of its own (what a
+/// checkpoint dumps, the whole namespace), any process of that namespace. A stopped process of
+/// the tree outside the group (a job the user stopped beside the workload, a process being
+/// debugged) is left as it is; one of the group not stopped is not signalled. With a driver,
+/// each stopped CUDA process that is natively checkpointed is restored first, with only its
+/// restore thread running (crate::restore_thread: after CRIU's restore its other threads must
+/// not run before that).
 fn continue_stopped(
     root: u32,
+    state: &GroupState,
     driver: Option<&Driver>,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
     answer_timeout: Duration,
 ) -> Result<(), ControlError> {
-    let tree = crate::discovery::process_tree(root)?;
-    let stopped: Vec<u32> = tree
+    let ours = crate::discovery::pid_namespace(std::process::id());
+    let captured: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
+    let workload_namespaces: Vec<u64> = captured
         .iter()
-        .copied()
+        .filter_map(|&pid| crate::discovery::pid_namespace(pid))
+        .filter(|ns| Some(*ns) != ours)
+        .collect();
+    let stopped: Vec<u32> = crate::discovery::process_tree(root)?
+        .into_iter()
         .filter(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
+        .filter(|pid| {
+            captured.contains(pid)
+                || crate::discovery::pid_namespace(*pid)
+                    .is_some_and(|ns| workload_namespaces.contains(&ns))
+        })
         .collect();
     if stopped.is_empty() {
         return Ok(());
     }
     tracing::warn!(
         ?stopped,
-        "continuing processes left stopped (an interrupted dump or restore)"
+        "continuing processes of the group left stopped (an interrupted dump or restore)"
     );
     if let Some(driver) = driver {
         for &pid in &stopped {
@@ -992,8 +1015,8 @@ fn continue_stopped(
                 .map_err(|e| step_error("native restore", &format!("pid {pid}"), e))?;
         }
     }
-    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
-        step: "continuing the stopped tree",
+    crate::launch::continue_processes(&stopped).map_err(|e| ControlError::Step {
+        step: "continuing the stopped group",
         process: format!("pid {root}"),
         source: Box::new(e.into()),
     })?;

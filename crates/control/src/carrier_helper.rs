@@ -89,6 +89,124 @@ pub fn ensure(dir: &Path, launch: &HelperLaunch) -> Result<PathBuf, ControlError
     }
 }
 
+/// A carrier helper holding bytes of a group, as `inspect` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HelperStatus {
+    /// Its pid, as it told the shims when they saved through it.
+    pub pid: u32,
+    /// Its socket (the tool's path to it).
+    pub socket: PathBuf,
+    /// It runs and answers at its socket.
+    pub alive: bool,
+    /// One line: alive, or gone and what that means for the bytes.
+    pub health: String,
+    /// Per process that saved through it: what it saved there and the copy it holds.
+    pub processes: Vec<HelperClient>,
+}
+
+/// One process's bytes in a carrier helper.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HelperClient {
+    pub process: String,
+    pub allocations: u64,
+    pub bytes: u64,
+    /// Bytes of the helper's carrier the process holds a descriptor of (its own copy).
+    pub held_bytes: u64,
+}
+
+impl HelperClient {
+    /// Its bytes outlive the helper.
+    pub fn holds_copy(&self) -> bool {
+        self.held_bytes >= self.bytes
+    }
+}
+
+/// The carrier helpers the shims of `snapshots` saved through in the cycle in progress, with
+/// their health.
+pub fn statuses(snapshots: &[crate::group::Snapshot]) -> Vec<HelperStatus> {
+    use std::os::unix::fs::MetadataExt;
+    // With the socket file's identity, where it still exists.
+    let mut out: Vec<(Option<(u64, u64)>, HelperStatus)> = Vec::new();
+    for s in snapshots {
+        let (Some(hold), Some(dir)) = (
+            &s.hello.carrier_helper,
+            s.info.control_socket.as_deref().and_then(Path::parent),
+        ) else {
+            continue;
+        };
+        let socket = dir.join(CARRIER_HELPER_SOCKET);
+        // Each process names the socket through its own `/proc/PID/root`: one helper is one
+        // socket file.
+        let file = std::fs::metadata(&socket).ok().map(|m| (m.dev(), m.ino()));
+        let client = HelperClient {
+            process: s.info.label(),
+            allocations: hold.allocations,
+            bytes: hold.bytes,
+            held_bytes: hold.held_bytes,
+        };
+        match out
+            .iter_mut()
+            .find(|(f, h)| h.pid == hold.helper_pid && (*f == file || h.socket == socket))
+        {
+            Some((_, h)) => h.processes.push(client),
+            None => out.push((
+                file,
+                HelperStatus {
+                    pid: hold.helper_pid,
+                    alive: alive(hold.helper_pid, &socket),
+                    socket,
+                    health: String::new(),
+                    processes: vec![client],
+                },
+            )),
+        }
+    }
+    out.into_iter()
+        .map(|(_, mut h)| {
+            h.health = health(&h);
+            h
+        })
+        .collect()
+}
+
+fn health(h: &HelperStatus) -> String {
+    if h.alive {
+        return "alive".into();
+    }
+    let lost: Vec<String> = h
+        .processes
+        .iter()
+        .filter(|c| !c.holds_copy())
+        .map(|c| {
+            format!(
+                "{}: {} allocation(s), {} bytes",
+                c.process, c.allocations, c.bytes
+            )
+        })
+        .collect();
+    if lost.is_empty() {
+        "gone: every process holds its own copy of what it saved there, and `resume` loads from it"
+            .into()
+    } else {
+        format!(
+            "gone, and these bytes are lost with it: {}",
+            lost.join("; ")
+        )
+    }
+}
+
+/// Whether the helper `pid` runs (not a zombie, a `carrier-helper` command) and is the one
+/// answering at `socket` (a helper started later for the same directory is another one).
+pub fn alive(pid: u32, socket: &Path) -> bool {
+    let running = crate::procfs::stat(pid).is_some_and(|s| !s.exited())
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"carrier-helper"));
+    running
+        && transport::Connection::connect(socket, Duration::from_secs(5))
+            .and_then(|c| c.peer())
+            .is_ok_and(|peer| peer.pid == pid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,14 +88,18 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
     Ok(tree)
 }
 
+/// The inode of the PID namespace process `pid` lives in (`None`: gone, or not readable).
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    fs::read_link(procfs::path(pid, "ns/pid"))
+        .ok()
+        .and_then(|l| namespace_inode(&l.to_string_lossy()))
+}
+
 /// Everything the tool needs to know about one process.
 pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
     let status = procfs::read(pid, "status")?;
     let ns_pid = procfs::ns_pid_in(&status).unwrap_or(pid);
-    let pid_namespace = fs::read_link(procfs::path(pid, "ns/pid"))
-        .ok()
-        .and_then(|l| namespace_inode(&l.to_string_lossy()))
-        .unwrap_or(0);
+    let pid_namespace = pid_namespace(pid).unwrap_or(0);
     let command = fs::read(procfs::path(pid, "cmdline"))
         .map(|raw| {
             raw.split(|&b| b == 0)

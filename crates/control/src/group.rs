@@ -272,6 +272,9 @@ pub struct HelloReplyView {
     pub driver_version: i32,
     /// Host memory its carrier holds pinned between cycles.
     pub carrier_pinned_bytes: u64,
+    /// Its bytes of this cycle in the carrier helper, and the copy it holds of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier_helper: Option<protocol::message::HelperHold>,
 }
 
 impl From<&HelloReply> for HelloReplyView {
@@ -281,6 +284,7 @@ impl From<&HelloReply> for HelloReplyView {
             shim_sha256: h.shim_sha256.clone(),
             driver_version: h.driver_version,
             carrier_pinned_bytes: h.carrier_pinned_bytes,
+            carrier_helper: h.carrier_helper.clone(),
         }
     }
 }
@@ -316,12 +320,20 @@ impl Group {
                 });
                 continue;
             }
+            // A stopped process cannot answer: named as what it is, without waiting for it.
+            if let Some(reason) = stopped_reason(pid) {
+                refusals.push(Refusal {
+                    process: info.label(),
+                    reason,
+                });
+                continue;
+            }
             match Participant::connect(info.clone(), timeout) {
                 Ok(p) => participants.push(p),
                 Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
                 Err(e) => refusals.push(Refusal {
                     process: info.label(),
-                    reason: no_answer_reason(e, timeout),
+                    reason: stopped_reason(pid).unwrap_or_else(|| no_answer_reason(e, timeout)),
                 }),
             }
         }
@@ -351,6 +363,20 @@ impl Group {
             })
             .collect()
     }
+}
+
+/// Why a process stopped by a signal or a tracer (state `T` or `t`) cannot take part, or `None`
+/// when it is not stopped.
+fn stopped_reason(pid: u32) -> Option<String> {
+    let stat = crate::procfs::stat(pid)?;
+    stat.stopped().then(|| {
+        format!(
+            "is stopped (state {}: SIGSTOP, a debugger, or a checkpoint whose dump was interrupted): \
+             continue it (`kill -CONT {pid}`, or `cuinterpose resume` after an interrupted \
+             checkpoint) and run this again",
+            stat.state
+        )
+    })
 }
 
 /// Why a shim's HELLO failed, without repeating the process (the refusal names it).
@@ -684,6 +710,10 @@ pub struct InspectReport {
     /// it: how the group was suspended (the shims know their phase, not the mode).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub suspended: Option<Suspension>,
+    /// The carrier helpers holding bytes of the group (`suspend --carrier helper`), and their
+    /// health.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub carrier_helpers: Vec<crate::carrier_helper::HelperStatus>,
 }
 
 /// A suspended group's state file and the mode it records.
@@ -736,6 +766,17 @@ pub fn inspect(
             });
             "shim loaded, runtime off".to_string()
         } else {
+            if let Some(reason) = stopped_reason(pid) {
+                refusals.push(Refusal {
+                    process: info.label(),
+                    reason,
+                });
+                processes.push(ProcessStatus {
+                    info,
+                    status: "stopped".to_string(),
+                });
+                continue;
+            }
             match Participant::connect(info.clone(), timeout).and_then(|mut p| {
                 Ok(Snapshot {
                     record: p.inspect()?,
@@ -769,6 +810,7 @@ pub fn inspect(
     let shared = topology(&snapshots);
     let multicasts = multicast_topology(&snapshots);
     let suspended = crate::capture::suspended_state(root, state_dir);
+    let carrier_helpers = crate::carrier_helper::statuses(&snapshots);
     Ok(InspectReport {
         root,
         processes,
@@ -777,5 +819,6 @@ pub fn inspect(
         multicasts,
         refusals,
         suspended,
+        carrier_helpers,
     })
 }

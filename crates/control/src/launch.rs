@@ -321,7 +321,12 @@ pub fn continue_tree(root: u32) -> Result<(), LaunchError> {
         pid: root,
         source: Box::new(e),
     })?;
-    for pid in tree {
+    continue_processes(&tree)
+}
+
+/// Sends SIGCONT to each process of `pids` (one that exited meanwhile is skipped).
+pub fn continue_processes(pids: &[u32]) -> Result<(), LaunchError> {
+    for &pid in pids {
         if let Some(p) = rustix::process::Pid::from_raw(pid as i32) {
             match rustix::process::kill_process(p, rustix::process::Signal::CONT) {
                 Ok(()) | Err(rustix::io::Errno::SRCH) => {}

@@ -131,6 +131,10 @@ pub enum ControlError {
     /// a time); nothing of the other run's was touched.
     #[error("{process}: {message}")]
     AnotherRun { process: String, message: String },
+    /// A process's context already holds a sticky error of the application's own work, found by
+    /// the drain: the capture is refused, every gate opened again, nothing changed.
+    #[error("refused, nothing was changed:\n  {process}: {message}")]
+    StickyError { process: String, message: String },
     /// The group could not be drained before `--freeze-timeout`: nothing was released.
     #[error(
         "not drained after {} s; no GPU memory was released (--freeze-timeout sets the limit):\n{}",
@@ -256,6 +260,7 @@ impl ControlError {
                 | ControlError::Unchanged { .. }
                 | ControlError::AnotherRun { .. }
                 | ControlError::NotDrained { .. }
+                | ControlError::StickyError { .. }
         )
     }
 }

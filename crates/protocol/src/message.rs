@@ -2,8 +2,8 @@
 //!
 //! A frame is a 12-byte header, `magic "CUIP" | version u16 LE | kind u16 LE | length u32 LE`, then
 //! `length` bytes of body (postcard). At most one descriptor rides on a frame (SCM_RIGHTS on its first
-//! byte), and only a [`Response::Fd`], a [`Request::SaveTo`], a [`Request::LoadFrom`] and a
-//! [`Request::CarrierItem`] carry one. The kind in the header repeats the message's
+//! byte), and only a [`Response::Fd`], a [`Response::CarrierFd`], a [`Request::SaveTo`], a
+//! [`Request::LoadFrom`] and a [`Request::CarrierItem`] carry one. The kind in the header repeats the message's
 //! variant so that a reader can refuse a frame before decoding its body (the peer fd service accepts
 //! only [`Request::GetFd`]), and so that a version mismatch is reported as such instead of as garbage.
 //!
@@ -138,6 +138,11 @@ pub enum Request {
     /// Let up to `count` submissions waiting at the closed gate through (a peer's stalled drain
     /// waits for them). Answered with [`Response::Drain`] (not waited).
     Admit { count: u32 },
+    /// To a carrier helper, after a [`Request::CarrierCopy`] into the caller's carrier: the
+    /// carrier itself, a memfd, answered with [`Response::CarrierFd`] and the descriptor. The
+    /// caller holds it until its resume, so the saved bytes outlive the helper (a `resume` whose
+    /// helper died loads from it).
+    CarrierShare,
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -215,6 +220,13 @@ pub enum Response {
     },
     /// How the drain of Hold, Drain or Admit stands.
     Drain(DrainReport),
+    /// The caller's carrier ([`Request::CarrierShare`]): a memfd of `length` bytes rides on this
+    /// frame; `helper_pid` is the helper's own pid (in the PID namespace of the tool that started
+    /// it), what `inspect` names.
+    CarrierFd {
+        length: u64,
+        helper_pid: u32,
+    },
 }
 
 /// How one process's drain stands (Hold, Drain, Admit).
@@ -420,6 +432,23 @@ pub struct HelloReply {
     /// Host memory of the process's carrier held pinned (registered with the driver) between
     /// cycles: what a pinned carrier costs while the process runs.
     pub carrier_pinned_bytes: u64,
+    /// This cycle's bytes went through the carrier helper (`suspend --carrier helper`), until the
+    /// Thaw: which helper, and the copy this process holds of what it saved there.
+    pub carrier_helper: Option<HelperHold>,
+}
+
+/// A process's saved bytes in the carrier helper ([`HelloReply::carrier_helper`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelperHold {
+    /// The helper's pid as it reported it ([`Response::CarrierFd`]).
+    pub helper_pid: u32,
+    /// Allocations saved through it in this cycle.
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Bytes of the helper's carrier this process holds a descriptor of (a memfd, 0 when none):
+    /// at least `bytes` when the saved bytes outlive the helper.
+    pub held_bytes: u64,
 }
 
 /// Why a request failed. Only ever added to, at the end: postcard encodes a variant as its index in
@@ -444,6 +473,9 @@ pub enum ErrorCode {
     /// Another tool run holds this process's capture (one capture at a time, whatever the
     /// callers' environments).
     Busy,
+    /// A context of the process already holds a sticky error of the application's own work (a
+    /// kernel that faulted): it cannot be drained, and nothing was changed.
+    Sticky,
 }
 
 impl Request {
@@ -469,6 +501,7 @@ impl Request {
             Request::Hold => 18,
             Request::Drain { .. } => 19,
             Request::Admit { .. } => 20,
+            Request::CarrierShare => 21,
         }
     }
 
@@ -494,7 +527,14 @@ impl Response {
             Response::Accepted => 0x107,
             Response::Copied { .. } => 0x108,
             Response::Drain(_) => 0x109,
+            Response::CarrierFd { .. } => 0x10a,
         }
+    }
+
+    /// Whether a descriptor rides on this response's frame (exactly when it does: an
+    /// allocation from the peer descriptor service, or a carrier from the carrier helper).
+    pub fn carries_fd(&self) -> bool {
+        matches!(self, Response::Fd { .. } | Response::CarrierFd { .. })
     }
 }
 

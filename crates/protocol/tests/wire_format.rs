@@ -177,6 +177,7 @@ fn error_codes() -> Vec<(&'static str, ErrorCode)> {
         ("peer", ErrorCode::Peer),
         ("internal", ErrorCode::Internal),
         ("busy", ErrorCode::Busy),
+        ("sticky", ErrorCode::Sticky),
     ]
 }
 
@@ -437,6 +438,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("hold", Request::Hold),
         ("drain", Request::Drain { wait_ms: 250 }),
         ("admit", Request::Admit { count: 2 }),
+        ("carrier_share", Request::CarrierShare),
     ]
 }
 
@@ -483,6 +485,12 @@ fn responses() -> Vec<(&'static str, Response)> {
                 shim_sha256: "0f".repeat(32),
                 driver_version: 12080,
                 carrier_pinned_bytes: 256 << 20,
+                carrier_helper: Some(message::HelperHold {
+                    helper_pid: 77,
+                    allocations: 3,
+                    bytes: 6 << 20,
+                    held_bytes: 8 << 20,
+                }),
             }),
         ),
         ("records", Response::Records(full_record())),
@@ -556,6 +564,13 @@ fn responses() -> Vec<(&'static str, Response)> {
                 busy: vec!["device 0: work still running".into()],
                 held_micros: 1500,
             }),
+        ),
+        (
+            "carrier_fd",
+            Response::CarrierFd {
+                length: 8 << 20,
+                helper_pid: 77,
+            },
         ),
     ]
 }

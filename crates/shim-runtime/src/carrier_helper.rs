@@ -31,7 +31,7 @@ use cuda_abi::{CUmemAccessDesc, CUmemLocation, access_flags, limit, location_typ
 use protocol::message::CarrierMode;
 use protocol::{ErrorCode, Request, Response};
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -74,6 +74,12 @@ enum RequestError {
     Copy(#[from] copy::CopyError),
     #[error("{0}")]
     Invalid(String),
+    /// The caller's carrier is not here (a Load from a helper that is not the one it saved
+    /// through): the caller loads from its own copy ([`Request::CarrierShare`]).
+    #[error(
+        "no carrier of process {0} here: its bytes were never saved through this helper, or it gave them back"
+    )]
+    NoCarrier(u32),
 }
 
 fn driver(what: impl FnOnce() -> String) -> impl FnOnce(cuda::CudaError) -> RequestError {
@@ -225,6 +231,7 @@ impl Helper {
                 Ok(r) => r,
                 Err(_) => break,
             };
+            let mut handed = None;
             let answer = match (request, fd) {
                 (
                     Request::CarrierItem {
@@ -246,6 +253,13 @@ impl Helper {
                     self.forget(pid);
                     Ok(Response::Accepted)
                 }
+                (Request::CarrierShare, _) => self.share(pid).map(|(fd, length)| {
+                    handed = Some(fd);
+                    Response::CarrierFd {
+                        length,
+                        helper_pid: std::process::id(),
+                    }
+                }),
                 (other, _) => Err(RequestError::Invalid(format!(
                     "a carrier helper serves carrier requests only, not {other:?}"
                 ))),
@@ -254,10 +268,15 @@ impl Helper {
                 code: match e {
                     RequestError::Driver { .. } | RequestError::Copy(_) => ErrorCode::Driver,
                     RequestError::Invalid(_) => ErrorCode::Internal,
+                    RequestError::NoCarrier(_) => ErrorCode::NotFound,
                 },
                 message: format!("carrier helper (pid {}): {e}", std::process::id()),
             });
-            if connection.send_response(&response, None).is_err() {
+            let fd = match &response {
+                Response::CarrierFd { .. } => handed.as_ref().map(|fd| fd.as_fd()),
+                _ => None,
+            };
+            if connection.send_response(&response, fd).is_err() {
                 break;
             }
         }
@@ -335,12 +354,14 @@ impl Helper {
         let carrier = {
             let mut carriers = lock(&self.carriers);
             if !to_host && !carriers.contains_key(&pid) {
-                return Err(RequestError::Invalid(format!(
-                    "no carrier of process {pid} here: its bytes were never saved through this \
-                     helper, or it gave them back"
-                )));
+                return Err(RequestError::NoCarrier(pid));
             }
-            Arc::clone(carriers.entry(pid).or_default())
+            // A memfd, whose descriptor the caller takes after the copy (`share`).
+            Arc::clone(
+                carriers
+                    .entry(pid)
+                    .or_insert_with(|| Arc::new(Mutex::new(Carrier::shareable()))),
+            )
         };
         let shared = carrier;
         let mut carrier = lock(&shared);
@@ -443,6 +464,28 @@ impl Helper {
                 }
             }
         }
+    }
+
+    /// The caller's carrier as a descriptor of its memfd, and its length: the caller holds it
+    /// until its resume, so that the bytes outlive this process.
+    fn share(&self, pid: u32) -> Result<(OwnedFd, u64), RequestError> {
+        let carrier = lock(&self.carriers)
+            .get(&pid)
+            .cloned()
+            .ok_or(RequestError::NoCarrier(pid))?;
+        let carrier = lock(&carrier);
+        if carrier.is_poisoned() {
+            return Err(RequestError::Invalid(format!(
+                "the carrier of process {pid} is unusable: a copy into or out of it could not be \
+                 confirmed finished"
+            )));
+        }
+        let fd = carrier
+            .memfd()
+            .ok_or_else(|| RequestError::Invalid(format!("process {pid} has no carrier mapped")))?
+            .try_clone_to_owned()
+            .map_err(|e| RequestError::Invalid(format!("duplicating the carrier's memfd: {e}")))?;
+        Ok((fd, carrier.mapped() as u64))
     }
 
     fn forget(&self, pid: u32) {

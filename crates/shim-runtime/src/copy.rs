@@ -63,6 +63,7 @@ use cuda::owned::{PinnedBuffer, Stream};
 use cuda_abi::{CUresult, CUstream};
 pub use protocol::message::CarrierMode;
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -191,6 +192,11 @@ pub struct Carrier {
     pin_device: i32,
     /// A copy could not be confirmed finished: never unmap or shrink.
     poisoned: bool,
+    /// The carrier is a memfd mapped shared (the carrier helper's, [`Carrier::shareable`]): its
+    /// descriptor, which the owning process also holds so that the pages outlive the helper.
+    memfd: Option<OwnedFd>,
+    /// Made as a memfd rather than anonymous memory.
+    shareable: bool,
 }
 
 fn round_up(n: usize, to: usize) -> usize {
@@ -208,22 +214,31 @@ impl Carrier {
         let reused = self.len >= len;
         if !reused {
             let want = round_up(len, 2 << 20);
-            // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
-            let ptr = unsafe {
-                rustix::mm::mmap_anonymous(
-                    std::ptr::null_mut(),
-                    want,
-                    rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-                    rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
-                )
-            }
-            .map_err(|source| CopyError::Carrier { len: want, source })?;
+            let (ptr, memfd) = if self.shareable {
+                let (ptr, fd) = map_memfd(want)?;
+                (ptr, Some(fd))
+            } else {
+                // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+                let ptr = unsafe {
+                    rustix::mm::mmap_anonymous(
+                        std::ptr::null_mut(),
+                        want,
+                        rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+                        rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE,
+                    )
+                }
+                .map_err(|source| CopyError::Carrier { len: want, source })?;
+                (ptr, None)
+            };
             // SAFETY: advice on the mapping just made; failure only means no huge pages.
             let _ = unsafe { rustix::mm::madvise(ptr, want, rustix::mm::Advice::LinuxHugepage) };
             if self.len > 0 && !self.poisoned {
                 // SAFETY: the old carrier, which nothing references between phases.
                 let _ = unsafe { rustix::mm::munmap(self.base as *mut _, self.len) };
             }
+            // A poisoned old carrier stays mapped, and its mapping keeps its pages: only the
+            // descriptor goes (holders elsewhere keep theirs).
+            self.memfd = memfd;
             self.base = ptr as usize;
             self.len = want;
         }
@@ -325,7 +340,24 @@ impl Carrier {
         let _ = unsafe { rustix::mm::munmap(self.base as *mut _, self.len) };
         self.base = 0;
         self.len = 0;
+        self.memfd = None;
         Ok(())
+    }
+
+    /// A carrier made as a memfd mapped shared instead of anonymous memory, so that its
+    /// descriptor can be handed to another process ([`Carrier::memfd`]): the carrier helper's,
+    /// whose pages must outlive it (docs/design.md, "The carrier helper's death").
+    pub fn shareable() -> Carrier {
+        Carrier {
+            shareable: true,
+            ..Carrier::default()
+        }
+    }
+
+    /// The memfd behind a [`Carrier::shareable`] carrier, once mapped.
+    pub fn memfd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.memfd.as_ref().map(|fd| fd.as_fd())
     }
 
     /// Bytes mapped (the most a copy may reach from [`Carrier::base`]).
@@ -359,6 +391,86 @@ impl Carrier {
                 rustix::mm::madvise(self.base as *mut _, self.len, rustix::mm::Advice::LinuxFree)
             };
         }
+    }
+}
+
+/// A fresh memfd of `len` bytes mapped shared, read and write.
+fn map_memfd(len: usize) -> Result<(*mut core::ffi::c_void, OwnedFd), CopyError> {
+    let failed = |source| CopyError::Carrier { len, source };
+    let fd = rustix::fs::memfd_create("cuinterpose-carrier", rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(failed)?;
+    rustix::fs::ftruncate(&fd, len as u64).map_err(failed)?;
+    // SAFETY: a fresh shared mapping of a file only this function has seen; no existing memory
+    // is touched. Not NORESERVE: a shared file mapping takes its pages from the file.
+    let ptr = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+            rustix::mm::MapFlags::SHARED,
+            &fd,
+            0,
+        )
+    }
+    .map_err(failed)?;
+    Ok((ptr, fd))
+}
+
+/// Another process's carrier, mapped read-only from its memfd ([`Carrier::memfd`]): where a
+/// Load reads the bytes the carrier helper saved when the helper is gone. Unmapped on drop.
+#[derive(Debug)]
+pub struct CarrierView {
+    base: usize,
+    len: usize,
+}
+
+impl CarrierView {
+    /// Maps the first `len` bytes of `fd` (which must be at least that long: checked here, so
+    /// that no read past the file's end can fault).
+    pub fn map(fd: std::os::fd::BorrowedFd<'_>, len: usize) -> Result<CarrierView, CopyError> {
+        let failed = |source| CopyError::Carrier { len, source };
+        let size = rustix::fs::fstat(fd).map_err(failed)?.st_size;
+        if u64::try_from(size).unwrap_or(0) < len as u64 || len == 0 {
+            return Err(failed(rustix::io::Errno::RANGE));
+        }
+        // SAFETY: a fresh read-only shared mapping of `len` bytes of a file at least that long;
+        // no existing memory is touched, and nothing is written through it.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                len,
+                rustix::mm::ProtFlags::READ,
+                rustix::mm::MapFlags::SHARED,
+                fd,
+                0,
+            )
+        }
+        .map_err(failed)?;
+        Ok(CarrierView {
+            base: ptr as usize,
+            len,
+        })
+    }
+
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for CarrierView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `map` made. Only staged copies read a view, by CPU into a staging
+        // buffer before each DMA starts, so once `copy_all` has joined its workers nothing reads
+        // it any more, whatever became of the DMAs.
+        let _ = unsafe { rustix::mm::munmap(self.base as *mut _, self.len) };
     }
 }
 

@@ -236,10 +236,15 @@ impl Runtime {
     }
 
     /// Devices whose primary context is active; the recorded devices where the driver cannot say.
+    /// A driver that cannot even count its devices (a process holding a sticky error fails every
+    /// call) cannot say either: the recorded devices, or device 0 where none is recorded, are
+    /// synchronised, and their synchronisation reports the error.
     fn active_devices(&self) -> Vec<i32> {
-        let count = self.real.device_count().unwrap_or(0);
+        let (count, mut unknown) = match self.real.device_count() {
+            Ok(count) => (count, false),
+            Err(_) => (0, true),
+        };
         let mut devices = Vec::new();
-        let mut unknown = false;
         for device in 0..count {
             match self.real.primary_ctx_active(device) {
                 Ok(true) => devices.push(device),
@@ -251,6 +256,9 @@ impl Runtime {
             devices.extend(self.lock().devices());
             devices.sort_unstable();
             devices.dedup();
+            if count == 0 && devices.is_empty() {
+                devices.push(0);
+            }
         }
         devices
     }

@@ -41,7 +41,7 @@
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
 
-use crate::copy::{self, CopyError, Direction, Unit};
+use crate::copy::{self, CarrierMode, CarrierView, CopyError, Direction, Unit};
 use crate::datafile::DataFileError;
 use crate::log::{log_debug, log_info, log_warn};
 use crate::registry::{Kind, Mapping, VHandle, driver_props};
@@ -80,6 +80,76 @@ pub struct Control {
     pub(crate) shrunk_stacks: Vec<(i32, usize)>,
     /// This cycle's Save went to the carrier helper: Load copies back from it.
     pub(crate) through_helper: bool,
+    /// The helper's carrier, as a descriptor this process holds from its SaveThroughHelper
+    /// until its Thaw: the pages outlive the helper, and a Load whose helper is gone reads them
+    /// here ([`Runtime::load_from_own_copy`]).
+    pub(crate) helper_copy: Option<HelperCopy>,
+}
+
+/// What a process holds of its bytes saved through the carrier helper ([`Control::helper_copy`]).
+#[derive(Debug)]
+pub(crate) struct HelperCopy {
+    /// The helper's carrier (a memfd), shared with it.
+    pub(crate) fd: std::os::fd::OwnedFd,
+    /// Its length when it was handed over.
+    pub(crate) length: u64,
+    /// The helper's pid as it reported it.
+    pub(crate) helper_pid: u32,
+    /// Allocations saved there this cycle, and their bytes.
+    pub(crate) allocations: u64,
+    pub(crate) bytes: u64,
+}
+
+impl HelperCopy {
+    /// What `inspect` shows of it ([`protocol::message::HelloReply::carrier_helper`]).
+    pub(crate) fn hold(&self) -> protocol::message::HelperHold {
+        protocol::message::HelperHold {
+            helper_pid: self.helper_pid,
+            allocations: self.allocations,
+            bytes: self.bytes,
+            held_bytes: self.length,
+        }
+    }
+}
+
+/// The helper's carrier as it handed it over ([`Response::CarrierFd`]): the memfd, its length
+/// and the helper's pid.
+type HandedCarrier = (std::os::fd::OwnedFd, u64, u32);
+
+/// Why a call to the carrier helper failed.
+enum HelperFailure {
+    /// The helper is gone (nothing listens, or it died during the call) or is another helper
+    /// that never held this process's carrier: the bytes are in this process's own copy.
+    Gone(String),
+    /// The helper answered an error, or the call failed otherwise.
+    Failed(PhaseError),
+}
+
+impl From<HelperFailure> for PhaseError {
+    fn from(f: HelperFailure) -> PhaseError {
+        match f {
+            HelperFailure::Gone(why) => PhaseError::Helper(why),
+            HelperFailure::Failed(e) => e,
+        }
+    }
+}
+
+/// Whether a transport error means the helper is gone: nothing listens at its socket, or the
+/// connection ended under a call (the helper never closes one with a request unanswered).
+fn helper_gone(e: &transport::TransportError) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        transport::TransportError::Closed => true,
+        transport::TransportError::Io { source, .. } => matches!(
+            source.kind(),
+            ErrorKind::ConnectionRefused
+                | ErrorKind::NotFound
+                | ErrorKind::ConnectionReset
+                | ErrorKind::BrokenPipe
+                | ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
 }
 
 impl Control {
@@ -102,8 +172,7 @@ pub enum PhaseError {
     #[error("not drained after {timeout_ms} ms ({}); not frozen", .busy.join("; "))]
     NotDrained { busy: Vec<String>, timeout_ms: u32 },
     #[error(
-        "the context of device {device} holds an error of the application's own work ({error}): \
-         nothing was changed"
+        "the context of device {device} holds an error of the application's own work ({error})"
     )]
     Sticky { device: i32, error: String },
     #[error("{call} failed for {what}: {result}")]
@@ -132,7 +201,7 @@ impl PhaseError {
                 ErrorCode::WrongPhase
             }
             PhaseError::Timeout { .. } | PhaseError::NotDrained { .. } => ErrorCode::Timeout,
-            PhaseError::Sticky { .. } => ErrorCode::Driver,
+            PhaseError::Sticky { .. } => ErrorCode::Sticky,
             PhaseError::Driver { .. }
             | PhaseError::Copy(_)
             | PhaseError::DataFile(DataFileError::Copy(_)) => ErrorCode::Driver,
@@ -724,8 +793,9 @@ impl Runtime {
                 |item| item.carrier,
                 |work| self.load_from_helper(work),
                 // The helper's copies are confirmed before it answers, or it poisoned its own
-                // carrier and kept the mappings: ours may be released either way.
-                || false,
+                // carrier and kept the mappings: ours may be released either way, unless a
+                // load from this process's own copy could not confirm its copies.
+                || self.control().carrier_poisoned(),
             )?;
             return Ok(rebuilt.map_or((0, None), |(loaded, stats)| {
                 (loaded, Some(self.record(stats)))
@@ -771,27 +841,43 @@ impl Runtime {
 
     /// Sends `allocations` (driver handle, size, device, offset in the carrier) to the carrier
     /// helper and has it copy them into (`to_host`) or out of this process's carrier there.
+    /// After a copy into it, the helper hands over its carrier ([`Request::CarrierShare`]).
     fn helper_copy(
         &self,
         allocations: &[(DriverHandle, usize, i32, u64)],
         to_host: bool,
         total: u64,
-    ) -> Result<CopyStats, PhaseError> {
+    ) -> Result<(CopyStats, Option<HandedCarrier>), HelperFailure> {
         let socket = self.helper_socket();
-        let helper_error = |e: transport::TransportError| {
-            PhaseError::Helper(format!("carrier helper at {}: {e}", socket.display()))
+        let transport_error = |e: transport::TransportError| {
+            let message = format!("carrier helper at {}: {e}", socket.display());
+            if helper_gone(&e) {
+                HelperFailure::Gone(message)
+            } else {
+                HelperFailure::Failed(PhaseError::Helper(message))
+            }
         };
         let mut connection =
-            transport::Connection::connect(&socket, HELPER_TIMEOUT).map_err(helper_error)?;
+            transport::Connection::connect(&socket, HELPER_TIMEOUT).map_err(transport_error)?;
         connection
             .set_timeout(Some(HELPER_TIMEOUT))
-            .map_err(helper_error)?;
+            .map_err(transport_error)?;
         let answer = |response: Response| match response {
-            Response::Accepted | Response::Copied { .. } => Ok(response),
-            Response::Error { message, .. } => Err(PhaseError::Helper(message)),
-            other => Err(PhaseError::Helper(format!(
+            Response::Accepted | Response::Copied { .. } | Response::CarrierFd { .. } => {
+                Ok(response)
+            }
+            // Another helper than the one this process saved through (the one it saved
+            // through is gone): it holds nothing of this process's.
+            Response::Error {
+                code: ErrorCode::NotFound,
+                message,
+            } => Err(HelperFailure::Gone(message)),
+            Response::Error { message, .. } => {
+                Err(HelperFailure::Failed(PhaseError::Helper(message)))
+            }
+            other => Err(HelperFailure::Failed(PhaseError::Helper(format!(
                 "the carrier helper answered {other:?}"
-            ))),
+            )))),
         };
         for &(real, size, device, offset) in allocations {
             let uuid = check(
@@ -799,11 +885,13 @@ impl Runtime {
                 self.real
                     .device_get(device)
                     .and_then(|d| self.real.device_uuid(d)),
-            )?;
+            )
+            .map_err(HelperFailure::Failed)?;
             let fd = check(
                 || format!("an allocation of {size} bytes"),
                 self.real.mem_export_fd(real, 0),
-            )?;
+            )
+            .map_err(HelperFailure::Failed)?;
             let request = Request::CarrierItem {
                 offset,
                 size: size as u64,
@@ -811,17 +899,33 @@ impl Runtime {
             };
             let (response, _) = connection
                 .call_with(&request, Some(fd.as_fd()))
-                .map_err(helper_error)?;
+                .map_err(transport_error)?;
             answer(response)?;
         }
         let (response, _) = connection
             .call(&Request::CarrierCopy { to_host, total })
-            .map_err(helper_error)?;
-        match answer(response)? {
-            Response::Copied { stats } => Ok(stats),
-            other => Err(PhaseError::Helper(format!(
-                "the carrier helper answered {other:?} to a copy"
-            ))),
+            .map_err(transport_error)?;
+        let stats = match answer(response)? {
+            Response::Copied { stats } => stats,
+            other => {
+                return Err(HelperFailure::Failed(PhaseError::Helper(format!(
+                    "the carrier helper answered {other:?} to a copy"
+                ))));
+            }
+        };
+        if !to_host {
+            return Ok((stats, None));
+        }
+        let (response, fd) = connection
+            .call(&Request::CarrierShare)
+            .map_err(transport_error)?;
+        match (answer(response)?, fd) {
+            (Response::CarrierFd { length, helper_pid }, Some(fd)) => {
+                Ok((stats, Some((fd, length, helper_pid))))
+            }
+            (other, _) => Err(HelperFailure::Failed(PhaseError::Helper(format!(
+                "the carrier helper answered {other:?} when asked for its carrier"
+            )))),
         }
     }
 
@@ -848,13 +952,35 @@ impl Runtime {
             );
             return self.save(native_follows);
         }
+        if items.is_empty() {
+            // Nothing of this process's goes to the helper (it only imports): saved, with no
+            // carrier there to hand over, and a Load with nothing to fill.
+            self.set_phase(Phase::Saved);
+            let mut control = self.control();
+            control.through_helper = true;
+            control.helper_copy = None;
+            return Ok((0, None));
+        }
         let mut allocations = Vec::with_capacity(items.len());
         let mut offset = 0u64;
         for item in &items {
             allocations.push((item.real, item.size, item.device, offset));
             offset += item.size as u64;
         }
-        let stats = self.helper_copy(&allocations, true, offset)?;
+        // Saved only once the helper has handed over its carrier: from then on the bytes
+        // outlive the helper (docs/design.md, "The carrier helper's death").
+        let (stats, shared) = self.helper_copy(&allocations, true, offset)?;
+        let Some((fd, length, helper_pid)) = shared else {
+            return Err(PhaseError::Internal(
+                "the carrier helper handed over no carrier".into(),
+            ));
+        };
+        if length < offset {
+            return Err(PhaseError::Helper(format!(
+                "the carrier helper (pid {helper_pid}) handed over a carrier of {length} bytes for \
+                 {offset} bytes saved; nothing was released"
+            )));
+        }
         {
             let mut reg = self.lock();
             for (item, (.., offset)) in items.iter().zip(&allocations) {
@@ -864,7 +990,17 @@ impl Runtime {
             }
             reg.phase = Some(Phase::Saved);
         }
-        self.control().through_helper = true;
+        {
+            let mut control = self.control();
+            control.through_helper = true;
+            control.helper_copy = Some(HelperCopy {
+                fd,
+                length,
+                helper_pid,
+                allocations: allocations.len() as u64,
+                bytes: offset,
+            });
+        }
         Ok((stats.bytes, Some(self.record(stats))))
     }
 
@@ -873,6 +1009,11 @@ impl Runtime {
         &self,
         work: Vec<(TempMap<'_>, i32, u64)>,
     ) -> Result<CopyStats, PhaseError> {
+        if work.is_empty() {
+            // Nothing to fill (a Load sent again after its fills were done): the helper, alive
+            // or not, is not needed.
+            return Ok(CopyStats::default());
+        }
         let mut allocations = Vec::with_capacity(work.len());
         let mut retained = Vec::with_capacity(work.len());
         let mut result = Ok(());
@@ -896,10 +1037,84 @@ impl Runtime {
                 }
             }
         }
-        let copied = result.and_then(|()| self.helper_copy(&allocations, false, 0));
+        let copied = result.and_then(|()| match self.helper_copy(&allocations, false, 0) {
+            Ok((stats, _)) => Ok(stats),
+            Err(HelperFailure::Gone(why)) => self.load_from_own_copy(&work, &why),
+            Err(HelperFailure::Failed(e)) => Err(e),
+        });
         self.release_unpublished(retained);
-        self.drop_temp(work);
+        if self.control().carrier_poisoned() {
+            // A copy into the fresh allocations could not be confirmed finished: their
+            // mappings stay (and the allocations, see `load`).
+            for (map, ..) in work {
+                map.leak();
+            }
+        } else {
+            self.drop_temp(work);
+        }
         copied
+    }
+
+    /// Load's fill when the carrier helper is gone: from this process's own descriptor of the
+    /// helper's carrier ([`Control::helper_copy`]), mapped read-only and copied staged (nothing
+    /// is pinned in the application). Where it holds none, says exactly what is lost.
+    fn load_from_own_copy(
+        &self,
+        work: &[(TempMap<'_>, i32, u64)],
+        why: &str,
+    ) -> Result<CopyStats, PhaseError> {
+        let needed = work
+            .iter()
+            .map(|(map, _, offset)| offset.saturating_add(map.size() as u64))
+            .max()
+            .unwrap_or(0);
+        let (fd, chunk) = {
+            let control = self.control();
+            let fd = match &control.helper_copy {
+                Some(own) => own.fd.try_clone().map_err(|e| {
+                    PhaseError::Helper(format!("{why}; this process's copy of its carrier: {e}"))
+                }),
+                None => Err(PhaseError::Helper(format!(
+                    "the bytes of {} allocations ({needed} bytes) saved through the carrier \
+                     helper are lost: {why}, and this process holds no copy of its carrier",
+                    work.len()
+                ))),
+            }?;
+            (fd, control.copy.chunk)
+        };
+        log_warn!("{why}: loading from this process's own copy of the helper's carrier");
+        let view = CarrierView::map(fd.as_fd(), needed as usize).map_err(|e| {
+            PhaseError::Helper(format!(
+                "the bytes of {} allocations ({needed} bytes) saved through the carrier helper \
+                 are lost: {why}, and this process's copy of its carrier cannot be read: {e}",
+                work.len()
+            ))
+        })?;
+        let mut units: Vec<Unit> = Vec::new();
+        for (map, device, offset) in work {
+            units.extend(copy::segments(
+                *device,
+                map.va(),
+                view.base(),
+                *offset as usize,
+                map.size(),
+            ));
+        }
+        let (stats, error) = copy::copy_all(
+            &self.real,
+            units,
+            Direction::ToDevice,
+            CarrierMode::Staged,
+            chunk,
+        );
+        if stats.dma_uncertain {
+            // Fail-stop, as `copy_through`: the fresh allocations may still be written.
+            self.control().carrier.poison();
+        }
+        match error {
+            Some(e) => Err(e.into()),
+            None => Ok(stats.report((Duration::ZERO, true))),
+        }
     }
 
     /// Load and LoadFrom: recreates every released shared creation, fills the fresh ones with
@@ -1231,6 +1446,8 @@ impl Runtime {
             control.carrier.discard();
             control.streamed = None;
         }
+        // Everything is loaded: this process's copy of the helper's carrier goes.
+        self.control().helper_copy = None;
         if std::mem::take(&mut self.control().through_helper)
             && self.control().copy.release == copy::CarrierRelease::AfterResume
         {
@@ -1304,6 +1521,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::CarrierItem { .. } => "CarrierItem",
         Request::CarrierCopy { .. } => "CarrierCopy",
         Request::CarrierForget => "CarrierForget",
+        Request::CarrierShare => "CarrierShare",
         Request::Hold => "Hold",
         Request::Drain { .. } => "Drain",
         Request::Admit { .. } => "Admit",

@@ -165,6 +165,16 @@ impl Runtime {
     }
 
     pub fn hello(&self) -> HelloReply {
+        let (carrier_pinned_bytes, carrier_helper) = {
+            let control = self.control();
+            (
+                control.carrier.pinned() as u64,
+                control
+                    .helper_copy
+                    .as_ref()
+                    .map(crate::phases::HelperCopy::hold),
+            )
+        };
         HelloReply {
             shim_version: env!("CARGO_PKG_VERSION").to_string(),
             ns_pid: self.config.ns_pid,
@@ -174,7 +184,8 @@ impl Runtime {
                 .map(|i| i.shim_sha256.clone())
                 .unwrap_or_default(),
             driver_version: self.driver_version,
-            carrier_pinned_bytes: self.control().carrier.pinned() as u64,
+            carrier_pinned_bytes,
+            carrier_helper,
         }
     }
 

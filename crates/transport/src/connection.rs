@@ -182,34 +182,32 @@ impl Connection {
         self.send_all(&frame, None, &mut 0)
     }
 
-    /// Sends one response frame; `fd` must be given exactly when the response is
-    /// [`Response::Fd`]. The descriptor is only borrowed: the caller closes its copy.
+    /// Sends one response frame; `fd` must be given exactly when the response carries one
+    /// ([`Response::carries_fd`]). The descriptor is only borrowed: the caller closes its copy.
     pub fn send_response(
         &mut self,
         response: &Response,
         fd: Option<BorrowedFd<'_>>,
     ) -> Result<(), TransportError> {
-        match (response, fd.is_some()) {
-            (Response::Fd { .. }, false) => return Err(TransportError::MissingFd),
-            (Response::Fd { .. }, true) => {}
-            (_, true) => return Err(TransportError::UnexpectedFd),
-            (_, false) => {}
+        match (response.carries_fd(), fd.is_some()) {
+            (true, false) => return Err(TransportError::MissingFd),
+            (false, true) => return Err(TransportError::UnexpectedFd),
+            _ => {}
         }
         self.send_frame(&message::encode_response(response), fd)
     }
 
     /// Receives one response frame and the descriptor that came with it (exactly when the response
-    /// is [`Response::Fd`]). The descriptor is close-on-exec and owned by the caller.
+    /// carries one, [`Response::carries_fd`]). The descriptor is close-on-exec and owned by the caller.
     pub fn recv_response(&mut self) -> Result<(Response, Option<OwnedFd>), TransportError> {
         let mut frame = self.recv_frame(true)?;
         let response =
             decode_response(&frame.header, &frame.body).map_err(|e| self.poison(e.into()))?;
         let fd = frame.fds.pop();
-        match (&response, &fd) {
-            (Response::Fd { .. }, None) => Err(self.poison(TransportError::MissingFd)),
-            (Response::Fd { .. }, Some(_)) => Ok((response, fd)),
-            (_, Some(_)) => Err(self.poison(TransportError::UnexpectedFd)),
-            (_, None) => Ok((response, None)),
+        match (response.carries_fd(), &fd) {
+            (true, None) => Err(self.poison(TransportError::MissingFd)),
+            (false, Some(_)) => Err(self.poison(TransportError::UnexpectedFd)),
+            _ => Ok((response, fd)),
         }
     }
 

@@ -48,11 +48,12 @@ pub enum TransportError {
         reason: &'static str,
     },
     /// A descriptor arrived on a frame that must not carry one (any request, any response but
-    /// [`protocol::Response::Fd`]); it was closed. Also returned when a caller tries to send one.
+    /// those of [`protocol::Response::carries_fd`]); it was closed. Also returned when a caller
+    /// tries to send one.
     #[error("a descriptor came with a frame that carries none")]
     UnexpectedFd,
-    /// A [`protocol::Response::Fd`] arrived without its descriptor, or a caller tried to send one
-    /// without a descriptor.
+    /// A response that carries a descriptor ([`protocol::Response::carries_fd`]) arrived without
+    /// it, or a caller tried to send one without a descriptor.
     #[error("fd response without its descriptor")]
     MissingFd,
     /// The peer sent more than one descriptor, or more control data than fits; what arrived was

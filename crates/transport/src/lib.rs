@@ -4,8 +4,8 @@
 //! A frame is a [`protocol::FrameHeader`] (12 bytes) and a body of at most
 //! [`protocol::message::MAX_BODY_LEN`] bytes. The receiver reads the header completely and validates
 //! it before it reads, or allocates room for, the body. Descriptors travel only by SCM_RIGHTS,
-//! at most one per frame and only on a [`protocol::Response::Fd`]; they are received close-on-exec and
-//! owned ([`std::os::fd::OwnedFd`]) from the moment they arrive, so a refused frame closes them.
+//! at most one per frame and only on a response that carries one
+//! ([`protocol::Response::carries_fd`]); they are received close-on-exec and owned ([`std::os::fd::OwnedFd`]) from the moment they arrive, so a refused frame closes them.
 //!
 //! Every socket is close-on-exec, every send uses `MSG_NOSIGNAL` (a dead peer gives `EPIPE`, never a
 //! `SIGPIPE` in the application that loaded the shim), `EINTR` is retried, and blocking operations are

@@ -100,6 +100,7 @@ fn hello_reply() -> Response {
         shim_sha256: "ab".repeat(32),
         driver_version: 12080,
         carrier_pinned_bytes: 256 << 20,
+        carrier_helper: None,
     })
 }
 
@@ -219,6 +220,36 @@ fn a_frame_larger_than_the_socket_buffer_goes_through() {
     sender.join().unwrap();
     assert_eq!(response, expected);
     assert!(fd.is_none());
+}
+
+/// The carrier helper's answer to `CarrierShare` carries its carrier's memfd; any other
+/// response of the helper's (`Copied`, `Accepted`) may not.
+#[test]
+fn a_carrier_descriptor_rides_only_on_its_own_response() {
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let mut server = Connection::from_stream(theirs);
+    let memfd = Marker::new("carrier").create();
+    rustix::io::write(&memfd, b"carrier bytes").unwrap();
+    let sent = rustix::fs::fstat(&memfd).unwrap();
+    let share = Response::CarrierFd {
+        length: 13,
+        helper_pid: 7,
+    };
+    server.send_response(&share, Some(memfd.as_fd())).unwrap();
+    let mut client = Connection::from_stream(ours);
+    let (response, fd) = client.recv_response().unwrap();
+    assert_eq!(response, share);
+    let got = rustix::fs::fstat(fd.expect("the carrier's descriptor")).unwrap();
+    assert_eq!((got.st_dev, got.st_ino), (sent.st_dev, sent.st_ino));
+    // Refused on the sending side either way round.
+    assert!(matches!(
+        server.send_response(&share, None),
+        Err(TransportError::MissingFd)
+    ));
+    assert!(matches!(
+        server.send_response(&Response::Accepted, Some(memfd.as_fd())),
+        Err(TransportError::UnexpectedFd)
+    ));
 }
 
 #[test]

@@ -106,6 +106,7 @@ pub fn responses() -> Vec<Response> {
             shim_sha256: "0f".repeat(32),
             driver_version: 12080,
             carrier_pinned_bytes: 256 << 20,
+            carrier_helper: None,
         }),
         Response::Records(records(
             41,
