@@ -18,6 +18,7 @@ use crate::discovery;
 use crate::group::{Group, Snapshot};
 use crate::native::Driver;
 use protocol::manifest::{self, CriuInfo, CriuPlacement, Manifest};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
@@ -43,65 +44,10 @@ pub fn checkpoint(
     // checkpoint that fails or is killed half way leaves it where `cuinterpose resume` looks.
     let work_state = capture::check_state_dir(&capture::default_state_dir(root))?;
     check_new_dir(dir)?;
-    if let Some(&pid) = tree.iter().find(|&&pid| has_terminal(pid)) {
-        // With a terminal CRIU needs --shell-job and the restore the same terminal; a workload
-        // started by `cuinterpose run --pid-namespace` runs in a new session without one.
-        let label = discovery::describe(pid)
-            .map(|i| i.label())
-            .unwrap_or_else(|_| format!("pid {pid}"));
-        return Err(refuse(
-            &label,
-            "has a controlling terminal, which a restore cannot bring back; start the workload \
-             with `cuinterpose run --pid-namespace` (a new session) with stdio on files"
-                .into(),
-        ));
-    }
-    // A tree in a container is dumped by CRIU run inside it (crate::container), which only the
-    // bundled CRIU can be; the PID CRIU is given is the root's there.
-    let container = container_of(root, &tree)?;
-    let (criu_pid, placement) = match &container {
-        Some(c) => {
-            criu.check_runs_inside()
-                .map_err(|e| refuse("criu", e.to_string()))?;
-            let placement = if c.is_init() {
-                let label = discovery::describe(root)
-                    .map(|i| i.label())
-                    .unwrap_or_else(|_| format!("pid {root}"));
-                CriuPlacement::ContainerInit {
-                    node_mounts: c.node_mounts(&label)?,
-                }
-            } else {
-                CriuPlacement::BelowContainerInit
-            };
-            (c.pid_inside(root)?, placement)
-        }
-        None => (root, CriuPlacement::Host),
-    };
-    let replaced = replaced_mappings(&tree);
-    if !replaced.is_empty() {
-        return Err(ControlError::Refused(replaced));
-    }
-    let sockets = tree_sockets(&tree);
-    let tcp = crate::tcp::survey(&tree)?;
-    let tcp_established = tcp.connected_within > 0;
-    let namespaces = crate::namespaces::Shared::of(root)?;
+    let surveyed = survey(root, &tree, &criu)?;
     let images = dir.join(IMAGES_DIR);
     let dir_existed = dir.exists();
-    // The block store beside the checkpoint (unless --self-contained), held shared from before
-    // the first block is written until the manifest that references them is complete: a
-    // `discard` beside it collects no block of this checkpoint meanwhile (super::store).
-    let store = if options.self_contained {
-        None
-    } else {
-        let owner = std::fs::metadata(format!("/proc/{root}"))
-            .ok()
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
-        // The store is in the directory's parent, which must exist for it.
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| state_error(parent, e))?;
-        }
-        Some(super::store::BlockStore::create(dir, owner)?)
-    };
+    let store = open_store(options, root)?;
     // The marker goes first and leaves last: until it is gone the directory is an incomplete
     // checkpoint, which restore refuses and discard (or the next checkpoint here) removes.
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
@@ -131,11 +77,7 @@ pub fn checkpoint(
             // so a full disk leaves the directory as it found it.
             super::datafiles::remove_record(&work_state);
             files.remove();
-            let _ = std::fs::remove_dir(&images);
-            let _ = std::fs::remove_file(dir.join(INCOMPLETE_MARKER));
-            if !dir_existed {
-                let _ = std::fs::remove_dir(dir);
-            }
+            remove_started(dir, dir_existed);
             drop(store_lock.take());
             collect_after_failure(&files);
             return Err(e);
@@ -152,97 +94,52 @@ pub fn checkpoint(
     // writing the digests or the manifest) can still be rolled back and the workload runs on.
     let dumped = clock.time("criu-dump", None, || {
         criu.dump(
-            criu_pid,
+            surveyed.criu_pid,
             &images,
-            tcp_established,
-            &namespaces.dump_args(),
-            (container.as_ref(), &placement),
+            surveyed.tcp_established,
+            &surveyed.namespaces.dump_args(),
+            (surveyed.container.as_ref(), &surveyed.placement),
         )
         .map_err(ControlError::Criu)?;
         Ok(((), criu::directory_bytes(&images), 0.0))
     });
     let mut link_remaps = Vec::new();
     let published = dumped.and_then(|()| {
-        let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
-        // A tree in a container keeps them in its own filesystems: copied into the checkpoint.
-        let copy_into = placement.in_container().then_some(dir.as_path());
-        link_remaps = crate::remaps::take_over(root, &links, copy_into)?;
-        // Listed at once: a checkpoint killed from here on leaves them to discard.
-        write_marker(dir, &link_remaps)?;
-        let image_bytes = criu::directory_bytes(&images);
-        let progress = clock.progress();
-        clock.time("image-digest", Some(image_bytes), || {
-            let list = digest_images(&images, progress)?;
-            transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
-                .map_err(|e| state_error(dir, e))?;
-            Ok(((), image_bytes, 0.0))
-        })?;
-        let state_bytes = transport::files::read_bounded(&work_state, capture::STATE_FILE_LIMIT)
-            .map_err(|e| state_error(&work_state, e))?;
-        transport::files::write_atomically(&state_path, &state_bytes)
-            .map_err(|e| state_error(&state_path, e))?;
-        let criu_info = CriuInfo {
-            version: criu.version().to_string(),
-            image_bytes,
-            link_remaps: link_remaps.clone(),
-            tcp_established,
-            shared_namespaces: namespaces.namespaces.clone(),
-            placement: placement.clone(),
+        let written = Written {
+            dir,
+            root,
+            work_state: &work_state,
+            state_path: &state_path,
+            criu: &criu,
+            surveyed: &surveyed,
+            captured: &captured,
+            gpus: &gpus,
+            driver: &driver,
+            files: &files,
+            signing_key: &options.capture.config.signing_key,
         };
-        let manifest = build_manifest(
-            &captured,
-            &sockets,
-            &gpus,
-            &driver,
-            criu_info,
-            &clock,
-            &state_path,
-        )?;
-        let manifest = Manifest {
-            data_files: files.entries(),
-            ..manifest
-        };
-        transport::files::write_atomically(
-            &dir.join(manifest::MANIFEST_FILE_NAME),
-            &manifest::encode(&manifest),
-        )
-        .map_err(|e| state_error(dir, e))?;
-        super::signing::sign(dir, &options.capture.config.signing_key)?;
-        // The manifest references the blocks now.
-        files.remove_pending();
-        let marker = dir.join(INCOMPLETE_MARKER);
-        std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
-        Ok((manifest, image_bytes))
+        written.publish(&mut clock, &mut link_remaps)
     });
     let (manifest, image_bytes) = match published {
         Ok(done) => done,
         Err(e) => {
-            // No manifest, no restorable checkpoint: the state file and CRIU's link remaps go;
-            // the images stay with CRIU's dump log for diagnosis. The workload runs on after the
-            // rollback.
-            let _ = std::fs::remove_file(&state_path);
-            let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
-            let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
-            let _ = std::fs::remove_file(dir.join(super::SIGNATURE_FILE));
-            if let Err(e) = crate::remaps::discard(&link_remaps) {
-                tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
-            }
+            remove_unpublished(dir, &state_path, &link_remaps);
             let rollback = continue_dumped(root).and_then(|()| {
                 resume_in_place(&capture_options, &captured, &driver, &files, &mut clock)
             });
+            if rollback.is_ok() {
+                // Loaded back: the data files have no use any more. Kept when the rollback
+                // failed, since they hold the only copy of the group's shared bytes.
+                files.remove();
+                super::datafiles::remove_record(&work_state);
+                capture::remove_state(&work_state);
+                drop(store_lock.take());
+                collect_after_failure(&files);
+            }
             return Err(match rollback {
-                Ok(()) => {
-                    // Loaded back: the data files have no use any more. Kept when the rollback
-                    // failed, since they hold the only copy of the group's shared bytes.
-                    files.remove();
-                    super::datafiles::remove_record(&work_state);
-                    capture::remove_state(&work_state);
-                    drop(store_lock.take());
-                    collect_after_failure(&files);
-                    ControlError::RolledBack {
-                        failure: Box::new(e),
-                    }
-                }
+                Ok(()) => ControlError::RolledBack {
+                    failure: Box::new(e),
+                },
                 Err(r) => ControlError::RollbackFailed {
                     failure: Box::new(e),
                     rollback: vec![r],
@@ -270,14 +167,13 @@ pub fn checkpoint(
     // The checkpoint holds its own copy; the group's is of no use any more.
     super::datafiles::remove_record(&work_state);
     capture::remove_state(&work_state);
-    let saved_bytes = manifest.bytes.saved;
     let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
     Ok(DiskReport {
         report: Report {
             drained: clock.drained,
             participants: capture::summarize(&captured),
             phases: clock.phases,
-            saved_bytes,
+            saved_bytes: manifest.bytes.saved,
             state_file: state_path,
             total_millis: start.elapsed().as_secs_f64() * 1e3,
             lost: Vec::new(),
@@ -289,10 +185,203 @@ pub fn checkpoint(
         shared_bytes,
         zero_bytes,
         root,
-        shared_namespaces: namespaces.namespaces,
-        placement,
+        shared_namespaces: surveyed.namespaces.namespaces,
+        placement: surveyed.placement,
         digest_share: files.digest_share(Streaming::Save),
     })
+}
+
+/// Removes the start of a checkpoint that failed before its dump: the images' directory, the
+/// marker, and the directory if this run made it.
+fn remove_started(dir: &Path, dir_existed: bool) {
+    let _ = std::fs::remove_dir(dir.join(IMAGES_DIR));
+    let _ = std::fs::remove_file(dir.join(INCOMPLETE_MARKER));
+    if !dir_existed {
+        let _ = std::fs::remove_dir(dir);
+    }
+}
+
+/// No manifest, no restorable checkpoint: the state file, the digests, a manifest and signature
+/// written before the failure and CRIU's link remaps go; the images stay with CRIU's dump log
+/// for diagnosis.
+fn remove_unpublished(
+    dir: &Path,
+    state_path: &Path,
+    link_remaps: &[protocol::manifest::LinkRemap],
+) {
+    let _ = std::fs::remove_file(state_path);
+    let _ = std::fs::remove_file(dir.join(IMAGE_DIGESTS));
+    let _ = std::fs::remove_file(dir.join(manifest::MANIFEST_FILE_NAME));
+    let _ = std::fs::remove_file(dir.join(super::SIGNATURE_FILE));
+    if let Err(e) = crate::remaps::discard(link_remaps) {
+        tracing::warn!(error = %e, "removing the link remaps of a failed checkpoint");
+    }
+}
+
+/// What a checkpoint writes once CRIU has dumped the tree, and from what.
+struct Written<'a> {
+    dir: &'a PathBuf,
+    root: u32,
+    /// The group's state file while the checkpoint is not complete.
+    work_state: &'a Path,
+    /// The state file's place in the checkpoint.
+    state_path: &'a Path,
+    criu: &'a criu::Criu,
+    surveyed: &'a Surveyed,
+    captured: &'a [Snapshot],
+    gpus: &'a [protocol::manifest::GpuInfo],
+    driver: &'a Driver,
+    files: &'a DataFiles,
+    signing_key: &'a Path,
+}
+
+impl Written<'_> {
+    /// CRIU's link remaps taken over (and listed in the marker at once: a checkpoint killed from
+    /// here on leaves them to discard), the image digests, the state file, the manifest and its
+    /// signature; then the marker goes: the checkpoint is complete. The manifest and the images'
+    /// bytes.
+    fn publish(
+        &self,
+        clock: &mut Clock<'_>,
+        link_remaps: &mut Vec<protocol::manifest::LinkRemap>,
+    ) -> Result<(Manifest, u64), ControlError> {
+        let (dir, images) = (self.dir, self.dir.join(IMAGES_DIR));
+        let placement = &self.surveyed.placement;
+        let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
+        // A tree in a container keeps them in its own filesystems: copied into the checkpoint.
+        let copy_into = placement.in_container().then_some(dir.as_path());
+        *link_remaps = crate::remaps::take_over(self.root, &links, copy_into)?;
+        write_marker(dir, link_remaps)?;
+        let image_bytes = criu::directory_bytes(&images);
+        let progress = clock.progress();
+        clock.time("image-digest", Some(image_bytes), || {
+            let list = digest_images(&images, progress)?;
+            transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
+                .map_err(|e| state_error(dir, e))?;
+            Ok(((), image_bytes, 0.0))
+        })?;
+        let state_bytes =
+            transport::files::read_bounded(self.work_state, capture::STATE_FILE_LIMIT)
+                .map_err(|e| state_error(self.work_state, e))?;
+        transport::files::write_atomically(self.state_path, &state_bytes)
+            .map_err(|e| state_error(self.state_path, e))?;
+        let criu_info = CriuInfo {
+            version: self.criu.version().to_string(),
+            image_bytes,
+            link_remaps: link_remaps.clone(),
+            tcp_established: self.surveyed.tcp_established,
+            shared_namespaces: self.surveyed.namespaces.namespaces.clone(),
+            placement: placement.clone(),
+        };
+        let manifest = build_manifest(
+            self.captured,
+            &self.surveyed.sockets,
+            self.gpus,
+            self.driver,
+            criu_info,
+            clock,
+            self.state_path,
+        )?;
+        let manifest = Manifest {
+            data_files: self.files.entries(),
+            ..manifest
+        };
+        transport::files::write_atomically(
+            &dir.join(manifest::MANIFEST_FILE_NAME),
+            &manifest::encode(&manifest),
+        )
+        .map_err(|e| state_error(dir, e))?;
+        super::signing::sign(dir, self.signing_key)?;
+        // The manifest references the blocks now.
+        self.files.remove_pending();
+        let marker = dir.join(INCOMPLETE_MARKER);
+        std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
+        Ok((manifest, image_bytes))
+    }
+}
+
+/// What the checks before a checkpoint found out about the tree, for the dump and the manifest.
+struct Surveyed {
+    container: Option<crate::container::Container>,
+    /// The root's PID where CRIU runs (inside its container, or this namespace's).
+    criu_pid: u32,
+    placement: CriuPlacement,
+    sockets: Vec<(u32, Vec<String>)>,
+    tcp_established: bool,
+    namespaces: crate::namespaces::Shared,
+}
+
+/// Everything CRIU cannot dump, refused before anything changes: a controlling terminal, a tree
+/// in a container CRIU cannot run in, replaced mappings, TCP peers outside the tree (`tcp`);
+/// and where CRIU runs.
+fn survey(root: u32, tree: &[u32], criu: &criu::Criu) -> Result<Surveyed, ControlError> {
+    if let Some(&pid) = tree.iter().find(|&&pid| has_terminal(pid)) {
+        // With a terminal CRIU needs --shell-job and the restore the same terminal; a workload
+        // started by `cuinterpose run --pid-namespace` runs in a new session without one.
+        let label = discovery::describe(pid)
+            .map(|i| i.label())
+            .unwrap_or_else(|_| format!("pid {pid}"));
+        return Err(refuse(
+            &label,
+            "has a controlling terminal, which a restore cannot bring back; start the workload \
+             with `cuinterpose run --pid-namespace` (a new session) with stdio on files"
+                .into(),
+        ));
+    }
+    // A tree in a container is dumped by CRIU run inside it (crate::container), which only the
+    // bundled CRIU can be; the PID CRIU is given is the root's there.
+    let container = container_of(root, tree)?;
+    let (criu_pid, placement) = match &container {
+        Some(c) => {
+            criu.check_runs_inside()
+                .map_err(|e| refuse("criu", e.to_string()))?;
+            let placement = if c.is_init() {
+                let label = discovery::describe(root)
+                    .map(|i| i.label())
+                    .unwrap_or_else(|_| format!("pid {root}"));
+                CriuPlacement::ContainerInit {
+                    node_mounts: c.node_mounts(&label)?,
+                }
+            } else {
+                CriuPlacement::BelowContainerInit
+            };
+            (c.pid_inside(root)?, placement)
+        }
+        None => (root, CriuPlacement::Host),
+    };
+    let replaced = replaced_mappings(tree);
+    if !replaced.is_empty() {
+        return Err(ControlError::Refused(replaced));
+    }
+    let sockets = tree_sockets(tree);
+    let tcp = crate::tcp::survey(tree)?;
+    Ok(Surveyed {
+        container,
+        criu_pid,
+        placement,
+        sockets,
+        tcp_established: tcp.connected_within > 0,
+        namespaces: crate::namespaces::Shared::of(root)?,
+    })
+}
+
+/// The block store beside the checkpoint (`None` with `--self-contained`), made in the
+/// directory's parent (created if need be) and owned by the tree's user.
+fn open_store(
+    options: &CheckpointOptions,
+    root: u32,
+) -> Result<Option<super::store::BlockStore>, ControlError> {
+    if options.self_contained {
+        return Ok(None);
+    }
+    let dir = &options.dir;
+    let owner = std::fs::metadata(format!("/proc/{root}"))
+        .ok()
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m));
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| state_error(parent, e))?;
+    }
+    super::store::BlockStore::create(dir, owner).map(Some)
 }
 
 /// Bytes the checkpoint wrote (into data files, or blocks new to the store), bytes of blocks the
