@@ -945,8 +945,6 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
         busy_idle spin-vmm CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
         busy_idle spin-native CUINTERPOSE_ALLOC=native -- "$repo/scripts/gpu/busy_spin.py"
         busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
-        # The same with the contexts' stack reserve kept through the suspend (CUINTERPOSE_STACKS).
-        busy_case spin-keep-stacks suspend - 0 CUINTERPOSE_ALLOC=vmm CUINTERPOSE_STACKS=keep -- "$repo/scripts/gpu/busy_spin.py"
     else
         row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
     fi

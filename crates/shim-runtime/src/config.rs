@@ -46,10 +46,6 @@ const ALLOC: Setting = Setting {
     name: "CUINTERPOSE_ALLOC",
     default: "vmm",
 };
-const STACKS: Setting = Setting {
-    name: "CUINTERPOSE_STACKS",
-    default: "shrink",
-};
 
 /// Staging buffer sizes accepted: a multiple of 4 KiB from 256 KiB to 64 MiB.
 const CHUNK_RANGE: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
@@ -67,8 +63,6 @@ pub struct ShimConfig {
     pub copy: CopyConfig,
     /// Who makes `cuMemAlloc` memory.
     pub alloc: AllocMode,
-    /// Whether Release gives back each context's stack reserve (`Runtime::shrink_stacks`).
-    pub shrink_stacks: bool,
 }
 
 /// A variable whose value was not understood; its default was used.
@@ -90,7 +84,6 @@ impl ShimConfig {
         STAGING_CHUNK,
         CARRIER_RELEASE,
         ALLOC,
-        STACKS,
     ];
 
     /// The configuration of this process's environment.
@@ -126,9 +119,6 @@ impl ShimConfig {
             alloc: reader
                 .parse(&ALLOC, ALLOC_EXPECTED, alloc_mode)
                 .unwrap_or_default(),
-            shrink_stacks: reader
-                .parse(&STACKS, STACKS_EXPECTED, stacks)
-                .unwrap_or(true),
         };
         (config, reader.invalid)
     }
@@ -172,7 +162,6 @@ const LOG_EXPECTED: &str = "a level (error, warn, info, debug, trace, off) or a 
 const CARRIER_EXPECTED: &str = "auto, staged, registered or pinned";
 const RELEASE_EXPECTED: &str = "never or after-resume";
 const ALLOC_EXPECTED: &str = "vmm or native";
-const STACKS_EXPECTED: &str = "shrink or keep";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
 /// `auto` (the default: staged for cycles with a native checkpoint, pinned from the first that
@@ -204,16 +193,6 @@ fn alloc_mode(value: &str) -> Option<AllocMode> {
     match value.trim() {
         "vmm" => Some(AllocMode::Vmm),
         "native" => Some(AllocMode::Native),
-        _ => None,
-    }
-}
-
-/// `shrink` (the default: Release gives back each context's stack reserve, Thaw puts its size
-/// back) or `keep`: whether the stacks are shrunk.
-fn stacks(value: &str) -> Option<bool> {
-    match value.trim() {
-        "shrink" => Some(true),
-        "keep" => Some(false),
         _ => None,
     }
 }
@@ -318,7 +297,6 @@ mod tests {
             ("CUINTERPOSE_STAGING_CHUNK", "8M"),
             ("CUINTERPOSE_CARRIER_RELEASE", "after-resume"),
             ("CUINTERPOSE_ALLOC", "native"),
-            ("CUINTERPOSE_STACKS", "keep"),
         ]);
         assert!(invalid.is_empty(), "{invalid:?}");
         assert_eq!(
@@ -332,7 +310,6 @@ mod tests {
                     release: CarrierRelease::AfterResume,
                 },
                 alloc: AllocMode::Native,
-                shrink_stacks: false,
             }
         );
 

@@ -691,9 +691,6 @@ impl Runtime {
     /// value read here back, so launches after the resume find what they found before. A context
     /// whose limit cannot be read or set keeps its stack (an optimisation, never a failure).
     fn shrink_stacks(&self) {
-        if !self.config.shrink_stacks {
-            return;
-        }
         let devices = self.lock().devices();
         let mut shrunk = Vec::new();
         for device in devices {

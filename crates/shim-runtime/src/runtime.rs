@@ -41,8 +41,6 @@ pub struct Config {
     pub pid_namespace: u64,
     /// Who makes `cuMemAlloc` memory ([`ShimConfig::alloc`]).
     pub alloc: crate::owned_alloc::AllocMode,
-    /// Whether Release gives back each context's stack reserve ([`ShimConfig::shrink_stacks`]).
-    pub shrink_stacks: bool,
 }
 
 impl Config {
@@ -320,7 +318,6 @@ pub fn start_after_init(real: &Real) -> bool {
             copy: settings.copy,
             pid_namespace: own_pid_namespace(),
             alloc: settings.alloc,
-            shrink_stacks: settings.shrink_stacks,
         },
     );
     match runtime.serve() {

@@ -50,7 +50,6 @@ impl Proc {
                 copy: crate::copy::CopyConfig::default(),
                 pid_namespace: crate::runtime::own_pid_namespace(),
                 alloc: crate::owned_alloc::AllocMode::Vmm,
-                shrink_stacks: true,
             },
         );
         rt.serve().unwrap();
