@@ -687,7 +687,7 @@ impl Runtime {
     /// (`scripts/gpu/context_floor.py`), checkpoint and restore of a nearly empty process took
     /// 367 + 253 ms with it and 221 + 184 ms without. In a keep-contexts cycle it is memory the
     /// next job on the GPU can use. Safe even if it were never put back: the driver grows the
-    /// stack again at the next launch that needs more (`cuCtxSetLimit`'s contract); Thaw puts each
+    /// stack again at the next launch that needs more (`cuCtxSetLimit`'s contract); Import puts each
     /// value read here back, so launches after the resume find what they found before. A context
     /// whose limit cannot be read or set keeps its stack (an optimisation, never a failure).
     fn shrink_stacks(&self) {
@@ -719,7 +719,8 @@ impl Runtime {
         self.control().shrunk_stacks.extend(shrunk);
     }
 
-    /// Puts back the stack sizes [`Runtime::shrink_stacks`] set to zero (in Thaw).
+    /// Puts back the stack sizes [`Runtime::shrink_stacks`] set to zero (at the end of Import, and
+    /// in Thaw for what a rebuild without Import left).
     fn restore_stacks(&self) {
         let shrunk = std::mem::take(&mut self.control().shrunk_stacks);
         for (device, size) in shrunk {
@@ -1383,6 +1384,10 @@ impl Runtime {
             }
         }
         self.control().release_started = false;
+        // Here, not in Thaw: setting a stack size waits for the device, and once some process of
+        // the group is thawed its kernels may spin waiting for this one (measured on r580: a Thaw
+        // of 4.9 s in a spin pair). At Import every process of the group is still held.
+        self.restore_stacks();
         self.set_phase(Phase::Imported);
         Ok(bytes)
     }
