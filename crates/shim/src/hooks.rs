@@ -101,7 +101,9 @@ macro_rules! hook {
     // Whether an input pointer the runtime would read is null.
     (@null read($p:ident)) => { $p.is_null() };
     (@null slice($p:ident, $n:ident)) => { $p.is_null() };
-    (@null $role:ident $(( $($of:ident),* ))?) => { false };
+    (@null handle($x:ident)) => { false };
+    (@null address($p:ident)) => { false };
+    (@null $x:ident) => { false };
     (@out_ptr handle($p:ident)) => { $p };
     (@out_ptr $p:ident) => { $p };
     // The C result of the tracked call; its value written through the out-pointer on success.
