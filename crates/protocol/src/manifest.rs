@@ -527,6 +527,74 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+impl ManifestParticipant {
+    /// Nonzero PIDs, sockets that are plain absolute paths, GPUs once each with a UUID.
+    fn validate(&self) -> Result<(), ProtocolError> {
+        if self.host_pid == 0 || self.ns_pid == 0 {
+            return inconsistent(format!(
+                "participant with pid 0 (host {}, namespace {})",
+                self.host_pid, self.ns_pid
+            ));
+        }
+        for socket in &self.sockets {
+            let plain = socket.starts_with('/')
+                && socket.len() <= MAX_SOCKET_PATH_LEN
+                && !socket.contains('\0')
+                && !socket.split('/').any(|c| c == "..");
+            if !plain {
+                return inconsistent(format!(
+                    "participant {}: socket {socket:?} is not an absolute path of at most {MAX_SOCKET_PATH_LEN} bytes without `..`",
+                    self.host_pid
+                ));
+            }
+        }
+        let mut ordinals = BTreeSet::new();
+        for gpu in &self.gpus {
+            if !ordinals.insert(gpu.ordinal) {
+                return inconsistent(format!(
+                    "participant {}: gpu ordinal {} appears twice",
+                    self.host_pid, gpu.ordinal
+                ));
+            }
+            if gpu.uuid.is_empty() {
+                return inconsistent(format!(
+                    "participant {}: gpu {} has no uuid",
+                    self.host_pid, gpu.ordinal
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CriuInfo {
+    /// A version, well-formed link remaps, shared namespaces in order and once each.
+    fn validate(&self) -> Result<(), ProtocolError> {
+        if self.version.is_empty() {
+            return inconsistent("empty criu version".into());
+        }
+        if let Some(remap) = self.link_remaps.iter().find(|r| !r.is_well_formed()) {
+            return inconsistent(format!(
+                "link remap {:?} kept as {:?}: not a link_remap.<id> file and its kept name \
+                 in the same directory",
+                remap.link, remap.kept_as
+            ));
+        }
+        if !self.shared_namespaces.is_sorted_by(|a, b| a < b) {
+            return inconsistent(format!(
+                "shared namespaces {:?}: not in order, or one twice",
+                self.shared_namespaces
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A manifest that contradicts itself.
+fn inconsistent<T>(message: String) -> Result<T, ProtocolError> {
+    Err(ProtocolError::Inconsistent(message))
+}
+
 impl Manifest {
     /// Checks the manifest's internal consistency:
     ///
@@ -543,7 +611,26 @@ impl Manifest {
     /// - each data file belongs to one participant, at most one per participant, and is well
     ///   formed on its own ([`DataFileEntry`]: its name, extents and zero blocks).
     pub fn validate(&self) -> Result<(), ProtocolError> {
-        let bad = |msg: String| Err(ProtocolError::Inconsistent(msg));
+        self.validate_header()?;
+        let ns_pids = self.validate_participants()?;
+        self.validate_origin()?;
+        if let Some(criu) = &self.criu {
+            criu.validate()?;
+        }
+        let mut phases = BTreeSet::new();
+        for t in &self.timings {
+            if t.phase.is_empty() {
+                return inconsistent("a timing without a phase name".into());
+            }
+            if !phases.insert(t.phase.as_str()) {
+                return inconsistent(format!("phase {:?} timed twice", t.phase));
+            }
+        }
+        self.validate_files(&ns_pids)
+    }
+
+    /// The format, its version, the tool's version, at least one participant.
+    fn validate_header(&self) -> Result<(), ProtocolError> {
         if self.format != MANIFEST_FORMAT {
             return Err(ProtocolError::WrongFormat {
                 expected: MANIFEST_FORMAT,
@@ -557,115 +644,71 @@ impl Manifest {
             });
         }
         if self.tool_version.is_empty() {
-            return bad("empty tool version".into());
+            return inconsistent("empty tool version".into());
         }
         if self.participants.is_empty() {
-            return bad("no participants".into());
+            return inconsistent("no participants".into());
         }
+        Ok(())
+    }
+
+    /// Each participant well formed and once (by host and by namespace PID): their namespace PIDs.
+    fn validate_participants(&self) -> Result<BTreeSet<u32>, ProtocolError> {
         let mut host_pids = BTreeSet::new();
         let mut ns_pids = BTreeSet::new();
         for p in &self.participants {
-            if p.host_pid == 0 || p.ns_pid == 0 {
-                return bad(format!(
-                    "participant with pid 0 (host {}, namespace {})",
-                    p.host_pid, p.ns_pid
-                ));
-            }
+            p.validate()?;
             if !host_pids.insert(p.host_pid) {
-                return bad(format!("host pid {} appears twice", p.host_pid));
+                return inconsistent(format!("host pid {} appears twice", p.host_pid));
             }
             if !ns_pids.insert(p.ns_pid) {
-                return bad(format!("namespace pid {} appears twice", p.ns_pid));
-            }
-            for socket in &p.sockets {
-                let plain = socket.starts_with('/')
-                    && socket.len() <= MAX_SOCKET_PATH_LEN
-                    && !socket.contains('\0')
-                    && !socket.split('/').any(|c| c == "..");
-                if !plain {
-                    return bad(format!(
-                        "participant {}: socket {socket:?} is not an absolute path of at most {MAX_SOCKET_PATH_LEN} bytes without `..`",
-                        p.host_pid
-                    ));
-                }
-            }
-            let mut ordinals = BTreeSet::new();
-            for gpu in &p.gpus {
-                if !ordinals.insert(gpu.ordinal) {
-                    return bad(format!(
-                        "participant {}: gpu ordinal {} appears twice",
-                        p.host_pid, gpu.ordinal
-                    ));
-                }
-                if gpu.uuid.is_empty() {
-                    return bad(format!(
-                        "participant {}: gpu {} has no uuid",
-                        p.host_pid, gpu.ordinal
-                    ));
-                }
+                return inconsistent(format!("namespace pid {} appears twice", p.ns_pid));
             }
         }
+        Ok(ns_pids)
+    }
+
+    /// Where the checkpoint came from: the shim's path and digest, the driver, the byte counts.
+    fn validate_origin(&self) -> Result<(), ProtocolError> {
         if !self.shim.path.starts_with('/') {
-            return bad(format!("shim path {:?} is not absolute", self.shim.path));
+            return inconsistent(format!("shim path {:?} is not absolute", self.shim.path));
         }
         if !crate::is_sha256_hex(&self.shim.sha256) {
-            return bad(format!(
+            return inconsistent(format!(
                 "shim sha-256 {:?} is not 64 lower-case hex digits",
                 self.shim.sha256
             ));
         }
         if self.driver_version <= 0 {
-            return bad(format!("driver version {}", self.driver_version));
+            return inconsistent(format!("driver version {}", self.driver_version));
         }
         if self.bytes.saved > self.bytes.carriers {
-            return bad(format!(
+            return inconsistent(format!(
                 "{} bytes saved into carriers of {} bytes",
                 self.bytes.saved, self.bytes.carriers
             ));
         }
-        if let Some(criu) = &self.criu {
-            if criu.version.is_empty() {
-                return bad("empty criu version".into());
-            }
-            if let Some(remap) = criu.link_remaps.iter().find(|r| !r.is_well_formed()) {
-                return bad(format!(
-                    "link remap {:?} kept as {:?}: not a link_remap.<id> file and its kept name \
-                     in the same directory",
-                    remap.link, remap.kept_as
-                ));
-            }
-            if !criu.shared_namespaces.is_sorted_by(|a, b| a < b) {
-                return bad(format!(
-                    "shared namespaces {:?}: not in order, or one twice",
-                    criu.shared_namespaces
-                ));
-            }
-        }
-        let mut phases = BTreeSet::new();
-        for t in &self.timings {
-            if t.phase.is_empty() {
-                return bad("a timing without a phase name".into());
-            }
-            if !phases.insert(t.phase.as_str()) {
-                return bad(format!("phase {:?} timed twice", t.phase));
-            }
-        }
+        Ok(())
+    }
+
+    /// The state file a plain name with a digest, each data file of a participant, one each.
+    fn validate_files(&self, ns_pids: &BTreeSet<u32>) -> Result<(), ProtocolError> {
         let file = self.state.file.as_str();
         if file.is_empty() || file == "." || file == ".." || file.contains(['/', '\0']) {
-            return bad(format!("state file {file:?} is not a plain file name"));
+            return inconsistent(format!("state file {file:?} is not a plain file name"));
         }
         let mut writers = BTreeSet::new();
         for d in &self.data_files {
             d.validate().map_err(ProtocolError::Inconsistent)?;
             if !ns_pids.contains(&d.ns_pid) || !writers.insert(d.ns_pid) {
-                return bad(format!(
+                return inconsistent(format!(
                     "data file {:?}: namespace pid {} is not a participant, or has two files",
                     d.file, d.ns_pid
                 ));
             }
         }
         if !crate::is_sha256_hex(&self.state.sha256) {
-            return bad(format!(
+            return inconsistent(format!(
                 "state sha-256 {:?} is not 64 lower-case hex digits",
                 self.state.sha256
             ));
