@@ -1147,45 +1147,7 @@ impl Runtime {
         {
             return Ok(None);
         }
-        let items: Vec<LoadItem> = {
-            let reg = self.lock();
-            let mut v = Vec::new();
-            for (h, o) in reg.objects() {
-                let Kind::Created { id, shared, .. } = o.kind else {
-                    continue;
-                };
-                let unmapped: Vec<(u64, Mapping)> = reg
-                    .mappings_of(h)
-                    .into_iter()
-                    .filter(|(_, m)| !m.mapped)
-                    .collect();
-                let cached = self.exports.contains(&id);
-                if o.real.is_some() && unmapped.is_empty() && (cached || !shared) {
-                    continue;
-                }
-                v.push(LoadItem {
-                    handle: h,
-                    id,
-                    shared,
-                    size: o.size as usize,
-                    device: 0,
-                    props: o.props,
-                    real: o.real,
-                    carrier: o.carrier,
-                    unmapped,
-                    cached,
-                });
-            }
-            v.sort_by_key(|i| i.handle);
-            v
-        };
-        let mut items: Vec<LoadItem> = items
-            .into_iter()
-            .map(|mut i| {
-                i.device = self.copy_device(&i.props);
-                i
-            })
-            .collect();
+        let mut items = self.load_items();
         // Fresh allocations for those released, filled from the carrier.
         let mut fresh: Vec<(usize, DriverHandle)> = Vec::new();
         let mut work = Vec::new();
@@ -1204,23 +1166,7 @@ impl Runtime {
                     item.id
                 )));
             };
-            let made = copy::enter(&self.real, item.device)
-                .map_err(PhaseError::from)
-                .and_then(|_ctx| {
-                    let prop = driver_props(&item.props);
-                    let real = check(
-                        || format!("allocation {}", item.id),
-                        self.real.mem_create(item.size, &prop, 0),
-                    )?;
-                    match self.temp_map(real, item.size, item.device) {
-                        Ok(map) => Ok((real, map)),
-                        Err(e) => {
-                            self.release_unpublished([real]);
-                            Err(e)
-                        }
-                    }
-                });
-            match made {
+            match self.fresh_allocation(item) {
                 Ok((real, map)) => {
                     fresh.push((index, real));
                     work.push((map, item.device, offset));
@@ -1246,26 +1192,98 @@ impl Runtime {
                 item.real = Some(*real);
             }
         }
-        // Map, export, publish, one allocation at a time; what is published stays published.
+        let loaded = self.publish_all(&items, &fresh)?;
+        self.set_phase(Phase::Loaded);
+        Ok(Some((loaded, stats)))
+    }
+
+    /// The creations whose memory, mappings or export a Load must rebuild, in handle order, each
+    /// with the device its bytes are copied on.
+    fn load_items(&self) -> Vec<LoadItem> {
+        let mut items = Vec::new();
+        {
+            let reg = self.lock();
+            for (h, o) in reg.objects() {
+                let Kind::Created { id, shared, .. } = o.kind else {
+                    continue;
+                };
+                let unmapped: Vec<(u64, Mapping)> = reg
+                    .mappings_of(h)
+                    .into_iter()
+                    .filter(|(_, m)| !m.mapped)
+                    .collect();
+                let cached = self.exports.contains(&id);
+                if o.real.is_some() && unmapped.is_empty() && (cached || !shared) {
+                    continue;
+                }
+                items.push(LoadItem {
+                    handle: h,
+                    id,
+                    shared,
+                    size: o.size as usize,
+                    device: 0,
+                    props: o.props,
+                    real: o.real,
+                    carrier: o.carrier,
+                    unmapped,
+                    cached,
+                });
+            }
+        }
+        items.sort_by_key(|i| i.handle);
+        // Outside the state lock: the device of a placement may be asked of the driver.
+        for item in &mut items {
+            item.device = self.copy_device(&item.props);
+        }
+        items
+    }
+
+    /// A fresh allocation for a released `item`, mapped temporarily for the fill; released
+    /// again when the temporary map fails.
+    fn fresh_allocation(&self, item: &LoadItem) -> Result<(DriverHandle, TempMap<'_>), PhaseError> {
+        let _context = copy::enter(&self.real, item.device)?;
+        let prop = driver_props(&item.props);
+        let real = check(
+            || format!("allocation {}", item.id),
+            self.real.mem_create(item.size, &prop, 0),
+        )?;
+        match self.temp_map(real, item.size, item.device) {
+            Ok(map) => Ok((real, map)),
+            Err(e) => {
+                self.release_unpublished([real]);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps, exports and publishes each item, one at a time: what is published stays published,
+    /// and on a failure the fresh allocations not published yet are released. The bytes of the
+    /// fresh ones.
+    fn publish_all(
+        &self,
+        items: &[LoadItem],
+        fresh: &[(usize, DriverHandle)],
+    ) -> Result<u64, PhaseError> {
         let mut loaded = 0;
         for (index, item) in items.iter().enumerate() {
-            let is_fresh = fresh.iter().any(|(i, _)| *i == index);
             let Some(real) = item.real else { continue };
             let published = copy::enter(&self.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.publish_creation(item, real));
             if let Err(e) = published {
-                let unpublished: Vec<(usize, DriverHandle)> =
-                    fresh.iter().filter(|(i, _)| *i >= index).copied().collect();
-                undo_fresh(&unpublished);
+                self.release_unpublished(
+                    fresh
+                        .iter()
+                        .filter(|(i, _)| *i >= index)
+                        .map(|(_, real)| *real),
+                );
                 return Err(e);
             }
-            if is_fresh {
+            if fresh.iter().any(|(i, _)| *i == index) {
                 loaded += item.size as u64;
             }
         }
-        self.set_phase(Phase::Loaded);
-        Ok(Some((loaded, stats)))
+        Ok(loaded)
     }
 
     /// Maps a rebuilt creation at its recorded addresses, exports it into the cache when it is
