@@ -912,10 +912,40 @@ busy_case() {
     rm -rf "$dir" "$ckpt"
 }
 
+if wants preempt; then
+    log "kernels preempted between two contexts after a native checkpoint/restore of one (no shim)"
+    (cd scripts/gpu && timeout 300 python3 preempt_after_restore.py) >"$logs/preempt.jsonl" 2>"$logs/preempt.err"
+    while IFS=$'\t' read -r name figures verdict; do
+        row "preempt after restore: $name" "-" "$figures" "$verdict"
+    done < <(python3 -c "
+import json
+for l in open('$logs/preempt.jsonl'):
+    r = json.loads(l)
+    w = '; '.join('%s %s rounds%s' % (s['worker'], s.get('rounds'), (', ' + s['error']) if s.get('error') else '') for s in r.get('workers', []))
+    n = r.get('native', {})
+    steps = ', '.join('%s %s' % (k, v if isinstance(v, str) else '%s ms' % v['ms']) for k, v in n.items())
+    print('%s\t%s; %s\t%s' % (r['case'], steps, w, 'ok' if r['ok'] else 'FAIL'))
+" 2>/dev/null)
+    [ -s "$logs/preempt.jsonl" ] || row "preempt after restore" "-" "no output: $(tail -1 "$logs/preempt.err")" FAIL
+fi
+
 if wants busy; then
     log "busy workloads: suspend/resume and checkpoint/restore while they work"
     busy_steps=150
     busy_ref=$logs/busy-train-reference.losses
+    if python3 -c "import cupy" 2>/dev/null; then
+        # Kernels spinning on each other's flags in legacy IPC memory: suspend/resume only (issue 27).
+        busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
+        busy_idle spin-vmm CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
+        busy_idle spin-native CUINTERPOSE_ALLOC=native -- "$repo/scripts/gpu/busy_spin.py"
+        busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
+        # The same without the driver's checkpoint (contexts kept): whether the native
+        # checkpoint/restore of a context is what the pair fails on after a resume.
+        BUSY_SUSPEND_ARGS=--keep-contexts busy_case spin-keep suspend - 0 CUINTERPOSE_ALLOC=vmm -- \
+            "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
+    else
+        row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
+    fi
     # The run left alone: no shim, exactly 150 steps.
     if ! busy_wanted train; then
         :
@@ -944,36 +974,6 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
     busy_case jax suspend,checkpoint - 0 XLA_PYTHON_CLIENT_PREALLOCATE=false -- "$repo/scripts/gpu/busy_jax.py"
     busy_plain nccl -- "$repo/scripts/gpu/busy_nccl.py"
     busy_case nccl suspend,checkpoint - 0 -- "$repo/scripts/gpu/busy_nccl.py"
-    if python3 -c "import cupy" 2>/dev/null; then
-        # Kernels spinning on each other's flags in legacy IPC memory: suspend/resume only (issue 27).
-        busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
-        busy_idle spin-vmm CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
-        busy_idle spin-native CUINTERPOSE_ALLOC=native -- "$repo/scripts/gpu/busy_spin.py"
-        busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
-        # The same without the driver's checkpoint (contexts kept): whether the native
-        # checkpoint/restore of a context is what the pair fails on after a resume.
-        BUSY_SUSPEND_ARGS=--keep-contexts busy_case spin-keep suspend - 0 CUINTERPOSE_ALLOC=vmm -- \
-            "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
-    else
-        row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
-    fi
-fi
-
-if wants preempt; then
-    log "kernels preempted between two contexts after a native checkpoint/restore of one (no shim)"
-    (cd scripts/gpu && timeout 300 python3 preempt_after_restore.py) >"$logs/preempt.jsonl" 2>"$logs/preempt.err"
-    while IFS=$'\t' read -r name figures verdict; do
-        row "preempt after restore: $name" "-" "$figures" "$verdict"
-    done < <(python3 -c "
-import json
-for l in open('$logs/preempt.jsonl'):
-    r = json.loads(l)
-    w = '; '.join('%s %s rounds%s' % (s['worker'], s.get('rounds'), (', ' + s['error']) if s.get('error') else '') for s in r.get('workers', []))
-    n = r.get('native', {})
-    steps = ', '.join('%s %s' % (k, v if isinstance(v, str) else '%s ms' % v['ms']) for k, v in n.items())
-    print('%s\t%s; %s\t%s' % (r['case'], steps, w, 'ok' if r['ok'] else 'FAIL'))
-" 2>/dev/null)
-    [ -s "$logs/preempt.jsonl" ] || row "preempt after restore" "-" "no output: $(tail -1 "$logs/preempt.err")" FAIL
 fi
 
 if wants launch; then
