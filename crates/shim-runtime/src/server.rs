@@ -25,9 +25,10 @@
 
 use crate::log::{log_debug, log_info, log_warn};
 use crate::runtime::{Identity, Runtime};
+use protocol::record::AllocationId;
 use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
@@ -327,26 +328,7 @@ impl Runtime {
                 return;
             }
             let (response, fd) = match request {
-                Request::GetFd { id } => match self.exports.lease(&id) {
-                    Some(Ok(fd)) => (Response::Fd { id }, Some(fd)),
-                    Some(Err(e)) => (
-                        Response::Error {
-                            code: ErrorCode::Internal,
-                            message: format!("cannot duplicate the descriptor of {id}: {e}"),
-                        },
-                        None,
-                    ),
-                    None => {
-                        log_debug!("GetFd for unknown allocation {id}");
-                        (
-                            Response::Error {
-                                code: ErrorCode::NotFound,
-                                message: format!("allocation {id} is not exported here"),
-                            },
-                            None,
-                        )
-                    }
-                },
+                Request::GetFd { id } => self.answer_get_fd(id),
                 Request::Hello { .. } => (Response::Hello(self.hello()), None),
                 Request::Inspect => (Response::Records(self.inspect()), None),
                 request => (
@@ -357,6 +339,30 @@ impl Runtime {
             if let Err(e) = conn.send_response(&response, fd.as_ref().map(|f| f.as_fd())) {
                 log_warn!("control socket: reply not sent: {e}");
                 return;
+            }
+        }
+    }
+
+    /// A peer's `GetFd`: a duplicate of the cached descriptor of `id`, or why there is none.
+    fn answer_get_fd(&self, id: AllocationId) -> (Response, Option<OwnedFd>) {
+        match self.exports.lease(&id) {
+            Some(Ok(fd)) => (Response::Fd { id }, Some(fd)),
+            Some(Err(e)) => (
+                Response::Error {
+                    code: ErrorCode::Internal,
+                    message: format!("cannot duplicate the descriptor of {id}: {e}"),
+                },
+                None,
+            ),
+            None => {
+                log_debug!("GetFd for unknown allocation {id}");
+                (
+                    Response::Error {
+                        code: ErrorCode::NotFound,
+                        message: format!("allocation {id} is not exported here"),
+                    },
+                    None,
+                )
             }
         }
     }

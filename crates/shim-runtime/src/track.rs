@@ -82,6 +82,15 @@ pub enum ExportTo {
     Foreign(ForeignPtr),
 }
 
+/// What [`Runtime::export_natively`] exports: the object, its driver handle, the handle type and
+/// the driver's flags.
+struct NativeExport {
+    handle: VHandle,
+    real: DriverHandle,
+    handle_type: u32,
+    flags: u64,
+}
+
 impl Runtime {
     /// Releases driver references of objects that died, and their export cache entries.
     fn bury(&self, dead: Vec<Dead>) {
@@ -330,43 +339,14 @@ impl Runtime {
                 size: object.size,
                 multicast: true,
             },
-            (kind, _) => {
-                let created = matches!(kind, Kind::Created { .. });
-                let multicast = matches!(kind, Kind::Multicast(_));
-                let exported = match to {
-                    ExportTo::Descriptor if posix => self.real.mem_export_fd(real, flags).map(Some),
-                    // A descriptor is what only a POSIX export writes.
-                    ExportTo::Descriptor => return Err(CUresult::ERROR_INVALID_VALUE),
-                    ExportTo::Foreign(out) => self
-                        .real
-                        .mem_export_foreign(out, real, handle_type, flags)
-                        .map(|()| None),
-                }
-                .map_err(code)?;
-                if created
-                    && let Some(Kind::Created {
-                        unsupported_exports,
-                        id,
-                        ..
-                    }) = reg.get_mut(handle).map(|o| &mut o.kind)
-                    && !unsupported_exports.contains(&handle_type)
-                {
-                    unsupported_exports.push(handle_type);
-                    log_warn!(
-                        "allocation {id} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives"
-                    );
-                }
-                if multicast
-                    && let Some(Kind::Multicast(info)) = reg.get_mut(handle).map(|o| &mut o.kind)
-                    && !info.unsupported_exports.contains(&handle_type)
-                {
-                    info.unsupported_exports.push(handle_type);
-                    log_warn!(
-                        "multicast object {} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives",
-                        info.id
-                    );
-                }
-                return Ok(exported);
+            _ => {
+                let export = NativeExport {
+                    handle,
+                    real,
+                    handle_type,
+                    flags,
+                };
+                return self.export_natively(&mut reg, export, to);
             }
         };
         if matches!(to, ExportTo::Foreign(_)) {
@@ -402,6 +382,55 @@ impl Runtime {
                 Err(CUresult::ERROR_OPERATING_SYSTEM)
             }
         }
+    }
+
+    /// An export the driver makes (a handle type other than a POSIX descriptor, or an object the
+    /// shim does not share): into the application's pointer or as a descriptor. An allocation or a
+    /// multicast object the shim made is then marked as blocking checkpoint while it lives.
+    fn export_natively(
+        &self,
+        reg: &mut Registry,
+        export: NativeExport,
+        to: ExportTo,
+    ) -> Tracked<Option<OwnedFd>> {
+        let NativeExport {
+            handle,
+            real,
+            handle_type,
+            flags,
+        } = export;
+        let posix = handle_type == handle_type::POSIX_FILE_DESCRIPTOR;
+        let exported = match to {
+            ExportTo::Descriptor if posix => self.real.mem_export_fd(real, flags).map(Some),
+            // A descriptor is what only a POSIX export writes.
+            ExportTo::Descriptor => return Err(CUresult::ERROR_INVALID_VALUE),
+            ExportTo::Foreign(out) => self
+                .real
+                .mem_export_foreign(out, real, handle_type, flags)
+                .map(|()| None),
+        }
+        .map_err(code)?;
+        match reg.get_mut(handle).map(|o| &mut o.kind) {
+            Some(Kind::Created {
+                unsupported_exports,
+                id,
+                ..
+            }) if !unsupported_exports.contains(&handle_type) => {
+                unsupported_exports.push(handle_type);
+                log_warn!(
+                    "allocation {id} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives"
+                );
+            }
+            Some(Kind::Multicast(info)) if !info.unsupported_exports.contains(&handle_type) => {
+                info.unsupported_exports.push(handle_type);
+                log_warn!(
+                    "multicast object {} exported with handle type {handle_type:#x}: checkpoint is blocked while it lives",
+                    info.id
+                );
+            }
+            _ => {}
+        }
+        Ok(exported)
     }
 
     /// Asks the creator for the real descriptor of `id`, through its control socket.
