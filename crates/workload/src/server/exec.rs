@@ -272,14 +272,7 @@ impl<'a> Exec<'a> {
                 Ok(Reply::ok("ping").with("pid", std::process::id()))
             }
             "info" => self.info(a),
-            "uuid" => {
-                a.check(0, &["device"])?;
-                let device = self.device_opt(a)?;
-                let uuid = self.driver.device_uuid(self.driver.device(device)?)?;
-                Ok(Reply::ok("uuid")
-                    .with("device", device)
-                    .with("uuid", grammar::to_hex(&uuid)))
-            }
+            "uuid" => self.uuid(a),
             "granularity" => self.granularity(a),
             "create" => self.create(a),
             "release" => self.release(a),
@@ -326,13 +319,7 @@ impl<'a> Exec<'a> {
             "busy-release" => self.busy_release(a),
             "busy-wait" => self.busy_wait(a),
             "busy-stop" => self.busy_stop(a),
-            "mem-info" => {
-                a.check(0, &[])?;
-                let (free, total) = self.driver.mem_info()?;
-                Ok(Reply::ok("mem-info")
-                    .with("free", free)
-                    .with("total", total))
-            }
+            "mem-info" => self.mem_info(a),
             "addresses" => {
                 a.check(0, &[])?;
                 Ok(self.addresses())
@@ -342,39 +329,11 @@ impl<'a> Exec<'a> {
                 self.driver.synchronize()?;
                 Ok(Reply::ok("sync"))
             }
-            "sleep" => {
-                a.check(1, &[])?;
-                let ms = parse_number(a.pos(0, "milliseconds")?)?;
-                std::thread::sleep(Duration::from_millis(ms));
-                Ok(Reply::ok("sleep"))
-            }
+            "sleep" => sleep(a),
             "wait" => self.wait(a),
-            "probe-errors" => {
-                a.check(0, &["device", "skip"])?;
-                let device = self.device_opt(a)?;
-                let skip: Vec<&str> = a
-                    .all("skip")
-                    .into_iter()
-                    .flat_map(|names| names.split(','))
-                    .filter(|n| !n.is_empty())
-                    .collect();
-                if let Some(unknown) = skip
-                    .iter()
-                    .find(|n| !probe::PROBES.iter().any(|p| p.name == **n))
-                {
-                    return Err(usage(format!("probe-errors: no probe {unknown:?}")).into());
-                }
-                let cases = probe::run_all(self.driver, device, &skip);
-                Ok(Reply::ok("probe-errors").with("cases", Value::Array(cases)))
-            }
+            "probe-errors" => self.probe_errors(a),
             "exit" => {
-                a.check(1, &[])?;
-                let code = match a.pos_opt(0) {
-                    Some(c) => {
-                        i32::try_from(parse_int(c)?).map_err(|_| usage("exit code out of range"))?
-                    }
-                    None => 0,
-                };
+                let code = exit_code(a)?;
                 *exit = Some(code);
                 Ok(Reply::ok("exit").with("code", code))
             }
@@ -385,6 +344,43 @@ impl<'a> Exec<'a> {
             "" => Err(Fail::Usage("empty command".into())),
             other => Err(Fail::Usage(format!("unknown command {other:?}"))),
         }
+    }
+
+    fn uuid(&mut self, a: &Args) -> Outcome {
+        a.check(0, &["device"])?;
+        let device = self.device_opt(a)?;
+        let uuid = self.driver.device_uuid(self.driver.device(device)?)?;
+        Ok(Reply::ok("uuid")
+            .with("device", device)
+            .with("uuid", grammar::to_hex(&uuid)))
+    }
+
+    fn mem_info(&mut self, a: &Args) -> Outcome {
+        a.check(0, &[])?;
+        let (free, total) = self.driver.mem_info()?;
+        Ok(Reply::ok("mem-info")
+            .with("free", free)
+            .with("total", total))
+    }
+
+    /// The deliberately bad driver calls of `probe.rs`, each case's answer (minus `--skip` ones).
+    fn probe_errors(&mut self, a: &Args) -> Outcome {
+        a.check(0, &["device", "skip"])?;
+        let device = self.device_opt(a)?;
+        let skip: Vec<&str> = a
+            .all("skip")
+            .into_iter()
+            .flat_map(|names| names.split(','))
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(unknown) = skip
+            .iter()
+            .find(|n| !probe::PROBES.iter().any(|p| p.name == **n))
+        {
+            return Err(usage(format!("probe-errors: no probe {unknown:?}")).into());
+        }
+        let cases = probe::run_all(self.driver, device, &skip);
+        Ok(Reply::ok("probe-errors").with("cases", Value::Array(cases)))
     }
 
     fn device_opt(&self, a: &Args) -> Result<i32, Fail> {
@@ -1336,4 +1332,21 @@ pub fn ns_pid() -> u32 {
         })
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(std::process::id)
+}
+
+/// `sleep MS`: the workload's own pause, in milliseconds.
+fn sleep(a: &Args) -> Outcome {
+    a.check(1, &[])?;
+    let ms = parse_number(a.pos(0, "milliseconds")?)?;
+    std::thread::sleep(Duration::from_millis(ms));
+    Ok(Reply::ok("sleep"))
+}
+
+/// The status `exit [CODE]` asks for (0 by default).
+fn exit_code(a: &Args) -> Result<i32, Fail> {
+    a.check(1, &[])?;
+    match a.pos_opt(0) {
+        Some(c) => Ok(i32::try_from(parse_int(c)?).map_err(|_| usage("exit code out of range"))?),
+        None => Ok(0),
+    }
 }
