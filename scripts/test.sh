@@ -90,6 +90,9 @@ timed scripts/test-release.sh old-userland
 step "release: the Debian package in a clean chroot (--version, doctor, demo)"
 timed scripts/test-release.sh deb
 
+step "release: the product image built with Podman from a local base (demo, demo --to-disk, init container)"
+timed scripts/test-release.sh image
+
 step "Kubernetes: kustomize renders deploy/kubernetes offline"
 # kubectl's built-in kustomize, Debian's kubectl fetched by the script (cached in .k8s-test); every
 # kind the deployment needs.
