@@ -15,12 +15,11 @@
 #                 machine's own release (debootstrap, cached like the chroot) imported as its base
 #                 (nothing pulled) from the binaries built here
 #                 (dist/, and the webhook and agent of the cargo build, stripped); `demo` and
-#                 `demo --to-disk` run in a container of it on its fake driver; the webhook's init
-#                 container command (`cuinterpose-webhook install`, as the shaping makes it: user
-#                 65532, read-only root, no capability) copies the launcher and the shim into a
-#                 volume, and a container of the plain base image runs a command under them as the
-#                 shaping rewrites it (`cuinterpose run --shim ... --`), the shim mapped. Needs
-#                 Podman (scripts/container-runtimes.sh install).
+#                 `demo --to-disk` run in a container of it on its fake driver; a pod shaped by the
+#                 webhook's code runs under Podman (crates/kube/tests/image.rs): its init container
+#                 copies the launcher and the shim into a volume, and its shaped container, from
+#                 the plain base image, runs its command under them, the shim mapped. Needs Podman
+#                 (scripts/container-runtimes.sh install) and the cargo build.
 #
 # The chroot is made once with debootstrap (minbase) and cached as a tarball under .cache/ (ignored by
 # git); every test unpacks a fresh copy. Mounts (/proc, /dev/shm, /tmp) live in a private mount
@@ -195,8 +194,7 @@ if wants image; then
     read -r -a podman_run <<<"--runtime runc --network none --ulimit nofile=20000:20000 --ulimit nproc=32768:32768"
     podman image exists "$base" || { log "image: importing $tar as $base"; podman import "$tar" "$base" >/dev/null; }
     ctx=$(mktemp -d /tmp/cuinterpose-image.XXXXXX)
-    vol=$(mktemp -d /tmp/cuinterpose-install.XXXXXX)
-    trap 'rm -rf "$ctx" "$vol"' EXIT
+    trap 'rm -rf "$ctx"' EXIT
     # The build stage's layout (deploy/container/Containerfile): every binary in bin/, CRIU's
     # prefix in criu/.
     built=${CARGO_TARGET_DIR:-target}/debug
@@ -217,24 +215,15 @@ if wants image; then
     # CRIU (the image's, as the agent's DaemonSet names it) needs root and a privileged container.
     podman run --rm "${podman_run[@]}" --privileged --user 0 \
         -e CUINTERPOSE_CRIU=/opt/cuinterpose/criu/bin/criu "$image" /opt/cuinterpose/cuinterpose demo --to-disk
-    log "image: the webhook's init container, then a command under the launcher and the shim"
-    chmod 0777 "$vol"
-    podman run --rm "${podman_run[@]}" --user 65532:65532 --read-only --cap-drop all \
-        --security-opt no-new-privileges -v "$vol:/cuinterpose-install" "$image" \
-        /opt/cuinterpose/cuinterpose-webhook install /cuinterpose-install
-    # The image's own files, byte for byte; the launcher executable by the target's user.
-    cmp "$vol/cuinterpose" dist/bin/cuinterpose && [ -x "$vol/cuinterpose" ] \
-        && cmp "$vol/libcuinterpose.so" dist/lib/libcuinterpose.so \
-        || { echo "test-release: the init container did not install the launcher and the shim" >&2; ls -la "$vol" >&2; exit 1; }
-    maps=$(podman run --rm "${podman_run[@]}" -v "$vol:/opt/cuinterpose:ro" "$base" \
-        /opt/cuinterpose/cuinterpose run --shim /opt/cuinterpose/libcuinterpose.so -- \
-        /bin/sh -c 'echo "LD_PRELOAD=$LD_PRELOAD"; cat /proc/$$/maps')
-    grep -q "^LD_PRELOAD=/opt/cuinterpose/libcuinterpose.so" <<<"$maps" \
-        || { echo "test-release: the launcher did not preload the shim: $(head -1 <<<"$maps")" >&2; exit 1; }
-    grep -q " /opt/cuinterpose/libcuinterpose.so$" <<<"$maps" \
-        || { echo "test-release: the shim is not mapped in the shaped command" >&2; exit 1; }
-    echo "the shaped command ran with the shim mapped"
-    rm -rf "$ctx" "$vol"
+    # The webhook's init container and a shaped container as shaping::shape makes them
+    # (crates/kube/tests/image.rs).
+    log "image: the shaped init container, then the shaped command under the launcher and the shim"
+    # By digest: the webhook refuses an image that is not pinned.
+    pinned=localhost/cuinterpose@$(podman image inspect --format '{{.Digest}}' "$image")
+    CUINTERPOSE_TEST_PRODUCT_IMAGE=$pinned CUINTERPOSE_TEST_BASE_IMAGE=$base \
+        CUINTERPOSE_TEST_PODMAN_ARGS="${podman_run[*]}" \
+        cargo test -p cuinterpose-kube --locked --test image -- --ignored
+    rm -rf "$ctx"
     trap - EXIT
 fi
 log "passed: ${steps[*]}"
