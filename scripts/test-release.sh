@@ -187,7 +187,7 @@ fi
 if wants image; then
     # The suite the build machine runs (CI's: bookworm): the webhook and the agent are built
     # against its glibc here (the Containerfile's own build stage builds them in its base).
-    tar=$(rootfs "$(. /etc/os-release && echo "$VERSION_CODENAME")")
+    tar=$(rootfs "$(awk -F= '$1 == "VERSION_CODENAME" {print $2}' /etc/os-release)")
     base=localhost/cuinterpose-image-base:$(basename "$tar" .tar)
     image=localhost/cuinterpose:test
     # The same settings as the real-container tests (scripts/container-runtimes.sh says why).
