@@ -9,7 +9,9 @@
 #                                          the shim; floor: the native pair of a nearly empty process with and without
 #                                          its context's stack; attrs: the pointer-attributes scenario alone, without the shim;
 #                                          busy: workloads suspended/resumed and checkpointed/restored while they work;
-#                                          launch: bench --launch, the launch-bound overhead of the gate)
+#                                          launch: bench --launch, the launch-bound overhead of the gate;
+#                                          preempt: kernels preempted between two contexts after a native
+#                                          checkpoint/restore of one, without the shim)
 # Each scenario of cuinterpose-scenarios runs on the fake driver and on the real one; the table shows
 # both and whether they agree (where they may not, crates/fake-cuda/README.md says why).
 #
@@ -29,7 +31,7 @@ mkdir -p "$out"
 summary=$out/summary.tsv  # written row by row: a lane cut short still returns what it had
 : >"$summary"
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold busy launch placement floor unlock hang)
+[ ${#steps[@]} -gt 0 ] || steps=(doctor abi procaddr scenarios shim-scenarios demo torch bench disk torch-disk ipc nccl keep hold busy preempt launch placement floor unlock hang)
 
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$summary"; }  # scenario fake real verdict
 log() { printf '[lane %s] %s\n' "$(date +%T)" "$*"; }
@@ -783,8 +785,11 @@ busy_idle() {
 # busy_case TAG ACTIONS LOSSES STEPS ENV-ASSIGNMENT... -- SCRIPT ARGS...
 #   ACTIONS: "suspend", "checkpoint" or "suspend,checkpoint"; LOSSES/STEPS: the training loop's loss
 #   file and the steps it must reach before stop (else "-" and 0), compared with $busy_ref's.
+# BUSY_SUSPEND_ARGS: extra arguments of the busy case's `suspend` (e.g. --keep-contexts).
 busy_case() {
     local tag=$1 actions=$2 losses=$3 need_steps=$4; shift 4
+    local suspend_args
+    read -r -a suspend_args <<<"${BUSY_SUSPEND_ARGS:-}"
     local envs=(PYTHONFAULTHANDLER=1)  # a crash prints every Python thread's stack to the .err
     # LANE_SHIM_LOG=debug: the shims' log level for the busy cases (into each workload's .err).
     [ -n "${LANE_SHIM_LOG:-}" ] && envs+=("CUINTERPOSE_LOG=$LANE_SHIM_LOG")
@@ -810,7 +815,7 @@ busy_case() {
     if [[ $actions == *suspend* ]]; then
         [ "$losses" = - ] || notes+=("$(busy_step_note suspended "$losses" "$need_steps")")
         t0=$(date +%s%N)
-        "$bin/cuinterpose" suspend --pid "$launcher" >"$lg-suspend.txt" 2>&1
+        "$bin/cuinterpose" suspend "${suspend_args[@]}" --pid "$launcher" >"$lg-suspend.txt" 2>&1
         st=$?
         if [ "$st" -eq 0 ]; then
             suspend_ms="$(busy_ms "$t0") ms"
@@ -944,10 +949,31 @@ print('%d params, batch %d x %d, median step %.0f ms' % (r['params'], r['batch']
         busy_plain spin -- "$repo/scripts/gpu/busy_spin.py"
         busy_idle spin-vmm CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
         busy_idle spin-native CUINTERPOSE_ALLOC=native -- "$repo/scripts/gpu/busy_spin.py"
-        busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py"
+        busy_case spin suspend - 0 CUINTERPOSE_ALLOC=vmm -- "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
+        # The same without the driver's checkpoint (contexts kept): whether the native
+        # checkpoint/restore of a context is what the pair fails on after a resume.
+        BUSY_SUSPEND_ARGS=--keep-contexts busy_case spin-keep suspend - 0 CUINTERPOSE_ALLOC=vmm -- \
+            "$repo/scripts/gpu/busy_spin.py" --stall-timeout 20
     else
         row "busy spin" "-" "cupy is not installed on this machine" SKIPPED
     fi
+fi
+
+if wants preempt; then
+    log "kernels preempted between two contexts after a native checkpoint/restore of one (no shim)"
+    (cd scripts/gpu && timeout 300 python3 preempt_after_restore.py) >"$logs/preempt.jsonl" 2>"$logs/preempt.err"
+    while IFS=$'\t' read -r name figures verdict; do
+        row "preempt after restore: $name" "-" "$figures" "$verdict"
+    done < <(python3 -c "
+import json
+for l in open('$logs/preempt.jsonl'):
+    r = json.loads(l)
+    w = '; '.join('%s %s rounds%s' % (s['worker'], s.get('rounds'), (', ' + s['error']) if s.get('error') else '') for s in r.get('workers', []))
+    n = r.get('native', {})
+    steps = ', '.join('%s %s' % (k, v if isinstance(v, str) else '%s ms' % v['ms']) for k, v in n.items())
+    print('%s\t%s; %s\t%s' % (r['case'], steps, w, 'ok' if r['ok'] else 'FAIL'))
+" 2>/dev/null)
+    [ -s "$logs/preempt.jsonl" ] || row "preempt after restore" "-" "no output: $(tail -1 "$logs/preempt.err")" FAIL
 fi
 
 if wants launch; then
@@ -1035,6 +1061,8 @@ if wants hang; then
     row exporter-live-import "$f" "$r" "documented: fake times out, r580 hangs"
 fi
 
+# The kernel's GPU messages (Xid: a channel reset, a preemption timeout) while the lane ran.
+{ dmesg 2>&1 || journalctl -k --no-pager 2>&1; } | grep -iE 'xid|nvrm' | tail -100 >"$logs/kernel-gpu.txt"
 tar -C "$logs" -czf "$out/lane-logs.tgz" . 2>/dev/null
 echo
 echo "================ GPU lane summary ($(head -1 "$logs/gpu.txt")) ================"

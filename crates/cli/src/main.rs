@@ -126,6 +126,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// End a suspended group that cannot be brought back (its carrier's bytes lost, a multicast
+    /// object missing a member): kill its processes and remove its state
+    End {
+        /// Root of the process tree, as given to `suspend` (or the restored root)
+        #[arg(long)]
+        pid: u32,
+        /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Print a JSON report instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
     Checkpoint {
         /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
@@ -359,6 +372,7 @@ fn exit_for(error: &anyhow::Error) -> Exit {
         ) => Exit::RolledBack,
         Some(
             ControlError::RollbackFailed { .. }
+            | ControlError::NotEnded { .. }
             | ControlError::Step { .. }
             | ControlError::VerifyFailed(_),
         ) => Exit::NeedsAttention,
@@ -540,6 +554,34 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             let report = disk::restore(&options, &progress)
                 .with_context(|| format!("restoring {}", dir.display()))?;
             output::print_disk_report("restored", &report, json)
+        }
+        Command::End {
+            pid,
+            state_dir,
+            json,
+        } => {
+            let mut options = control::end::EndOptions::new(pid, config);
+            options.state_dir = state_dir.unwrap_or(options.state_dir);
+            let report = control::end::end(&options)
+                .with_context(|| format!("ending the group under pid {pid}"))?;
+            if json {
+                return output::print_json(&report);
+            }
+            println!(
+                "ended the group under pid {pid}: killed {}{}; state {} removed",
+                if report.killed.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    report.killed.join(", ")
+                },
+                if report.already_gone.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({} had exited already)", report.already_gone.join(", "))
+                },
+                report.state_file.display()
+            );
+            Ok(())
         }
         Command::Discard { dir, json } => {
             let report = control::discard::discard(&dir)

@@ -937,6 +937,58 @@ fn allow_lost_refuses_a_multicast_object_missing_a_member_before_anything_change
     ]);
     assert_eq!(phases(&ranks), before, "{}", run.describe());
     assert!(state_dir(&env).join("cuinterpose.state").exists());
+
+    // The one command the refusal names: `end` kills the survivors and the tree's root, and
+    // removes the state; a resume then finds no suspended group.
+    let state = state_dir(&env).display().to_string();
+    let root = tree.root().to_string();
+    let ended = tool(
+        &env,
+        &["end", "--pid", &root, "--state-dir", &state, "--json"],
+    );
+    ended.ok();
+    let report = ended.json();
+    let killed: Vec<&str> = report["killed"]
+        .as_array()
+        .expect("killed")
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    for w in &ranks[..2] {
+        assert!(
+            killed
+                .iter()
+                .any(|k| k.contains(&format!("pid {}", w.pid()))),
+            "{}",
+            ended.describe()
+        );
+        wait_gone(w.pid());
+    }
+    assert!(
+        report["already_gone"]
+            .to_string()
+            .contains(&format!("pid {lost}")),
+        "{}",
+        ended.describe()
+    );
+    assert!(!state_dir(&env).join("cuinterpose.state").exists());
+    tool(&env, &strs(&resume_args(&env, tree.root(), &[])))
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["no suspended group"]);
+}
+
+/// `end` of a group that is not suspended is refused and kills nothing.
+#[test]
+fn end_refuses_a_running_group_and_kills_nothing() {
+    let env = env();
+    let tree = Tree::launch(&env, &[Member::shim("a"), Member::shim("b")]);
+    pair(&tree);
+    let state = state_dir(&env).display().to_string();
+    let root = tree.root().to_string();
+    tool(&env, &["end", "--pid", &root, "--state-dir", &state])
+        .expect_code(EXIT_REFUSED)
+        .stderr_mentions(&["no suspended group"]);
+    assert_pair(&env, &tree);
 }
 
 // ---- issue 29, item 11: stopped processes ----

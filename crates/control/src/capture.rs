@@ -925,18 +925,23 @@ fn unchanged(error: ControlError) -> ControlError {
 /// given, or in that of the init of the workload's PID namespace under it (where a checkpoint
 /// keeps the state until its directory is complete). A refusal when there is none.
 fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
-    if let Some(found) = state_candidates(options.root, &options.state_dir)
+    find_state_in(options.root, &options.state_dir)
+}
+
+/// [`find_state`] for `root` and a state directory (`end` looks where `resume` does).
+pub(crate) fn find_state_in(root: u32, state_dir: &Path) -> Result<PathBuf, ControlError> {
+    if let Some(found) = state_candidates(root, state_dir)
         .into_iter()
         .find(|p| p.exists())
     {
         return Ok(found);
     }
     Err(ControlError::Refused(vec![Refusal {
-        process: format!("pid {}", options.root),
+        process: format!("pid {root}"),
         reason: format!(
             "no suspended group: {} does not exist (resumed already, or suspended with another \
              --state-dir)",
-            options.state_dir.join(STATE_FILE).display()
+            state_dir.join(STATE_FILE).display()
         ),
     }]))
 }
@@ -1054,8 +1059,8 @@ fn multicast_needs_lost(state: &GroupState, lost: &[ParticipantState]) -> Vec<Re
                     reason: format!(
                         "holds multicast object {} with {}, which has exited: the object needs \
                          every device it was made for, so it cannot be rebuilt without it, and \
-                         `--allow-lost` cannot bring this group back; end the group (kill -KILL \
-                         its processes)",
+                         `--allow-lost` cannot bring this group back; end the group with \
+                         `cuinterpose end --pid <root>`",
                         mc.id,
                         captured_label(gone)
                     ),

@@ -189,7 +189,8 @@ fn health(h: &HelperStatus) -> String {
             .into()
     } else {
         format!(
-            "gone, and these bytes are lost with it: {}",
+            "gone, and these bytes are lost with it: {}; `cuinterpose end --pid <root>` ends \
+             the group",
             lost.join("; ")
         )
     }

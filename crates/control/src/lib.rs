@@ -16,6 +16,7 @@ pub mod discovery;
 pub mod disk;
 pub mod doctor;
 pub mod drain;
+pub mod end;
 pub mod group;
 pub mod launch;
 pub mod layout;
@@ -181,6 +182,17 @@ pub enum ControlError {
         status: String,
         log: PathBuf,
         tail: String,
+    },
+    /// `end`: processes of the group still alive after SIGKILL and a wait.
+    #[error(
+        "{} still alive {} s after SIGKILL (uninterruptible in the kernel or the driver); the \
+         state file was kept: run `cuinterpose end` again",
+        processes.join(", "),
+        waited.as_secs()
+    )]
+    NotEnded {
+        processes: Vec<String>,
+        waited: std::time::Duration,
     },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {

@@ -2,15 +2,41 @@
 // place a signature is written. It is read four times, each time through a macro of the reader's
 // own: by this crate (src/lib.rs: the raw function-pointer table, the checked calls, the stubs of
 // missing entries, the resolution by the shim's or libloading's lookup), by the shim
-// (crates/shim/src/table.rs: exports, resolver dispatch), by the shim's build.rs (the linker
+// (crates/shim/src/table.rs: exports, hooks, resolver dispatch), by the shim's build.rs (the linker
 // version script) and by crates/shim/tests/exports.rs (the expected dynamic symbol list). It
 // therefore holds no `use` lines and nothing but the invocation.
 //
 // Grammar:
 //   interception { NAME, ... }   the shim's hand-written entry points (crates/shim/src/dlsym.rs,
 //                                resolver.rs, cudart.rs), exported as they are; not driver entries.
-//   wrapped { ENTRY; ... }       driver functions the shim intercepts: it exports a wrapper for
-//                                each, and every resolver hands the wrapper out for NAME.
+//   wrapped { #[hook(HOOK)] ENTRY; ... }
+//                                driver functions the shim intercepts: it exports a wrapper for
+//                                each, every resolver hands the wrapper out for NAME, and HOOK says
+//                                what the wrapper does (crates/shim/src/hooks.rs generates it):
+//     rt.METHOD(ARG, ...) [-> OUT]   a tracked call: with the runtime running, the wrapper calls
+//                                the runtime's METHOD with the ARGs and writes its value through
+//                                the out-pointer OUT on success; without a runtime the driver's own
+//                                function, in a child forked after start CUDA_ERROR_NOT_INITIALIZED.
+//                                Each ARG names a C argument by its role:
+//                                  x              a value, passed as it is;
+//                                  handle(x)      an allocation handle the application holds (the
+//                                                 shim's virtual handle: a `VirtualHandle`);
+//                                  read(p)        a struct the runtime reads (`&T`);
+//                                  slice(p, n)    `n` structs the runtime reads (`&[T]`);
+//                                  address(p)     a device address passed in a `void*`;
+//                                OUT is `x` (the value as it is) or `handle(x)` (a virtual handle
+//                                written as the driver's handle type). A null `read`, `slice` or
+//                                OUT pointer sends the call to the driver unchanged, which reports
+//                                it with its own code; nothing is recorded.
+//     unowned(KIND, BYTES) -> OUT    memory the shim does not own: the driver's call, then, on
+//                                success and with the runtime running, the base written through
+//                                OUT is counted as `UnownedKind::KIND` of BYTES (an argument, or
+//                                `pitched(pitch, width, height)`: the pitch the driver wrote times
+//                                the rows).
+//     unowned_freed(ARG)         the driver's free of such memory, forgotten on success.
+//     by_hand                    the hook of the same name in crates/shim/src/hooks.rs, for
+//                                the few that do more than the above (cuInit starts the runtime,
+//                                the shareable-handle export and import, pointer attributes).
 //   gated { ENTRY; ... }         driver functions that submit GPU work or touch device memory
 //                                contents (launches, copies, memsets, stream memory operations,
 //                                event records and waits, prefetches): the shim exports a wrapper
@@ -28,6 +54,12 @@
 // name, or `NAME = BASE @ VERSION (ARG: TYPE, ...)` for an ABI variant, found through the driver's
 // own `cuGetProcAddress_v2(BASE, VERSION)` (the driver picks the variant; names are never guessed).
 // NAME is the exported symbol, the field of `cuda::DriverTable` and its checked call.
+//
+// Adding an entry is one edit here: a line in `called` for a function the shim hands out untouched;
+// a line in `gated` for one that submits GPU work or touches device memory contents (nothing else to
+// write); a line in `wrapped` with its HOOK for one the shim tracks, whose runtime call (`rt.METHOD`)
+// is the only other code to write, in crates/shim-runtime. The pointer table, the checked call, the
+// export, the version script, the resolver dispatch and the export test follow from the table.
 
 interposer_table! {
     interception {
@@ -41,14 +73,18 @@ interposer_table! {
         cudaGetDriverEntryPointByVersion_ptsz,
     }
     wrapped {
+        #[hook(by_hand)]
         cuInit(flags: c_uint);
+        #[hook(rt.mem_create(size, read(prop), flags) -> handle(handle))]
         cuMemCreate(
             handle: *mut CUmemGenericAllocationHandle,
             size: usize,
             prop: *const CUmemAllocationProp,
             flags: c_ulonglong,
         );
+        #[hook(rt.mem_release(handle(handle)))]
         cuMemRelease(handle: CUmemGenericAllocationHandle);
+        #[hook(rt.mem_address_reserve(size, alignment, addr, flags) -> ptr)]
         cuMemAddressReserve(
             ptr: *mut CUdeviceptr,
             size: usize,
@@ -56,7 +92,9 @@ interposer_table! {
             addr: CUdeviceptr,
             flags: c_ulonglong,
         );
+        #[hook(rt.mem_address_free(ptr, size))]
         cuMemAddressFree(ptr: CUdeviceptr, size: usize);
+        #[hook(rt.mem_map(ptr, size, offset, handle(handle), flags))]
         cuMemMap(
             ptr: CUdeviceptr,
             size: usize,
@@ -64,44 +102,62 @@ interposer_table! {
             handle: CUmemGenericAllocationHandle,
             flags: c_ulonglong,
         );
+        #[hook(rt.mem_unmap(ptr, size))]
         cuMemUnmap(ptr: CUdeviceptr, size: usize);
+        #[hook(rt.mem_set_access(ptr, size, slice(desc, count)))]
         cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);
+        #[hook(rt.mem_retain_any(address(addr)) -> handle(handle))]
         cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void);
+        #[hook(by_hand)]
         cuMemGetAllocationPropertiesFromHandle(
             prop: *mut CUmemAllocationProp,
             handle: CUmemGenericAllocationHandle,
         );
+        #[hook(by_hand)]
         cuMemExportToShareableHandle(
             shareable: *mut c_void,
             handle: CUmemGenericAllocationHandle,
             handle_type: u32,
             flags: c_ulonglong,
         );
+        #[hook(by_hand)]
         cuMemImportFromShareableHandle(
             handle: *mut CUmemGenericAllocationHandle,
             os_handle: *mut c_void,
             handle_type: u32,
         );
+        #[hook(rt.primary_ctx_retain(dev) -> ctx)]
         cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice);
+        #[hook(rt.primary_ctx_release(dev))]
         cuDevicePrimaryCtxRelease_v2 = cuDevicePrimaryCtxRelease @ 12000 (dev: CUdevice);
+        #[hook(rt.primary_ctx_reset(dev))]
         cuDevicePrimaryCtxReset_v2 = cuDevicePrimaryCtxReset @ 12000 (dev: CUdevice);
+        #[hook(rt.ctx_destroy(ctx))]
         cuCtxDestroy_v2 = cuCtxDestroy @ 12000 (ctx: CUcontext);
+        #[hook(rt.ctx_enable_peer_access(peer, flags))]
         cuCtxEnablePeerAccess(peer: CUcontext, flags: c_uint);
+        #[hook(rt.ctx_disable_peer_access(peer))]
         cuCtxDisablePeerAccess(peer: CUcontext);
+        #[hook(rt.mem_alloc(bytes) -> dptr)]
         cuMemAlloc_v2 = cuMemAlloc @ 12000 (dptr: *mut CUdeviceptr, bytes: usize);
+        #[hook(rt.mem_free_any(dptr))]
         cuMemFree_v2 = cuMemFree @ 12000 (dptr: CUdeviceptr);
+        #[hook(by_hand)]
         cuMemGetAddressRange_v2 = cuMemGetAddressRange @ 12000 (
             base: *mut CUdeviceptr,
             size: *mut usize,
             dptr: CUdeviceptr,
         );
+        #[hook(by_hand)]
         cuPointerGetAttribute(data: *mut c_void, attribute: c_uint, ptr: CUdeviceptr);
+        #[hook(by_hand)]
         cuPointerGetAttributes(
             count: c_uint,
             attributes: *mut c_uint,
             data: *mut *mut c_void,
             ptr: CUdeviceptr,
         );
+        #[hook(unowned(Pitched, pitched(pitch, width, height)) -> dptr)]
         cuMemAllocPitch_v2 = cuMemAllocPitch @ 12000 (
             dptr: *mut CUdeviceptr,
             pitch: *mut usize,
@@ -109,23 +165,34 @@ interposer_table! {
             height: usize,
             element_size: c_uint,
         );
+        #[hook(unowned(Managed, bytes) -> dptr)]
         cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: c_uint);
+        #[hook(unowned(StreamOrdered, bytes) -> dptr)]
         cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
+        #[hook(unowned(StreamOrdered, bytes) -> dptr)]
         cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: CUstream);
+        #[hook(unowned_freed(dptr))]
         cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream);
+        #[hook(unowned_freed(dptr))]
         cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream);
+        #[hook(rt.ipc_get_mem_handle(dptr) -> handle)]
         cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: CUdeviceptr);
+        #[hook(rt.ipc_open_mem_handle(handle, flags) -> dptr)]
         cuIpcOpenMemHandle_v2 = cuIpcOpenMemHandle @ 12000 (
             dptr: *mut CUdeviceptr,
             handle: CUipcMemHandle,
             flags: c_uint,
         );
+        #[hook(rt.ipc_close_mem_handle(dptr))]
         cuIpcCloseMemHandle(dptr: CUdeviceptr);
+        #[hook(rt.multicast_create(read(prop)) -> handle(handle))]
         cuMulticastCreate(
             handle: *mut CUmemGenericAllocationHandle,
             prop: *const CUmulticastObjectProp,
         );
+        #[hook(rt.multicast_add_device(handle(handle), dev))]
         cuMulticastAddDevice(handle: CUmemGenericAllocationHandle, dev: CUdevice);
+        #[hook(rt.multicast_bind_mem(handle(mc), mc_offset, handle(mem), mem_offset, size, flags))]
         cuMulticastBindMem(
             mc: CUmemGenericAllocationHandle,
             mc_offset: usize,
@@ -134,6 +201,9 @@ interposer_table! {
             size: usize,
             flags: c_ulonglong,
         );
+        #[hook(rt.multicast_bind_mem_v2(
+            handle(mc), dev, mc_offset, handle(mem), mem_offset, size, flags
+        ))]
         cuMulticastBindMem_v2 = cuMulticastBindMem @ 13010 (
             mc: CUmemGenericAllocationHandle,
             dev: CUdevice,
@@ -143,6 +213,7 @@ interposer_table! {
             size: usize,
             flags: c_ulonglong,
         );
+        #[hook(rt.multicast_bind_addr(handle(mc), mc_offset, ptr, size, flags))]
         cuMulticastBindAddr(
             mc: CUmemGenericAllocationHandle,
             mc_offset: usize,
@@ -150,6 +221,7 @@ interposer_table! {
             size: usize,
             flags: c_ulonglong,
         );
+        #[hook(rt.multicast_bind_addr_v2(handle(mc), dev, mc_offset, ptr, size, flags))]
         cuMulticastBindAddr_v2 = cuMulticastBindAddr @ 13010 (
             mc: CUmemGenericAllocationHandle,
             dev: CUdevice,
@@ -158,6 +230,7 @@ interposer_table! {
             size: usize,
             flags: c_ulonglong,
         );
+        #[hook(rt.multicast_unbind(handle(mc), dev, mc_offset, size))]
         cuMulticastUnbind(
             mc: CUmemGenericAllocationHandle,
             dev: CUdevice,

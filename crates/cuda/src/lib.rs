@@ -100,7 +100,9 @@ macro_rules! versioned {
 macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
-        wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
+        wrapped {
+            $( #[hook $wh:tt] $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )*
+        }
         gated { $( $g:ident $(= $gb:ident @ $gv:literal)? ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {

@@ -27,6 +27,7 @@
 //! and a driver's own handle is never taken for one of ours.
 
 use crate::ProtocolError;
+use crate::fixed::{Frame, id_at, u32_at, u64_at};
 use crate::record::AllocationId;
 
 /// First eight bytes of every virtual IPC handle.
@@ -38,6 +39,14 @@ pub const IPC_HANDLE_LEN: usize = 64;
 
 /// Bytes covered by the checksum.
 const CRC_COVERS: usize = 56;
+
+/// The handle's frame: magic, version, reserved bytes, checksum.
+const FRAME: Frame<IPC_HANDLE_LEN> = Frame {
+    magic: IPC_MAGIC,
+    version: IPC_VERSION,
+    crc_at: CRC_COVERS,
+    reserved: &[10..12, 60..64],
+};
 
 /// What a virtual IPC handle names: a pointer into an owned allocation of its creator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,17 +66,13 @@ pub struct IpcHandle {
 impl IpcHandle {
     /// The 64 bytes of this handle.
     pub fn encode(&self) -> [u8; IPC_HANDLE_LEN] {
-        let mut out = [0u8; IPC_HANDLE_LEN];
-        out[0..8].copy_from_slice(&IPC_MAGIC);
-        out[8..10].copy_from_slice(&IPC_VERSION.to_le_bytes());
-        out[12..16].copy_from_slice(&self.creator_ns_pid.to_le_bytes());
-        out[16..32].copy_from_slice(&self.id.0);
-        out[32..40].copy_from_slice(&self.offset.to_le_bytes());
-        out[40..48].copy_from_slice(&self.requested.to_le_bytes());
-        out[48..56].copy_from_slice(&self.backing.to_le_bytes());
-        let crc = crc32fast::hash(&out[..CRC_COVERS]);
-        out[56..60].copy_from_slice(&crc.to_le_bytes());
-        out
+        FRAME.encode(|out| {
+            out[12..16].copy_from_slice(&self.creator_ns_pid.to_le_bytes());
+            out[16..32].copy_from_slice(&self.id.0);
+            out[32..40].copy_from_slice(&self.offset.to_le_bytes());
+            out[40..48].copy_from_slice(&self.requested.to_le_bytes());
+            out[48..56].copy_from_slice(&self.backing.to_le_bytes());
+        })
     }
 
     /// Whether `bytes` start with the magic: a handle of ours (well-formed or not), as opposed to
@@ -79,48 +84,13 @@ impl IpcHandle {
     /// Decodes exactly [`IPC_HANDLE_LEN`] bytes. Refuses, in this order: a wrong length, a bad
     /// magic, another version, a nonzero reserved byte, a checksum mismatch, inconsistent sizes.
     pub fn decode(bytes: &[u8]) -> Result<IpcHandle, ProtocolError> {
-        let Ok(b) = <&[u8; IPC_HANDLE_LEN]>::try_from(bytes) else {
-            return Err(if bytes.len() < IPC_HANDLE_LEN {
-                ProtocolError::Truncated {
-                    expected: IPC_HANDLE_LEN,
-                    got: bytes.len(),
-                }
-            } else {
-                ProtocolError::TrailingBytes(bytes.len() - IPC_HANDLE_LEN)
-            });
-        };
-        if b[0..8] != IPC_MAGIC {
-            return Err(ProtocolError::BadMagic);
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != IPC_VERSION {
-            return Err(ProtocolError::VersionMismatch {
-                ours: IPC_VERSION,
-                theirs: version,
-            });
-        }
-        for offset in (10..12).chain(60..64) {
-            if b[offset] != 0 {
-                return Err(ProtocolError::Reserved { offset });
-            }
-        }
-        let crc = u32::from_le_bytes([b[56], b[57], b[58], b[59]]);
-        if crc != crc32fast::hash(&b[..CRC_COVERS]) {
-            return Err(ProtocolError::Checksum);
-        }
-        let u64_at = |i: usize| {
-            let mut v = [0u8; 8];
-            v.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(v)
-        };
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&b[16..32]);
+        let b = FRAME.check(bytes)?;
         let handle = IpcHandle {
-            creator_ns_pid: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
-            id: AllocationId(id),
-            offset: u64_at(32),
-            requested: u64_at(40),
-            backing: u64_at(48),
+            creator_ns_pid: u32_at(b, 12),
+            id: id_at(b, 16),
+            offset: u64_at(b, 32),
+            requested: u64_at(b, 40),
+            backing: u64_at(b, 48),
         };
         if handle.offset >= handle.requested || handle.requested > handle.backing {
             return Err(ProtocolError::Inconsistent(format!(

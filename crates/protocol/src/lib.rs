@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+mod fixed;
 pub mod ipc;
 #[cfg(feature = "manifest")]
 pub mod manifest;

@@ -28,6 +28,7 @@
 //! reader disagreed about reserved fields and nobody noticed).
 
 use crate::ProtocolError;
+use crate::fixed::{Frame, id_at, u32_at, u64_at};
 use crate::record::AllocationId;
 
 /// First eight bytes of every ticket.
@@ -39,6 +40,14 @@ pub const TICKET_LEN: usize = 48;
 
 /// Bytes covered by the checksum.
 const CRC_COVERS: usize = 40;
+
+/// The ticket's frame: magic, version, reserved bytes, checksum.
+const FRAME: Frame<TICKET_LEN> = Frame {
+    magic: TICKET_MAGIC,
+    version: TICKET_VERSION,
+    crc_at: CRC_COVERS,
+    reserved: &[11..12, 44..48],
+};
 
 /// What a ticket names: an allocation by its creator and its ID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,62 +66,28 @@ pub struct Ticket {
 impl Ticket {
     /// The 48 bytes of this ticket.
     pub fn encode(&self) -> [u8; TICKET_LEN] {
-        let mut out = [0u8; TICKET_LEN];
-        out[0..8].copy_from_slice(&TICKET_MAGIC);
-        out[8..10].copy_from_slice(&TICKET_VERSION.to_le_bytes());
-        out[10] = u8::from(self.multicast);
-        out[12..16].copy_from_slice(&self.creator_ns_pid.to_le_bytes());
-        out[16..32].copy_from_slice(&self.id.0);
-        out[32..40].copy_from_slice(&self.size.to_le_bytes());
-        let crc = crc32fast::hash(&out[..CRC_COVERS]);
-        out[40..44].copy_from_slice(&crc.to_le_bytes());
-        out
+        FRAME.encode(|out| {
+            out[10] = u8::from(self.multicast);
+            out[12..16].copy_from_slice(&self.creator_ns_pid.to_le_bytes());
+            out[16..32].copy_from_slice(&self.id.0);
+            out[32..40].copy_from_slice(&self.size.to_le_bytes());
+        })
     }
 
     /// Decodes exactly [`TICKET_LEN`] bytes. Refuses, in this order: a wrong length, a bad magic,
-    /// another version, a nonzero reserved byte, a checksum mismatch.
+    /// another version, a nonzero reserved byte, a checksum mismatch, an unknown kind.
     pub fn decode(bytes: &[u8]) -> Result<Ticket, ProtocolError> {
-        let Ok(b) = <&[u8; TICKET_LEN]>::try_from(bytes) else {
-            return Err(if bytes.len() < TICKET_LEN {
-                ProtocolError::Truncated {
-                    expected: TICKET_LEN,
-                    got: bytes.len(),
-                }
-            } else {
-                ProtocolError::TrailingBytes(bytes.len() - TICKET_LEN)
-            });
-        };
-        if b[0..8] != TICKET_MAGIC {
-            return Err(ProtocolError::BadMagic);
-        }
-        let version = u16::from_le_bytes([b[8], b[9]]);
-        if version != TICKET_VERSION {
-            return Err(ProtocolError::VersionMismatch {
-                ours: TICKET_VERSION,
-                theirs: version,
-            });
-        }
+        let b = FRAME.check(bytes)?;
         if b[10] > 1 {
             return Err(ProtocolError::Malformed(format!(
                 "ticket kind {} is neither an allocation (0) nor a multicast object (1)",
                 b[10]
             )));
         }
-        for offset in (11..12).chain(44..48) {
-            if b[offset] != 0 {
-                return Err(ProtocolError::Reserved { offset });
-            }
-        }
-        let crc = u32::from_le_bytes([b[40], b[41], b[42], b[43]]);
-        if crc != crc32fast::hash(&b[..CRC_COVERS]) {
-            return Err(ProtocolError::Checksum);
-        }
-        let mut id = [0u8; 16];
-        id.copy_from_slice(&b[16..32]);
         Ok(Ticket {
-            creator_ns_pid: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
-            id: AllocationId(id),
-            size: u64::from_le_bytes([b[32], b[33], b[34], b[35], b[36], b[37], b[38], b[39]]),
+            creator_ns_pid: u32_at(b, 12),
+            id: id_at(b, 16),
+            size: u64_at(b, 32),
             multicast: b[10] == 1,
         })
     }

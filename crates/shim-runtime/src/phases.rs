@@ -1077,7 +1077,8 @@ impl Runtime {
                 }),
                 None => Err(PhaseError::Helper(format!(
                     "the bytes of {} allocations ({needed} bytes) saved through the carrier \
-                     helper are lost: {why}, and this process holds no copy of its carrier",
+                     helper are lost: {why}, and this process holds no copy of its carrier \
+                     (`cuinterpose end --pid <root>` ends the group)",
                     work.len()
                 ))),
             }?;
@@ -1087,7 +1088,8 @@ impl Runtime {
         let view = CarrierView::map(fd.as_fd(), needed as usize).map_err(|e| {
             PhaseError::Helper(format!(
                 "the bytes of {} allocations ({needed} bytes) saved through the carrier helper \
-                 are lost: {why}, and this process's copy of its carrier cannot be read: {e}",
+                 are lost: {why}, and this process's copy of its carrier cannot be read: {e} \
+                 (`cuinterpose end --pid <root>` ends the group)",
                 work.len()
             ))
         })?;

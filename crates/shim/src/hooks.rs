@@ -1,41 +1,132 @@
-//! The FFI boundary: one hook per wrapped entry point, with the driver's C arguments. A hook
-//! dispatches (no runtime: the driver's own function; a forked child: refused), reads the
-//! application's input pointers, calls the runtime's tracked call with Rust values, and writes
-//! what it returns through the application's out-pointers, only on success.
+//! The FFI boundary: the hook of every wrapped entry point, with the driver's C arguments.
+//!
+//! Most hooks are generated: each `wrapped` entry of the driver table
+//! (`crates/cuda/src/driver_table.rs`) names its pattern in `#[hook(..)]`, and [`hook!`] expands it
+//! into the body of the entry's exported wrapper (`table.rs`), so that the C signature is written
+//! only in the table. A tracked pattern dispatches (no runtime: the driver's own function; a forked
+//! child: refused), reads the application's input pointers, calls the runtime's tracked call with
+//! Rust values, and writes what it returns through the application's out-pointer, only on success.
+//! The functions after the patterns are the hooks written by hand (`by_hand` in the table): the
+//! entries that do more than a pattern says.
 //!
 //! A null pointer the runtime would need is never read: such a call goes to the driver unchanged
 //! (which reports it with its own code) and nothing is recorded, as the driver did nothing.
 
 #![allow(unsafe_code)] // reads and writes the application's pointers
-#![allow(clippy::too_many_arguments)]
 #![allow(non_snake_case)] // hooks carry the driver's symbol names
 
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use cuda::{DriverTable, ForeignPtr, VirtualHandle};
 use cuda_abi::{
-    CUcontext, CUdevice, CUdeviceptr, CUipcMemHandle, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmulticastObjectProp, CUresult, CUstream, handle_type,
+    CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, handle_type,
 };
 use shim_runtime::owned_alloc::PointerValue;
 use shim_runtime::runtime::{Active, Runtime, active};
 use shim_runtime::track::{ExportTo, Tracked};
-use shim_runtime::unowned::UnownedKind;
 use std::os::fd::{BorrowedFd, IntoRawFd};
 
 /// Dispatch: the runtime's tracked call, the driver (no runtime), or a refusal (forked child).
+/// Paths are absolute: [`hook!`] expands it inside `table.rs`.
 macro_rules! dispatch {
     ($real:ident . $pfn:ident ( $($arg:expr),* ), |$rt:ident| $tracked:expr) => {
-        match active() {
-            Active::Running($rt) => $tracked,
+        match shim_runtime::runtime::active() {
+            shim_runtime::runtime::Active::Running($rt) => $tracked,
             // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-            Active::Off => unsafe { ($real.$pfn)($($arg),*) },
-            Active::Forked => CUresult::ERROR_NOT_INITIALIZED,
+            shim_runtime::runtime::Active::Off => unsafe { ($real.$pfn)($($arg),*) },
+            shim_runtime::runtime::Active::Forked => cuda_abi::CUresult::ERROR_NOT_INITIALIZED,
         }
     };
 }
+pub(crate) use dispatch;
+
+/// The body of the exported wrapper of one `wrapped` entry: `hook!((HOOK) real.NAME(ARGS))`,
+/// where HOOK is the entry's `#[hook(..)]` clause (its grammar is at the table) and ARGS are its C
+/// argument names. Each pattern's unsafe blocks carry the one invariant that pattern relies on.
+macro_rules! hook {
+    ((by_hand) $real:ident . $name:ident ( $($a:ident),* )) => {
+        // SAFETY: the caller upholds the driver function's contract for these arguments, which is
+        // the hand-written hook's contract.
+        unsafe { $crate::hooks::$name($real, $($a),*) }
+    };
+    (
+        (rt . $method:ident ( $( $role:ident $(( $($of:ident),* ))? ),* )
+            $(-> $out:ident $(( $outp:ident ))?)?)
+        $real:ident . $name:ident ( $($a:ident),* )
+    ) => {
+        $crate::hooks::dispatch!($real.$name($($a),*), |rt| {
+            let nulls = [
+                $( $crate::hooks::hook!(@null $role $(( $($of),* ))?), )*
+                $( $crate::hooks::hook!(@out_ptr $out $(( $outp ))?).is_null(), )?
+            ];
+            if nulls.contains(&true) {
+                // SAFETY: the caller's arguments, unchanged, under the caller's contract; the
+                // driver reports the null.
+                return unsafe { ($real.$name)($($a),*) };
+            }
+            let tracked = rt.$method($( $crate::hooks::hook!(@arg $role $(( $($of),* ))?) ),*);
+            $crate::hooks::hook!(@finish tracked $(, $out $(( $outp ))?)?)
+        })
+    };
+    (
+        (unowned ( $kind:ident , $($bytes:tt)* ) -> $out:ident)
+        $real:ident . $name:ident ( $($a:ident),* )
+    ) => {{
+        // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+        let r = unsafe { ($real.$name)($($a),*) };
+        $crate::hooks::observe_alloc(r, $out, |rt, base| {
+            let bytes = $crate::hooks::hook!(@bytes $($bytes)*);
+            rt.note_unowned(shim_runtime::unowned::UnownedKind::$kind, base, bytes)
+        })
+    }};
+    ((unowned_freed ( $dptr:ident )) $real:ident . $name:ident ( $($a:ident),* )) => {
+        // SAFETY: the caller's arguments, unchanged, under the caller's contract.
+        $crate::hooks::observe_free(unsafe { ($real.$name)($($a),*) }, $dptr)
+    };
+
+    // An argument of a tracked call, by its role, after the null checks.
+    (@arg handle($x:ident)) => { cuda::VirtualHandle($x) };
+    (@arg read($p:ident)) => {
+        // SAFETY: non-null (checked) and, by the driver function's contract, a readable struct
+        // for the duration of the call.
+        unsafe { &*$p }
+    };
+    (@arg slice($p:ident, $n:ident)) => {
+        // SAFETY: non-null (checked) and, by the driver function's contract, `$n` readable
+        // structs for the duration of the call.
+        unsafe { core::slice::from_raw_parts($p, $n) }
+    };
+    // A device address in a `void*`: a number, never dereferenced.
+    (@arg address($p:ident)) => { $p as usize as cuda_abi::CUdeviceptr };
+    (@arg $x:ident) => { $x };
+    // Whether an input pointer the runtime would read is null.
+    (@null read($p:ident)) => { $p.is_null() };
+    (@null slice($p:ident, $n:ident)) => { $p.is_null() };
+    (@null handle($x:ident)) => { false };
+    (@null address($p:ident)) => { false };
+    (@null $x:ident) => { false };
+    (@out_ptr handle($p:ident)) => { $p };
+    (@out_ptr $p:ident) => { $p };
+    // The C result of the tracked call; its value written through the out-pointer on success.
+    (@finish $t:ident) => { $crate::hooks::done($t) };
+    (@finish $t:ident, handle($p:ident)) => {
+        // SAFETY: non-null (checked) and writable by the driver function's contract.
+        $crate::hooks::answer($t, |vh: cuda::VirtualHandle| unsafe { $p.write(vh.0) })
+    };
+    (@finish $t:ident, $p:ident) => {
+        // SAFETY: non-null (checked) and writable by the driver function's contract.
+        $crate::hooks::answer($t, |value| unsafe { $p.write(value) })
+    };
+    // The bytes of an allocation the shim does not own.
+    (@bytes pitched($pitch:ident, $width:ident, $height:ident)) => {
+        // SAFETY: the driver succeeded, so `$pitch` is null or holds the pitch it wrote.
+        unsafe { $crate::hooks::pitched_bytes($pitch, $width, $height) }
+    };
+    (@bytes $bytes:ident) => { $bytes as u64 };
+}
+pub(crate) use hook;
 
 /// The C result of a tracked call, after `write` stored its value.
-fn answer<T>(r: Tracked<T>, write: impl FnOnce(T)) -> CUresult {
+pub(crate) fn answer<T>(r: Tracked<T>, write: impl FnOnce(T)) -> CUresult {
     match r {
         Ok(value) => {
             write(value);
@@ -45,8 +136,52 @@ fn answer<T>(r: Tracked<T>, write: impl FnOnce(T)) -> CUresult {
     }
 }
 
-fn done(r: Tracked) -> CUresult {
+pub(crate) fn done(r: Tracked) -> CUresult {
     answer(r, |()| {})
+}
+
+/// Memory the shim does not own: the driver's call, unchanged, then `note` with the allocated base
+/// when it succeeded and the runtime runs (a forked child's calls go to the driver too: there is no
+/// tracked state of its own to keep).
+pub(crate) fn observe_alloc(
+    r: CUresult,
+    dptr: *mut CUdeviceptr,
+    note: impl FnOnce(&Runtime, CUdeviceptr),
+) -> CUresult {
+    if r.is_success()
+        && !dptr.is_null()
+        && let Active::Running(rt) = active()
+    {
+        // SAFETY: the driver wrote the allocation's base through this non-null pointer.
+        note(rt, unsafe { dptr.read() });
+    }
+    r
+}
+
+/// A free of memory the shim does not own, forgotten when the driver's call succeeded.
+pub(crate) fn observe_free(r: CUresult, dptr: CUdeviceptr) -> CUresult {
+    if r.is_success()
+        && let Active::Running(rt) = active()
+    {
+        rt.note_unowned_freed(dptr);
+    }
+    r
+}
+
+/// The bytes of a pitched allocation: the pitch the driver wrote times the rows.
+///
+/// # Safety
+/// `pitch` is null or holds the pitch a successful `cuMemAllocPitch` wrote.
+pub(crate) unsafe fn pitched_bytes(pitch: *const usize, width: usize, height: usize) -> u64 {
+    // The driver refuses a null pitch pointer, so a success has one; counted as unpadded rows
+    // if not.
+    let pitch = if pitch.is_null() {
+        width
+    } else {
+        // SAFETY: non-null, and the driver wrote the pitch through it (the caller's contract).
+        unsafe { pitch.read() }
+    };
+    (pitch as u64).saturating_mul(height as u64)
 }
 
 pub(crate) unsafe fn cuInit(real: &'static DriverTable, flags: c_uint) -> CUresult {
@@ -59,131 +194,6 @@ pub(crate) unsafe fn cuInit(real: &'static DriverTable, flags: c_uint) -> CUresu
         }
     }
     r
-}
-
-pub(crate) unsafe fn cuMemCreate(
-    real: &'static DriverTable,
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(real.cuMemCreate(handle, size, prop, flags), |rt| {
-        // SAFETY: the driver's contract: `prop` is null or a readable property struct.
-        let Some(p) = (unsafe { prop.as_ref() }) else {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuMemCreate)(handle, size, prop, flags) };
-        };
-        if handle.is_null() {
-            // SAFETY: as above.
-            return unsafe { (real.cuMemCreate)(handle, size, prop, flags) };
-        }
-        // SAFETY: `handle` is non-null and writable (the driver's contract).
-        answer(rt.mem_create(size, p, flags), |vh| unsafe {
-            handle.write(vh.0)
-        })
-    })
-}
-
-pub(crate) unsafe fn cuMemRelease(
-    real: &'static DriverTable,
-    handle: CUmemGenericAllocationHandle,
-) -> CUresult {
-    dispatch!(real.cuMemRelease(handle), |rt| done(
-        rt.mem_release(VirtualHandle(handle))
-    ))
-}
-
-pub(crate) unsafe fn cuMemAddressReserve(
-    real: &'static DriverTable,
-    ptr: *mut CUdeviceptr,
-    size: usize,
-    alignment: usize,
-    addr: CUdeviceptr,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(
-        real.cuMemAddressReserve(ptr, size, alignment, addr, flags),
-        |rt| {
-            if ptr.is_null() {
-                // SAFETY: as the caller gave them; the driver reports the null.
-                return unsafe { (real.cuMemAddressReserve)(ptr, size, alignment, addr, flags) };
-            }
-            answer(rt.mem_address_reserve(size, alignment, addr, flags), |va| {
-                // SAFETY: non-null and writable (the driver's contract).
-                unsafe { ptr.write(va) }
-            })
-        }
-    )
-}
-
-pub(crate) unsafe fn cuMemAddressFree(
-    real: &'static DriverTable,
-    ptr: CUdeviceptr,
-    size: usize,
-) -> CUresult {
-    dispatch!(real.cuMemAddressFree(ptr, size), |rt| done(
-        rt.mem_address_free(ptr, size)
-    ))
-}
-
-pub(crate) unsafe fn cuMemMap(
-    real: &'static DriverTable,
-    ptr: CUdeviceptr,
-    size: usize,
-    offset: usize,
-    handle: CUmemGenericAllocationHandle,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(real.cuMemMap(ptr, size, offset, handle, flags), |rt| done(
-        rt.mem_map(ptr, size, offset, VirtualHandle(handle), flags)
-    ))
-}
-
-pub(crate) unsafe fn cuMemUnmap(
-    real: &'static DriverTable,
-    ptr: CUdeviceptr,
-    size: usize,
-) -> CUresult {
-    dispatch!(real.cuMemUnmap(ptr, size), |rt| done(
-        rt.mem_unmap(ptr, size)
-    ))
-}
-
-pub(crate) unsafe fn cuMemSetAccess(
-    real: &'static DriverTable,
-    ptr: CUdeviceptr,
-    size: usize,
-    desc: *const CUmemAccessDesc,
-    count: usize,
-) -> CUresult {
-    dispatch!(real.cuMemSetAccess(ptr, size, desc, count), |rt| {
-        if desc.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuMemSetAccess)(ptr, size, desc, count) };
-        }
-        // SAFETY: the driver's contract: `desc` points at `count` readable descriptors.
-        let descs = unsafe { core::slice::from_raw_parts(desc, count) };
-        done(rt.mem_set_access(ptr, size, descs))
-    })
-}
-
-pub(crate) unsafe fn cuMemRetainAllocationHandle(
-    real: &'static DriverTable,
-    handle: *mut CUmemGenericAllocationHandle,
-    addr: *mut c_void,
-) -> CUresult {
-    dispatch!(real.cuMemRetainAllocationHandle(handle, addr), |rt| {
-        if handle.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuMemRetainAllocationHandle)(handle, addr) };
-        }
-        // `addr` is a device address in a `void*`, never dereferenced.
-        answer(rt.mem_retain_any(addr as usize as CUdeviceptr), |vh| {
-            // SAFETY: non-null and writable (the driver's contract).
-            unsafe { handle.write(vh.0) }
-        })
-    })
 }
 
 pub(crate) unsafe fn cuMemGetAllocationPropertiesFromHandle(
@@ -274,194 +284,6 @@ pub(crate) unsafe fn cuMemImportFromShareableHandle(
     )
 }
 
-pub(crate) unsafe fn cuDevicePrimaryCtxRetain(
-    real: &'static DriverTable,
-    ctx: *mut CUcontext,
-    dev: CUdevice,
-) -> CUresult {
-    dispatch!(real.cuDevicePrimaryCtxRetain(ctx, dev), |rt| {
-        if ctx.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuDevicePrimaryCtxRetain)(ctx, dev) };
-        }
-        // SAFETY: non-null and writable (the driver's contract).
-        answer(rt.primary_ctx_retain(dev), |c| unsafe { ctx.write(c) })
-    })
-}
-
-pub(crate) unsafe fn cuDevicePrimaryCtxReset_v2(
-    real: &'static DriverTable,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: no pointers.
-    dispatch!(real.cuDevicePrimaryCtxReset_v2(dev), |rt| done(
-        rt.primary_ctx_reset(dev)
-    ))
-}
-
-pub(crate) unsafe fn cuDevicePrimaryCtxRelease_v2(
-    real: &'static DriverTable,
-    dev: CUdevice,
-) -> CUresult {
-    dispatch!(real.cuDevicePrimaryCtxRelease_v2(dev), |rt| done(
-        rt.primary_ctx_release(dev)
-    ))
-}
-
-pub(crate) unsafe fn cuCtxDestroy_v2(real: &'static DriverTable, ctx: CUcontext) -> CUresult {
-    // The context is a handle passed by value: never dereferenced here.
-    dispatch!(real.cuCtxDestroy_v2(ctx), |rt| done(rt.ctx_destroy(ctx)))
-}
-
-pub(crate) unsafe fn cuCtxEnablePeerAccess(
-    real: &'static DriverTable,
-    peer: CUcontext,
-    flags: c_uint,
-) -> CUresult {
-    dispatch!(real.cuCtxEnablePeerAccess(peer, flags), |rt| done(
-        rt.ctx_enable_peer_access(peer, flags)
-    ))
-}
-
-pub(crate) unsafe fn cuCtxDisablePeerAccess(
-    real: &'static DriverTable,
-    peer: CUcontext,
-) -> CUresult {
-    dispatch!(real.cuCtxDisablePeerAccess(peer), |rt| done(
-        rt.ctx_disable_peer_access(peer)
-    ))
-}
-
-pub(crate) unsafe fn cuMemAlloc_v2(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-) -> CUresult {
-    dispatch!(real.cuMemAlloc_v2(dptr, bytes), |rt| {
-        if dptr.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuMemAlloc_v2)(dptr, bytes) };
-        }
-        // SAFETY: non-null and writable (the driver's contract).
-        answer(rt.mem_alloc(bytes), |p| unsafe { dptr.write(p) })
-    })
-}
-
-pub(crate) unsafe fn cuMemFree_v2(real: &'static DriverTable, dptr: CUdeviceptr) -> CUresult {
-    dispatch!(real.cuMemFree_v2(dptr), |rt| done(rt.mem_free_any(dptr)))
-}
-
-/// Memory the shim does not own: the driver's call, unchanged, then `note` with the allocated base
-/// when it succeeded and the runtime runs (a forked child's calls go to the driver too: there is no
-/// tracked state of its own to keep).
-fn observe_alloc(
-    r: CUresult,
-    dptr: *mut CUdeviceptr,
-    note: impl FnOnce(&Runtime, CUdeviceptr),
-) -> CUresult {
-    if r.is_success()
-        && !dptr.is_null()
-        && let Active::Running(rt) = active()
-    {
-        // SAFETY: the driver wrote the allocation's base through this non-null pointer.
-        note(rt, unsafe { dptr.read() });
-    }
-    r
-}
-
-pub(crate) unsafe fn cuMemAllocPitch_v2(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width: usize,
-    height: usize,
-    element_size: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    let r = unsafe { (real.cuMemAllocPitch_v2)(dptr, pitch, width, height, element_size) };
-    observe_alloc(r, dptr, |rt, base| {
-        // The driver refuses a null pitch pointer, so a success has one; counted as unpadded
-        // rows if not.
-        let pitch = if pitch.is_null() {
-            width
-        } else {
-            // SAFETY: non-null, and the driver wrote the pitch through it as it succeeded.
-            unsafe { pitch.read() }
-        };
-        let bytes = (pitch as u64).saturating_mul(height as u64);
-        rt.note_unowned(UnownedKind::Pitched, base, bytes);
-    })
-}
-
-pub(crate) unsafe fn cuMemAllocManaged(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    let r = unsafe { (real.cuMemAllocManaged)(dptr, bytes, flags) };
-    observe_alloc(r, dptr, |rt, base| {
-        rt.note_unowned(UnownedKind::Managed, base, bytes as u64)
-    })
-}
-
-pub(crate) unsafe fn cuMemAllocAsync(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    let r = unsafe { (real.cuMemAllocAsync)(dptr, bytes, stream) };
-    observe_alloc(r, dptr, |rt, base| {
-        rt.note_unowned(UnownedKind::StreamOrdered, base, bytes as u64)
-    })
-}
-
-/// The per-thread-default-stream variant, which cudart resolves for `--default-stream per-thread`
-/// programs: forwarded to the driver's own `_ptsz`, so stream 0 keeps its meaning.
-pub(crate) unsafe fn cuMemAllocAsync_ptsz(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    let r = unsafe { (real.cuMemAllocAsync_ptsz)(dptr, bytes, stream) };
-    observe_alloc(r, dptr, |rt, base| {
-        rt.note_unowned(UnownedKind::StreamOrdered, base, bytes as u64)
-    })
-}
-
-/// A free of memory the shim does not own, forgotten when the driver's call succeeded.
-fn observe_free(r: CUresult, dptr: CUdeviceptr) -> CUresult {
-    if r.is_success()
-        && let Active::Running(rt) = active()
-    {
-        rt.note_unowned_freed(dptr);
-    }
-    r
-}
-
-pub(crate) unsafe fn cuMemFreeAsync(
-    real: &'static DriverTable,
-    dptr: CUdeviceptr,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    observe_free(unsafe { (real.cuMemFreeAsync)(dptr, stream) }, dptr)
-}
-
-pub(crate) unsafe fn cuMemFreeAsync_ptsz(
-    real: &'static DriverTable,
-    dptr: CUdeviceptr,
-    stream: CUstream,
-) -> CUresult {
-    // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-    observe_free(unsafe { (real.cuMemFreeAsync_ptsz)(dptr, stream) }, dptr)
-}
-
 pub(crate) unsafe fn cuMemGetAddressRange_v2(
     real: &'static DriverTable,
     base: *mut CUdeviceptr,
@@ -550,159 +372,4 @@ pub(crate) unsafe fn cuPointerGetAttributes(
             r
         }
     )
-}
-
-pub(crate) unsafe fn cuIpcGetMemHandle(
-    real: &'static DriverTable,
-    handle: *mut CUipcMemHandle,
-    dptr: CUdeviceptr,
-) -> CUresult {
-    dispatch!(real.cuIpcGetMemHandle(handle, dptr), |rt| {
-        if handle.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuIpcGetMemHandle)(handle, dptr) };
-        }
-        // SAFETY: non-null and writable (the driver's contract).
-        answer(rt.ipc_get_mem_handle(dptr), |h| unsafe { handle.write(h) })
-    })
-}
-
-pub(crate) unsafe fn cuIpcOpenMemHandle_v2(
-    real: &'static DriverTable,
-    dptr: *mut CUdeviceptr,
-    handle: CUipcMemHandle,
-    flags: c_uint,
-) -> CUresult {
-    dispatch!(real.cuIpcOpenMemHandle_v2(dptr, handle, flags), |rt| {
-        if dptr.is_null() {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuIpcOpenMemHandle_v2)(dptr, handle, flags) };
-        }
-        // SAFETY: non-null and writable (the driver's contract).
-        answer(rt.ipc_open_mem_handle(handle, flags), |p| unsafe {
-            dptr.write(p)
-        })
-    })
-}
-
-pub(crate) unsafe fn cuIpcCloseMemHandle(
-    real: &'static DriverTable,
-    dptr: CUdeviceptr,
-) -> CUresult {
-    dispatch!(real.cuIpcCloseMemHandle(dptr), |rt| done(
-        rt.ipc_close_mem_handle(dptr)
-    ))
-}
-
-pub(crate) unsafe fn cuMulticastCreate(
-    real: &'static DriverTable,
-    handle: *mut CUmemGenericAllocationHandle,
-    prop: *const CUmulticastObjectProp,
-) -> CUresult {
-    dispatch!(real.cuMulticastCreate(handle, prop), |rt| {
-        // SAFETY: the driver's contract: `prop` is null or readable.
-        let (false, Some(p)) = (handle.is_null(), unsafe { prop.as_ref() }) else {
-            // SAFETY: as the caller gave them; the driver reports the null.
-            return unsafe { (real.cuMulticastCreate)(handle, prop) };
-        };
-        // SAFETY: non-null and writable (the driver's contract).
-        answer(rt.multicast_create(p), |vh| unsafe { handle.write(vh.0) })
-    })
-}
-
-pub(crate) unsafe fn cuMulticastAddDevice(
-    real: &'static DriverTable,
-    handle: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-) -> CUresult {
-    dispatch!(real.cuMulticastAddDevice(handle, dev), |rt| done(
-        rt.multicast_add_device(VirtualHandle(handle), dev)
-    ))
-}
-
-pub(crate) unsafe fn cuMulticastBindMem(
-    real: &'static DriverTable,
-    mc: CUmemGenericAllocationHandle,
-    mc_offset: usize,
-    mem: CUmemGenericAllocationHandle,
-    mem_offset: usize,
-    size: usize,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(
-        real.cuMulticastBindMem(mc, mc_offset, mem, mem_offset, size, flags),
-        |rt| done(rt.multicast_bind_mem(
-            VirtualHandle(mc),
-            mc_offset,
-            VirtualHandle(mem),
-            mem_offset,
-            size,
-            flags
-        ))
-    )
-}
-
-pub(crate) unsafe fn cuMulticastBindMem_v2(
-    real: &'static DriverTable,
-    mc: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mc_offset: usize,
-    mem: CUmemGenericAllocationHandle,
-    mem_offset: usize,
-    size: usize,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(
-        real.cuMulticastBindMem_v2(mc, dev, mc_offset, mem, mem_offset, size, flags),
-        |rt| done(rt.multicast_bind_mem_v2(
-            VirtualHandle(mc),
-            dev,
-            mc_offset,
-            VirtualHandle(mem),
-            mem_offset,
-            size,
-            flags
-        ))
-    )
-}
-
-pub(crate) unsafe fn cuMulticastBindAddr(
-    real: &'static DriverTable,
-    mc: CUmemGenericAllocationHandle,
-    mc_offset: usize,
-    ptr: CUdeviceptr,
-    size: usize,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(
-        real.cuMulticastBindAddr(mc, mc_offset, ptr, size, flags),
-        |rt| done(rt.multicast_bind_addr(VirtualHandle(mc), mc_offset, ptr, size, flags))
-    )
-}
-
-pub(crate) unsafe fn cuMulticastBindAddr_v2(
-    real: &'static DriverTable,
-    mc: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mc_offset: usize,
-    ptr: CUdeviceptr,
-    size: usize,
-    flags: c_ulonglong,
-) -> CUresult {
-    dispatch!(
-        real.cuMulticastBindAddr_v2(mc, dev, mc_offset, ptr, size, flags),
-        |rt| done(rt.multicast_bind_addr_v2(VirtualHandle(mc), dev, mc_offset, ptr, size, flags))
-    )
-}
-
-pub(crate) unsafe fn cuMulticastUnbind(
-    real: &'static DriverTable,
-    mc: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mc_offset: usize,
-    size: usize,
-) -> CUresult {
-    dispatch!(real.cuMulticastUnbind(mc, dev, mc_offset, size), |rt| done(
-        rt.multicast_unbind(VirtualHandle(mc), dev, mc_offset, size)
-    ))
 }

@@ -1,16 +1,18 @@
 //! What the table in `crates/cuda/src/driver_table.rs` generates inside the library.
 //!
-//! For each `wrapped` entry: the exported `#[no_mangle]` wrapper (in [`exports`]), which hands its
-//! C arguments to the hook of the same name in `crate::hooks` (the FFI boundary), its place in the
-//! resolver dispatch ([`wrapper`]) and its family in [`is_tracked_family`]. The real table is the
+//! For each `wrapped` entry: the exported `#[no_mangle]` wrapper (in [`exports`]), whose body is the
+//! hook its `#[hook(..)]` clause names, expanded by `crate::hooks::hook!` (the FFI boundary), its
+//! place in the resolver dispatch ([`wrapper`]) and its family in [`is_tracked_family`]. For each
+//! `gated` entry: the exported wrapper that passes the submission gate and calls the driver's same
+//! ABI, and its place in the resolver dispatch and in [`is_gated_family`]. The real table is the
 //! `cuda` crate's [`cuda::DriverTable`], resolved through this library's own lookup
 //! ([`build_real`]); an entry the driver lacks is the `cuda` crate's `CUDA_ERROR_NOT_FOUND` stub, so
 //! the runtime never calls through null.
 //!
-//! To wrap another driver function: move its line to the table's `wrapped` section and write its
-//! hook in `hooks.rs` (reading and writing the application's pointers) and its tracked call in
-//! `shim_runtime` (Rust values). The export, the version script, the resolver dispatch and the
-//! export test follow from the table.
+//! To wrap another driver function: move its line to the table's `wrapped` section with its
+//! `#[hook(..)]` clause, and write its tracked call in `shim_runtime` (Rust values); to gate one,
+//! move its line to `gated`. The export, the hook, the version script, the resolver dispatch and
+//! the export test follow from the table.
 
 #![allow(unsafe_code)] // the exports are `unsafe extern "C"`
 #![allow(non_snake_case)] // items carry the driver's symbol names
@@ -38,26 +40,26 @@ macro_rules! family {
 macro_rules! interposer_table {
     (
         interception { $($i:ident),* $(,)? }
-        wrapped { $( $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )* }
+        wrapped {
+            $( #[hook $wh:tt] $w:ident $(= $wb:ident @ $wv:literal)? ( $($wa:ident : $wt:ty),* $(,)? ); )*
+        }
         gated { $( $g:ident $(= $gb:ident @ $gv:literal)? ( $($ga:ident : $gt:ty),* $(,)? ); )* }
         called { $( $c:ident $(= $cb:ident @ $cv:literal)? ( $($ca:ident : $ct:ty),* $(,)? ); )* }
     ) => {
-        /// The exported wrappers. Each one fetches the real table (built on the first call) and
-        /// hands its arguments unchanged to the hook of the same name.
+        /// The exported wrappers. A wrapped entry's wrapper fetches the real table (built on the
+        /// first call) and runs the hook its `#[hook(..)]` clause names (`crate::hooks::hook!`).
         pub mod exports {
             use super::*;
             $(
-                #[doc = concat!("The interposed `", stringify!($w), "`: runs `crate::hooks::",
-                    stringify!($w), "` with the real driver table.")]
+                #[doc = concat!("The interposed `", stringify!($w), "`: `#[hook",
+                    stringify!($wh), "]`.")]
                 ///
                 /// # Safety
                 /// The driver function's own contract for its arguments.
                 #[cfg_attr(not(test), unsafe(no_mangle))]
                 pub unsafe extern "C" fn $w($($wa: $wt),*) -> CUresult {
                     let real = crate::real::get();
-                    // SAFETY: the caller upholds the driver function's contract for these
-                    // arguments, which is the hook's contract.
-                    unsafe { crate::hooks::$w(real, $($wa),*) }
+                    crate::hooks::hook!($wh real.$w($($wa),*))
                 }
             )*
             $(

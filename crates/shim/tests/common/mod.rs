@@ -207,8 +207,9 @@ impl Launch {
         launch
     }
 
-    /// Runs `program` to completion (bounded by a generous timeout).
-    pub fn run(&self, program: &Path) -> Run {
+    /// The command that runs `program` with this launch's arguments and environment (standard
+    /// input null, output piped).
+    pub fn command(&self, program: &Path) -> Command {
         let mut command = Command::new(program);
         command
             .args(&self.args)
@@ -226,7 +227,13 @@ impl Launch {
         for (key, value) in &self.env {
             command.env(key, value);
         }
-        let mut child = command
+        command
+    }
+
+    /// Runs `program` to completion (bounded by a generous timeout).
+    pub fn run(&self, program: &Path) -> Run {
+        let mut child = self
+            .command(program)
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
         let mut stdout = child.stdout.take().expect("stdout");
