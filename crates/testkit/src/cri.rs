@@ -429,7 +429,7 @@ pub struct PodSandboxMetadata {
     pub attempt: u32,
 }
 
-/// `PodSandboxConfig` (no DNS, port mappings or Windows settings).
+/// `PodSandboxConfig` (no DNS, port mappings, labels, annotations or Windows settings).
 #[derive(Clone, PartialEq, Message)]
 pub struct PodSandboxConfig {
     #[prost(message, optional, tag = "1")]
@@ -438,10 +438,6 @@ pub struct PodSandboxConfig {
     pub hostname: String,
     #[prost(string, tag = "3")]
     pub log_directory: String,
-    #[prost(map = "string, string", tag = "6")]
-    pub labels: HashMap<String, String>,
-    #[prost(map = "string, string", tag = "7")]
-    pub annotations: HashMap<String, String>,
     #[prost(message, optional, tag = "8")]
     pub linux: Option<LinuxPodSandboxConfig>,
 }
@@ -511,7 +507,7 @@ pub struct Mount {
     pub readonly: bool,
 }
 
-/// `ContainerConfig` (no devices, terminal or Windows settings).
+/// `ContainerConfig` (no working directory, devices, labels, terminal or Windows settings).
 #[derive(Clone, PartialEq, Message)]
 pub struct ContainerConfig {
     #[prost(message, optional, tag = "1")]
@@ -522,14 +518,10 @@ pub struct ContainerConfig {
     pub command: Vec<String>,
     #[prost(string, repeated, tag = "4")]
     pub args: Vec<String>,
-    #[prost(string, tag = "5")]
-    pub working_dir: String,
     #[prost(message, repeated, tag = "6")]
     pub envs: Vec<KeyValue>,
     #[prost(message, repeated, tag = "7")]
     pub mounts: Vec<Mount>,
-    #[prost(map = "string, string", tag = "9")]
-    pub labels: HashMap<String, String>,
     #[prost(string, tag = "11")]
     pub log_path: String,
     #[prost(message, optional, tag = "15")]
