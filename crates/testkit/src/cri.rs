@@ -287,7 +287,6 @@ impl Pod {
                     privileged: false,
                 }),
             }),
-            ..Default::default()
         };
         let sandbox = cri.run_pod_sandbox(&sandbox_config).await?;
         let mut pod = Pod {
