@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): formatting, lints, build, every test on the fake driver
 # (real processes, real sockets, a real CRIU), then the release: its layout built against glibc 2.17,
-# the baseline checked, the shim loaded in an old Debian userland and the .deb installed into a clean
-# chroot (scripts/test-release.sh). Needs a Rust toolchain; installs CRIU, zig and debootstrap itself,
-# and runc, Podman and containerd for the real-container tests (scripts/container-runtimes.sh).
+# the baseline checked, the shim loaded in an old Debian userland, the .deb installed into a clean
+# chroot and the product image built with Podman and run (scripts/test-release.sh); then the
+# Kubernetes tests, the agent's against pods made through containerd's CRI. Needs a Rust toolchain;
+# installs CRIU, zig and debootstrap itself, and runc, Podman and containerd for the real-container
+# tests (scripts/container-runtimes.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
