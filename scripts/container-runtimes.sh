@@ -170,8 +170,10 @@ start() {
         done
         ctr --address "$dir/containerd.sock" version >/dev/null \
             || { log "containerd did not answer"; exit 1; }
-        # The pause image for CRI's pods (namespace k8s.io), the base for `ctr run` (default).
+        # The pause image and the base for CRI's pods (namespace k8s.io), the base for `ctr run`
+        # (default).
         ctr --address "$dir/containerd.sock" -n k8s.io images import "$base/pause.tar" >/dev/null
+        ctr --address "$dir/containerd.sock" -n k8s.io images import "$base/base.tar" >/dev/null
         ctr --address "$dir/containerd.sock" -n default images import "$base/base.tar" >/dev/null
     fi
     {

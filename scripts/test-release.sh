@@ -11,12 +11,21 @@
 #   deb           the .deb (scripts/build-deb.sh) installs with dpkg into a clean chroot of the same
 #                 release; `cuinterpose --version`, `doctor`, `demo` and `demo --to-disk` run there
 #                 on the fake driver, with no variable set
+#   image         the product image (deploy/container/Containerfile) built with Podman over that
+#                 machine's own release (debootstrap, cached like the chroot) imported as its base
+#                 (nothing pulled) from the binaries built here
+#                 (dist/, and the webhook and agent of the cargo build, stripped); `demo` and
+#                 `demo --to-disk` run in a container of it on its fake driver; a pod shaped by the
+#                 webhook's code runs under Podman (crates/kube/tests/image.rs): its init container
+#                 copies the launcher and the shim into a volume, and its shaped container, from
+#                 the plain base image, runs its command under them, the shim mapped. Needs Podman
+#                 (scripts/container-runtimes.sh install) and the cargo build.
 #
 # The chroot is made once with debootstrap (minbase) and cached as a tarball under .cache/ (ignored by
 # git); every test unpacks a fresh copy. Mounts (/proc, /dev/shm, /tmp) live in a private mount
 # namespace and vanish with it.
 #
-# Usage: scripts/test-release.sh [STEP...]     (default: glibc old-userland deb)
+# Usage: scripts/test-release.sh [STEP...]     (default: glibc old-userland deb; image on request)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -40,16 +49,19 @@ mirror() {
     echo "$uri"
 }
 
-# Prints the cached root filesystem tarball, making it on first use.
+# Prints the cached root filesystem tarball, making it on first use: of the oldest of `suites`, or
+# of the suites given.
 rootfs() {
     local suite made
-    for suite in "${suites[@]}"; do
+    local wanted=("$@")
+    [ ${#wanted[@]} -gt 0 ] || wanted=("${suites[@]}")
+    for suite in "${wanted[@]}"; do
         [ -f "$cache/$suite.tar" ] && { echo "$cache/$suite.tar"; return; }
     done
     command -v debootstrap >/dev/null || { apt-get update -q >&2; apt-get install -y -q debootstrap >&2; }
     mkdir -p "$cache"
     local uri; uri=$(mirror)
-    for suite in "${suites[@]}"; do
+    for suite in "${wanted[@]}"; do
         made=$(mktemp -d /tmp/cuinterpose-debootstrap.XXXXXX)
         if debootstrap --variant=minbase "$suite" "$made" "$uri" >"$cache/$suite.log" 2>&1; then
             # The package cache and lists are not needed to run programs or dpkg -i.
@@ -63,7 +75,7 @@ rootfs() {
         rm -rf "$made"
         log "debootstrap $suite: not on $uri ($(tail -1 "$cache/$suite.log"))" >&2
     done
-    echo "test-release: debootstrap found none of ${suites[*]} on $uri" >&2
+    echo "test-release: debootstrap found none of ${wanted[*]} on $uri" >&2
     exit 1
 }
 
@@ -170,6 +182,48 @@ cuinterpose demo --to-disk
 DEB
     in_root "$root" sh /root/deb.sh
     rm -rf "$root"
+    trap - EXIT
+fi
+if wants image; then
+    # The suite the build machine runs (CI's: bookworm): the webhook and the agent are built
+    # against its glibc here (the Containerfile's own build stage builds them in its base).
+    tar=$(rootfs "$(awk -F= '$1 == "VERSION_CODENAME" {print $2}' /etc/os-release)")
+    base=localhost/cuinterpose-image-base:$(basename "$tar" .tar)
+    image=localhost/cuinterpose:test
+    # The same settings as the real-container tests (scripts/container-runtimes.sh says why).
+    read -r -a podman_run <<<"--runtime runc --network none --ulimit nofile=20000:20000 --ulimit nproc=32768:32768"
+    podman image exists "$base" || { log "image: importing $tar as $base"; podman import "$tar" "$base" >/dev/null; }
+    ctx=$(mktemp -d /tmp/cuinterpose-image.XXXXXX)
+    trap 'rm -rf "$ctx"' EXIT
+    # The build stage's layout (deploy/container/Containerfile): every binary in bin/, CRIU's
+    # prefix in criu/.
+    built=${CARGO_TARGET_DIR:-target}/debug
+    mkdir -p "$ctx/prebuilt/bin/fake-driver"
+    cp dist/bin/cuinterpose dist/bin/cuinterpose-workload dist/lib/libcuinterpose.so "$ctx/prebuilt/bin/"
+    cp dist/lib/cuinterpose/test-driver/libcuda.so.1 "$ctx/prebuilt/bin/libcuda.so"
+    ln -s ../libcuda.so "$ctx/prebuilt/bin/fake-driver/libcuda.so.1"
+    for f in cuinterpose-webhook cuinterpose-agent; do
+        [ -x "$built/$f" ] || { echo "test-release: $built/$f missing: cargo build --workspace first" >&2; exit 1; }
+        strip --strip-debug -o "$ctx/prebuilt/bin/$f" "$built/$f"
+    done
+    cp -a dist/libexec/cuinterpose/criu "$ctx/prebuilt/criu"
+    log "image: podman build over $base"
+    podman build -q -f deploy/container/Containerfile --build-arg "DEBIAN=$base" \
+        --build-arg BINARIES=prebuilt -t "$image" "$ctx" >/dev/null
+    log "image: demo and demo --to-disk in a container of it"
+    podman run --rm "${podman_run[@]}" "$image" /opt/cuinterpose/cuinterpose demo
+    # CRIU (the image's, as the agent's DaemonSet names it) needs root and a privileged container.
+    podman run --rm "${podman_run[@]}" --privileged --user 0 \
+        -e CUINTERPOSE_CRIU=/opt/cuinterpose/criu/bin/criu "$image" /opt/cuinterpose/cuinterpose demo --to-disk
+    # The webhook's init container and a shaped container as shaping::shape makes them
+    # (crates/kube/tests/image.rs).
+    log "image: the shaped init container, then the shaped command under the launcher and the shim"
+    # By digest: the webhook refuses an image that is not pinned.
+    pinned=localhost/cuinterpose@$(podman image inspect --format '{{.Digest}}' "$image")
+    CUINTERPOSE_TEST_PRODUCT_IMAGE=$pinned CUINTERPOSE_TEST_BASE_IMAGE=$base \
+        CUINTERPOSE_TEST_PODMAN_ARGS="${podman_run[*]}" \
+        cargo test -p cuinterpose-kube --locked --test image -- --ignored
+    rm -rf "$ctx"
     trap - EXIT
 fi
 log "passed: ${steps[*]}"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it (.ci/run): formatting, lints, build, every test on the fake driver
 # (real processes, real sockets, a real CRIU), then the release: its layout built against glibc 2.17,
-# the baseline checked, the shim loaded in an old Debian userland and the .deb installed into a clean
-# chroot (scripts/test-release.sh). Needs a Rust toolchain; installs CRIU, zig and debootstrap itself,
-# and runc, Podman and containerd for the real-container tests (scripts/container-runtimes.sh).
+# the baseline checked, the shim loaded in an old Debian userland, the .deb installed into a clean
+# chroot and the product image built with Podman and run (scripts/test-release.sh); then the
+# Kubernetes tests, the agent's against pods made through containerd's CRI. Needs a Rust toolchain;
+# installs CRIU, zig and debootstrap itself, and runc, Podman and containerd for the real-container
+# tests (scripts/container-runtimes.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,9 +26,16 @@ eval "$(grep '^export ' <<<"$runtimes_env")"
 export CUINTERPOSE_TEST_RUNTIMES=required
 grep -v '^export ' <<<"$runtimes_env" || true
 # containerd as the script runs it (private config, state and pid) for the tests' `ctr run`
-# containers, with its pause image; stopped (that pid only) after `cargo test`.
+# containers and the Kubernetes test's pods (its CRI), with its pause image; stopped (that pid
+# only) at the end.
 containerd_state=$(mktemp -d)
-trap 'scripts/container-runtimes.sh stop "$containerd_state"; rm -rf "$containerd_state"' EXIT
+k8s_state=""
+cleanup() {
+    if [ -n "$k8s_state" ]; then scripts/k8s-test-server.sh stop "$k8s_state"; rm -rf "$k8s_state"; fi
+    scripts/container-runtimes.sh stop "$containerd_state"
+    rm -rf "$containerd_state"
+}
+trap cleanup EXIT
 timed scripts/container-runtimes.sh start "$containerd_state" >/dev/null
 # shellcheck disable=SC1091
 . "$containerd_state/env"
@@ -70,9 +79,6 @@ export CUINTERPOSE_SOAK=${CUINTERPOSE_SOAK:-16,250,8,2}
 cargo test --workspace --locked -- --test-threads="${CUINTERPOSE_TEST_THREADS:-2}" \
     --skip _runc_ --skip _podman_ --skip _containerd_
 cargo test -p cuinterpose-cli --locked --test disk -- --test-threads=1 _runc_ _podman_ _containerd_
-scripts/container-runtimes.sh stop "$containerd_state"
-rm -rf "$containerd_state"
-trap - EXIT
 
 step "release layout (scripts/build-dist.sh: glibc 2.17 build, stripped, man pages, completions)"
 timed scripts/build-dist.sh
@@ -85,6 +91,9 @@ timed scripts/test-release.sh old-userland
 
 step "release: the Debian package in a clean chroot (--version, doctor, demo)"
 timed scripts/test-release.sh deb
+
+step "release: the product image built with Podman from a local base (demo, demo --to-disk, init container)"
+timed scripts/test-release.sh image
 
 step "Kubernetes: kustomize renders deploy/kubernetes offline"
 # kubectl's built-in kustomize, Debian's kubectl fetched by the script (cached in .k8s-test); every
@@ -100,9 +109,10 @@ echo "rendered $(grep -c '^kind:' <<<"$rendered") objects"
 
 step "Kubernetes: webhook and agent against real Kubernetes server code"
 # Debian's Kubernetes 1.36 source: the CRD API server on etcd, and the kube-apiserver's mutating
-# admission plugin in a harness (scripts/k8s-test-server.sh; built once, cached in .k8s-test).
+# admission plugin in a harness (scripts/k8s-test-server.sh; built once, cached in .k8s-test). The
+# agent's pod test makes its pods through the CRI of the containerd started above
+# (CUINTERPOSE_TEST_CONTAINERD; required: CUINTERPOSE_TEST_RUNTIMES).
 k8s_state=$(mktemp -d)
-trap 'scripts/k8s-test-server.sh stop "$k8s_state"; rm -rf "$k8s_state"' EXIT
 timed scripts/k8s-test-server.sh start "$k8s_state"
 # shellcheck disable=SC1091
 . "$k8s_state/env"

@@ -19,6 +19,7 @@ use clap::{Parser, Subcommand};
 use control::ControlError;
 use control::capture::{self, ResumeOptions, SuspendOptions};
 use control::disk;
+use control::runtimes::ContainerRef;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -141,8 +142,13 @@ enum Command {
     /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
     Checkpoint {
         /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
-        #[arg(long)]
-        pid: u32,
+        #[arg(long, required_unless_present = "container")]
+        pid: Option<u32>,
+        /// The container whose init is the workload's root, by its runtime's name for it:
+        /// `podman:NAME` or `containerd:ID` (a task of `ctr task ls`; CONTAINERD_ADDRESS and
+        /// CONTAINERD_NAMESPACE as ctr reads them); the runtime gives its init's PID
+        #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "pid")]
+        container: Option<ContainerRef>,
         /// Checkpoint directory (created; must not hold a checkpoint yet)
         #[arg(long)]
         dir: PathBuf,
@@ -180,6 +186,10 @@ enum Command {
         /// when the tree had a network namespace of its own, which CRIU does not dump
         #[arg(long, value_name = "PID")]
         namespaces_of: Option<u32>,
+        /// Restore into the container named so by its runtime (`podman:NAME`, `containerd:ID`):
+        /// `--namespaces-of` its init, whose root filesystem and cgroups the tree then takes
+        #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "namespaces_of")]
+        container: Option<ContainerRef>,
         /// Read every data file and check its digests before CRIU runs, so that a damaged one is
         /// refused before any process is created (default: lengths first, digests while the shims
         /// load, a damaged file undoing the restore before its processes resume; one read less)
@@ -198,7 +208,7 @@ enum Command {
         driver: Option<PathBuf>,
         /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
         /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "verify_data_first", "allow_unsigned", "criu", "driver"])]
+        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "container", "verify_data_first", "allow_unsigned", "criu", "driver"])]
         cleanup: bool,
         /// Print a JSON report instead of text
         #[arg(long)]
@@ -348,6 +358,7 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             ControlError::Refused(_)
             | ControlError::NoCudaProcesses(_)
             | ControlError::NoSuchProcess(_)
+            | ControlError::Container { .. }
             | ControlError::Unchanged { .. }
             | ControlError::AnotherRun { .. }
             | ControlError::StickyError { .. }
@@ -457,6 +468,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         }
         Command::Checkpoint {
             pid,
+            container,
             dir,
             leave_running,
             self_contained,
@@ -465,6 +477,10 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             driver,
             json,
         } => {
+            let pid = match container {
+                Some(container) => control::runtimes::init_pid(&container)?,
+                None => pid.ok_or_else(|| Usage("--pid or --container is required".into()))?,
+            };
             let options = disk::CheckpointOptions {
                 capture: capture_options(pid, freeze_timeout, driver, config),
                 dir,
@@ -512,6 +528,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             dir,
             device_map,
             namespaces_of,
+            container,
             verify_data_first,
             allow_unsigned,
             criu,
@@ -519,6 +536,10 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             cleanup: false,
             json,
         } => {
+            let namespaces_of = match container {
+                Some(container) => Some(control::runtimes::init_pid(&container)?),
+                None => namespaces_of,
+            };
             let options = disk::RestoreOptions {
                 dir: dir.clone(),
                 device_map: device_map.unwrap_or_default(),

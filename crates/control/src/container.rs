@@ -424,8 +424,9 @@ impl Container {
 /// `/proc/PID/cgroup` that is mounted here (a v1 hierarchy by its controllers or `name=`, the
 /// unified one by its type), each the mount point joined with the cgroup's path below the
 /// mount's root. A hierarchy mounted nowhere here is left out: no process of the tool's can be
-/// put into it, and the tree is then where CRIU is.
-fn cgroup_dirs(pid: u32) -> Result<Vec<std::path::PathBuf>, ControlError> {
+/// put into it, and the tree is then where CRIU is. (Also the Kubernetes agent's: it moves a tree
+/// it restored into its placeholder container's cgroups.)
+pub fn cgroup_dirs(pid: u32) -> Result<Vec<std::path::PathBuf>, ControlError> {
     let own = std::path::PathBuf::from("/proc/self/mountinfo");
     let table =
         std::fs::read_to_string(&own).map_err(|e| proc_error(std::process::id(), &own, e))?;

@@ -27,6 +27,7 @@ pub mod procfs;
 pub mod remaps;
 pub mod restore_thread;
 pub mod runlock;
+pub mod runtimes;
 pub mod safefs;
 pub mod tcp;
 
@@ -43,6 +44,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub enum ControlError {
     #[error("no process {0}")]
     NoSuchProcess(u32),
+    #[error("container {container}: {reason}")]
+    Container { container: String, reason: String },
     #[error("reading {path} of pid {pid}: {source}")]
     Proc {
         pid: u32,
@@ -269,6 +272,7 @@ impl ControlError {
                 | ControlError::RestoreUndone { .. }
                 | ControlError::NoCudaProcesses(_)
                 | ControlError::NoSuchProcess(_)
+                | ControlError::Container { .. }
                 | ControlError::Unchanged { .. }
                 | ControlError::AnotherRun { .. }
                 | ControlError::NotDrained { .. }

@@ -5,7 +5,8 @@
 //!   system's, the build artifacts, the fake driver's accounting; workloads and groups
 //!   ([`harness::Workload`], [`harness::Group`]) are the workload crate's client.
 //! - [`container`]: emulated containers (`unshare` and `pivot_root`, as runc makes them).
-//! - [`runtime`]: real container runtimes (runc, Podman) over a locally made image.
+//! - [`runtime`]: real container runtimes (runc, Podman, containerd) over a locally made image.
+//! - [`cri`]: a client of the Kubernetes CRI (containerd's), to make pods as a kubelet does.
 //! - [`native`]: the driver's `cuCheckpointProcess*` API on another process's pid.
 //! - [`scenarios`]: the scenario list that CI runs on the fake driver and the GPU lane on the real
 //!   one (binary `cuinterpose-scenarios`).
@@ -14,6 +15,7 @@
 //! [`wire`]) so that tests reach them through one crate.
 
 pub mod container;
+pub mod cri;
 pub mod harness;
 pub mod native;
 pub mod runtime;

@@ -257,6 +257,24 @@ impl Runtime {
         u32::try_from(pid).ok().filter(|&p| p > 0)
     }
 
+    /// How `cuinterpose checkpoint --container` and `restore --container` name container `name`
+    /// of this runtime (`podman:NAME`, `containerd:ID`), with the variables the runtime's client
+    /// needs in the tool's environment (containerd's socket and namespace, as `ctr` reads them);
+    /// `None` for runc, which the tool does not ask.
+    pub fn container_ref(&self, name: &str) -> Option<(String, Vec<(&'static str, String)>)> {
+        match self.kind {
+            Kind::Runc => None,
+            Kind::Podman => Some((format!("podman:{name}"), Vec::new())),
+            Kind::Containerd => Some((
+                format!("containerd:{name}"),
+                vec![
+                    ("CONTAINERD_ADDRESS", self.address.display().to_string()),
+                    ("CONTAINERD_NAMESPACE", "default".into()),
+                ],
+            )),
+        }
+    }
+
     /// `ctr` with containerd's socket.
     fn ctr(&self) -> Command {
         let mut command = Command::new(&self.program);

@@ -3,7 +3,7 @@
 //! driver, `.../kubepods-<qos>-pod<uid with _>.slice/cri-containerd-<id>.scope` with systemd).
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Why a container's processes could not be found or moved.
 #[derive(Debug, thiserror::Error)]
@@ -24,10 +24,6 @@ pub enum CgroupError {
         "container {container:?} has several PID-namespace inits ({pids:?}); cannot tell which is its root"
     )]
     SeveralInits { container: String, pids: Vec<u32> },
-    #[error("no cgroup v2 hierarchy is mounted (looked in {0})")]
-    NoCgroup2(PathBuf),
-    #[error("pid {0} has no cgroup v2 path")]
-    NoCgroup2Path(u32),
     #[error("moving pid {pid} into {path}: {source}")]
     Move {
         pid: u32,
@@ -182,48 +178,23 @@ impl Procfs {
             }),
         }
     }
-
-    /// The cgroup v2 path of `pid` (the `0::` line).
-    pub fn cgroup2_path(&self, pid: u32) -> Result<String, CgroupError> {
-        let path = self.root.join(pid.to_string()).join("cgroup");
-        let text =
-            std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { path, source })?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("0::"))
-            .map(str::to_string)
-            .ok_or(CgroupError::NoCgroup2Path(pid))
-    }
-
-    /// Where the cgroup v2 hierarchy is mounted (`/sys/fs/cgroup` on a node with cgroup v2 only,
-    /// `/sys/fs/cgroup/unified` on a hybrid one).
-    pub fn cgroup2_mount(&self) -> Result<PathBuf, CgroupError> {
-        let path = self.root.join("self/mountinfo");
-        let text = std::fs::read_to_string(&path).map_err(|source| CgroupError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        text.lines()
-            .find_map(|line| {
-                let (left, right) = line.split_once(" - ")?;
-                (right.split_whitespace().next()? == "cgroup2")
-                    .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
-            })
-            .ok_or(CgroupError::NoCgroup2(path))
-    }
 }
 
-/// Moves every process in `pids` into the cgroup v2 directory `cgroup` (the processes a restore
-/// created join the placeholder container's cgroup, so that its limits and accounting hold them).
-pub fn move_into(cgroup: &Path, pids: &[u32]) -> Result<(), CgroupError> {
-    let procs = cgroup.join("cgroup.procs");
-    let mut moved = HashSet::new();
-    for &pid in pids {
-        if moved.insert(pid) {
-            std::fs::write(&procs, pid.to_string()).map_err(|source| CgroupError::Move {
-                pid,
-                path: procs.clone(),
-                source,
-            })?;
+/// Moves every process in `pids` into each of the cgroup directories `cgroups` (one per
+/// hierarchy: the processes a restore created join the placeholder container's cgroups, so that
+/// its limits and accounting hold them).
+pub fn move_into(cgroups: &[PathBuf], pids: &[u32]) -> Result<(), CgroupError> {
+    for cgroup in cgroups {
+        let procs = cgroup.join("cgroup.procs");
+        let mut moved = HashSet::new();
+        for &pid in pids {
+            if moved.insert(pid) {
+                std::fs::write(&procs, pid.to_string()).map_err(|source| CgroupError::Move {
+                    pid,
+                    path: procs.clone(),
+                    source,
+                })?;
+            }
         }
     }
     Ok(())
@@ -232,6 +203,7 @@ pub fn move_into(cgroup: &Path, pids: &[u32]) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const UID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
@@ -341,25 +313,6 @@ mod tests {
         assert_eq!(
             error,
             "no process of container \"main\" is the init of a PID namespace (its processes: [10])"
-        );
-    }
-
-    #[test]
-    fn finds_the_cgroup2_mount() {
-        let proc = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(proc.path().join("self")).unwrap();
-        std::fs::write(
-            proc.path().join("self/mountinfo"),
-            "30 25 0:26 / /sys/fs/cgroup/pids rw,relatime shared:9 - cgroup cgroup rw,pids\n\
-             35 25 0:31 / /sys/fs/cgroup/unified rw,relatime shared:14 - cgroup2 cgroup2 rw\n",
-        )
-        .unwrap();
-        let procfs = Procfs {
-            root: proc.path().to_path_buf(),
-        };
-        assert_eq!(
-            procfs.cgroup2_mount().unwrap(),
-            PathBuf::from("/sys/fs/cgroup/unified")
         );
     }
 }

@@ -348,8 +348,19 @@ pub async fn reconcile(
     }
     if status.condition(condition::IN_PROGRESS).is_some() {
         if ours {
+            // The controller's cache can lag behind this agent's own writes: the InProgress write
+            // queues a reconcile that may run, after the checkpoint finished, on the object as it
+            // was then. Only the server's current object tells that from an agent that stopped
+            // during the run (and overwriting the outcome with NeedsAttention lost it: seen with
+            // real pods, where the checkpoint is quick).
+            let current = api.get(&name).await?;
+            let Some(mut status) = current
+                .status
+                .filter(|s| s.condition(condition::IN_PROGRESS).is_some())
+            else {
+                return Ok(Action::await_change());
+            };
             // Only an agent that stopped during the run leaves this behind: the outcome is unknown.
-            let mut status = status;
             set_condition(
                 &mut status,
                 condition(
@@ -717,7 +728,7 @@ async fn restore_placeholders(
     Ok(())
 }
 
-/// Restores the checkpoint in `dir` and moves the restored tree into the placeholder's cgroup.
+/// Restores the checkpoint in `dir` and moves the restored tree into the placeholder's cgroups.
 async fn restore_into(
     pod: &PodInfo,
     object: &Checkpoint,
@@ -762,14 +773,19 @@ async fn restore_into(
         })
         .map_err(|e| e.to_string())
         .and_then(|pid| {
-            let path = procfs.cgroup2_path(pid).map_err(|e| e.to_string())?;
-            let cgroup = procfs
-                .cgroup2_mount()
-                .map(|m| m.join(path.trim_start_matches('/')))
-                .map_err(|e| e.to_string())?;
-            Ok((pid, cgroup))
+            // Every hierarchy, not only the unified one: on a cgroup v1 or hybrid node the
+            // runtime puts the container in each v1 controller's hierarchy too, and its limits
+            // and accounting live there.
+            let cgroups = tool::cgroup_dirs(pid).map_err(|f| f.message)?;
+            if cgroups.is_empty() {
+                return Err(format!(
+                    "no cgroup hierarchy of container {:?} (pid {pid}) is mounted here",
+                    container.name
+                ));
+            }
+            Ok((pid, cgroups))
         });
-    let (placeholder_pid, cgroup) = match found {
+    let (placeholder_pid, cgroups) = match found {
         Ok(found) => found,
         Err(e) => return Ok(Err(e)),
     };
@@ -781,10 +797,15 @@ async fn restore_into(
             .map_err(|f| f.message)?;
         let moved = tool::process_tree(report.root)
             .map_err(|f| f.message)
-            .and_then(|pids| cgroup::move_into(&cgroup, &pids).map_err(|e| e.to_string()));
+            .and_then(|pids| cgroup::move_into(&cgroups, &pids).map_err(|e| e.to_string()));
         let note = match moved {
-            Ok(()) => format!("in its cgroup {}", cgroup.display()),
-            Err(e) => format!("but not moved into its cgroup: {e}"),
+            Ok(()) => format!(
+                "in its cgroups {}",
+                (cgroups.iter().map(|c| c.display().to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Err(e) => format!("but not moved into its cgroups: {e}"),
         };
         let joined = match report.namespaces.as_slice() {
             [] => String::new(),

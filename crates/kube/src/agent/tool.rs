@@ -167,6 +167,13 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ToolFailure> {
     control::discovery::process_tree(root).map_err(failure)
 }
 
+/// The directories of `pid`'s cgroups, one per hierarchy mounted on this node (every v1
+/// controller and named hierarchy, and the unified one): where a restored tree joins its
+/// placeholder container.
+pub fn cgroup_dirs(pid: u32) -> Result<Vec<PathBuf>, ToolFailure> {
+    control::container::cgroup_dirs(pid).map_err(failure)
+}
+
 /// `0=1,1=0` → [(0, 1), (1, 0)], as `cuinterpose restore --device-map` reads it.
 pub fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
     text.split(',')
