@@ -921,7 +921,9 @@ if wants preempt; then
 import json
 for l in open('$logs/preempt.jsonl'):
     r = json.loads(l)
-    w = '; '.join('%s %s rounds%s' % (s['worker'], s.get('rounds'), (', ' + s['error']) if s.get('error') else '') for s in r.get('workers', []))
+    def times(s):
+        return ''.join(' %s median/longest %s/%s ms' % (p, s[p]['median_ms'], s[p]['longest_ms']) for p in ('before', 'after') if p in s)
+    w = '; '.join('%s %s rounds%s%s' % (s['worker'], s.get('rounds'), times(s), (', ' + s['error']) if s.get('error') else '') for s in r.get('workers', []))
     n = r.get('native', {})
     steps = ', '.join('%s %s' % (k, v if isinstance(v, str) else '%s ms' % v['ms']) for k, v in n.items())
     print('%s\t%s; %s\t%s' % (r['case'], steps, w, 'ok' if r['ok'] else 'FAIL'))

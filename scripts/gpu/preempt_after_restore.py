@@ -13,7 +13,13 @@ stops them; each reports its rounds and its first error.
 Cases, one JSON line each:
   alone   X alone busy, X checkpointed and restored;
   pair    X and Y busy, X checkpointed and restored;
-  both    X and Y busy, both checkpointed and restored (each step on both before the next).
+  both    X and Y busy, both checkpointed and restored (each step on both before the next);
+  slice   X runs long kernels (--long-ms), Y short ones; X checkpointed and restored. Y's round
+          time before and after the restore says whether the GPU still switches away from X's
+          context in the middle of a kernel (time slices): if not, Y waits for X's kernels.
+
+Each worker reports its rounds, its first error, and its round times (median, longest) before and
+after the restore ended.
 
 Needs a GPU; no multicast API is used; the multicast switches are set for every process.
 """
@@ -46,7 +52,8 @@ class LockArgs(ctypes.Structure):
 
 
 def worker(name, kernel_ms, control, results):
-    """Spins kernels until told to stop; `control` holds 'go' and 'stop' messages."""
+    """Spins kernels until told to stop; `control` holds 'go' and ('stop', restored_at) messages
+    (restored_at: time.monotonic() when the restore ended, or None)."""
     import numpy as np
 
     import cupy as cp
@@ -65,11 +72,14 @@ def worker(name, kernel_ms, control, results):
         while control.get() != "go":
             pass
         start = time.monotonic()
-        longest = 0.0
+        rounds = []  # (began, seconds)
+        restored_at = None
         n = 0
         while True:
             try:
-                if control.get_nowait() == "stop":
+                message = control.get_nowait()
+                if message[0] == "stop":
+                    restored_at = message[1]
                     break
             except queue.Empty:
                 pass
@@ -78,13 +88,18 @@ def worker(name, kernel_ms, control, results):
             kernel((4,), (32,), (np.int64(cycles), out, np.uint32(n)), stream=stream)
             stream.synchronize()
             got = out.get()
-            longest = max(longest, time.monotonic() - began)
+            rounds.append((began, time.monotonic() - began))
             if not (got == n).all():
                 summary["error"] = "round %d: words %s" % (n, got.tolist())
                 break
             summary["rounds"] = n
-        summary["longest_round_ms"] = round(longest * 1000, 1)
         summary["seconds"] = round(time.monotonic() - start, 2)
+        for part, keep in (("before", lambda t: restored_at is None or t < restored_at),
+                           ("after", lambda t: restored_at is not None and t >= restored_at)):
+            times = sorted(d for t, d in rounds if keep(t))
+            if times:
+                summary[part] = {"rounds": len(times), "median_ms": round(times[len(times) // 2] * 1000, 2),
+                                 "longest_ms": round(times[-1] * 1000, 1)}
     except Exception as e:  # the finding: which round, which error
         summary["error"] = "round %d: %s: %s" % (summary["rounds"] + 1, type(e).__name__, e)
     results.put(("summary", name, summary))
@@ -122,7 +137,8 @@ def run_case(ctx, lib, case, args):
     names = ["X"] if case == "alone" else ["X", "Y"]
     results = ctx.Queue()
     controls = {n: ctx.Queue() for n in names}
-    procs = {n: ctx.Process(target=worker, args=(n, args.kernel_ms, controls[n], results)) for n in names}
+    kernel_ms = {"X": args.long_ms if case == "slice" else args.kernel_ms, "Y": args.kernel_ms}
+    procs = {n: ctx.Process(target=worker, args=(n, kernel_ms[n], controls[n], results)) for n in names}
     for p in procs.values():
         p.start()
     pids = {}
@@ -134,18 +150,20 @@ def run_case(ctx, lib, case, args):
             continue
         if kind == "ready":
             pids[name] = pid
-    record = {"case": case, "kernel_ms": args.kernel_ms}
+    record = {"case": case, "kernel_ms": kernel_ms}
+    restored_at = None
     if len(pids) < len(names):
         record["error"] = "workers not ready"
     else:
         for n in names:
             controls[n].put("go")
         time.sleep(args.before)
-        targets = [pids["X"]] if case in ("alone", "pair") else [pids[n] for n in names]
+        targets = [pids[n] for n in names] if case == "both" else [pids["X"]]
         record["native"], record["native_ok"] = native(lib, targets, args.lock_timeout)
+        restored_at = time.monotonic()
         time.sleep(args.after)
     for n in names:
-        controls[n].put("stop")
+        controls[n].put(("stop", restored_at))
     summaries = {}
     deadline = time.monotonic() + 60
     while len(summaries) < len(names) and time.monotonic() < deadline:
@@ -168,8 +186,9 @@ def run_case(ctx, lib, case, args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="alone,pair,both")
+    parser.add_argument("--cases", default="alone,pair,both,slice")
     parser.add_argument("--kernel-ms", type=float, default=5.0, help="each kernel's spin, milliseconds")
+    parser.add_argument("--long-ms", type=float, default=200.0, help="X's kernels in the slice case, milliseconds")
     parser.add_argument("--before", type=float, default=2.0, help="seconds of work before the checkpoint")
     parser.add_argument("--after", type=float, default=3.0, help="seconds of work after the restore")
     parser.add_argument("--lock-timeout", type=float, default=30.0, help="seconds")
