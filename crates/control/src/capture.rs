@@ -83,8 +83,10 @@ pub struct SuspendOptions {
     /// Whether the native lock and checkpoint follow the release (`KeepContexts`: they do not,
     /// and the contexts stay resident). A checkpoint to disk always captures `Native`.
     pub mode: SuspendMode,
-    /// Save through the carrier helper of the shims' control directory, started with this where
-    /// none runs (`suspend --carrier helper`); `None`: each process's own carrier.
+    /// `--carrier`: the carrier asked for (crate::carrier_choice).
+    pub carrier: crate::carrier_choice::Requested,
+    /// How a carrier helper is started where none runs; `None`: this caller cannot start one, so
+    /// `auto` keeps each process's own carrier and `helper` is refused.
     pub helper: Option<crate::carrier_helper::HelperLaunch>,
 }
 
@@ -98,6 +100,7 @@ impl SuspendOptions {
             driver: None,
             config: config.clone(),
             mode: SuspendMode::Native,
+            carrier: crate::carrier_choice::Requested::Auto,
             helper: None,
         }
     }
@@ -137,6 +140,9 @@ pub struct Report {
     /// When each process was drained, from the hold (a capture; empty for a rebuild).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub drained: Vec<crate::drain::Drained>,
+    /// The carrier the capture used, why, and what it holds (a capture; none for a rebuild).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
 }
 
 pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
@@ -404,8 +410,13 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = check_state_dir(&options.state_dir)?;
-    let (_group, captured) = capture(options, &state_path, &mut clock, Bytes::Carriers)?;
+    let (group, captured, mut carrier) =
+        capture(options, &state_path, &mut clock, Bytes::Carriers)?;
+    // The measured cost, once the tool's own connections are closed.
+    drop(group);
+    carrier.pinned_host_bytes = pinned_after_save(&captured, options.config.answer_timeout);
     Ok(Report {
+        carrier: Some(carrier),
         participants: summarize(&captured),
         drained: clock.drained,
         phases: clock.phases,
@@ -427,14 +438,16 @@ pub(crate) fn lock_tree(root: u32) -> Result<crate::runlock::RunLock, ControlErr
 
 /// Everything of a suspend up to and including the native checkpoint of every process: on success
 /// the group is connected, every process is checkpointed natively, and `state_path` holds the
-/// topology; on failure the workload was rolled back (or the error says it could not be).
+/// topology, and the result says which carrier the bytes went through; on failure the workload
+/// was rolled back (or the error says it could not be).
 pub(crate) fn capture(
     options: &SuspendOptions,
     state_path: &Path,
     clock: &mut Clock<'_>,
     bytes: Bytes<'_>,
-) -> Result<(Group, Vec<Snapshot>), ControlError> {
+) -> Result<(Group, Vec<Snapshot>, crate::carrier_choice::CarrierChoice), ControlError> {
     let progress = clock.progress;
+    let mut need = 0;
     let mut group = clock.time("inspect", None, || {
         let mut group = Group::discover(options.root, options.config.answer_timeout)?;
         let snapshots = group.snapshot()?;
@@ -442,30 +455,31 @@ pub(crate) fn capture(
         if !refusals.is_empty() {
             return Err(ControlError::Refused(refusals));
         }
+        need = saved_bytes(&snapshots);
         Ok((group, 0, 0.0))
     })?;
-    // The carrier helper of every control directory of the group answers, or is started, before
-    // anything changes.
-    if let (Some(launch), Bytes::Carriers) = (&options.helper, bytes) {
-        let mut dirs: Vec<&Path> = group
-            .participants
-            .iter()
-            .filter_map(|p| p.info.control_socket.as_deref()?.parent())
-            .collect();
-        dirs.sort_unstable();
-        dirs.dedup();
-        for dir in dirs {
-            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
-                source: Box::new(e),
-            })?;
-        }
-    }
     // Load the driver before anything changes: without a checkpoint API nothing may start. The
     // keep mode makes no native call, so it needs none.
     let driver = match options.mode {
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
+    let choice = match bytes {
+        Bytes::Carriers => choose_carrier(options, &group, driver.as_ref(), need)?,
+        Bytes::Files(_) => {
+            crate::carrier_choice::none_for_disk(crate::carrier_choice::host_facts())
+        }
+    };
+    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
+    // The carrier helper of every control directory of the group answers, or is started, before
+    // anything changes.
+    if let (Some(launch), true) = (&options.helper, through_helper) {
+        for dir in control_dirs(&group) {
+            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
+                source: Box::new(e),
+            })?;
+        }
+    }
 
     // Hold, drain, freeze (crate::drain): a failure here opens every gate again and changes
     // nothing else.
@@ -538,7 +552,7 @@ pub(crate) fn capture(
                 &mut group.participants,
                 bytes,
                 options.mode,
-                options.helper.is_some(),
+                through_helper,
                 progress,
             )
             .map(|(b, s)| ((), b, s))
@@ -578,7 +592,97 @@ pub(crate) fn capture(
         }
         return Err(error);
     }
-    Ok((group, captured))
+    Ok((group, captured, choice))
+}
+
+/// The control directories of the group's shims, each once.
+fn control_dirs(group: &Group) -> Vec<&Path> {
+    let mut dirs: Vec<&Path> = group
+        .participants
+        .iter()
+        .filter_map(|p| p.info.control_socket.as_deref()?.parent())
+        .collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    dirs
+}
+
+/// Host memory the group's carriers hold pinned after its Save, as each shim's HELLO says now
+/// (a connection's HELLO is from before the Save): its own pinned carrier, and the helper's carrier
+/// of what it saved there (the helper pins all of it, in 256 MiB pieces). A process that does not
+/// answer counts nothing.
+fn pinned_after_save(snapshots: &[Snapshot], timeout: std::time::Duration) -> u64 {
+    snapshots
+        .iter()
+        .filter_map(|s| Participant::connect(s.info.clone(), timeout).ok())
+        .map(|p| {
+            p.hello.carrier_pinned_bytes
+                + p.hello.carrier_helper.as_ref().map_or(0, |h| h.held_bytes)
+        })
+        .sum()
+}
+
+/// The carrier of this suspend (crate::carrier_choice), from what the machine allows now; a
+/// carrier asked for that the machine cannot hold is refused, nothing changed.
+fn choose_carrier(
+    options: &SuspendOptions,
+    group: &Group,
+    driver: Option<&Driver>,
+    need: u64,
+) -> Result<crate::carrier_choice::CarrierChoice, ControlError> {
+    use crate::carrier_choice::{Requested, choose, device_rooms, host_facts};
+    let mut machine = host_facts();
+    let requested = match (options.carrier, &options.helper) {
+        // Nothing here can start a helper: every process keeps its own carrier.
+        (Requested::Auto, None) => Requested::Process,
+        (requested, _) => requested,
+    };
+    let helper_possible = requested == Requested::Helper
+        || (requested == Requested::Auto && options.mode == SuspendMode::Native);
+    if helper_possible {
+        let dirs = control_dirs(group);
+        machine.helper_running = !dirs.is_empty()
+            && dirs.iter().all(|dir| {
+                std::os::unix::net::UnixStream::connect(
+                    dir.join(protocol::message::CARRIER_HELPER_SOCKET),
+                )
+                .is_ok()
+            });
+        if !machine.helper_running {
+            // Room for the helper's context on every device, as the driver reports it now (the
+            // group still holds all its memory).
+            let loaded;
+            let driver = match driver {
+                Some(d) => d,
+                None => {
+                    loaded = Driver::load(options.driver.as_deref())?;
+                    &loaded
+                }
+            };
+            machine.devices = device_rooms(driver)?;
+        }
+    }
+    let mut choice = choose(
+        requested,
+        options.mode,
+        need,
+        machine,
+        options.config.helper_context_bytes,
+    )
+    .map_err(|reason| ControlError::CarrierRefused {
+        carrier: "helper",
+        reason,
+    })?;
+    if options.carrier == Requested::Auto {
+        choice.requested = Requested::Auto;
+    }
+    if requested == Requested::Helper && options.helper.is_none() {
+        return Err(ControlError::CarrierRefused {
+            carrier: "helper",
+            reason: "this caller cannot start a carrier helper".into(),
+        });
+    }
+    Ok(choice)
 }
 
 /// Bytes of every allocation the shims created, shared or private: what Save copies.
@@ -902,6 +1006,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         lost: lost_labels,
         drained: Vec::new(),
         not_rebuilt,
+        carrier: None,
     })
 }
 

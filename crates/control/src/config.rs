@@ -48,6 +48,15 @@ const ANSWER_TIMEOUT_MS: Setting = Setting {
     default: "10000",
 };
 
+/// The GPU memory a carrier helper's context needs on each device beside what the group holds,
+/// in MiB: `--carrier auto` chooses the helper only where every device has it free. 560: the 527
+/// MiB its context took on the H200 (the placement experiment) plus 32 MiB of registrations for
+/// 8-16 GiB of carrier.
+const HELPER_CONTEXT_MIB: Setting = Setting {
+    name: "CUINTERPOSE_HELPER_CONTEXT_MIB",
+    default: "560",
+};
+
 /// How long the tool waits for a shim to accept and answer a read-only request, unless
 /// `CUINTERPOSE_ANSWER_TIMEOUT_MS` says otherwise.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,6 +78,9 @@ pub struct ToolConfig {
     pub lock_dir: Option<PathBuf>,
     /// The key file checkpoints are signed and verified with (crate::disk::signing).
     pub signing_key: PathBuf,
+    /// Free GPU memory each device needs for `--carrier auto` to choose the carrier helper
+    /// (crate::carrier_choice).
+    pub helper_context_bytes: u64,
 }
 
 /// A variable whose value the tool does not understand.
@@ -90,14 +102,22 @@ impl Default for ToolConfig {
             answer_timeout: ANSWER_TIMEOUT,
             lock_dir: None,
             signing_key: PathBuf::from(SIGNING_KEY.default),
+            helper_context_bytes: 560 << 20,
         }
     }
 }
 
 impl ToolConfig {
     /// Every variable the tool reads.
-    pub const SETTINGS: &'static [Setting] =
-        &[LOG, SHIM, CRIU, LOCK_DIR, SIGNING_KEY, ANSWER_TIMEOUT_MS];
+    pub const SETTINGS: &'static [Setting] = &[
+        LOG,
+        SHIM,
+        CRIU,
+        LOCK_DIR,
+        SIGNING_KEY,
+        ANSWER_TIMEOUT_MS,
+        HELPER_CONTEXT_MIB,
+    ];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> Result<ToolConfig, ConfigError> {
@@ -137,8 +157,22 @@ impl ToolConfig {
                     expected: ANSWER_TIMEOUT_EXPECTED,
                 })?,
         };
+        let helper_context_bytes = match text(&HELPER_CONTEXT_MIB, HELPER_CONTEXT_EXPECTED)? {
+            None => defaults.helper_context_bytes,
+            Some(mib) => mib
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .ok_or(ConfigError {
+                    name: HELPER_CONTEXT_MIB.name,
+                    value: mib,
+                    expected: HELPER_CONTEXT_EXPECTED,
+                })?,
+        };
         Ok(ToolConfig {
             log,
+            helper_context_bytes,
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
@@ -186,6 +220,8 @@ fn usable_lock_dir(dir: &std::path::Path) -> bool {
         && !pseudo
         && rustix::fs::access(existing, rustix::fs::Access::WRITE_OK).is_ok()
 }
+
+const HELPER_CONTEXT_EXPECTED: &str = "a number of MiB";
 
 const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
 
@@ -236,6 +272,7 @@ mod tests {
                 ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
                 ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
                 ("CUINTERPOSE_SIGNING_KEY", "/etc/cuinterpose/cluster.key"),
+                ("CUINTERPOSE_HELPER_CONTEXT_MIB", "300"),
             ])
             .unwrap(),
             ToolConfig {
@@ -245,8 +282,11 @@ mod tests {
                 answer_timeout: Duration::from_millis(1500),
                 lock_dir: Some("/run/locks".into()),
                 signing_key: "/etc/cuinterpose/cluster.key".into(),
+                helper_context_bytes: 300 << 20,
             }
         );
+        let e = with(&[("CUINTERPOSE_HELPER_CONTEXT_MIB", "lots")]).unwrap_err();
+        assert_eq!(e.name, "CUINTERPOSE_HELPER_CONTEXT_MIB");
         // Empty counts as unset.
         assert_eq!(
             with(&[
@@ -298,7 +338,7 @@ mod tests {
         // The defaults that are values: setting them changes nothing. The shim's, CRIU's and the
         // locks' are searches or rules ("next to the tool", "on PATH", "the private directory"),
         // which an unset variable leaves to the caller.
-        for setting in [LOG, ANSWER_TIMEOUT_MS] {
+        for setting in [LOG, ANSWER_TIMEOUT_MS, HELPER_CONTEXT_MIB] {
             let explicit = ToolConfig::from_lookup(|name| {
                 (name == setting.name).then(|| OsString::from(setting.default))
             })
