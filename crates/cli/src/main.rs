@@ -112,6 +112,21 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Pin the carriers of a running group ahead of its first suspend (in the carrier helper, off
+    /// the application's path, within CUINTERPOSE_PIN_AHEAD_MIB), so that the first cycle runs at
+    /// the rate of later ones; run it once the workload has made its allocations
+    Prepare {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+        #[arg(long)]
+        pid: u32,
+        /// The CUDA driver library the tool (and the helper it starts) loads (default:
+        /// libcuda.so.1 from the loader's path)
+        #[arg(long)]
+        driver: Option<PathBuf>,
+        /// Print a JSON report instead of text
+        #[arg(long)]
+        json: bool,
+    },
     /// Bring a suspended group back with every address, handle, content and sharing intact
     Resume {
         /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
@@ -446,6 +461,18 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             let report = capture::suspend(&options, &progress)
                 .with_context(|| format!("suspending the group under pid {pid}"))?;
             output::print_report("suspended", &report, json)
+        }
+        Command::Prepare { pid, driver, json } => {
+            let mut options = capture_options(pid, 30, driver, config);
+            CarrierPlace::Auto.apply(&mut options)?;
+            let report = capture::prepare(&options, config.pin_ahead_budget)
+                .with_context(|| format!("preparing the carriers of the group under pid {pid}"))?;
+            if json {
+                output::print_json(&report)
+            } else {
+                output::print_prepare(&report);
+                Ok(())
+            }
         }
         Command::Resume {
             pid,

@@ -186,6 +186,25 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
     Ok(())
 }
 
+pub fn print_prepare(report: &control::capture::PrepareReport) {
+    print_carrier(Some(&report.carrier));
+    if let Some(why) = &report.nothing_to_pin {
+        println!("nothing pinned ahead: {why}");
+    }
+    for p in &report.processes {
+        match &p.skipped {
+            Some(why) => println!("  {}: not prepared: {why}", short(&p.process)),
+            None => println!(
+                "  {}: {} of carrier pinned ahead in {:.1} ms",
+                short(&p.process),
+                bytes(p.pinned_bytes),
+                p.pin_millis
+            ),
+        }
+    }
+    println!("prepared in {:.1} ms", report.total_millis);
+}
+
 pub fn carrier_name(carrier: control::carrier_choice::Carrier) -> &'static str {
     use control::carrier_choice::Carrier;
     match carrier {

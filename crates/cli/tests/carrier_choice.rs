@@ -20,6 +20,16 @@ fn one_process(env: &TestEnv) -> Tree {
 
 /// The tool with `args`, its `RLIMIT_MEMLOCK` (soft and hard) set to `memlock` bytes.
 fn tool_memlock(env: &TestEnv, memlock: u64, args: &[String]) -> ToolRun {
+    tool_memlock_with(env, memlock, args, &[])
+}
+
+/// [`tool_memlock`] with the environment `extra`.
+fn tool_memlock_with(
+    env: &TestEnv,
+    memlock: u64,
+    args: &[String],
+    extra: &[(&str, &str)],
+) -> ToolRun {
     // prlimit sets the limit on itself, then execs the tool, which inherits it.
     let mut command = env
         .command(std::path::Path::new("prlimit"), false)
@@ -28,7 +38,8 @@ fn tool_memlock(env: &TestEnv, memlock: u64, args: &[String]) -> ToolRun {
         .arg(format!("--memlock={memlock}:{memlock}"))
         .arg("--")
         .arg(tool_path(env))
-        .args(args);
+        .args(args)
+        .envs(extra.iter().copied());
     let output = command.output().expect("running prlimit");
     ToolRun {
         args: args.to_vec(),
@@ -86,6 +97,8 @@ fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
     );
     assert_eq!(carrier["helper_gpu_bytes"], 560u64 << 20);
     assert!(helper_socket(&env).exists(), "no helper was started");
+    // Not prepared ahead: the first Save made (and pinned) the helper's carrier.
+    assert_eq!(carrier["save"]["carriers_reused"], false, "{carrier:#}");
     let suspended = inspect(&env, root);
     assert_eq!(suspended["carrier"]["carrier"], "helper", "{suspended:#}");
     resume(&env, root).ok();
@@ -95,6 +108,11 @@ fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
     let mut args = suspend_args(&env, root, &[]);
     args.retain(|a| a != "--json");
     let run = tool_memlock(&env, 8 << 20, &args);
+    assert!(
+        run.ok().stdout.contains("carrier cost: "),
+        "{}",
+        run.describe()
+    );
     assert!(
         run.ok()
             .stdout
@@ -166,4 +184,79 @@ fn no_room_for_the_helper_context_falls_back_and_an_explicit_helper_is_refused()
     assert!(!helper_socket(&env).exists(), "a helper was started");
     resume(&env, root).ok();
     ok(tree.w("a"), &["verify m 14"]);
+}
+
+fn prepare_args(env: &TestEnv, root: u32) -> Vec<String> {
+    vec![
+        "prepare".into(),
+        "--pid".into(),
+        root.to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ]
+}
+
+#[test]
+fn prepare_pins_the_carriers_ahead_so_the_first_suspend_pins_nothing() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    let run = tool_memlock(&env, 8 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "helper", "{prepared:#}");
+    let process = &prepared["processes"][0];
+    assert_eq!(process["bytes"], 4u64 << 20, "{prepared:#}");
+    assert!(
+        process["pinned_bytes"].as_u64() >= Some(4 << 20),
+        "{prepared:#}"
+    );
+    assert!(process["skipped"].is_null(), "{prepared:#}");
+    assert!(helper_socket(&env).exists(), "prepare started no helper");
+    // The application runs on while and after its carrier is prepared.
+    ok(tree.w("a"), &["verify m 13", "fill m 15"]);
+
+    // The first suspend finds its carrier made and pinned: the Save pins nothing.
+    let run = tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[]));
+    let report = run.ok().json();
+    let carrier = &report["carrier"];
+    assert_eq!(carrier["carrier"], "helper", "{}", run.describe());
+    assert_eq!(carrier["save"]["carriers_reused"], true, "{carrier:#}");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 15"]);
+}
+
+#[test]
+fn prepare_keeps_to_its_budget_and_pins_nothing_for_process_carriers() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    // A 2 MiB budget holds no 4 MiB carrier: left to the first suspend.
+    let run = tool_memlock_with(
+        &env,
+        8 << 20,
+        &prepare_args(&env, root),
+        &[("CUINTERPOSE_PIN_AHEAD_MIB", "2")],
+    );
+    let prepared = run.ok().json();
+    let process = &prepared["processes"][0];
+    assert_eq!(process["pinned_bytes"], 0, "{prepared:#}");
+    assert!(
+        process["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("beyond the budget")),
+        "{prepared:#}"
+    );
+
+    // Where the machine allows no helper, nothing is pinned ahead, and it says why.
+    let run = tool_memlock(&env, 1 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "process", "{prepared:#}");
+    assert!(
+        prepared["nothing_to_pin"]
+            .as_str()
+            .is_some_and(|s| s.contains("nothing is pinned ahead")),
+        "{prepared:#}"
+    );
+    ok(tree.w("a"), &["verify m 13"]);
 }

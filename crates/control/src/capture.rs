@@ -284,13 +284,14 @@ pub(crate) enum Bytes<'a> {
 /// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
 /// `mode` tells the shims whether a native checkpoint follows (their `auto` carrier pins only
 /// for a cycle that skips it).
+/// Save (or SaveTo) to every participant; with carriers, also what the carriers cost the Save.
 fn save_all(
     participants: &mut [Participant],
     bytes: Bytes<'_>,
     mode: SuspendMode,
     through_helper: bool,
     progress: &dyn Progress,
-) -> Result<(u64, f64), ControlError> {
+) -> Result<(u64, f64, Option<crate::carrier_choice::SaveCarriers>), ControlError> {
     match bytes {
         Bytes::Carriers => {
             let save = match (mode, through_helper) {
@@ -300,9 +301,24 @@ fn save_all(
                 (SuspendMode::Native, false) => Request::Save,
                 (SuspendMode::KeepContexts, false) => Request::SaveKeepingContexts,
             };
-            phase_all(participants, "save", &save, progress).map(|(_, b, s)| (b, s))
+            phase_all(participants, "save", &save, progress).map(|(results, b, s)| {
+                let moved: Vec<_> = results
+                    .iter()
+                    .filter_map(|r| r.stats.as_ref())
+                    .filter(|st| st.bytes > 0)
+                    .collect();
+                let carriers = crate::carrier_choice::SaveCarriers {
+                    carrier_millis: moved.iter().map(|st| st.carrier_micros).max().unwrap_or(0)
+                        as f64
+                        / 1e3,
+                    carriers_reused: moved.iter().all(|st| st.carrier_reused),
+                };
+                (b, s, Some(carriers))
+            })
         }
-        Bytes::Files(files) => files.save_all(participants, progress),
+        Bytes::Files(files) => files
+            .save_all(participants, progress)
+            .map(|(b, s)| (b, s, None)),
     }
 }
 
@@ -464,7 +480,7 @@ pub(crate) fn capture(
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
-    let choice = match bytes {
+    let mut choice = match bytes {
         Bytes::Carriers => choose_carrier(options, &group, driver.as_ref(), need)?,
         Bytes::Files(_) => {
             crate::carrier_choice::none_for_disk(crate::carrier_choice::host_facts())
@@ -547,7 +563,7 @@ pub(crate) fn capture(
             // at once.
             p.set_timeout(None)?;
         }
-        clock.time("save", Some(saved_bytes), || {
+        choice.save = clock.time("save", Some(saved_bytes), || {
             save_all(
                 &mut group.participants,
                 bytes,
@@ -555,7 +571,7 @@ pub(crate) fn capture(
                 through_helper,
                 progress,
             )
-            .map(|(b, s)| ((), b, s))
+            .map(|(b, s, carriers)| (carriers, b, s))
         })?;
         clock.time("release", None, || {
             phase_all(
@@ -593,6 +609,120 @@ pub(crate) fn capture(
         return Err(error);
     }
     Ok((group, captured, choice))
+}
+
+/// What `cuinterpose prepare` did: the carrier a suspend will use, and per process what was pinned
+/// ahead of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PrepareReport {
+    pub carrier: crate::carrier_choice::CarrierChoice,
+    /// `CUINTERPOSE_PIN_AHEAD_MIB` in bytes (`None`: no budget beyond the carrier choice's own
+    /// limits).
+    pub budget_bytes: Option<u64>,
+    pub processes: Vec<PreparedProcess>,
+    /// Why nothing was pinned ahead (each process's own carrier was chosen), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nothing_to_pin: Option<String>,
+    pub total_millis: f64,
+}
+
+/// One process's carrier, prepared ahead of the first suspend.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PreparedProcess {
+    pub process: String,
+    /// Bytes of the allocations it created: what its Save moves.
+    pub bytes: u64,
+    /// Bytes of its carrier now pinned (0: left to the first suspend, `skipped` says why).
+    pub pinned_bytes: u64,
+    pub pin_millis: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+/// Prepares the carriers of the group under `options.root` ahead of its first suspend, so that
+/// the first cycle runs at the rate of later ones: chooses the carrier as a plain suspend would
+/// (`options.carrier`), and where that is the carrier helper, starts it and has it make and pin
+/// each process's carrier (in 256 MiB pieces, in the helper's process: the application runs on,
+/// nothing of it is held or frozen), process by process while `budget` (bytes) allows. The
+/// processes that allocate after it grow their carrier at their first Save, which pins the rest.
+pub fn prepare(
+    options: &SuspendOptions,
+    budget: Option<u64>,
+) -> Result<PrepareReport, ControlError> {
+    let start = Instant::now();
+    let mut group = Group::discover(options.root, options.config.answer_timeout)?;
+    let snapshots = group.snapshot()?;
+    let refusals = check_group(&snapshots, Phase::Running);
+    if !refusals.is_empty() {
+        return Err(ControlError::Refused(refusals));
+    }
+    let plain = SuspendOptions {
+        mode: SuspendMode::Native,
+        ..options.clone()
+    };
+    let choice = choose_carrier(&plain, &group, None, saved_bytes(&snapshots))?;
+    let mut report = PrepareReport {
+        carrier: choice,
+        budget_bytes: budget,
+        processes: Vec::new(),
+        nothing_to_pin: None,
+        total_millis: 0.0,
+    };
+    let launch = match (&options.helper, report.carrier.carrier) {
+        (Some(launch), crate::carrier_choice::Carrier::Helper) => launch,
+        _ => {
+            report.nothing_to_pin = Some(
+                "each process's own carrier: a plain cycle stages through small buffers, so \
+                 nothing is pinned ahead"
+                    .into(),
+            );
+            report.total_millis = millis_since(start);
+            return Ok(report);
+        }
+    };
+    for dir in control_dirs(&group) {
+        crate::carrier_helper::ensure(dir, launch)?;
+    }
+    // The tool's connections go: the shims are not part of the preparation.
+    group.participants.clear();
+    let mut left = budget.unwrap_or(u64::MAX);
+    for s in &snapshots {
+        let bytes: u64 = s.record.allocations.iter().map(|a| a.size).sum();
+        let mut prepared = PreparedProcess {
+            process: s.info.label(),
+            bytes,
+            pinned_bytes: 0,
+            pin_millis: 0.0,
+            skipped: None,
+        };
+        let socket = s
+            .info
+            .control_socket
+            .as_deref()
+            .and_then(Path::parent)
+            .map(|dir| dir.join(protocol::message::CARRIER_HELPER_SOCKET));
+        match socket {
+            _ if bytes == 0 => prepared.skipped = Some("it created no allocation".into()),
+            _ if bytes > left => {
+                prepared.skipped = Some(format!(
+                    "beyond the budget (CUINTERPOSE_PIN_AHEAD_MIB): {} MiB left",
+                    left >> 20
+                ))
+            }
+            None => prepared.skipped = Some("no control socket".into()),
+            Some(socket) => {
+                let (pinned, micros) =
+                    crate::carrier_helper::prepare(&socket, s.info.host_pid, bytes)?;
+                left -= bytes;
+                prepared.pinned_bytes = pinned;
+                prepared.pin_millis = micros as f64 / 1e3;
+            }
+        }
+        report.processes.push(prepared);
+    }
+    report.carrier.pinned_host_bytes = report.processes.iter().map(|p| p.pinned_bytes).sum();
+    report.total_millis = millis_since(start);
+    Ok(report)
 }
 
 /// The control directories of the group's shims, each once.

@@ -19,6 +19,7 @@
 //! [`ToolConfig::helper_context_bytes`]: crate::config::ToolConfig::helper_context_bytes
 
 use protocol::state::SuspendMode;
+use serde::Serialize;
 
 /// Where a cycle's bytes wait between Save and Load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -66,7 +67,7 @@ pub struct DeviceRoom {
 }
 
 /// The carrier of a cycle, why, and what it costs.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct CarrierChoice {
     pub carrier: Carrier,
     pub requested: Requested,
@@ -80,6 +81,20 @@ pub struct CarrierChoice {
     pub helper_gpu_bytes: u64,
     /// The facts the choice was made from.
     pub machine: Machine,
+    /// What the Save spent on its carriers (a suspend's report; `None` before one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub save: Option<SaveCarriers>,
+}
+
+/// The carriers' share of a Save, from the shims' copy statistics: where carriers were prepared
+/// ahead (`cuinterpose prepare`) or kept from an earlier cycle, the Save pins nothing.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SaveCarriers {
+    /// The slowest shim's carrier making, first touch and pinning before its copy.
+    pub carrier_millis: f64,
+    /// Every carrier that moved bytes existed, big enough (and pinned, for a pinned one), before
+    /// the Save.
+    pub carriers_reused: bool,
 }
 
 const MIB: u64 = 1 << 20;
@@ -144,6 +159,7 @@ pub fn choose(
         pinned_host_bytes: need,
         helper_gpu_bytes: context_bytes,
         machine: machine.clone(),
+        save: None,
     };
     let process = |reason: String| {
         // A keep-contexts cycle pins the process's own carrier (the shim's `auto` mode) where
@@ -156,6 +172,7 @@ pub fn choose(
             pinned_host_bytes: if pins { need } else { 0 },
             helper_gpu_bytes: 0,
             machine: machine.clone(),
+            save: None,
         }
     };
     let refusal = no_room(&machine, context_bytes);
@@ -209,6 +226,7 @@ pub fn none_for_disk(machine: Machine) -> CarrierChoice {
         pinned_host_bytes: 0,
         helper_gpu_bytes: 0,
         machine,
+        save: None,
     }
 }
 
@@ -292,6 +310,7 @@ pub fn for_inspect(
                 devices: Vec::new(),
                 ..machine
             },
+            save: None,
         }));
     }
     let need = report

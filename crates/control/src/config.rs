@@ -57,6 +57,14 @@ const HELPER_CONTEXT_MIB: Setting = Setting {
     default: "560",
 };
 
+/// The most host memory, in MiB, `cuinterpose prepare` pins ahead of the first suspend;
+/// `unlimited`: as much as the group's carriers need, within what `--carrier auto` checks
+/// (RLIMIT_MEMLOCK, half the host's available memory).
+const PIN_AHEAD_MIB: Setting = Setting {
+    name: "CUINTERPOSE_PIN_AHEAD_MIB",
+    default: "unlimited",
+};
+
 /// How long the tool waits for a shim to accept and answer a read-only request, unless
 /// `CUINTERPOSE_ANSWER_TIMEOUT_MS` says otherwise.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,6 +89,8 @@ pub struct ToolConfig {
     /// Free GPU memory each device needs for `--carrier auto` to choose the carrier helper
     /// (crate::carrier_choice).
     pub helper_context_bytes: u64,
+    /// The most host memory `cuinterpose prepare` pins ahead (`None`: no budget of its own).
+    pub pin_ahead_budget: Option<u64>,
 }
 
 /// A variable whose value the tool does not understand.
@@ -103,6 +113,7 @@ impl Default for ToolConfig {
             lock_dir: None,
             signing_key: PathBuf::from(SIGNING_KEY.default),
             helper_context_bytes: 560 << 20,
+            pin_ahead_budget: None,
         }
     }
 }
@@ -117,6 +128,7 @@ impl ToolConfig {
         SIGNING_KEY,
         ANSWER_TIMEOUT_MS,
         HELPER_CONTEXT_MIB,
+        PIN_AHEAD_MIB,
     ];
 
     /// The configuration of this process's environment.
@@ -170,9 +182,25 @@ impl ToolConfig {
                     expected: HELPER_CONTEXT_EXPECTED,
                 })?,
         };
+        let pin_ahead_budget = match text(&PIN_AHEAD_MIB, PIN_AHEAD_EXPECTED)? {
+            None => defaults.pin_ahead_budget,
+            Some(v) if v.trim() == PIN_AHEAD_MIB.default => None,
+            Some(mib) => Some(
+                mib.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|mib| mib.checked_mul(1 << 20))
+                    .ok_or(ConfigError {
+                        name: PIN_AHEAD_MIB.name,
+                        value: mib,
+                        expected: PIN_AHEAD_EXPECTED,
+                    })?,
+            ),
+        };
         Ok(ToolConfig {
             log,
             helper_context_bytes,
+            pin_ahead_budget,
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
@@ -222,6 +250,8 @@ fn usable_lock_dir(dir: &std::path::Path) -> bool {
 }
 
 const HELPER_CONTEXT_EXPECTED: &str = "a number of MiB";
+
+const PIN_AHEAD_EXPECTED: &str = "a number of MiB, or unlimited";
 
 const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
 
@@ -273,6 +303,7 @@ mod tests {
                 ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
                 ("CUINTERPOSE_SIGNING_KEY", "/etc/cuinterpose/cluster.key"),
                 ("CUINTERPOSE_HELPER_CONTEXT_MIB", "300"),
+                ("CUINTERPOSE_PIN_AHEAD_MIB", "1024"),
             ])
             .unwrap(),
             ToolConfig {
@@ -283,6 +314,7 @@ mod tests {
                 lock_dir: Some("/run/locks".into()),
                 signing_key: "/etc/cuinterpose/cluster.key".into(),
                 helper_context_bytes: 300 << 20,
+                pin_ahead_budget: Some(1 << 30),
             }
         );
         let e = with(&[("CUINTERPOSE_HELPER_CONTEXT_MIB", "lots")]).unwrap_err();
@@ -338,7 +370,7 @@ mod tests {
         // The defaults that are values: setting them changes nothing. The shim's, CRIU's and the
         // locks' are searches or rules ("next to the tool", "on PATH", "the private directory"),
         // which an unset variable leaves to the caller.
-        for setting in [LOG, ANSWER_TIMEOUT_MS, HELPER_CONTEXT_MIB] {
+        for setting in [LOG, ANSWER_TIMEOUT_MS, HELPER_CONTEXT_MIB, PIN_AHEAD_MIB] {
             let explicit = ToolConfig::from_lookup(|name| {
                 (name == setting.name).then(|| OsString::from(setting.default))
             })
