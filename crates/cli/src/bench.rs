@@ -319,6 +319,10 @@ pub struct Capture {
     /// With `--carrier` (the default, auto, chooses by what the machine has; each suspend
     /// report's `carrier` says which, why, and what it holds).
     pub cycles: Vec<Cycle>,
+    /// With `--carrier auto`: `cuinterpose prepare` before the first cycle, as the guide has it
+    /// (the comparison's runs are not prepared: their first cycles pin).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<capture::PrepareReport>,
     /// With `--carrier auto`: the same cycles of a fresh group with each carrier asked for, for
     /// comparison.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -940,17 +944,18 @@ fn capture_bench(
         collector: &collector,
     };
     let mut verified = Vec::new();
-    let mut main = cycles
-        .run(&env, args.carrier, &mut verified)
+    let auto = args.carrier == crate::CarrierPlace::Auto;
+    let (mut main, prepared) = cycles
+        .run(&env, args.carrier, auto, &mut verified)
         .context("the capture cycles")?;
     // Auto's choice against each carrier asked for, each on a fresh group (and so a fresh
     // carrier helper: its first cycle pins again).
     let mut comparison = Vec::new();
-    if args.carrier == crate::CarrierPlace::Auto {
+    if auto {
         for carrier in [crate::CarrierPlace::Process, crate::CarrierPlace::Helper] {
             let fresh = Launcher::new(programs.clone(), true).context("preparing a directory")?;
-            match cycles.run(&fresh, carrier, &mut verified) {
-                Ok(cycles) => comparison.push(CarrierRun {
+            match cycles.run(&fresh, carrier, false, &mut verified) {
+                Ok((cycles, _)) => comparison.push(CarrierRun {
                     carrier,
                     cycles,
                     refused: None,
@@ -1005,6 +1010,7 @@ fn capture_bench(
         bytes_per_process: per,
         shared_bytes: per * args.processes as u64,
         cycles: main,
+        prepared,
         comparison,
         native,
         verified,
@@ -1022,14 +1028,16 @@ struct Cycles<'a> {
 }
 
 impl Cycles<'_> {
-    /// Starts a ring group in `env`, suspends and resumes it `--cycles` times with `carrier`, and
-    /// checks its contents after the last resume (one line in `verified`).
+    /// Starts a ring group in `env`, prepares its carriers if `prepare` (`cuinterpose prepare`),
+    /// suspends and resumes it `--cycles` times with `carrier`, and checks its contents after the
+    /// last resume (a line per rank in `verified`).
     fn run(
         &self,
         env: &Launcher,
         carrier: crate::CarrierPlace,
+        prepare: bool,
         verified: &mut Vec<String>,
-    ) -> anyhow::Result<Vec<Cycle>> {
+    ) -> anyhow::Result<(Vec<Cycle>, Option<capture::PrepareReport>)> {
         let (args, collector) = (self.args, self.collector);
         let options = WorkloadOptions::new("bench")
             .shim(true)
@@ -1042,6 +1050,17 @@ impl Cycles<'_> {
             w.ok(&format!("fill a{rank} {}", seed(rank)))?;
         }
         let root = group[0].pid();
+        let prepared = if prepare {
+            let mut options = SuspendOptions::new(root, self.config);
+            options.driver = self.tool_driver.clone();
+            carrier.apply(&mut options)?;
+            Some(
+                capture::prepare(&options, self.config.pin_ahead_budget)
+                    .context("preparing the carriers")?,
+            )
+        } else {
+            None
+        };
         let mut cycles = Vec::new();
         for cycle in 1..=args.cycles {
             let state_dir = env.dir().join(format!("state-{cycle}"));
@@ -1081,7 +1100,7 @@ impl Cycles<'_> {
         }
         // The group's memory goes before the next run, so that each fits on a small device.
         drop(group);
-        Ok(cycles)
+        Ok((cycles, prepared))
     }
 }
 
@@ -1480,6 +1499,14 @@ fn print_capture(c: &Capture) {
                     bytes(choice.map_or(0, |ch| ch.helper_gpu_bytes)),
                 ]);
             }
+        }
+        if let Some(p) = &c.prepared {
+            let pinned: u64 = p.processes.iter().map(|p| p.pinned_bytes).sum();
+            println!(
+                "auto's group was prepared first (cuinterpose prepare): {} pinned ahead in {:.1} ms",
+                bytes(pinned),
+                p.total_millis
+            );
         }
         if let Some(choice) = c.cycles.first().and_then(|c| c.suspend.carrier.as_ref()) {
             println!(

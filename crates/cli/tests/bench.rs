@@ -438,6 +438,15 @@ fn the_default_bench_compares_auto_with_each_carrier() {
         chosen == "helper" || chosen == "process",
         "auto chose {chosen}"
     );
+    // Auto's group is prepared first: where auto chose the helper, its first Save pins nothing.
+    let prepared = &capture["prepared"];
+    assert_eq!(prepared["carrier"]["carrier"], chosen, "{prepared}");
+    if chosen == "helper" {
+        assert_eq!(
+            capture["cycles"][0]["suspend"]["carrier"]["save"]["carriers_reused"], true,
+            "{prepared}"
+        );
+    }
     let comparison = capture["comparison"].as_array().expect("a comparison");
     let asked: Vec<&str> = comparison
         .iter()
@@ -453,9 +462,11 @@ fn the_default_bench_compares_auto_with_each_carrier() {
             assert_eq!(carrier["requested"], run["carrier"], "{carrier}");
             positive(&cycle["speedup_vs_native"], "the ratio to native");
         }
-        // The helper's cost is stated: its carrier pinned, its context's room on the GPU.
+        // The helper's cost is stated: its carrier pinned, its context's room on the GPU; not
+        // prepared, its first Save made its carrier.
         if run["carrier"] == "helper" {
             let carrier = &cycles[0]["suspend"]["carrier"];
+            assert_eq!(carrier["save"]["carriers_reused"], false, "{carrier}");
             assert!(
                 carrier["pinned_host_bytes"].as_u64() >= Some(4 << 20),
                 "{carrier}"

@@ -224,6 +224,23 @@ fn prepare_pins_the_carriers_ahead_so_the_first_suspend_pins_nothing() {
     assert_eq!(carrier["save"]["carriers_reused"], true, "{carrier:#}");
     resume(&env, root).ok();
     ok(tree.w("a"), &["verify m 15"]);
+
+    // A carrier that exists may hold a suspension's bytes: prepare never grows it (the next
+    // Save does), and says so.
+    ok(tree.w("a"), &["malloc n 4M", "fill n 16"]);
+    let run = tool_memlock(&env, 8 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    let process = &prepared["processes"][0];
+    assert_eq!(process["pinned_bytes"], 0, "{prepared:#}");
+    assert!(
+        process["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("already has a carrier")),
+        "{prepared:#}"
+    );
+    tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[])).ok();
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 15", "verify n 16"]);
 }
 
 #[test]

@@ -650,6 +650,8 @@ pub fn prepare(
     budget: Option<u64>,
 ) -> Result<PrepareReport, ControlError> {
     let start = Instant::now();
+    // No suspend of another run may save through a carrier while it is being prepared.
+    let _lock = lock_tree(options.root)?;
     let mut group = Group::discover(options.root, options.config.answer_timeout)?;
     let snapshots = group.snapshot()?;
     let refusals = check_group(&snapshots, Phase::Running);
@@ -710,13 +712,15 @@ pub fn prepare(
                 ))
             }
             None => prepared.skipped = Some("no control socket".into()),
-            Some(socket) => {
-                let (pinned, micros) =
-                    crate::carrier_helper::prepare(&socket, s.info.host_pid, bytes)?;
-                left -= bytes;
-                prepared.pinned_bytes = pinned;
-                prepared.pin_millis = micros as f64 / 1e3;
-            }
+            // Best effort: a carrier not prepared is made by the first Save, as without prepare.
+            Some(socket) => match crate::carrier_helper::prepare(&socket, s.info.host_pid, bytes) {
+                Ok((pinned, micros)) => {
+                    left -= bytes;
+                    prepared.pinned_bytes = pinned;
+                    prepared.pin_millis = micros as f64 / 1e3;
+                }
+                Err(e) => prepared.skipped = Some(e.to_string()),
+            },
         }
         report.processes.push(prepared);
     }

@@ -303,13 +303,25 @@ impl Helper {
                 "no process {pid} to prepare a carrier for"
             )));
         }
-        let shared = Arc::clone(
-            lock(&self.carriers)
+        let (shared, made) = {
+            let mut carriers = lock(&self.carriers);
+            let made = !carriers.contains_key(&pid);
+            let shared = carriers
                 .entry(pid)
-                .or_insert_with(|| Arc::new(Mutex::new(Carrier::shareable()))),
-        );
+                .or_insert_with(|| Arc::new(Mutex::new(Carrier::shareable())));
+            (Arc::clone(shared), made)
+        };
         let mut carrier = lock(&shared);
         let len = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // A carrier of an earlier cycle may hold the bytes of a suspension in progress: growing
+        // it would unmap them. Only a new carrier is made here; an existing one grows at its
+        // process's next Save, as it always has.
+        if !made && carrier.mapped() < len {
+            return Err(RequestError::Invalid(format!(
+                "process {pid} already has a carrier of {} bytes; it grows at its next Save",
+                carrier.mapped()
+            )));
+        }
         let device = self.devices.first().map_or(0, |(_, ordinal)| *ordinal);
         let (took, _, pinned) = carrier.ensure_pinned(self.real, len, copy::PIN_PIECE, device)?;
         log_info!("carrier of process {pid} prepared: {bytes} bytes, pinned {pinned}, {took:?}");
