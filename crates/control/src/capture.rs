@@ -782,7 +782,11 @@ fn choose_carrier(
                 )
                 .is_ok()
             });
-        if !machine.helper_running {
+        // Where auto falls back for want of pinning anyway, the devices are not asked: on a GPU
+        // each answer costs the tool a context on that device.
+        let falls_back = requested == Requested::Auto
+            && crate::carrier_choice::no_pinning(&machine, need).is_some();
+        if !machine.helper_running && !falls_back {
             // Room for the helper's context on every device, as the driver reports it now (the
             // group still holds all its memory).
             let loaded;

@@ -122,7 +122,7 @@ fn no_room(machine: &Machine, context_bytes: u64) -> Option<String> {
 
 /// Why the helper could not pin `need` bytes, or `None` when it can. The helper still works
 /// without it (a registration the driver refuses makes it copy staged), only slower.
-fn no_pinning(machine: &Machine, need: u64) -> Option<String> {
+pub fn no_pinning(machine: &Machine, need: u64) -> Option<String> {
     if let Some(limit) = machine.memlock
         && limit < need
     {
