@@ -813,6 +813,11 @@ fn choose_carrier(
     })?;
     if options.carrier == Requested::Auto {
         choice.requested = Requested::Auto;
+        if options.helper.is_none() {
+            choice.reason = "each process's own carrier: this caller cannot start a carrier \
+                             helper"
+                .into();
+        }
     }
     if requested == Requested::Helper && options.helper.is_none() {
         return Err(ControlError::CarrierRefused {
