@@ -28,6 +28,7 @@
 use crate::output::{Align, Table, bytes};
 use crate::progress::Bars;
 use anyhow::{Context, ensure};
+use control::ControlError;
 use control::capture::{self, PhaseTiming, Progress, Report, ResumeOptions, SuspendOptions};
 use control::config::ToolConfig;
 use control::group::PhaseResult;
@@ -132,7 +133,7 @@ pub struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     json_out: Option<PathBuf>,
     /// Where the bytes wait between each suspend and its resume, as `suspend --carrier`
-    #[arg(long, value_enum, default_value_t = crate::CarrierPlace::Process)]
+    #[arg(long, value_enum, default_value_t = crate::CarrierPlace::Auto)]
     carrier: crate::CarrierPlace,
     /// Also checkpoint a ring group of --size bytes to DIR and restore it, phase by phase, next
     /// to DIR's own sequential write and read rates measured with the same I/Os (needs root and
@@ -315,9 +316,29 @@ pub struct Capture {
     pub processes: usize,
     pub bytes_per_process: u64,
     pub shared_bytes: u64,
+    /// With `--carrier` (the default, auto, chooses by what the machine has; each suspend
+    /// report's `carrier` says which, why, and what it holds).
     pub cycles: Vec<Cycle>,
+    /// With `--carrier auto`: `cuinterpose prepare` before the first cycle, as the guide has it
+    /// (the comparison's runs are not prepared: their first cycles pin).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<capture::PrepareReport>,
+    /// With `--carrier auto`: the same cycles of a fresh group with each carrier asked for, for
+    /// comparison.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub comparison: Vec<CarrierRun>,
     pub native: Native,
     pub verified: Vec<String>,
+}
+
+/// The capture's cycles of a fresh group with one carrier asked for.
+#[derive(Debug, serde::Serialize)]
+pub struct CarrierRun {
+    pub carrier: crate::CarrierPlace,
+    pub cycles: Vec<Cycle>,
+    /// Why the machine refused the carrier (no cycle ran).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// One suspend and resume of the group.
@@ -909,60 +930,58 @@ fn capture_bench(
         .max(1)
         .saturating_mul(GRANULE);
     let env = Launcher::new(programs.clone(), true).context("preparing a directory")?;
-    let options = WorkloadOptions::new("bench")
-        .shim(true)
-        .timeout(COMMAND_TIMEOUT);
-    let group = Group::tree(&env, args.processes, options).context("starting the group")?;
-    group.ring(per).context("sharing memory around the ring")?;
-    for (rank, w) in group.members().iter().enumerate() {
-        w.ok(&format!("fill a{rank} {}", seed(rank)))?;
-    }
-    let root = group[0].pid();
     let tool_driver = (!on_gpu).then(|| driver.path().to_path_buf());
     let bars = Bars::new(!args.json);
     let collector = Collector {
         bars: &bars,
         results: Mutex::new(Vec::new()),
     };
-    let mut cycles = Vec::new();
-    for cycle in 1..=args.cycles {
-        let state_dir = env.dir().join(format!("state-{cycle}"));
-        let mut suspend_options = SuspendOptions::new(root, config);
-        suspend_options.state_dir = state_dir.clone();
-        suspend_options.driver = tool_driver.clone();
-        suspend_options.helper = args.carrier.launch(tool_driver.clone())?;
-        let suspend = capture::suspend(&suspend_options, &collector)
-            .with_context(|| format!("suspend, cycle {cycle}"))?;
-        let save = summarize_copies(collector.take("save"));
-        let mut resume_options = ResumeOptions::new(root, config);
-        resume_options.state_dir = state_dir;
-        resume_options.driver = tool_driver.clone();
-        let resume = capture::resume(&resume_options, &collector)
-            .with_context(|| format!("resume, cycle {cycle}"))?;
-        let load = summarize_copies(collector.take("load"));
-        collector.take("");
-        cycles.push(Cycle {
-            cycle,
-            suspend_gb_per_s: gb_per_s(suspend.saved_bytes, suspend.total_millis),
-            resume_gb_per_s: gb_per_s(resume.saved_bytes, resume.total_millis),
-            speedup_vs_native: 0.0,
-            suspend,
-            resume,
-            save,
-            load,
-        });
-    }
+    let cycles = Cycles {
+        args,
+        config,
+        per,
+        tool_driver: &tool_driver,
+        collector: &collector,
+    };
     let mut verified = Vec::new();
-    for (rank, w) in group.members().iter().enumerate() {
-        w.assert_pattern(&format!("a{rank}"), seed(rank))
-            .with_context(|| format!("contents of a{rank} after the last resume"))?;
-        verified.push(format!(
-            "a{rank}: contents kept in rank {rank} after {} cycles",
-            args.cycles
-        ));
+    let auto = args.carrier == crate::CarrierPlace::Auto;
+    let (mut main, prepared) = cycles
+        .run(&env, args.carrier, auto, &mut verified)
+        .context("the capture cycles")?;
+    // Auto's choice against each carrier asked for, each on a fresh group (and so a fresh
+    // carrier helper: its first cycle pins again).
+    let mut comparison = Vec::new();
+    if auto {
+        for carrier in [crate::CarrierPlace::Process, crate::CarrierPlace::Helper] {
+            let fresh = Launcher::new(programs.clone(), true).context("preparing a directory")?;
+            match cycles.run(&fresh, carrier, false, &mut verified) {
+                Ok((cycles, _)) => comparison.push(CarrierRun {
+                    carrier,
+                    cycles,
+                    refused: None,
+                }),
+                Err(e)
+                    if e.chain().any(|c| {
+                        matches!(
+                            c.downcast_ref::<ControlError>(),
+                            Some(ControlError::CarrierRefused { .. })
+                        )
+                    }) =>
+                {
+                    comparison.push(CarrierRun {
+                        carrier,
+                        cycles: Vec::new(),
+                        refused: Some(format!("{e:#}")),
+                    })
+                }
+                Err(e) => {
+                    return Err(
+                        e.context(format!("the cycles with --carrier {}", place_name(carrier)))
+                    );
+                }
+            }
+        }
     }
-    // The group's memory is back; free it before the baseline so both fit on a small device.
-    drop(group);
 
     let native = native_baseline(&env, driver, total, &mut verified).context("native baseline")?;
     let native_rate = gb_per_s(
@@ -972,7 +991,10 @@ fn capture_bench(
             + native.restore_millis
             + native.unlock_millis,
     );
-    for c in &mut cycles {
+    for c in main
+        .iter_mut()
+        .chain(comparison.iter_mut().flat_map(|r| r.cycles.iter_mut()))
+    {
         let ours = gb_per_s(
             c.suspend.saved_bytes,
             c.suspend.total_millis + c.resume.total_millis,
@@ -987,10 +1009,99 @@ fn capture_bench(
         processes: args.processes,
         bytes_per_process: per,
         shared_bytes: per * args.processes as u64,
-        cycles,
+        cycles: main,
+        prepared,
+        comparison,
         native,
         verified,
     })
+}
+
+/// What every run of the capture's cycles shares.
+struct Cycles<'a> {
+    args: &'a BenchArgs,
+    config: &'a ToolConfig,
+    /// Bytes each process shares.
+    per: u64,
+    tool_driver: &'a Option<PathBuf>,
+    collector: &'a Collector<'a>,
+}
+
+impl Cycles<'_> {
+    /// Starts a ring group in `env`, prepares its carriers if `prepare` (`cuinterpose prepare`),
+    /// suspends and resumes it `--cycles` times with `carrier`, and checks its contents after the
+    /// last resume (a line per rank in `verified`).
+    fn run(
+        &self,
+        env: &Launcher,
+        carrier: crate::CarrierPlace,
+        prepare: bool,
+        verified: &mut Vec<String>,
+    ) -> anyhow::Result<(Vec<Cycle>, Option<capture::PrepareReport>)> {
+        let (args, collector) = (self.args, self.collector);
+        let options = WorkloadOptions::new("bench")
+            .shim(true)
+            .timeout(COMMAND_TIMEOUT);
+        let group = Group::tree(env, args.processes, options).context("starting the group")?;
+        group
+            .ring(self.per)
+            .context("sharing memory around the ring")?;
+        for (rank, w) in group.members().iter().enumerate() {
+            w.ok(&format!("fill a{rank} {}", seed(rank)))?;
+        }
+        let root = group[0].pid();
+        let prepared = if prepare {
+            let mut options = SuspendOptions::new(root, self.config);
+            options.driver = self.tool_driver.clone();
+            carrier.apply(&mut options)?;
+            Some(
+                capture::prepare(&options, self.config.pin_ahead_budget)
+                    .context("preparing the carriers")?,
+            )
+        } else {
+            None
+        };
+        let mut cycles = Vec::new();
+        for cycle in 1..=args.cycles {
+            let state_dir = env.dir().join(format!("state-{cycle}"));
+            let mut suspend_options = SuspendOptions::new(root, self.config);
+            suspend_options.state_dir = state_dir.clone();
+            suspend_options.driver = self.tool_driver.clone();
+            carrier.apply(&mut suspend_options)?;
+            let suspend = capture::suspend(&suspend_options, collector)
+                .with_context(|| format!("suspend, cycle {cycle}"))?;
+            let save = summarize_copies(collector.take("save"));
+            let mut resume_options = ResumeOptions::new(root, self.config);
+            resume_options.state_dir = state_dir;
+            resume_options.driver = self.tool_driver.clone();
+            let resume = capture::resume(&resume_options, collector)
+                .with_context(|| format!("resume, cycle {cycle}"))?;
+            let load = summarize_copies(collector.take("load"));
+            collector.take("");
+            cycles.push(Cycle {
+                cycle,
+                suspend_gb_per_s: gb_per_s(suspend.saved_bytes, suspend.total_millis),
+                resume_gb_per_s: gb_per_s(resume.saved_bytes, resume.total_millis),
+                speedup_vs_native: 0.0,
+                suspend,
+                resume,
+                save,
+                load,
+            });
+        }
+        for (rank, w) in group.members().iter().enumerate() {
+            w.assert_pattern(&format!("a{rank}"), seed(rank))
+                .with_context(|| format!("contents of a{rank} after the last resume"))?;
+            verified.push(format!(
+                "a{rank}: contents kept in rank {rank} after {} cycles (--carrier {})",
+                args.cycles,
+                place_name(carrier)
+            ));
+        }
+        // The group's memory goes before the next run, so that each fits on a small device.
+        drop(group);
+        Ok((cycles, prepared))
+    }
 }
 
 /// The whole-process case: one workload under the shim holding a filled `cuMemAlloc` of the size
@@ -1042,7 +1153,7 @@ fn whole_bench(
         let mut suspend_options = SuspendOptions::new(pid, config);
         suspend_options.state_dir = state_dir.clone();
         suspend_options.driver = tool_driver.clone();
-        suspend_options.helper = args.carrier.launch(tool_driver.clone())?;
+        args.carrier.apply(&mut suspend_options)?;
         suspend_options.mode = mode;
         let suspend = capture::suspend(&suspend_options, &collector)
             .with_context(|| format!("suspend ({tag})"))?;
@@ -1271,6 +1382,14 @@ fn print_copy(what: &str, c: &CopySummary) {
     );
 }
 
+fn place_name(place: crate::CarrierPlace) -> &'static str {
+    match place {
+        crate::CarrierPlace::Auto => "auto",
+        crate::CarrierPlace::Process => "process",
+        crate::CarrierPlace::Helper => "helper",
+    }
+}
+
 fn print_capture(c: &Capture) {
     println!();
     println!(
@@ -1339,6 +1458,64 @@ fn print_capture(c: &Capture) {
     println!(
         "targets on the H200: save and load copies >= 45 GB/s per GPU; suspend+resume >= 5x native"
     );
+    if !c.comparison.is_empty() {
+        println!();
+        println!("carriers compared (each on a fresh group; the default's choice first):");
+        let table = Table::new(&[
+            ("CARRIER", 22, Align::Left),
+            ("CYCLE", 6, Align::Left),
+            ("SUSPEND MS", 11, Align::Right),
+            ("RESUME MS", 11, Align::Right),
+            ("X NATIVE", 9, Align::Right),
+            ("PINNED HOST", 12, Align::Right),
+            ("HELPER GPU", 12, Align::Right),
+        ]);
+        table.header();
+        let runs = std::iter::once(("auto", c.cycles.as_slice(), None)).chain(
+            c.comparison.iter().map(|r| {
+                (
+                    place_name(r.carrier),
+                    r.cycles.as_slice(),
+                    r.refused.as_deref(),
+                )
+            }),
+        );
+        for (name, cycles, refused) in runs {
+            if let Some(why) = refused {
+                println!("{name:<22} refused: {why}");
+            }
+            for cycle in cycles {
+                let choice = cycle.suspend.carrier.as_ref();
+                let chosen = choice.map_or(String::new(), |ch| {
+                    format!("{name} ({})", crate::output::carrier_name(ch.carrier))
+                });
+                table.row(&[
+                    chosen,
+                    cycle.cycle.to_string(),
+                    format!("{:.1}", cycle.suspend.total_millis),
+                    format!("{:.1}", cycle.resume.total_millis),
+                    format!("{:.2}", cycle.speedup_vs_native),
+                    bytes(choice.map_or(0, |ch| ch.pinned_host_bytes)),
+                    bytes(choice.map_or(0, |ch| ch.helper_gpu_bytes)),
+                ]);
+            }
+        }
+        if let Some(p) = &c.prepared {
+            let pinned: u64 = p.processes.iter().map(|p| p.pinned_bytes).sum();
+            println!(
+                "auto's group was prepared first (cuinterpose prepare): {} pinned ahead in {:.1} ms",
+                bytes(pinned),
+                p.total_millis
+            );
+        }
+        if let Some(choice) = c.cycles.first().and_then(|c| c.suspend.carrier.as_ref()) {
+            println!(
+                "auto chose {}: {}",
+                crate::output::carrier_name(choice.carrier),
+                choice.reason
+            );
+        }
+    }
     for v in &c.verified {
         println!("ok  {v}");
     }

@@ -74,6 +74,10 @@ enum Command {
         /// $TMPDIR/cuinterpose-suspended-<pid>)
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// The CUDA driver library the tool loads to read each GPU's free memory, for the carrier
+        /// a suspend would choose (default: libcuda.so.1 from the loader's path)
+        #[arg(long)]
+        driver: Option<PathBuf>,
         /// Print JSON instead of tables
         #[arg(long)]
         json: bool,
@@ -96,13 +100,30 @@ enum Command {
         /// contexts, modules and streams stay resident (a few hundred MiB per process)
         #[arg(long)]
         keep_contexts: bool,
-        /// Where the group's bytes wait until the resume: `process`, each process's own host
-        /// carrier; or `helper`, a carrier helper process that keeps them pinned between cycles
-        /// (copies at the link's rate, no pinned memory in the application at its native
-        /// checkpoint; its context stays on each GPU, and it holds the only copy of the bytes
-        /// until the resume)
-        #[arg(long, value_enum, default_value_t = CarrierPlace::Process)]
+        /// Where the group's bytes wait until the resume: `auto`, the fastest the machine allows
+        /// (the helper where every GPU has room for its context and RLIMIT_MEMLOCK and host
+        /// memory allow its pinning, else each process's own carrier; the report says which and
+        /// why); `process`, each process's own host carrier; or `helper`, a carrier helper
+        /// process that keeps them pinned between cycles (copies at the link's rate, no pinned
+        /// memory in the application at its native checkpoint; its context stays on each GPU),
+        /// refused where the machine cannot hold it
+        #[arg(long, value_enum, default_value_t = CarrierPlace::Auto)]
         carrier: CarrierPlace,
+        /// Print a JSON report instead of text
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pin the carriers of a running group ahead of its first suspend (in the carrier helper, off
+    /// the application's path, within CUINTERPOSE_PIN_AHEAD_MIB), so that the first cycle runs at
+    /// the rate of later ones; run it once the workload has made its allocations
+    Prepare {
+        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+        #[arg(long)]
+        pid: u32,
+        /// The CUDA driver library the tool (and the helper it starts) loads (default:
+        /// libcuda.so.1 from the loader's path)
+        #[arg(long)]
+        driver: Option<PathBuf>,
         /// Print a JSON report instead of text
         #[arg(long)]
         json: bool,
@@ -256,6 +277,8 @@ enum Command {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum CarrierPlace {
+    /// The fastest the machine allows (control::carrier_choice)
+    Auto,
     /// Each process's own carrier
     Process,
     /// The carrier helper of the shims' control directory
@@ -263,20 +286,21 @@ pub(crate) enum CarrierPlace {
 }
 
 impl CarrierPlace {
-    /// How a suspend starts the carrier helper (this program, loading `driver`); `None` for
-    /// each process's own carrier.
-    pub(crate) fn launch(
-        self,
-        driver: Option<PathBuf>,
-    ) -> anyhow::Result<Option<control::carrier_helper::HelperLaunch>> {
-        Ok(match self {
-            CarrierPlace::Process => None,
-            CarrierPlace::Helper => Some(control::carrier_helper::HelperLaunch {
-                program: std::env::current_exe()
-                    .context("finding this program, to start the carrier helper")?,
-                driver,
-            }),
-        })
+    /// Sets what a suspend asks for, and how it starts the carrier helper (this program,
+    /// loading `driver`) should it choose one.
+    pub(crate) fn apply(self, options: &mut SuspendOptions) -> anyhow::Result<()> {
+        use control::carrier_choice::Requested;
+        options.carrier = match self {
+            CarrierPlace::Auto => Requested::Auto,
+            CarrierPlace::Process => Requested::Process,
+            CarrierPlace::Helper => Requested::Helper,
+        };
+        options.helper = Some(control::carrier_helper::HelperLaunch {
+            program: std::env::current_exe()
+                .context("finding this program, to start the carrier helper")?,
+            driver: options.driver.clone(),
+        });
+        Ok(())
     }
 }
 
@@ -360,6 +384,7 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             | ControlError::NoSuchProcess(_)
             | ControlError::Container { .. }
             | ControlError::Unchanged { .. }
+            | ControlError::CarrierRefused { .. }
             | ControlError::AnotherRun { .. }
             | ControlError::StickyError { .. }
             | ControlError::DriverLoad { .. }
@@ -420,9 +445,21 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         Command::Inspect {
             pid,
             state_dir,
+            driver,
             json,
         } => {
-            let report = control::group::inspect(pid, state_dir.as_deref(), config.answer_timeout)?;
+            let mut report =
+                control::group::inspect(pid, state_dir.as_deref(), config.answer_timeout)?;
+            // Inspect shows the group whether or not the driver can be asked about the GPUs.
+            report.carrier = control::carrier_choice::for_inspect(
+                &report,
+                driver.as_deref(),
+                config.helper_context_bytes,
+            )
+            .unwrap_or_else(|e| {
+                eprintln!("cuinterpose: the carrier a suspend would choose is not known: {e}");
+                None
+            });
             if json {
                 output::print_json(&report)
             } else {
@@ -444,11 +481,23 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             if keep_contexts {
                 options.mode = protocol::state::SuspendMode::KeepContexts;
             }
-            options.helper = carrier.launch(options.driver.clone())?;
+            carrier.apply(&mut options)?;
             let progress = progress::Bars::new(!json);
             let report = capture::suspend(&options, &progress)
                 .with_context(|| format!("suspending the group under pid {pid}"))?;
             output::print_report("suspended", &report, json)
+        }
+        Command::Prepare { pid, driver, json } => {
+            let mut options = capture_options(pid, 30, driver, config);
+            CarrierPlace::Auto.apply(&mut options)?;
+            let report = capture::prepare(&options, config.pin_ahead_budget)
+                .with_context(|| format!("preparing the carriers of the group under pid {pid}"))?;
+            if json {
+                output::print_json(&report)
+            } else {
+                output::print_prepare(&report);
+                Ok(())
+            }
         }
         Command::Resume {
             pid,

@@ -113,6 +113,7 @@ pub fn print_inspect(report: &InspectReport) {
             );
         }
     }
+    print_carrier(report.carrier.as_ref());
     if report.refusals.is_empty() {
         println!("capture: possible (every CUDA process has the shim and nothing blocks)");
     } else {
@@ -175,6 +176,7 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
         report.total_millis,
         report.state_file.display()
     );
+    print_carrier(report.carrier.as_ref());
     for lost in &report.lost {
         println!("left out (exited): {lost}");
     }
@@ -182,6 +184,47 @@ pub fn print_report(what: &str, report: &Report, json: bool) -> anyhow::Result<(
         println!("not rebuilt: {item}");
     }
     Ok(())
+}
+
+pub fn print_prepare(report: &control::capture::PrepareReport) {
+    print_carrier(Some(&report.carrier));
+    if let Some(why) = &report.nothing_to_pin {
+        println!("nothing pinned ahead: {why}");
+    }
+    for p in &report.processes {
+        match &p.skipped {
+            Some(why) => println!("  {}: not prepared: {why}", short(&p.process)),
+            None => println!(
+                "  {}: {} of carrier pinned ahead in {:.1} ms",
+                short(&p.process),
+                bytes(p.pinned_bytes),
+                p.pin_millis
+            ),
+        }
+    }
+    println!("prepared in {:.1} ms", report.total_millis);
+}
+
+pub fn carrier_name(carrier: control::carrier_choice::Carrier) -> &'static str {
+    use control::carrier_choice::Carrier;
+    match carrier {
+        Carrier::Helper => "helper",
+        Carrier::Process => "process",
+        Carrier::None => "none",
+    }
+}
+
+/// The carrier a capture used (or a suspend would use), why, and what it holds.
+pub fn print_carrier(choice: Option<&control::carrier_choice::CarrierChoice>) {
+    let Some(c) = choice else { return };
+    println!("carrier: {}: {}", carrier_name(c.carrier), c.reason);
+    if c.carrier != control::carrier_choice::Carrier::None {
+        println!(
+            "carrier cost: {} of host memory pinned, {} of GPU memory per device for the helper's context",
+            bytes(c.pinned_host_bytes),
+            bytes(c.helper_gpu_bytes)
+        );
+    }
 }
 
 pub fn print_disk_report(
@@ -194,6 +237,7 @@ pub fn print_disk_report(
     }
     print_phases(&report.report.phases);
     print_drained(&report.report.drained);
+    print_carrier(report.report.carrier.as_ref());
     println!(
         "{what} {} process(es) (root pid {}), {} of device memory through carriers, CRIU images {} in {}, {:.1} ms",
         report.report.participants.len(),

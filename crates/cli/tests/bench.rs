@@ -29,6 +29,9 @@ fn run_bench(carrier: &str, json_out: &Path) -> serde_json::Value {
         ])
         .arg("--json-out")
         .arg(json_out)
+        // Each process's own carrier, in the mode under test (the default, auto, may choose the
+        // carrier helper, which has modes of its own).
+        .args(["--carrier", "process"])
         // The shims of the group inherit the tool's environment through the test harness.
         .env("CUINTERPOSE_CARRIER", carrier)
         .output()
@@ -398,4 +401,77 @@ fn bench_through_the_carrier_helper_reports_pinned_copies_and_reused_carriers() 
             .any(|v| v.as_str().is_some_and(|s| s.starts_with("whole (plain-2)"))),
         "{verified:?}"
     );
+}
+
+/// The default bench (`--carrier auto`): the capture's cycles with auto's choice, then the same
+/// cycles of a fresh group with each carrier asked for, each against native, each suspend report
+/// saying its carrier and what it holds.
+#[test]
+fn the_default_bench_compares_auto_with_each_carrier() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let json_out = dir.path().join("auto.json");
+    let output = Command::new(tool())
+        .args([
+            "bench",
+            "--fake",
+            "--no-overhead",
+            "--no-whole",
+            "--size",
+            "4M",
+            "--json",
+        ])
+        .arg("--json-out")
+        .arg(&json_out)
+        .output()
+        .expect("running cuinterpose bench");
+    assert!(
+        output.status.success(),
+        "cuinterpose bench failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["carrier"], "auto");
+    let capture = &report["capture"];
+    let chosen = capture["cycles"][0]["suspend"]["carrier"]["carrier"].clone();
+    assert!(
+        chosen == "helper" || chosen == "process",
+        "auto chose {chosen}"
+    );
+    // Auto's group is prepared first: where auto chose the helper, its first Save pins nothing.
+    let prepared = &capture["prepared"];
+    assert_eq!(prepared["carrier"]["carrier"], chosen, "{prepared}");
+    if chosen == "helper" {
+        assert_eq!(
+            capture["cycles"][0]["suspend"]["carrier"]["save"]["carriers_reused"], true,
+            "{prepared}"
+        );
+    }
+    let comparison = capture["comparison"].as_array().expect("a comparison");
+    let asked: Vec<&str> = comparison
+        .iter()
+        .map(|r| r["carrier"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(asked, ["process", "helper"]);
+    for run in comparison {
+        let cycles = run["cycles"].as_array().expect("cycles");
+        assert_eq!(cycles.len(), 2, "{run}");
+        for cycle in cycles {
+            let carrier = &cycle["suspend"]["carrier"];
+            assert_eq!(carrier["carrier"], run["carrier"], "{carrier}");
+            assert_eq!(carrier["requested"], run["carrier"], "{carrier}");
+            positive(&cycle["speedup_vs_native"], "the ratio to native");
+        }
+        // The helper's cost is stated: its carrier pinned, its context's room on the GPU; not
+        // prepared, its first Save made its carrier.
+        if run["carrier"] == "helper" {
+            let carrier = &cycles[0]["suspend"]["carrier"];
+            assert_eq!(carrier["save"]["carriers_reused"], false, "{carrier}");
+            assert!(
+                carrier["pinned_host_bytes"].as_u64() >= Some(4 << 20),
+                "{carrier}"
+            );
+            assert!(carrier["helper_gpu_bytes"].as_u64() > Some(0), "{carrier}");
+        }
+    }
 }

@@ -24,7 +24,10 @@ fn a_copy_failing_during_save_is_rolled_back() {
         ],
     );
     pair(&tree);
-    let run = suspend(&env, tree.root(), &[]);
+    // Each process's own carrier: the fault is in `b`'s own copy (through a carrier helper, the
+    // helper would copy instead).
+    let args = suspend_args(&env, tree.root(), &["--carrier", "process"]);
+    let run = tool(&env, &strs(&args));
     run.expect_code(EXIT_ROLLED_BACK).stderr_mentions(&[
         &format!("save failed for {}", label(tree.w("b").pid())),
         "cuMemcpyDtoHAsync",

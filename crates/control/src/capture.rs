@@ -83,8 +83,10 @@ pub struct SuspendOptions {
     /// Whether the native lock and checkpoint follow the release (`KeepContexts`: they do not,
     /// and the contexts stay resident). A checkpoint to disk always captures `Native`.
     pub mode: SuspendMode,
-    /// Save through the carrier helper of the shims' control directory, started with this where
-    /// none runs (`suspend --carrier helper`); `None`: each process's own carrier.
+    /// `--carrier`: the carrier asked for (crate::carrier_choice).
+    pub carrier: crate::carrier_choice::Requested,
+    /// How a carrier helper is started where none runs; `None`: this caller cannot start one, so
+    /// `auto` keeps each process's own carrier and `helper` is refused.
     pub helper: Option<crate::carrier_helper::HelperLaunch>,
 }
 
@@ -98,6 +100,7 @@ impl SuspendOptions {
             driver: None,
             config: config.clone(),
             mode: SuspendMode::Native,
+            carrier: crate::carrier_choice::Requested::Auto,
             helper: None,
         }
     }
@@ -137,6 +140,9 @@ pub struct Report {
     /// When each process was drained, from the hold (a capture; empty for a rebuild).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub drained: Vec<crate::drain::Drained>,
+    /// The carrier the capture used, why, and what it holds (a capture; none for a rebuild).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
 }
 
 pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
@@ -278,13 +284,14 @@ pub(crate) enum Bytes<'a> {
 /// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
 /// `mode` tells the shims whether a native checkpoint follows (their `auto` carrier pins only
 /// for a cycle that skips it).
+/// Save (or SaveTo) to every participant; with carriers, also what the carriers cost the Save.
 fn save_all(
     participants: &mut [Participant],
     bytes: Bytes<'_>,
     mode: SuspendMode,
     through_helper: bool,
     progress: &dyn Progress,
-) -> Result<(u64, f64), ControlError> {
+) -> Result<(u64, f64, Option<crate::carrier_choice::SaveCarriers>), ControlError> {
     match bytes {
         Bytes::Carriers => {
             let save = match (mode, through_helper) {
@@ -294,9 +301,24 @@ fn save_all(
                 (SuspendMode::Native, false) => Request::Save,
                 (SuspendMode::KeepContexts, false) => Request::SaveKeepingContexts,
             };
-            phase_all(participants, "save", &save, progress).map(|(_, b, s)| (b, s))
+            phase_all(participants, "save", &save, progress).map(|(results, b, s)| {
+                let moved: Vec<_> = results
+                    .iter()
+                    .filter_map(|r| r.stats.as_ref())
+                    .filter(|st| st.bytes > 0)
+                    .collect();
+                let carriers = crate::carrier_choice::SaveCarriers {
+                    carrier_millis: moved.iter().map(|st| st.carrier_micros).max().unwrap_or(0)
+                        as f64
+                        / 1e3,
+                    carriers_reused: moved.iter().all(|st| st.carrier_reused),
+                };
+                (b, s, Some(carriers))
+            })
         }
-        Bytes::Files(files) => files.save_all(participants, progress),
+        Bytes::Files(files) => files
+            .save_all(participants, progress)
+            .map(|(b, s)| (b, s, None)),
     }
 }
 
@@ -404,8 +426,13 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = check_state_dir(&options.state_dir)?;
-    let (_group, captured) = capture(options, &state_path, &mut clock, Bytes::Carriers)?;
+    let (group, captured, mut carrier) =
+        capture(options, &state_path, &mut clock, Bytes::Carriers)?;
+    // The measured cost, once the tool's own connections are closed.
+    drop(group);
+    carrier.pinned_host_bytes = pinned_after_save(&captured, options.config.answer_timeout);
     Ok(Report {
+        carrier: Some(carrier),
         participants: summarize(&captured),
         drained: clock.drained,
         phases: clock.phases,
@@ -427,14 +454,16 @@ pub(crate) fn lock_tree(root: u32) -> Result<crate::runlock::RunLock, ControlErr
 
 /// Everything of a suspend up to and including the native checkpoint of every process: on success
 /// the group is connected, every process is checkpointed natively, and `state_path` holds the
-/// topology; on failure the workload was rolled back (or the error says it could not be).
+/// topology, and the result says which carrier the bytes went through; on failure the workload
+/// was rolled back (or the error says it could not be).
 pub(crate) fn capture(
     options: &SuspendOptions,
     state_path: &Path,
     clock: &mut Clock<'_>,
     bytes: Bytes<'_>,
-) -> Result<(Group, Vec<Snapshot>), ControlError> {
+) -> Result<(Group, Vec<Snapshot>, crate::carrier_choice::CarrierChoice), ControlError> {
     let progress = clock.progress;
+    let mut need = 0;
     let mut group = clock.time("inspect", None, || {
         let mut group = Group::discover(options.root, options.config.answer_timeout)?;
         let snapshots = group.snapshot()?;
@@ -442,30 +471,31 @@ pub(crate) fn capture(
         if !refusals.is_empty() {
             return Err(ControlError::Refused(refusals));
         }
+        need = saved_bytes(&snapshots);
         Ok((group, 0, 0.0))
     })?;
-    // The carrier helper of every control directory of the group answers, or is started, before
-    // anything changes.
-    if let (Some(launch), Bytes::Carriers) = (&options.helper, bytes) {
-        let mut dirs: Vec<&Path> = group
-            .participants
-            .iter()
-            .filter_map(|p| p.info.control_socket.as_deref()?.parent())
-            .collect();
-        dirs.sort_unstable();
-        dirs.dedup();
-        for dir in dirs {
-            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
-                source: Box::new(e),
-            })?;
-        }
-    }
     // Load the driver before anything changes: without a checkpoint API nothing may start. The
     // keep mode makes no native call, so it needs none.
     let driver = match options.mode {
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
+    let mut choice = match bytes {
+        Bytes::Carriers => choose_carrier(options, &group, driver.as_ref(), need)?,
+        Bytes::Files(_) => {
+            crate::carrier_choice::none_for_disk(crate::carrier_choice::host_facts())
+        }
+    };
+    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
+    // The carrier helper of every control directory of the group answers, or is started, before
+    // anything changes.
+    if let (Some(launch), true) = (&options.helper, through_helper) {
+        for dir in control_dirs(&group) {
+            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
+                source: Box::new(e),
+            })?;
+        }
+    }
 
     // Hold, drain, freeze (crate::drain): a failure here opens every gate again and changes
     // nothing else.
@@ -533,15 +563,15 @@ pub(crate) fn capture(
             // at once.
             p.set_timeout(None)?;
         }
-        clock.time("save", Some(saved_bytes), || {
+        choice.save = clock.time("save", Some(saved_bytes), || {
             save_all(
                 &mut group.participants,
                 bytes,
                 options.mode,
-                options.helper.is_some(),
+                through_helper,
                 progress,
             )
-            .map(|(b, s)| ((), b, s))
+            .map(|(b, s, carriers)| (carriers, b, s))
         })?;
         clock.time("release", None, || {
             phase_all(
@@ -578,7 +608,224 @@ pub(crate) fn capture(
         }
         return Err(error);
     }
-    Ok((group, captured))
+    Ok((group, captured, choice))
+}
+
+/// What `cuinterpose prepare` did: the carrier a suspend will use, and per process what was pinned
+/// ahead of it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PrepareReport {
+    pub carrier: crate::carrier_choice::CarrierChoice,
+    /// `CUINTERPOSE_PIN_AHEAD_MIB` in bytes (`None`: no budget beyond the carrier choice's own
+    /// limits).
+    pub budget_bytes: Option<u64>,
+    pub processes: Vec<PreparedProcess>,
+    /// Why nothing was pinned ahead (each process's own carrier was chosen), if so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nothing_to_pin: Option<String>,
+    pub total_millis: f64,
+}
+
+/// One process's carrier, prepared ahead of the first suspend.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PreparedProcess {
+    pub process: String,
+    /// Bytes of the allocations it created: what its Save moves.
+    pub bytes: u64,
+    /// Bytes of its carrier now pinned (0: left to the first suspend, `skipped` says why).
+    pub pinned_bytes: u64,
+    pub pin_millis: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
+/// Prepares the carriers of the group under `options.root` ahead of its first suspend, so that
+/// the first cycle runs at the rate of later ones: chooses the carrier as a plain suspend would
+/// (`options.carrier`), and where that is the carrier helper, starts it and has it make and pin
+/// each process's carrier (in 256 MiB pieces, in the helper's process: the application runs on,
+/// nothing of it is held or frozen), process by process while `budget` (bytes) allows. The
+/// processes that allocate after it grow their carrier at their first Save, which pins the rest.
+pub fn prepare(
+    options: &SuspendOptions,
+    budget: Option<u64>,
+) -> Result<PrepareReport, ControlError> {
+    let start = Instant::now();
+    // No suspend of another run may save through a carrier while it is being prepared.
+    let _lock = lock_tree(options.root)?;
+    let mut group = Group::discover(options.root, options.config.answer_timeout)?;
+    let snapshots = group.snapshot()?;
+    let refusals = check_group(&snapshots, Phase::Running);
+    if !refusals.is_empty() {
+        return Err(ControlError::Refused(refusals));
+    }
+    let plain = SuspendOptions {
+        mode: SuspendMode::Native,
+        ..options.clone()
+    };
+    let choice = choose_carrier(&plain, &group, None, saved_bytes(&snapshots))?;
+    let mut report = PrepareReport {
+        carrier: choice,
+        budget_bytes: budget,
+        processes: Vec::new(),
+        nothing_to_pin: None,
+        total_millis: 0.0,
+    };
+    let launch = match (&options.helper, report.carrier.carrier) {
+        (Some(launch), crate::carrier_choice::Carrier::Helper) => launch,
+        _ => {
+            report.nothing_to_pin = Some(
+                "each process's own carrier: a plain cycle stages through small buffers, so \
+                 nothing is pinned ahead"
+                    .into(),
+            );
+            report.total_millis = millis_since(start);
+            return Ok(report);
+        }
+    };
+    for dir in control_dirs(&group) {
+        crate::carrier_helper::ensure(dir, launch)?;
+    }
+    // The tool's connections go: the shims are not part of the preparation.
+    group.participants.clear();
+    let mut left = budget.unwrap_or(u64::MAX);
+    for s in &snapshots {
+        let bytes: u64 = s.record.allocations.iter().map(|a| a.size).sum();
+        let mut prepared = PreparedProcess {
+            process: s.info.label(),
+            bytes,
+            pinned_bytes: 0,
+            pin_millis: 0.0,
+            skipped: None,
+        };
+        let socket = s
+            .info
+            .control_socket
+            .as_deref()
+            .and_then(Path::parent)
+            .map(|dir| dir.join(protocol::message::CARRIER_HELPER_SOCKET));
+        match socket {
+            _ if bytes == 0 => prepared.skipped = Some("it created no allocation".into()),
+            _ if bytes > left => {
+                prepared.skipped = Some(format!(
+                    "beyond the budget (CUINTERPOSE_PIN_AHEAD_MIB): {} MiB left",
+                    left >> 20
+                ))
+            }
+            None => prepared.skipped = Some("no control socket".into()),
+            // Best effort: a carrier not prepared is made by the first Save, as without prepare.
+            Some(socket) => match crate::carrier_helper::prepare(&socket, s.info.host_pid, bytes) {
+                Ok((pinned, micros)) => {
+                    left -= bytes;
+                    prepared.pinned_bytes = pinned;
+                    prepared.pin_millis = micros as f64 / 1e3;
+                }
+                Err(e) => prepared.skipped = Some(e.to_string()),
+            },
+        }
+        report.processes.push(prepared);
+    }
+    report.carrier.pinned_host_bytes = report.processes.iter().map(|p| p.pinned_bytes).sum();
+    report.total_millis = millis_since(start);
+    Ok(report)
+}
+
+/// The control directories of the group's shims, each once.
+fn control_dirs(group: &Group) -> Vec<&Path> {
+    let mut dirs: Vec<&Path> = group
+        .participants
+        .iter()
+        .filter_map(|p| p.info.control_socket.as_deref()?.parent())
+        .collect();
+    dirs.sort_unstable();
+    dirs.dedup();
+    dirs
+}
+
+/// Host memory the group's carriers hold pinned after its Save, as each shim's HELLO says now
+/// (a connection's HELLO is from before the Save): its own pinned carrier, and the helper's carrier
+/// of what it saved there (the helper pins all of it, in 256 MiB pieces). A process that does not
+/// answer counts nothing.
+fn pinned_after_save(snapshots: &[Snapshot], timeout: std::time::Duration) -> u64 {
+    snapshots
+        .iter()
+        .filter_map(|s| Participant::connect(s.info.clone(), timeout).ok())
+        .map(|p| {
+            p.hello.carrier_pinned_bytes
+                + p.hello.carrier_helper.as_ref().map_or(0, |h| h.held_bytes)
+        })
+        .sum()
+}
+
+/// The carrier of this suspend (crate::carrier_choice), from what the machine allows now; a
+/// carrier asked for that the machine cannot hold is refused, nothing changed.
+fn choose_carrier(
+    options: &SuspendOptions,
+    group: &Group,
+    driver: Option<&Driver>,
+    need: u64,
+) -> Result<crate::carrier_choice::CarrierChoice, ControlError> {
+    use crate::carrier_choice::{Requested, choose, device_rooms, host_facts};
+    let mut machine = host_facts();
+    let requested = match (options.carrier, &options.helper) {
+        // Nothing here can start a helper: every process keeps its own carrier.
+        (Requested::Auto, None) => Requested::Process,
+        (requested, _) => requested,
+    };
+    let helper_possible = requested == Requested::Helper
+        || (requested == Requested::Auto && options.mode == SuspendMode::Native);
+    if helper_possible {
+        let dirs = control_dirs(group);
+        machine.helper_running = !dirs.is_empty()
+            && dirs.iter().all(|dir| {
+                std::os::unix::net::UnixStream::connect(
+                    dir.join(protocol::message::CARRIER_HELPER_SOCKET),
+                )
+                .is_ok()
+            });
+        // Where auto falls back for want of pinning anyway, the devices are not asked: on a GPU
+        // each answer costs the tool a context on that device.
+        let falls_back = requested == Requested::Auto
+            && crate::carrier_choice::no_pinning(&machine, need).is_some();
+        if !machine.helper_running && !falls_back {
+            // Room for the helper's context on every device, as the driver reports it now (the
+            // group still holds all its memory).
+            let loaded;
+            let driver = match driver {
+                Some(d) => d,
+                None => {
+                    loaded = Driver::load(options.driver.as_deref())?;
+                    &loaded
+                }
+            };
+            machine.devices = device_rooms(driver)?;
+        }
+    }
+    let mut choice = choose(
+        requested,
+        options.mode,
+        need,
+        machine,
+        options.config.helper_context_bytes,
+    )
+    .map_err(|reason| ControlError::CarrierRefused {
+        carrier: "helper",
+        reason,
+    })?;
+    if options.carrier == Requested::Auto {
+        choice.requested = Requested::Auto;
+        if options.helper.is_none() {
+            choice.reason = "each process's own carrier: this caller cannot start a carrier \
+                             helper"
+                .into();
+        }
+    }
+    if requested == Requested::Helper && options.helper.is_none() {
+        return Err(ControlError::CarrierRefused {
+            carrier: "helper",
+            reason: "this caller cannot start a carrier helper".into(),
+        });
+    }
+    Ok(choice)
 }
 
 /// Bytes of every allocation the shims created, shared or private: what Save copies.
@@ -902,6 +1149,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         lost: lost_labels,
         drained: Vec::new(),
         not_rebuilt,
+        carrier: None,
     })
 }
 

@@ -89,6 +89,29 @@ pub fn ensure(dir: &Path, launch: &HelperLaunch) -> Result<PathBuf, ControlError
     }
 }
 
+/// Asks the helper at `socket` to make the carrier of process `pid` (its pid as the helper sees it,
+/// the host's: the tool started the helper) `bytes` long and pin it now, ahead of the first Save
+/// (`cuinterpose prepare`). Returns the bytes pinned (0 where the driver refused the
+/// registration: the helper copies staged then) and the microseconds the pinning took.
+pub fn prepare(socket: &Path, pid: u32, bytes: u64) -> Result<(u64, u64), ControlError> {
+    let failed = |message: String| ControlError::CarrierHelper {
+        socket: socket.to_path_buf(),
+        message,
+    };
+    let mut connection = transport::Connection::connect(socket, START_TIMEOUT)
+        .map_err(|e| failed(format!("connecting: {e}")))?;
+    // Pinning many GiB takes as long as it takes (about 50 ms per GiB measured).
+    connection
+        .set_timeout(None)
+        .map_err(|e| failed(e.to_string()))?;
+    match connection.call(&protocol::Request::CarrierPrepare { pid, bytes }) {
+        Ok((protocol::Response::Prepared { pinned, micros }, _)) => Ok((pinned, micros)),
+        Ok((protocol::Response::Error { message, .. }, _)) => Err(failed(message)),
+        Ok((other, _)) => Err(failed(format!("unexpected answer {other:?}"))),
+        Err(e) => Err(failed(format!("preparing the carrier of pid {pid}: {e}"))),
+    }
+}
+
 /// A carrier helper holding bytes of a group, as `inspect` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct HelperStatus {

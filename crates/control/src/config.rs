@@ -48,6 +48,23 @@ const ANSWER_TIMEOUT_MS: Setting = Setting {
     default: "10000",
 };
 
+/// The GPU memory a carrier helper's context needs on each device beside what the group holds,
+/// in MiB: `--carrier auto` chooses the helper only where every device has it free. 560: the 527
+/// MiB its context took on the H200 (the placement experiment) plus 32 MiB of registrations for
+/// 8-16 GiB of carrier.
+const HELPER_CONTEXT_MIB: Setting = Setting {
+    name: "CUINTERPOSE_HELPER_CONTEXT_MIB",
+    default: "560",
+};
+
+/// The most host memory, in MiB, `cuinterpose prepare` pins ahead of the first suspend;
+/// `unlimited`: as much as the group's carriers need, within what `--carrier auto` checks
+/// (RLIMIT_MEMLOCK, half the host's available memory).
+const PIN_AHEAD_MIB: Setting = Setting {
+    name: "CUINTERPOSE_PIN_AHEAD_MIB",
+    default: "unlimited",
+};
+
 /// How long the tool waits for a shim to accept and answer a read-only request, unless
 /// `CUINTERPOSE_ANSWER_TIMEOUT_MS` says otherwise.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,6 +86,11 @@ pub struct ToolConfig {
     pub lock_dir: Option<PathBuf>,
     /// The key file checkpoints are signed and verified with (crate::disk::signing).
     pub signing_key: PathBuf,
+    /// Free GPU memory each device needs for `--carrier auto` to choose the carrier helper
+    /// (crate::carrier_choice).
+    pub helper_context_bytes: u64,
+    /// The most host memory `cuinterpose prepare` pins ahead (`None`: no budget of its own).
+    pub pin_ahead_budget: Option<u64>,
 }
 
 /// A variable whose value the tool does not understand.
@@ -90,14 +112,24 @@ impl Default for ToolConfig {
             answer_timeout: ANSWER_TIMEOUT,
             lock_dir: None,
             signing_key: PathBuf::from(SIGNING_KEY.default),
+            helper_context_bytes: 560 << 20,
+            pin_ahead_budget: None,
         }
     }
 }
 
 impl ToolConfig {
     /// Every variable the tool reads.
-    pub const SETTINGS: &'static [Setting] =
-        &[LOG, SHIM, CRIU, LOCK_DIR, SIGNING_KEY, ANSWER_TIMEOUT_MS];
+    pub const SETTINGS: &'static [Setting] = &[
+        LOG,
+        SHIM,
+        CRIU,
+        LOCK_DIR,
+        SIGNING_KEY,
+        ANSWER_TIMEOUT_MS,
+        HELPER_CONTEXT_MIB,
+        PIN_AHEAD_MIB,
+    ];
 
     /// The configuration of this process's environment.
     pub fn from_env() -> Result<ToolConfig, ConfigError> {
@@ -137,8 +169,38 @@ impl ToolConfig {
                     expected: ANSWER_TIMEOUT_EXPECTED,
                 })?,
         };
+        let helper_context_bytes = match text(&HELPER_CONTEXT_MIB, HELPER_CONTEXT_EXPECTED)? {
+            None => defaults.helper_context_bytes,
+            Some(mib) => mib
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .and_then(|mib| mib.checked_mul(1 << 20))
+                .ok_or(ConfigError {
+                    name: HELPER_CONTEXT_MIB.name,
+                    value: mib,
+                    expected: HELPER_CONTEXT_EXPECTED,
+                })?,
+        };
+        let pin_ahead_budget = match text(&PIN_AHEAD_MIB, PIN_AHEAD_EXPECTED)? {
+            None => defaults.pin_ahead_budget,
+            Some(v) if v.trim() == PIN_AHEAD_MIB.default => None,
+            Some(mib) => Some(
+                mib.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(|mib| mib.checked_mul(1 << 20))
+                    .ok_or(ConfigError {
+                        name: PIN_AHEAD_MIB.name,
+                        value: mib,
+                        expected: PIN_AHEAD_EXPECTED,
+                    })?,
+            ),
+        };
         Ok(ToolConfig {
             log,
+            helper_context_bytes,
+            pin_ahead_budget,
             shim: value(&SHIM).map(PathBuf::from),
             criu: value(&CRIU).map(PathBuf::from),
             answer_timeout,
@@ -186,6 +248,10 @@ fn usable_lock_dir(dir: &std::path::Path) -> bool {
         && !pseudo
         && rustix::fs::access(existing, rustix::fs::Access::WRITE_OK).is_ok()
 }
+
+const HELPER_CONTEXT_EXPECTED: &str = "a number of MiB";
+
+const PIN_AHEAD_EXPECTED: &str = "a number of MiB, or unlimited";
 
 const ANSWER_TIMEOUT_EXPECTED: &str = "a positive number of milliseconds";
 
@@ -236,6 +302,8 @@ mod tests {
                 ("CUINTERPOSE_ANSWER_TIMEOUT_MS", " 1500 "),
                 ("CUINTERPOSE_LOCK_DIR", "/run/locks"),
                 ("CUINTERPOSE_SIGNING_KEY", "/etc/cuinterpose/cluster.key"),
+                ("CUINTERPOSE_HELPER_CONTEXT_MIB", "300"),
+                ("CUINTERPOSE_PIN_AHEAD_MIB", "1024"),
             ])
             .unwrap(),
             ToolConfig {
@@ -245,8 +313,12 @@ mod tests {
                 answer_timeout: Duration::from_millis(1500),
                 lock_dir: Some("/run/locks".into()),
                 signing_key: "/etc/cuinterpose/cluster.key".into(),
+                helper_context_bytes: 300 << 20,
+                pin_ahead_budget: Some(1 << 30),
             }
         );
+        let e = with(&[("CUINTERPOSE_HELPER_CONTEXT_MIB", "lots")]).unwrap_err();
+        assert_eq!(e.name, "CUINTERPOSE_HELPER_CONTEXT_MIB");
         // Empty counts as unset.
         assert_eq!(
             with(&[
@@ -298,7 +370,7 @@ mod tests {
         // The defaults that are values: setting them changes nothing. The shim's, CRIU's and the
         // locks' are searches or rules ("next to the tool", "on PATH", "the private directory"),
         // which an unset variable leaves to the caller.
-        for setting in [LOG, ANSWER_TIMEOUT_MS] {
+        for setting in [LOG, ANSWER_TIMEOUT_MS, HELPER_CONTEXT_MIB, PIN_AHEAD_MIB] {
             let explicit = ToolConfig::from_lookup(|name| {
                 (name == setting.name).then(|| OsString::from(setting.default))
             })

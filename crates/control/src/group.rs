@@ -714,6 +714,10 @@ pub struct InspectReport {
     /// health.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub carrier_helpers: Vec<crate::carrier_helper::HelperStatus>,
+    /// Suspended: the carrier the suspension used and what it holds; running: the one a plain
+    /// `suspend` would choose now, and why (crate::carrier_choice::for_inspect).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
 }
 
 /// A suspended group's state file and the mode it records.
@@ -820,5 +824,6 @@ pub fn inspect(
         refusals,
         suspended,
         carrier_helpers,
+        carrier: None,
     })
 }

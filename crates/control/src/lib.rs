@@ -7,6 +7,7 @@
 //! back with the same Load/Import code a resume uses, so the workload keeps running.
 
 pub mod capture;
+pub mod carrier_choice;
 pub mod carrier_helper;
 pub mod config;
 pub mod container;
@@ -119,6 +120,12 @@ pub enum ControlError {
     /// The carrier helper (`suspend --carrier helper`) could not be started or reached.
     #[error("carrier helper at {}: {message}", socket.display())]
     CarrierHelper { socket: PathBuf, message: String },
+    /// `--carrier X` asked for a carrier the machine cannot hold (crate::carrier_choice).
+    #[error("--carrier {carrier} refused, nothing was changed: {reason}")]
+    CarrierRefused {
+        carrier: &'static str,
+        reason: String,
+    },
     #[error("removing {path}: {source}")]
     Removing {
         path: PathBuf,

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 8;
+pub const PROTOCOL_VERSION: u16 = 9;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -143,6 +143,11 @@ pub enum Request {
     /// caller holds it until its resume, so the saved bytes outlive the helper (a `resume` whose
     /// helper died loads from it).
     CarrierShare,
+    /// From the tool to a carrier helper, ahead of the first suspend (`cuinterpose prepare`):
+    /// make the carrier of process `pid` (as the helper sees its pid) `bytes` long and pin it in
+    /// 256 MiB pieces, so that the first Save through the helper finds it pinned. Answered with
+    /// [`Response::Prepared`] once it is.
+    CarrierPrepare { pid: u32, bytes: u64 },
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -226,6 +231,12 @@ pub enum Response {
     CarrierFd {
         length: u64,
         helper_pid: u32,
+    },
+    /// A carrier prepared ([`Request::CarrierPrepare`]): `pinned` bytes of it are pinned, which
+    /// took `micros` (0 when it already was).
+    Prepared {
+        pinned: u64,
+        micros: u64,
     },
 }
 
@@ -502,6 +513,7 @@ impl Request {
             Request::Drain { .. } => 19,
             Request::Admit { .. } => 20,
             Request::CarrierShare => 21,
+            Request::CarrierPrepare { .. } => 22,
         }
     }
 
@@ -528,6 +540,7 @@ impl Response {
             Response::Copied { .. } => 0x108,
             Response::Drain(_) => 0x109,
             Response::CarrierFd { .. } => 0x10a,
+            Response::Prepared { .. } => 0x10b,
         }
     }
 

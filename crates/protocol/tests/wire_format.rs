@@ -439,6 +439,13 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("drain", Request::Drain { wait_ms: 250 }),
         ("admit", Request::Admit { count: 2 }),
         ("carrier_share", Request::CarrierShare),
+        (
+            "carrier_prepare",
+            Request::CarrierPrepare {
+                pid: 4242,
+                bytes: 6 << 20,
+            },
+        ),
     ]
 }
 
@@ -570,6 +577,13 @@ fn responses() -> Vec<(&'static str, Response)> {
             Response::CarrierFd {
                 length: 8 << 20,
                 helper_pid: 77,
+            },
+        ),
+        (
+            "prepared",
+            Response::Prepared {
+                pinned: 8 << 20,
+                micros: 1200,
             },
         ),
     ]

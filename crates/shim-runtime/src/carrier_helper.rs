@@ -260,6 +260,13 @@ impl Helper {
                         helper_pid: std::process::id(),
                     }
                 }),
+                (Request::CarrierPrepare { pid, bytes }, _) => {
+                    self.prepare(pid, bytes)
+                        .map(|(pinned, took)| Response::Prepared {
+                            pinned,
+                            micros: took.as_micros().min(u64::MAX as u128) as u64,
+                        })
+                }
                 (other, _) => Err(RequestError::Invalid(format!(
                     "a carrier helper serves carrier requests only, not {other:?}"
                 ))),
@@ -284,6 +291,41 @@ impl Helper {
         for item in items {
             self.release(item.handle);
         }
+    }
+
+    /// Makes process `pid`'s carrier `bytes` long and pins it (in [`copy::PIN_PIECE`] pieces, under
+    /// the first device's context; registrations are portable), ahead of its first Save through
+    /// this helper, which then finds it pinned (`cuinterpose prepare`). Returns the bytes pinned and
+    /// the time it took. The carrier is given back like any other: when the process exits.
+    fn prepare(&self, pid: u32, bytes: u64) -> Result<(u64, Duration), RequestError> {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(RequestError::Invalid(format!(
+                "no process {pid} to prepare a carrier for"
+            )));
+        }
+        let (shared, made) = {
+            let mut carriers = lock(&self.carriers);
+            let made = !carriers.contains_key(&pid);
+            let shared = carriers
+                .entry(pid)
+                .or_insert_with(|| Arc::new(Mutex::new(Carrier::shareable())));
+            (Arc::clone(shared), made)
+        };
+        let mut carrier = lock(&shared);
+        let len = usize::try_from(bytes).unwrap_or(usize::MAX);
+        // A carrier of an earlier cycle may hold the bytes of a suspension in progress: growing
+        // it would unmap them. Only a new carrier is made here; an existing one grows at its
+        // process's next Save, as it always has.
+        if !made && carrier.mapped() < len {
+            return Err(RequestError::Invalid(format!(
+                "process {pid} already has a carrier of {} bytes; it grows at its next Save",
+                carrier.mapped()
+            )));
+        }
+        let device = self.devices.first().map_or(0, |(_, ordinal)| *ordinal);
+        let (took, _, pinned) = carrier.ensure_pinned(self.real, len, copy::PIN_PIECE, device)?;
+        log_info!("carrier of process {pid} prepared: {bytes} bytes, pinned {pinned}, {took:?}");
+        Ok((if pinned { carrier.pinned() as u64 } else { 0 }, took))
     }
 
     /// Imports one allocation of the caller.

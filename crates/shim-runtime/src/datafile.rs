@@ -655,6 +655,7 @@ pub fn write_blocks(
     let start = Instant::now();
     let shared = new_shared(real, store, regions);
     let direct = blockstore::Direct::default();
+    let batch = blockstore::Batch::new(store);
     let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
     let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
         let bytes = buffer
@@ -686,7 +687,7 @@ pub fn write_blocks(
             let data = buffer
                 .get(at..at + padded)
                 .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
-            match blockstore::put(shared.file, &digest, data, len, &direct)? {
+            match blockstore::put(&batch, &digest, data, len, &direct)? {
                 Put::Written => shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed),
                 Put::Present => shared.shared_bytes.fetch_add(len as u64, Ordering::Relaxed),
             };
@@ -700,6 +701,9 @@ pub fn write_blocks(
     if let Some(e) = take_error(&shared) {
         return Err(e);
     }
+    let raced = batch.commit()?;
+    shared.file_bytes.fetch_sub(raced, Ordering::Relaxed);
+    shared.shared_bytes.fetch_add(raced, Ordering::Relaxed);
     let mut found = found.into_inner().unwrap_or_else(|e| e.into_inner());
     found.sort_unstable_by_key(|(index, _)| *index);
     let mut record = DataFile {

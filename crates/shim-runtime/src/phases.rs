@@ -1547,6 +1547,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::CarrierCopy { .. } => "CarrierCopy",
         Request::CarrierForget => "CarrierForget",
         Request::CarrierShare => "CarrierShare",
+        Request::CarrierPrepare { .. } => "CarrierPrepare",
         Request::Hold => "Hold",
         Request::Drain { .. } => "Drain",
         Request::Admit { .. } => "Admit",

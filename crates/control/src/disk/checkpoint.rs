@@ -70,7 +70,7 @@ pub fn checkpoint(
         &mut clock,
         Bytes::Files(&files),
     );
-    let (group, captured) = match captured {
+    let (group, captured, carrier) = match captured {
         Ok(c) => c,
         Err(e) => {
             // Rolled back (or said why not) before anything was dumped: what this run wrote goes,
@@ -178,6 +178,7 @@ pub fn checkpoint(
             total_millis: start.elapsed().as_secs_f64() * 1e3,
             lost: Vec::new(),
             not_rebuilt: Vec::new(),
+            carrier: Some(carrier),
         },
         dir: dir.clone(),
         image_bytes,

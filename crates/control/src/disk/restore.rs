@@ -411,6 +411,7 @@ pub fn restore(
             lost: Vec::new(),
             not_rebuilt: Vec::new(),
             drained: Vec::new(),
+            carrier: None,
         },
         dir: options.dir.clone(),
         image_bytes,

@@ -1,0 +1,279 @@
+//! The default carrier (`--carrier auto`) with the real binary on the fake driver: the carrier
+//! helper where the machine allows it, each process's own carrier where `RLIMIT_MEMLOCK` is too
+//! small for the helper's pinning or a device has no room for the helper's context (the fake's
+//! `FAKE_CUDA_DEVICE_MEMORY`), and `--carrier helper` refused where there is no room; the report
+//! and `inspect` say which carrier and why, and what it costs.
+
+mod common;
+
+use common::*;
+use protocol::message::CARRIER_HELPER_SOCKET;
+use serde_json::Value;
+use testkit::TestEnv;
+
+/// One process holding a 4 MiB `cuMemAlloc` allocation filled with 13.
+fn one_process(env: &TestEnv) -> Tree {
+    let tree = Tree::launch(env, &[Member::shim("a")]);
+    ok(tree.w("a"), &["malloc m 4M", "fill m 13"]);
+    tree
+}
+
+/// The tool with `args`, its `RLIMIT_MEMLOCK` (soft and hard) set to `memlock` bytes.
+fn tool_memlock(env: &TestEnv, memlock: u64, args: &[String]) -> ToolRun {
+    tool_memlock_with(env, memlock, args, &[])
+}
+
+/// [`tool_memlock`] with the environment `extra`.
+fn tool_memlock_with(
+    env: &TestEnv,
+    memlock: u64,
+    args: &[String],
+    extra: &[(&str, &str)],
+) -> ToolRun {
+    // prlimit sets the limit on itself, then execs the tool, which inherits it.
+    let mut command = env
+        .command(std::path::Path::new("prlimit"), false)
+        .expect("tool environment");
+    command
+        .arg(format!("--memlock={memlock}:{memlock}"))
+        .arg("--")
+        .arg(tool_path(env))
+        .args(args)
+        .envs(extra.iter().copied());
+    let output = command.output().expect("running prlimit");
+    ToolRun {
+        args: args.to_vec(),
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn inspect(env: &TestEnv, root: u32) -> Value {
+    let args = [
+        "inspect".to_string(),
+        "--pid".into(),
+        root.to_string(),
+        "--state-dir".into(),
+        state_dir(env).display().to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ];
+    tool(env, &strs(&args)).ok().json()
+}
+
+fn helper_socket(env: &TestEnv) -> std::path::PathBuf {
+    env.control_dir().join(CARRIER_HELPER_SOCKET)
+}
+
+#[test]
+fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    let before = inspect(&env, root);
+    assert_eq!(before["carrier"]["carrier"], "helper", "{before:#}");
+    let why = before["carrier"]["reason"].as_str().unwrap_or_default();
+    assert!(why.contains("the fastest"), "{why}");
+
+    // Within an 8 MiB RLIMIT_MEMLOCK, 4 MiB may be pinned: the helper carries the bytes.
+    let run = tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[]));
+    let report = run.ok().json();
+    let carrier = &report["carrier"];
+    assert_eq!(carrier["carrier"], "helper", "{}", run.describe());
+    assert_eq!(carrier["requested"], "auto");
+    assert!(
+        carrier["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the fastest"),
+        "{carrier:#}"
+    );
+    // The measured cost: the helper's carrier of this process, and its context's room.
+    assert!(
+        carrier["pinned_host_bytes"].as_u64() >= Some(4 << 20),
+        "{carrier:#}"
+    );
+    assert_eq!(carrier["helper_gpu_bytes"], 560u64 << 20);
+    assert!(helper_socket(&env).exists(), "no helper was started");
+    // Not prepared ahead: the first Save made (and pinned) the helper's carrier.
+    assert_eq!(carrier["save"]["carriers_reused"], false, "{carrier:#}");
+    let suspended = inspect(&env, root);
+    assert_eq!(suspended["carrier"]["carrier"], "helper", "{suspended:#}");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 13"]);
+
+    // The next cycle finds the helper running, says so, and prints it in the human report.
+    let mut args = suspend_args(&env, root, &[]);
+    args.retain(|a| a != "--json");
+    let run = tool_memlock(&env, 8 << 20, &args);
+    assert!(
+        run.ok().stdout.contains("carrier cost: "),
+        "{}",
+        run.describe()
+    );
+    assert!(
+        run.ok()
+            .stdout
+            .contains("carrier: helper: the fastest: the carrier helper already runs"),
+        "{}",
+        run.describe()
+    );
+    assert!(run.stdout.contains("carrier cost: "), "{}", run.describe());
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 13"]);
+}
+
+#[test]
+fn too_small_a_memlock_limit_falls_back_to_each_process_carrier() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    let run = tool_memlock(&env, 1 << 20, &suspend_args(&env, root, &[]));
+    let report = run.ok().json();
+    let carrier = &report["carrier"];
+    assert_eq!(carrier["carrier"], "process", "{}", run.describe());
+    let why = carrier["reason"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("RLIMIT_MEMLOCK is 1 MiB and the helper would pin 4 MiB"),
+        "{why}"
+    );
+    // A plain cycle stages: nothing held pinned, no helper context.
+    assert_eq!(carrier["pinned_host_bytes"], 0, "{carrier:#}");
+    assert_eq!(carrier["helper_gpu_bytes"], 0, "{carrier:#}");
+    assert!(!helper_socket(&env).exists(), "a helper was started");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 13"]);
+}
+
+#[test]
+fn no_room_for_the_helper_context_falls_back_and_an_explicit_helper_is_refused() {
+    // 64 MiB devices: 60 MiB stay free beside the process's 4 MiB, far less than the helper's
+    // context needs.
+    let env = env().env("FAKE_CUDA_DEVICE_MEMORY", "64M");
+    let tree = one_process(&env);
+    let root = tree.root();
+    let before = inspect(&env, root);
+    assert_eq!(before["carrier"]["carrier"], "process", "{before:#}");
+
+    let refused = tool(
+        &env,
+        &strs(&suspend_args(&env, root, &["--carrier", "helper"])),
+    );
+    refused.expect_code(EXIT_REFUSED);
+    assert!(
+        refused
+            .stderr
+            .contains("--carrier helper refused, nothing was changed")
+            && refused
+                .stderr
+                .contains("device 0 has 60 MiB free of 64 MiB"),
+        "{}",
+        refused.describe()
+    );
+    assert!(!helper_socket(&env).exists(), "a helper was started");
+    ok(tree.w("a"), &["verify m 13", "fill m 14"]);
+
+    let run = tool(&env, &strs(&suspend_args(&env, root, &[])));
+    let report = run.ok().json();
+    let carrier = &report["carrier"];
+    assert_eq!(carrier["carrier"], "process", "{}", run.describe());
+    let why = carrier["reason"].as_str().unwrap_or_default();
+    assert!(why.contains("device 0 has 60 MiB free"), "{why}");
+    assert!(!helper_socket(&env).exists(), "a helper was started");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 14"]);
+}
+
+fn prepare_args(env: &TestEnv, root: u32) -> Vec<String> {
+    vec![
+        "prepare".into(),
+        "--pid".into(),
+        root.to_string(),
+        "--driver".into(),
+        fake_driver(env).display().to_string(),
+        "--json".into(),
+    ]
+}
+
+#[test]
+fn prepare_pins_the_carriers_ahead_so_the_first_suspend_pins_nothing() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    let run = tool_memlock(&env, 8 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "helper", "{prepared:#}");
+    let process = &prepared["processes"][0];
+    assert_eq!(process["bytes"], 4u64 << 20, "{prepared:#}");
+    assert!(
+        process["pinned_bytes"].as_u64() >= Some(4 << 20),
+        "{prepared:#}"
+    );
+    assert!(process["skipped"].is_null(), "{prepared:#}");
+    assert!(helper_socket(&env).exists(), "prepare started no helper");
+    // The application runs on while and after its carrier is prepared.
+    ok(tree.w("a"), &["verify m 13", "fill m 15"]);
+
+    // The first suspend finds its carrier made and pinned: the Save pins nothing.
+    let run = tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[]));
+    let report = run.ok().json();
+    let carrier = &report["carrier"];
+    assert_eq!(carrier["carrier"], "helper", "{}", run.describe());
+    assert_eq!(carrier["save"]["carriers_reused"], true, "{carrier:#}");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 15"]);
+
+    // A carrier that exists may hold a suspension's bytes: prepare never grows it (the next
+    // Save does), and says so.
+    ok(tree.w("a"), &["malloc n 4M", "fill n 16"]);
+    let run = tool_memlock(&env, 8 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    let process = &prepared["processes"][0];
+    assert_eq!(process["pinned_bytes"], 0, "{prepared:#}");
+    assert!(
+        process["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("already has a carrier")),
+        "{prepared:#}"
+    );
+    tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[])).ok();
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 15", "verify n 16"]);
+}
+
+#[test]
+fn prepare_keeps_to_its_budget_and_pins_nothing_for_process_carriers() {
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    // A 2 MiB budget holds no 4 MiB carrier: left to the first suspend.
+    let run = tool_memlock_with(
+        &env,
+        8 << 20,
+        &prepare_args(&env, root),
+        &[("CUINTERPOSE_PIN_AHEAD_MIB", "2")],
+    );
+    let prepared = run.ok().json();
+    let process = &prepared["processes"][0];
+    assert_eq!(process["pinned_bytes"], 0, "{prepared:#}");
+    assert!(
+        process["skipped"]
+            .as_str()
+            .is_some_and(|s| s.contains("beyond the budget")),
+        "{prepared:#}"
+    );
+
+    // Where the machine allows no helper, nothing is pinned ahead, and it says why.
+    let run = tool_memlock(&env, 1 << 20, &prepare_args(&env, root));
+    let prepared = run.ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "process", "{prepared:#}");
+    assert!(
+        prepared["nothing_to_pin"]
+            .as_str()
+            .is_some_and(|s| s.contains("nothing is pinned ahead")),
+        "{prepared:#}"
+    );
+    ok(tree.w("a"), &["verify m 13"]);
+}
