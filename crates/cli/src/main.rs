@@ -447,26 +447,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             state_dir,
             driver,
             json,
-        } => {
-            let mut report =
-                control::group::inspect(pid, state_dir.as_deref(), config.answer_timeout)?;
-            // Inspect shows the group whether or not the driver can be asked about the GPUs.
-            report.carrier = control::carrier_choice::for_inspect(
-                &report,
-                driver.as_deref(),
-                config.helper_context_bytes,
-            )
-            .unwrap_or_else(|e| {
-                eprintln!("cuinterpose: the carrier a suspend would choose is not known: {e}");
-                None
-            });
-            if json {
-                output::print_json(&report)
-            } else {
-                output::print_inspect(&report);
-                Ok(())
-            }
-        }
+        } => inspect(pid, state_dir.as_deref(), driver.as_deref(), json, config),
         Command::Suspend {
             pid,
             state_dir,
@@ -550,28 +531,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
         } => {
             let report = disk::leftovers::cleanup(&dir)
                 .with_context(|| format!("cleaning up after a restore of {}", dir.display()))?;
-            if json {
-                return output::print_json(&report);
-            }
-            match (&report.work_dir, report.killed_root) {
-                (None, _) => println!(
-                    "nothing to clean up: no restore of {} was interrupted",
-                    dir.display()
-                ),
-                (Some(work_dir), killed) => {
-                    if let Some(root) = killed {
-                        println!(
-                            "killed the tree an interrupted restore brought back (root pid {root})"
-                        );
-                    }
-                    println!(
-                        "removed {}; the checkpoint {} is unchanged",
-                        work_dir.display(),
-                        dir.display()
-                    );
-                }
-            }
-            Ok(())
+            output::print_cleanup(&dir, &report, json)
         }
         Command::Restore {
             dir,
@@ -590,7 +550,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 None => namespaces_of,
             };
             let options = disk::RestoreOptions {
-                dir: dir.clone(),
+                dir,
                 device_map: device_map.unwrap_or_default(),
                 namespaces_of,
                 verify_data_first,
@@ -599,10 +559,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
                 driver,
                 config: config.clone(),
             };
-            let progress = progress::Bars::new(!json);
-            let report = disk::restore(&options, &progress)
-                .with_context(|| format!("restoring {}", dir.display()))?;
-            output::print_disk_report("restored", &report, json)
+            restore(&options, json)
         }
         Command::End {
             pid,
@@ -613,49 +570,12 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             options.state_dir = state_dir.unwrap_or(options.state_dir);
             let report = control::end::end(&options)
                 .with_context(|| format!("ending the group under pid {pid}"))?;
-            if json {
-                return output::print_json(&report);
-            }
-            println!(
-                "ended the group under pid {pid}: killed {}{}; state {} removed",
-                if report.killed.is_empty() {
-                    "nothing".to_string()
-                } else {
-                    report.killed.join(", ")
-                },
-                if report.already_gone.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({} had exited already)", report.already_gone.join(", "))
-                },
-                report.state_file.display()
-            );
-            Ok(())
+            output::print_end(pid, &report, json)
         }
         Command::Discard { dir, json } => {
             let report = control::discard::discard(&dir)
                 .with_context(|| format!("discarding {}", dir.display()))?;
-            if json {
-                return output::print_json(&report);
-            }
-            println!(
-                "discarded {}: CRIU images {}, {} link remap(s) kept outside it",
-                report.dir.display(),
-                output::bytes(report.image_bytes),
-                report.link_remaps.len()
-            );
-            if let Some(store) = &report.store {
-                println!(
-                    "block store: {} block(s) no other checkpoint references removed ({}), {} kept",
-                    store.blocks,
-                    output::bytes(store.bytes),
-                    store.kept
-                );
-            }
-            if let Some(why) = &report.store_not_collected {
-                eprintln!("warning: the block store was not collected: {why}");
-            }
-            Ok(())
+            output::print_discard(&report, json)
         }
         Command::Demo(args) => demo::demo(args, config),
         Command::Doctor(args) => {
@@ -676,21 +596,56 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             socket,
             driver,
             idle,
-        } => {
-            check_helper_socket(&socket)?;
-            let library = driver.unwrap_or_else(|| PathBuf::from("libcuda.so.1"));
-            let loaded = cuda::load(library.as_os_str(), cuda::Resolve::Dlsym)
-                .with_context(|| format!("loading {}", library.display()))?;
-            // The helper's own log (appended to cuinterpose-carrier.log by the tool that
-            // started it): what it served and gave back.
-            shim_runtime::log::set_max_level(shim_runtime::log::Level::Info as u8);
-            let config = shim_runtime::carrier_helper::HelperConfig {
-                socket,
-                idle: Duration::from_secs(idle),
-            };
-            shim_runtime::carrier_helper::serve(loaded.table(), &config)
-                .context("the carrier helper stopped")
-        }
+        } => carrier_helper(socket, driver, idle),
+    }
+}
+
+/// `restore` (without `--cleanup`).
+fn restore(options: &disk::RestoreOptions, json: bool) -> anyhow::Result<()> {
+    let progress = progress::Bars::new(!json);
+    let report = disk::restore(options, &progress)
+        .with_context(|| format!("restoring {}", options.dir.display()))?;
+    output::print_disk_report("restored", &report, json)
+}
+
+/// `carrier-helper`: serves the carriers of a control directory until idle for `idle` seconds.
+fn carrier_helper(socket: PathBuf, driver: Option<PathBuf>, idle: u64) -> anyhow::Result<()> {
+    check_helper_socket(&socket)?;
+    let library = driver.unwrap_or_else(|| PathBuf::from("libcuda.so.1"));
+    let loaded = cuda::load(library.as_os_str(), cuda::Resolve::Dlsym)
+        .with_context(|| format!("loading {}", library.display()))?;
+    // The helper's own log (appended to cuinterpose-carrier.log by the tool that started it):
+    // what it served and gave back.
+    shim_runtime::log::set_max_level(shim_runtime::log::Level::Info as u8);
+    let config = shim_runtime::carrier_helper::HelperConfig {
+        socket,
+        idle: Duration::from_secs(idle),
+    };
+    shim_runtime::carrier_helper::serve(loaded.table(), &config)
+        .context("the carrier helper stopped")
+}
+
+/// `inspect`: the group under `pid`, and the carrier a suspend would choose for it.
+fn inspect(
+    pid: u32,
+    state_dir: Option<&std::path::Path>,
+    driver: Option<&std::path::Path>,
+    json: bool,
+    config: &control::config::ToolConfig,
+) -> anyhow::Result<()> {
+    let mut report = control::group::inspect(pid, state_dir, config.answer_timeout)?;
+    // Inspect shows the group whether or not the driver can be asked about the GPUs.
+    report.carrier =
+        control::carrier_choice::for_inspect(&report, driver, config.helper_context_bytes)
+            .unwrap_or_else(|e| {
+                eprintln!("cuinterpose: the carrier a suspend would choose is not known: {e}");
+                None
+            });
+    if json {
+        output::print_json(&report)
+    } else {
+        output::print_inspect(&report);
+        Ok(())
     }
 }
 

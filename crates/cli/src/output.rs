@@ -306,6 +306,81 @@ pub fn print_phases(phases: &[control::capture::PhaseTiming]) {
     }
 }
 
+/// `restore --cleanup`'s report.
+pub fn print_cleanup(
+    dir: &std::path::Path,
+    report: &control::disk::leftovers::CleanupReport,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    match (&report.work_dir, report.killed_root) {
+        (None, _) => println!(
+            "nothing to clean up: no restore of {} was interrupted",
+            dir.display()
+        ),
+        (Some(work_dir), killed) => {
+            if let Some(root) = killed {
+                println!("killed the tree an interrupted restore brought back (root pid {root})");
+            }
+            println!(
+                "removed {}; the checkpoint {} is unchanged",
+                work_dir.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `end`'s report.
+pub fn print_end(pid: u32, report: &control::end::EndReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    let killed = if report.killed.is_empty() {
+        "nothing".to_string()
+    } else {
+        report.killed.join(", ")
+    };
+    let gone = if report.already_gone.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} had exited already)", report.already_gone.join(", "))
+    };
+    println!(
+        "ended the group under pid {pid}: killed {killed}{gone}; state {} removed",
+        report.state_file.display()
+    );
+    Ok(())
+}
+
+/// `discard`'s report.
+pub fn print_discard(report: &control::discard::DiscardReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(report);
+    }
+    println!(
+        "discarded {}: CRIU images {}, {} link remap(s) kept outside it",
+        report.dir.display(),
+        bytes(report.image_bytes),
+        report.link_remaps.len()
+    );
+    if let Some(store) = &report.store {
+        println!(
+            "block store: {} block(s) no other checkpoint references removed ({}), {} kept",
+            store.blocks,
+            bytes(store.bytes),
+            store.kept
+        );
+    }
+    if let Some(why) = &report.store_not_collected {
+        eprintln!("warning: the block store was not collected: {why}");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
