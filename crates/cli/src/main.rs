@@ -66,184 +66,24 @@ enum Command {
     /// Start a program with the interposer preloaded (prepends libcuinterpose.so to LD_PRELOAD, then execs)
     Run(run::RunArgs),
     /// Show the CUDA processes under a root, which lack the shim, and who shares what with whom
-    Inspect {
-        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
-        #[arg(long)]
-        pid: u32,
-        /// Where `suspend` put a suspended group's state, to show how it was suspended (default:
-        /// $TMPDIR/cuinterpose-suspended-<pid>)
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// The CUDA driver library the tool loads to read each GPU's free memory, for the carrier
-        /// a suspend would choose (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Print JSON instead of tables
-        #[arg(long)]
-        json: bool,
-    },
+    Inspect(InspectArgs),
     /// Free all GPU memory of a running group in place (its processes stay alive)
-    Suspend {
-        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
-        #[arg(long)]
-        pid: u32,
-        /// Where the captured topology goes (default: $TMPDIR/cuinterpose-suspended-<pid>)
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
-        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
-        freeze_timeout: u64,
-        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Free the shim's memory but skip the driver's checkpoint (and, at resume, its restore):
-        /// contexts, modules and streams stay resident (a few hundred MiB per process)
-        #[arg(long)]
-        keep_contexts: bool,
-        /// Where the group's bytes wait until the resume: `auto`, the fastest the machine allows
-        /// (the helper where every GPU has room for its context and RLIMIT_MEMLOCK and host
-        /// memory allow its pinning, else each process's own carrier; the report says which and
-        /// why); `process`, each process's own host carrier; or `helper`, a carrier helper
-        /// process that keeps them pinned between cycles (copies at the link's rate, no pinned
-        /// memory in the application at its native checkpoint; its context stays on each GPU),
-        /// refused where the machine cannot hold it
-        #[arg(long, value_enum, default_value_t = CarrierPlace::Auto)]
-        carrier: CarrierPlace,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Suspend(SuspendArgs),
     /// Pin the carriers of a running group ahead of its first suspend (in the carrier helper, off
     /// the application's path, within CUINTERPOSE_PIN_AHEAD_MIB), so that the first cycle runs at
     /// the rate of later ones; run it once the workload has made its allocations
-    Prepare {
-        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
-        #[arg(long)]
-        pid: u32,
-        /// The CUDA driver library the tool (and the helper it starts) loads (default:
-        /// libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Prepare(PrepareArgs),
     /// Bring a suspended group back with every address, handle, content and sharing intact
-    Resume {
-        /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
-        #[arg(long)]
-        pid: u32,
-        /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Bring back the processes still alive when captured ones have exited (their imports
-        /// from the exited ones stay unmapped and are listed)
-        #[arg(long)]
-        allow_lost: bool,
-        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Resume(ResumeArgs),
     /// End a suspended group that cannot be brought back (its carrier's bytes lost, a multicast
     /// object missing a member): kill its processes and remove its state
-    End {
-        /// Root of the process tree, as given to `suspend` (or the restored root)
-        #[arg(long)]
-        pid: u32,
-        /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    End(EndArgs),
     /// Capture the group and dump it to disk with CRIU (the workload must run in its own PID namespace)
-    Checkpoint {
-        /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
-        #[arg(long, required_unless_present = "container")]
-        pid: Option<u32>,
-        /// The container whose init is the workload's root, by its runtime's name for it:
-        /// `podman:NAME` or `containerd:ID` (a task of `ctr task ls`; CONTAINERD_ADDRESS and
-        /// CONTAINERD_NAMESPACE as ctr reads them); the runtime gives its init's PID
-        #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "pid")]
-        container: Option<ContainerRef>,
-        /// Checkpoint directory (created; must not hold a checkpoint yet)
-        #[arg(long)]
-        dir: PathBuf,
-        /// Resume the group in place after the dump instead of letting CRIU end it
-        #[arg(long)]
-        leave_running: bool,
-        /// Keep the GPU bytes in data files in DIR instead of the block store beside it
-        /// (`<parent of DIR>/.cuinterpose-blocks`, shared with the checkpoints there): for a
-        /// directory that is copied elsewhere on its own
-        #[arg(long)]
-        self_contained: bool,
-        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
-        #[arg(long)]
-        criu: Option<PathBuf>,
-        /// Seconds the shims get to finish tracked calls in flight before the capture is refused
-        #[arg(long, default_value_t = 30, value_name = "SECONDS")]
-        freeze_timeout: u64,
-        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Checkpoint(CheckpointArgs),
     /// Restore a checkpoint into new processes, optionally onto other GPUs
-    Restore {
-        /// The checkpoint directory `checkpoint --dir` wrote
-        #[arg(long)]
-        dir: PathBuf,
-        /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
-        #[arg(long, value_parser = parse_device_map)]
-        device_map: Option<DeviceMap>,
-        /// Restore into the network, IPC and UTS namespaces of process PID, for each of them the
-        /// checkpointed tree did not share with the tool (a pod's: its sandbox held them); needed
-        /// when the tree had a network namespace of its own, which CRIU does not dump
-        #[arg(long, value_name = "PID")]
-        namespaces_of: Option<u32>,
-        /// Restore into the container named so by its runtime (`podman:NAME`, `containerd:ID`):
-        /// `--namespaces-of` its init, whose root filesystem and cgroups the tree then takes
-        #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "namespaces_of")]
-        container: Option<ContainerRef>,
-        /// Read every data file and check its digests before CRIU runs, so that a damaged one is
-        /// refused before any process is created (default: lengths first, digests while the shims
-        /// load, a damaged file undoing the restore before its processes resume; one read less)
-        #[arg(long)]
-        verify_data_first: bool,
-        /// Restore a checkpoint that is unsigned, or whose signature does not verify with the key
-        /// of CUINTERPOSE_SIGNING_KEY (with a warning), instead of refusing it: only for a
-        /// checkpoint whose origin you trust
-        #[arg(long)]
-        allow_unsigned: bool,
-        /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
-        #[arg(long)]
-        criu: Option<PathBuf>,
-        /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
-        /// back, if one still runs, and remove its work files); the checkpoint is not touched
-        #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "container", "verify_data_first", "allow_unsigned", "criu", "driver"])]
-        cleanup: bool,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Restore(RestoreArgs),
     /// Delete a checkpoint on disk with the files it keeps outside its directory (CRIU's link remaps)
-    Discard {
-        /// The checkpoint directory to delete
-        #[arg(long)]
-        dir: PathBuf,
-        /// Print a JSON report instead of text
-        #[arg(long)]
-        json: bool,
-    },
+    Discard(DiscardArgs),
     /// Start a small group sharing memory, suspend it, prove the memory was freed, resume and verify
     Demo(demo::DemoArgs),
     /// Measure the shim's overhead, suspend/resume copy rates and the native checkpoint baseline
@@ -260,17 +100,213 @@ enum Command {
     AbiLayout,
     /// The carrier helper of a control directory (started by `suspend --carrier helper`)
     #[command(hide = true)]
-    CarrierHelper {
-        /// The socket to listen on
-        #[arg(long)]
-        socket: PathBuf,
-        /// The CUDA driver library (default: libcuda.so.1 from the loader's path)
-        #[arg(long)]
-        driver: Option<PathBuf>,
-        /// Seconds without any carrier held after which the helper exits
-        #[arg(long, default_value_t = 5, value_name = "SECONDS")]
-        idle: u64,
-    },
+    CarrierHelper(CarrierHelperArgs),
+}
+
+/// The arguments of `inspect`.
+#[derive(Debug, clap::Args)]
+struct InspectArgs {
+    /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+    #[arg(long)]
+    pid: u32,
+    /// Where `suspend` put a suspended group's state, to show how it was suspended (default:
+    /// $TMPDIR/cuinterpose-suspended-<pid>)
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The CUDA driver library the tool loads to read each GPU's free memory, for the carrier
+    /// a suspend would choose (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Print JSON instead of tables
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `suspend`.
+#[derive(Debug, clap::Args)]
+struct SuspendArgs {
+    /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+    #[arg(long)]
+    pid: u32,
+    /// Where the captured topology goes (default: $TMPDIR/cuinterpose-suspended-<pid>)
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    freeze_timeout: u64,
+    /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Free the shim's memory but skip the driver's checkpoint (and, at resume, its restore):
+    /// contexts, modules and streams stay resident (a few hundred MiB per process)
+    #[arg(long)]
+    keep_contexts: bool,
+    /// Where the group's bytes wait until the resume: `auto`, the fastest the machine allows
+    /// (the helper where every GPU has room for its context and RLIMIT_MEMLOCK and host
+    /// memory allow its pinning, else each process's own carrier; the report says which and
+    /// why); `process`, each process's own host carrier; or `helper`, a carrier helper
+    /// process that keeps them pinned between cycles (copies at the link's rate, no pinned
+    /// memory in the application at its native checkpoint; its context stays on each GPU),
+    /// refused where the machine cannot hold it
+    #[arg(long, value_enum, default_value_t = CarrierPlace::Auto)]
+    carrier: CarrierPlace,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `prepare`.
+#[derive(Debug, clap::Args)]
+struct PrepareArgs {
+    /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+    #[arg(long)]
+    pid: u32,
+    /// The CUDA driver library the tool (and the helper it starts) loads (default:
+    /// libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `resume`.
+#[derive(Debug, clap::Args)]
+struct ResumeArgs {
+    /// Root of the process tree: the workload's first process, or the `run --pid-namespace` launcher
+    #[arg(long)]
+    pid: u32,
+    /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Bring back the processes still alive when captured ones have exited (their imports
+    /// from the exited ones stay unmapped and are listed)
+    #[arg(long)]
+    allow_lost: bool,
+    /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `end`.
+#[derive(Debug, clap::Args)]
+struct EndArgs {
+    /// Root of the process tree, as given to `suspend` (or the restored root)
+    #[arg(long)]
+    pid: u32,
+    /// Where `suspend` put the captured topology (default: $TMPDIR/cuinterpose-suspended-<pid>)
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `checkpoint`.
+#[derive(Debug, clap::Args)]
+struct CheckpointArgs {
+    /// The `run --pid-namespace` launcher of the workload (or the init of its PID namespace)
+    #[arg(long, required_unless_present = "container")]
+    pid: Option<u32>,
+    /// The container whose init is the workload's root, by its runtime's name for it:
+    /// `podman:NAME` or `containerd:ID` (a task of `ctr task ls`; CONTAINERD_ADDRESS and
+    /// CONTAINERD_NAMESPACE as ctr reads them); the runtime gives its init's PID
+    #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "pid")]
+    container: Option<ContainerRef>,
+    /// Checkpoint directory (created; must not hold a checkpoint yet)
+    #[arg(long)]
+    dir: PathBuf,
+    /// Resume the group in place after the dump instead of letting CRIU end it
+    #[arg(long)]
+    leave_running: bool,
+    /// Keep the GPU bytes in data files in DIR instead of the block store beside it
+    /// (`<parent of DIR>/.cuinterpose-blocks`, shared with the checkpoints there): for a
+    /// directory that is copied elsewhere on its own
+    #[arg(long)]
+    self_contained: bool,
+    /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
+    #[arg(long)]
+    criu: Option<PathBuf>,
+    /// Seconds the shims get to finish tracked calls in flight before the capture is refused
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    freeze_timeout: u64,
+    /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `restore`.
+#[derive(Debug, clap::Args)]
+struct RestoreArgs {
+    /// The checkpoint directory `checkpoint --dir` wrote
+    #[arg(long)]
+    dir: PathBuf,
+    /// GPU remapping by ordinal, OLD=NEW[,OLD=NEW...]: the GPU recorded as OLD becomes NEW here
+    #[arg(long, value_parser = parse_device_map)]
+    device_map: Option<DeviceMap>,
+    /// Restore into the network, IPC and UTS namespaces of process PID, for each of them the
+    /// checkpointed tree did not share with the tool (a pod's: its sandbox held them); needed
+    /// when the tree had a network namespace of its own, which CRIU does not dump
+    #[arg(long, value_name = "PID")]
+    namespaces_of: Option<u32>,
+    /// Restore into the container named so by its runtime (`podman:NAME`, `containerd:ID`):
+    /// `--namespaces-of` its init, whose root filesystem and cgroups the tree then takes
+    #[arg(long, value_name = "RUNTIME:NAME", conflicts_with = "namespaces_of")]
+    container: Option<ContainerRef>,
+    /// Read every data file and check its digests before CRIU runs, so that a damaged one is
+    /// refused before any process is created (default: lengths first, digests while the shims
+    /// load, a damaged file undoing the restore before its processes resume; one read less)
+    #[arg(long)]
+    verify_data_first: bool,
+    /// Restore a checkpoint that is unsigned, or whose signature does not verify with the key
+    /// of CUINTERPOSE_SIGNING_KEY (with a warning), instead of refusing it: only for a
+    /// checkpoint whose origin you trust
+    #[arg(long)]
+    allow_unsigned: bool,
+    /// The CRIU binary (default: $CUINTERPOSE_CRIU, the CRIU bundled with the tool, then criu on PATH)
+    #[arg(long)]
+    criu: Option<PathBuf>,
+    /// The CUDA driver library the tool loads (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Restore nothing: clean up after an interrupted restore of DIR (kill the tree it brought
+    /// back, if one still runs, and remove its work files); the checkpoint is not touched
+    #[arg(long, conflicts_with_all = ["device_map", "namespaces_of", "container", "verify_data_first", "allow_unsigned", "criu", "driver"])]
+    cleanup: bool,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `discard`.
+#[derive(Debug, clap::Args)]
+struct DiscardArgs {
+    /// The checkpoint directory to delete
+    #[arg(long)]
+    dir: PathBuf,
+    /// Print a JSON report instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// The arguments of `carrier-helper`.
+#[derive(Debug, clap::Args)]
+struct CarrierHelperArgs {
+    /// The socket to listen on
+    #[arg(long)]
+    socket: PathBuf,
+    /// The CUDA driver library (default: libcuda.so.1 from the loader's path)
+    #[arg(long)]
+    driver: Option<PathBuf>,
+    /// Seconds without any carrier held after which the helper exits
+    #[arg(long, default_value_t = 5, value_name = "SECONDS")]
+    idle: u64,
 }
 
 /// `suspend --carrier` (and `bench --carrier`).
@@ -442,98 +478,27 @@ fn capture_options(
 fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Result<()> {
     match command {
         Command::Run(args) => run::run(args, config),
-        Command::Inspect {
+        Command::Inspect(InspectArgs {
             pid,
             state_dir,
             driver,
             json,
-        } => inspect(pid, state_dir.as_deref(), driver.as_deref(), json, config),
-        Command::Suspend {
-            pid,
-            state_dir,
-            freeze_timeout,
-            driver,
-            keep_contexts,
-            carrier,
-            json,
-        } => {
-            let mut options = capture_options(pid, freeze_timeout, driver, config);
-            options.state_dir = state_dir.unwrap_or(options.state_dir);
-            if keep_contexts {
-                options.mode = protocol::state::SuspendMode::KeepContexts;
-            }
-            carrier.apply(&mut options)?;
-            let progress = progress::Bars::new(!json);
-            let report = capture::suspend(&options, &progress)
-                .with_context(|| format!("suspending the group under pid {pid}"))?;
-            output::print_report("suspended", &report, json)
-        }
-        Command::Prepare { pid, driver, json } => {
-            let mut options = capture_options(pid, 30, driver, config);
-            CarrierPlace::Auto.apply(&mut options)?;
-            let report = capture::prepare(&options, config.pin_ahead_budget)
-                .with_context(|| format!("preparing the carriers of the group under pid {pid}"))?;
-            if json {
-                output::print_json(&report)
-            } else {
-                output::print_prepare(&report);
-                Ok(())
-            }
-        }
-        Command::Resume {
-            pid,
-            state_dir,
-            allow_lost,
-            driver,
-            json,
-        } => {
-            let mut options = ResumeOptions::new(pid, config);
-            options.state_dir = state_dir.unwrap_or(options.state_dir);
-            options.driver = driver;
-            options.allow_lost = allow_lost;
-            let progress = progress::Bars::new(!json);
-            let report = capture::resume(&options, &progress)
-                .with_context(|| format!("resuming the group under pid {pid}"))?;
-            output::print_report("resumed", &report, json)
-        }
-        Command::Checkpoint {
-            pid,
-            container,
-            dir,
-            leave_running,
-            self_contained,
-            criu,
-            freeze_timeout,
-            driver,
-            json,
-        } => {
-            let pid = match container {
-                Some(container) => control::runtimes::init_pid(&container)?,
-                None => pid.ok_or_else(|| Usage("--pid or --container is required".into()))?,
-            };
-            let options = disk::CheckpointOptions {
-                capture: capture_options(pid, freeze_timeout, driver, config),
-                dir,
-                leave_running,
-                criu,
-                self_contained,
-            };
-            let progress = progress::Bars::new(!json);
-            let report = disk::checkpoint(&options, &progress)
-                .with_context(|| format!("checkpointing the group under pid {pid}"))?;
-            output::print_disk_report("checkpointed", &report, json)
-        }
-        Command::Restore {
+        }) => inspect(pid, state_dir.as_deref(), driver.as_deref(), json, config),
+        Command::Suspend(args) => suspend(args, config),
+        Command::Prepare(args) => prepare(args, config),
+        Command::Resume(args) => resume(args, config),
+        Command::Checkpoint(args) => checkpoint(args, config),
+        Command::Restore(RestoreArgs {
             dir,
             cleanup: true,
             json,
             ..
-        } => {
+        }) => {
             let report = disk::leftovers::cleanup(&dir)
                 .with_context(|| format!("cleaning up after a restore of {}", dir.display()))?;
             output::print_cleanup(&dir, &report, json)
         }
-        Command::Restore {
+        Command::Restore(RestoreArgs {
             dir,
             device_map,
             namespaces_of,
@@ -544,7 +509,7 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             driver,
             cleanup: false,
             json,
-        } => {
+        }) => {
             let namespaces_of = match container {
                 Some(container) => Some(control::runtimes::init_pid(&container)?),
                 None => namespaces_of,
@@ -561,18 +526,8 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             };
             restore(&options, json)
         }
-        Command::End {
-            pid,
-            state_dir,
-            json,
-        } => {
-            let mut options = control::end::EndOptions::new(pid, config);
-            options.state_dir = state_dir.unwrap_or(options.state_dir);
-            let report = control::end::end(&options)
-                .with_context(|| format!("ending the group under pid {pid}"))?;
-            output::print_end(pid, &report, json)
-        }
-        Command::Discard { dir, json } => {
+        Command::End(args) => end(args, config),
+        Command::Discard(DiscardArgs { dir, json }) => {
             let report = control::discard::discard(&dir)
                 .with_context(|| format!("discarding {}", dir.display()))?;
             output::print_discard(&report, json)
@@ -592,12 +547,113 @@ fn execute(command: Command, config: &control::config::ToolConfig) -> anyhow::Re
             print!("{}", cuda_abi::layout::report());
             Ok(())
         }
-        Command::CarrierHelper {
+        Command::CarrierHelper(CarrierHelperArgs {
             socket,
             driver,
             idle,
-        } => carrier_helper(socket, driver, idle),
+        }) => carrier_helper(socket, driver, idle),
     }
+}
+
+/// `suspend`.
+fn suspend(args: SuspendArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let SuspendArgs {
+        pid,
+        state_dir,
+        freeze_timeout,
+        driver,
+        keep_contexts,
+        carrier,
+        json,
+    } = args;
+    let mut options = capture_options(pid, freeze_timeout, driver, config);
+    options.state_dir = state_dir.unwrap_or(options.state_dir);
+    if keep_contexts {
+        options.mode = protocol::state::SuspendMode::KeepContexts;
+    }
+    carrier.apply(&mut options)?;
+    let progress = progress::Bars::new(!json);
+    let report = capture::suspend(&options, &progress)
+        .with_context(|| format!("suspending the group under pid {pid}"))?;
+    output::print_report("suspended", &report, json)
+}
+
+/// `prepare`.
+fn prepare(args: PrepareArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let PrepareArgs { pid, driver, json } = args;
+    let mut options = capture_options(pid, 30, driver, config);
+    CarrierPlace::Auto.apply(&mut options)?;
+    let report = capture::prepare(&options, config.pin_ahead_budget)
+        .with_context(|| format!("preparing the carriers of the group under pid {pid}"))?;
+    if json {
+        output::print_json(&report)
+    } else {
+        output::print_prepare(&report);
+        Ok(())
+    }
+}
+
+/// `resume`.
+fn resume(args: ResumeArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let ResumeArgs {
+        pid,
+        state_dir,
+        allow_lost,
+        driver,
+        json,
+    } = args;
+    let mut options = ResumeOptions::new(pid, config);
+    options.state_dir = state_dir.unwrap_or(options.state_dir);
+    options.driver = driver;
+    options.allow_lost = allow_lost;
+    let progress = progress::Bars::new(!json);
+    let report = capture::resume(&options, &progress)
+        .with_context(|| format!("resuming the group under pid {pid}"))?;
+    output::print_report("resumed", &report, json)
+}
+
+/// `checkpoint`.
+fn checkpoint(args: CheckpointArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let CheckpointArgs {
+        pid,
+        container,
+        dir,
+        leave_running,
+        self_contained,
+        criu,
+        freeze_timeout,
+        driver,
+        json,
+    } = args;
+    let pid = match container {
+        Some(container) => control::runtimes::init_pid(&container)?,
+        None => pid.ok_or_else(|| Usage("--pid or --container is required".into()))?,
+    };
+    let options = disk::CheckpointOptions {
+        capture: capture_options(pid, freeze_timeout, driver, config),
+        dir,
+        leave_running,
+        criu,
+        self_contained,
+    };
+    let progress = progress::Bars::new(!json);
+    let report = disk::checkpoint(&options, &progress)
+        .with_context(|| format!("checkpointing the group under pid {pid}"))?;
+    output::print_disk_report("checkpointed", &report, json)
+}
+
+/// `end`.
+fn end(args: EndArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
+    let EndArgs {
+        pid,
+        state_dir,
+        json,
+    } = args;
+    let mut options = control::end::EndOptions::new(pid, config);
+    options.state_dir = state_dir.unwrap_or(options.state_dir);
+    let report =
+        control::end::end(&options).with_context(|| format!("ending the group under pid {pid}"))?;
+    output::print_end(pid, &report, json)
 }
 
 /// `restore` (without `--cleanup`).
