@@ -557,49 +557,15 @@ pub(crate) fn capture(
     }
 
     // Save and release: from here until the native lock, failures are rolled back.
-    let destructive = (|| {
-        for p in &mut group.participants {
-            // Copies of many GiB take as long as they take; a dead shim still fails the socket
-            // at once.
-            p.set_timeout(None)?;
-        }
-        choice.save = clock.time("save", Some(saved_bytes), || {
-            save_all(
-                &mut group.participants,
-                bytes,
-                options.mode,
-                through_helper,
-                progress,
-            )
-            .map(|(b, s, carriers)| (carriers, b, s))
-        })?;
-        clock.time("release", None, || {
-            phase_all(
-                &mut group.participants,
-                "release",
-                &Request::Release,
-                progress,
-            )
-            .map(|(_, b, s)| ((), b, s))
-        })?;
-        // Everyone still answers and holds no memory the shims own: the native checkpoint may
-        // start.
-        let released = group.snapshot()?;
-        let refusals = check_group(&released, Phase::Released);
-        if refusals.is_empty() {
-            Ok(())
-        } else {
-            Err(ControlError::Refused(refusals))
-        }
-    })();
-    let destructive = destructive.and_then(|()| match &driver {
-        Some(driver) => clock.time("native-checkpoint", None, || {
-            native_checkpoint(driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
-        }),
-        // The shims hold their gate closed from the freeze on, so the application's tracked calls
-        // block as in a native suspend; contexts, modules and streams stay where they are.
-        None => Ok(()),
-    });
+    let destructive = save_and_release(&mut group, clock, options, bytes, &mut choice, saved_bytes)
+        .and_then(|()| match &driver {
+            Some(driver) => clock.time("native-checkpoint", None, || {
+                native_checkpoint(driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
+            }),
+            // The shims hold their gate closed from the freeze on, so the application's tracked calls
+            // block as in a native suspend; contexts, modules and streams stay where they are.
+            None => Ok(()),
+        });
     if let Err(e) = destructive {
         let error = roll_back(&mut group, clock, e, &|g, c| rebuild(g, c, bytes));
         // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
@@ -609,6 +575,52 @@ pub(crate) fn capture(
         return Err(error);
     }
     Ok((group, captured, choice))
+}
+
+/// Save and Release in every process, then a check that each still answers and holds no memory
+/// the shims own (the native checkpoint may start). The carriers the save used go into `choice`.
+fn save_and_release(
+    group: &mut Group,
+    clock: &mut Clock<'_>,
+    options: &SuspendOptions,
+    bytes: Bytes<'_>,
+    choice: &mut crate::carrier_choice::CarrierChoice,
+    saved_bytes: u64,
+) -> Result<(), ControlError> {
+    let progress = clock.progress;
+    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
+    for p in &mut group.participants {
+        // Copies of many GiB take as long as they take; a dead shim still fails the socket at
+        // once.
+        p.set_timeout(None)?;
+    }
+    choice.save = clock.time("save", Some(saved_bytes), || {
+        save_all(
+            &mut group.participants,
+            bytes,
+            options.mode,
+            through_helper,
+            progress,
+        )
+        .map(|(b, s, carriers)| (carriers, b, s))
+    })?;
+    clock.time("release", None, || {
+        phase_all(
+            &mut group.participants,
+            "release",
+            &Request::Release,
+            progress,
+        )
+        .map(|(_, b, s)| ((), b, s))
+    })?;
+    // Everyone still answers and holds no memory the shims own: the native checkpoint may start.
+    let released = group.snapshot()?;
+    let refusals = check_group(&released, Phase::Released);
+    if refusals.is_empty() {
+        Ok(())
+    } else {
+        Err(ControlError::Refused(refusals))
+    }
 }
 
 /// What `cuinterpose prepare` did: the carrier a suspend will use, and per process what was pinned
