@@ -49,17 +49,10 @@ fn tool_memlock_with(
     }
 }
 
+/// `inspect --pid ROOT --state-dir DIR --driver FAKE --json` (the suspend's arguments).
 fn inspect(env: &TestEnv, root: u32) -> Value {
-    let args = [
-        "inspect".to_string(),
-        "--pid".into(),
-        root.to_string(),
-        "--state-dir".into(),
-        state_dir(env).display().to_string(),
-        "--driver".into(),
-        fake_driver(env).display().to_string(),
-        "--json".into(),
-    ];
+    let mut args = suspend_args(env, root, &[]);
+    args[0] = "inspect".into();
     tool(env, &strs(&args)).ok().json()
 }
 
