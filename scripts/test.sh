@@ -57,8 +57,15 @@ fi
 step "the tool links no test tooling (neither cuinterpose-testkit nor the fake driver)"
 # Package names only (a checkout's path may hold any word).
 if cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}' \
-    | grep -i -E 'testkit|fake'; then
+    | grep -i -E 'testkit|testdriver|fake'; then
     echo "test.sh: cuinterpose-cli depends on test tooling" >&2
+    exit 1
+fi
+
+step "the tool links the copy engine, not the interposer's runtime (cuinterpose-shim-runtime)"
+if cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}' \
+    | grep -x 'cuinterpose-shim-runtime'; then
+    echo "test.sh: cuinterpose-cli depends on cuinterpose-shim-runtime" >&2
     exit 1
 fi
 

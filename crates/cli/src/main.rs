@@ -672,13 +672,12 @@ fn carrier_helper(socket: PathBuf, driver: Option<PathBuf>, idle: u64) -> anyhow
         .with_context(|| format!("loading {}", library.display()))?;
     // The helper's own log (appended to cuinterpose-carrier.log by the tool that started it):
     // what it served and gave back.
-    shim_runtime::log::set_max_level(shim_runtime::log::Level::Info as u8);
-    let config = shim_runtime::carrier_helper::HelperConfig {
+    copy::log::set_max_level(copy::log::Level::Info as u8);
+    let config = copy::carrier_helper::HelperConfig {
         socket,
         idle: Duration::from_secs(idle),
     };
-    shim_runtime::carrier_helper::serve(loaded.table(), &config)
-        .context("the carrier helper stopped")
+    copy::carrier_helper::serve(loaded.table(), &config).context("the carrier helper stopped")
 }
 
 /// `inspect`: the group under `pid`, and the carrier a suspend would choose for it.

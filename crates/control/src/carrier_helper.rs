@@ -1,6 +1,6 @@
 //! Finding or starting the carrier helper of a control directory (`suspend --carrier helper`).
 //!
-//! The helper (`cuinterpose carrier-helper`, shim-runtime's `carrier_helper`) is a process that is
+//! The helper (`cuinterpose carrier-helper`, crates/copy's `carrier_helper`) is a process that is
 //! never checkpointed and keeps the group's carriers pinned across cycles; the shims reach it at
 //! [`CARRIER_HELPER_SOCKET`] in their control directory. The tool starts one for a directory
 //! where none answers, before anything of the group changes, in a process group of its own (a

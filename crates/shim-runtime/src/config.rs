@@ -7,9 +7,9 @@
 //! fatal (the shim must never break the application): the default is used and [`Invalid`] says so,
 //! which the runtime logs as a warning. An empty value counts as unset.
 
-use crate::copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use crate::log;
 use crate::owned_alloc::AllocMode;
+use copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -165,9 +165,9 @@ const ALLOC_EXPECTED: &str = "vmm or native";
 const CHUNK_EXPECTED: &str = "a multiple of 4K from 256K to 64M";
 
 /// `auto` (the default: staged for cycles with a native checkpoint, pinned from the first that
-/// skips it; `copy.rs` says why), or one mode for every cycle: `staged`, `registered` (slowest
-/// on the H200: 16-19 GB/s, its per-cycle `cuMemHostRegister` costing more than the copy) or
-/// `pinned`.
+/// skips it; the copy engine (`cuinterpose-copy`) says why), or one mode for every cycle: `staged`,
+/// `registered` (slowest on the H200: 16-19 GB/s, its per-cycle `cuMemHostRegister` costing more
+/// than the copy) or `pinned`.
 fn carrier_policy(value: &str) -> Option<CarrierPolicy> {
     match value.trim() {
         "auto" => Some(CarrierPolicy::Auto),

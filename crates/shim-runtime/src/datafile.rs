@@ -25,10 +25,10 @@
 
 use crate::Real;
 use crate::blockstore::{self, Put};
-use crate::copy::{self, CopyError};
 use crate::digest::{DigestError, TreeDigests};
 use crate::log::log_warn;
 use crate::phases::{LoadItem, PhaseError, TempMap};
+use copy::{self, CopyError};
 use cuda::owned::PinnedBuffer;
 use protocol::message::{DATA_ALIGN, DataFile, Extent, StoredBlock, StreamStats};
 use protocol::record::{AllocationId, Phase};
@@ -936,7 +936,6 @@ fn regions_of(work: &[(TempMap<'_>, i32, Extent)]) -> Vec<Region> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testdriver;
     use cuda_abi::{CUmemAllocationProp, CUmemLocation, allocation_type, location_type};
     use std::os::fd::AsFd;
 

@@ -305,7 +305,7 @@ impl Runtime {
         let real = self.real;
         let sync = sync.clone();
         crate::server::spawn_quiet("cuinterpose-drain", move || {
-            let result = crate::copy::enter(&real, device)
+            let result = copy::enter(&real, device)
                 .map_err(|e| e.to_string())
                 .and_then(|_context| {
                     real.ctx_synchronize()

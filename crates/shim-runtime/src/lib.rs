@@ -11,9 +11,9 @@
 //! passes calls straight through. In a child forked after it started, tracked calls return
 //! `CUDA_ERROR_NOT_INITIALIZED` (see [`runtime`]).
 //!
-//! Unsafe code is denied in this crate except in [`copy`], the carrier memory module (raw host
-//! memory that DMA reads and writes while a copy runs; its docs say why each part must be unsafe),
-//! and in the test-only driver and tests.
+//! Unsafe code is denied in this crate except in its tests. The carrier memory (raw host memory
+//! that DMA reads and writes while a copy runs) is the copy engine's, in the `cuinterpose-copy`
+//! crate ([`copy`]), with the unsafe code it needs.
 //!
 //! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (the two gates a
 //! capture closes: tracked calls and GPU submissions), `drain` (Hold, Drain, Admit), `lease` (one
@@ -21,7 +21,7 @@
 //! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `contexts` (their
 //! teardown with their context), `unowned` (device memory the shim does not own, counted), `exports`
 //! (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
-//! and rebuild), `copy` (carriers and the copy engine), `config` (the environment, read once), `log`.
+//! and rebuild), `config` (the environment, read once), `log` (re-exported from [`copy`]).
 
 #![deny(unsafe_code)]
 #![cfg_attr(
@@ -30,10 +30,8 @@
 )]
 
 pub mod blockstore;
-pub mod carrier_helper;
 pub mod config;
 pub mod contexts;
-pub mod copy;
 pub mod datafile;
 pub mod digest;
 pub mod drain;
@@ -42,7 +40,6 @@ pub mod fdutil;
 pub mod gate;
 pub mod ipc;
 pub mod lease;
-pub mod log;
 pub mod multicast;
 pub mod owned_alloc;
 pub mod phases;
@@ -53,8 +50,9 @@ pub mod track;
 pub mod unowned;
 
 #[cfg(test)]
-mod testdriver;
-#[cfg(test)]
 mod tests;
 
+/// The in-application logger lives with the copy engine (the carrier helper writes through it
+/// too); the runtime's modules reach it as `crate::log`.
+pub use copy::log;
 pub use cuda::DriverTable as Real;

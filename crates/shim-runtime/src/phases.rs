@@ -11,7 +11,8 @@
 //!   carrier,
 //!   through a temporary shim-owned mapping (so application mappings that are partial, read-only
 //!   or absent do not matter), by the copy engine in the mode `CUINTERPOSE_CARRIER` chose
-//!   (`copy.rs`). Save and Load answer with the engine's statistics (`PhaseDone::stats`).
+//!   (the `cuinterpose-copy` crate). Save and Load answer with the engine's statistics
+//!   (`PhaseDone::stats`).
 //! - Release: multicast objects go first (`multicast.rs`: export closed, mappings unmapped,
 //!   bindings unbound, handle released); imports are unmapped and released; creations leave the
 //!   export cache, are unmapped and released. VA reservations stay the application's, records stay
@@ -41,13 +42,13 @@
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
 
-use crate::copy::{self, CarrierMode, CarrierView, CopyError, Direction, Unit};
 use crate::datafile::DataFileError;
 use crate::log::{log_debug, log_info, log_warn};
 use crate::registry::{Kind, Mapping, VHandle, driver_props};
 use crate::runtime::Runtime;
 use crate::track::FetchError;
 use crate::track::access_desc;
+use copy::{self, CarrierMode, CarrierView, CopyError, Direction, Unit};
 use cuda::{CudaError, DriverHandle};
 use cuda_abi::*;
 use protocol::message::{CopyStats, DataFile, StreamStats};
@@ -837,7 +838,7 @@ impl Runtime {
     fn helper_socket(&self) -> std::path::PathBuf {
         self.config
             .control_dir
-            .join(crate::carrier_helper::SOCKET_NAME)
+            .join(copy::carrier_helper::SOCKET_NAME)
     }
 
     /// Sends `allocations` (driver handle, size, device, offset in the carrier) to the carrier
@@ -896,7 +897,7 @@ impl Runtime {
             let request = Request::CarrierItem {
                 offset,
                 size: size as u64,
-                device: crate::carrier_helper::uuid_bytes(&uuid),
+                device: copy::carrier_helper::uuid_bytes(&uuid),
             };
             let (response, _) = connection
                 .call_with(&request, Some(fd.as_fd()))

@@ -15,12 +15,12 @@
 
 use crate::Real;
 use crate::config::ShimConfig;
-use crate::copy::CopyConfig;
 use crate::exports::ExportCache;
 use crate::gate::Gate;
 use crate::log::{log_error, log_info, log_warn};
 use crate::phases::Control;
 use crate::registry::Registry;
+use copy::CopyConfig;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};

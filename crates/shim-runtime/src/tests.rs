@@ -7,7 +7,6 @@
 
 use crate::registry::{HANDLE_TAG, Kind};
 use crate::runtime::{Config, Runtime};
-use crate::testdriver::{self, FAIL_SIZE, fake};
 use crate::track::ExportTo;
 use cuda::{ForeignPtr, VirtualHandle};
 use cuda_abi::*;
@@ -19,6 +18,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+use testdriver::{self, FAIL_SIZE, fake};
 use transport::Connection;
 
 const MB2: usize = 2 << 20;
@@ -47,7 +47,7 @@ impl Proc {
             Config {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
-                copy: crate::copy::CopyConfig::default(),
+                copy: copy::CopyConfig::default(),
                 pid_namespace: crate::runtime::own_pid_namespace(),
                 alloc: crate::owned_alloc::AllocMode::Vmm,
             },
@@ -1180,7 +1180,7 @@ fn private_creations_are_saved_released_and_rebuilt_without_an_export() {
 /// `after-resume` it is unpinned at thaw and pinned again by the next Save.
 #[test]
 fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
-    use crate::copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig};
+    use copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig};
     let dir = tempfile::tempdir().unwrap();
     let g = build_group(dir.path(), 2);
     let policies = [CarrierRelease::Never, CarrierRelease::AfterResume];
@@ -1223,7 +1223,7 @@ fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
 /// first keep-contexts Save and kept pinned for the cycles after it, of either kind.
 #[test]
 fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
-    use crate::copy::{CarrierMode, CarrierPolicy};
+    use copy::{CarrierMode, CarrierPolicy};
     let dir = tempfile::tempdir().unwrap();
     let g = build_group(dir.path(), 2);
     for p in &g.procs {
@@ -1253,10 +1253,10 @@ fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
 /// carrier holds nothing pinned.
 #[test]
 fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
-    use crate::copy::{CarrierMode, CarrierPolicy, CopyConfig};
+    use copy::{CarrierMode, CarrierPolicy, CopyConfig};
     let dir = tempfile::tempdir().unwrap();
     let mut real = testdriver::real();
-    real.cuMemHostRegister_v2 = crate::copy::tests::refuse_register;
+    real.cuMemHostRegister_v2 = testdriver::refuse_register;
     let p = Proc::with_driver(dir.path(), real);
     let q = Proc::new(dir.path());
     let h = p.create(4 * MB2, 0);

@@ -23,10 +23,10 @@
 //! The price, and why it is opt-in: between Save and Load the helper holds the only copy of the
 //! bytes, and its contexts stay on the GPUs while the group is suspended.
 
-use crate::Real;
-use crate::copy::{self, Carrier, CarrierPolicy, Direction, Unit};
+use crate::engine::{self as copy, Carrier, CarrierPolicy, Direction, Unit};
 use crate::log::{log_info, log_warn};
 use cuda::DriverHandle;
+use cuda::DriverTable as Real;
 use cuda_abi::{CUmemAccessDesc, CUmemLocation, access_flags, limit, location_type};
 use protocol::message::CarrierMode;
 use protocol::{ErrorCode, Request, Response};

@@ -2,6 +2,9 @@
 //! libcuda: allocations are byte vectors, exported descriptors are memfds naming the allocation,
 //! copies go through the recorded VA mappings. Shared by all tests of the process (like one
 //! machine), so tests only assert on what they made.
+//!
+//! A crate of its own so that the copy engine (`cuinterpose-copy`) and the runtime
+//! (`cuinterpose-shim-runtime`) test on the same driver; only their tests depend on it.
 
 // Test code, and a driver: it implements the C entry points, so it is `unsafe extern "C"`
 // functions reading and writing its callers' pointers, as every driver does.
@@ -13,8 +16,8 @@
     clippy::multiple_unsafe_ops_per_block
 )]
 
-use crate::Real;
 use core::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use cuda::DriverTable as Real;
 use cuda_abi::*;
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd, IntoRawFd};
@@ -29,6 +32,16 @@ pub const BLOCK_SIZE: usize = 0x4321_0000;
 
 /// 0 idle, 1 a call is blocked inside, 2 let it go.
 static BLOCKED: (Mutex<u8>, std::sync::Condvar) = (Mutex::new(0), std::sync::Condvar::new());
+
+/// A `cuMemHostRegister` that refuses every range (a driver that cannot pin host memory), for
+/// tests that put it in their table.
+pub unsafe extern "C" fn refuse_register(
+    _: *mut core::ffi::c_void,
+    _: usize,
+    _: core::ffi::c_uint,
+) -> CUresult {
+    CUresult::ERROR_NOT_SUPPORTED
+}
 
 /// Waits until a `BLOCK_SIZE` create is inside the driver.
 pub fn wait_blocked() {
@@ -742,10 +755,9 @@ pub unsafe extern "C" fn peer_disable_ok(_: CUcontext) -> CUresult {
 
 /// The stack size of the test driver's context in `tests::the_context_stack_is_given_back_from_release_to_thaw`
 /// (it starts as an application's grown stack), and every value set, in order.
-pub(crate) static STACK: std::sync::Mutex<(usize, Vec<usize>)> =
-    std::sync::Mutex::new((4096, Vec::new()));
+pub static STACK: std::sync::Mutex<(usize, Vec<usize>)> = std::sync::Mutex::new((4096, Vec::new()));
 
-pub(crate) unsafe extern "C" fn stack_get(value: *mut usize, limit: core::ffi::c_int) -> CUresult {
+pub unsafe extern "C" fn stack_get(value: *mut usize, limit: core::ffi::c_int) -> CUresult {
     if limit != cuda_abi::limit::STACK_SIZE {
         return CUresult::ERROR_UNSUPPORTED_LIMIT;
     }
@@ -755,7 +767,7 @@ pub(crate) unsafe extern "C" fn stack_get(value: *mut usize, limit: core::ffi::c
     CUresult::SUCCESS
 }
 
-pub(crate) unsafe extern "C" fn stack_set(limit: core::ffi::c_int, value: usize) -> CUresult {
+pub unsafe extern "C" fn stack_set(limit: core::ffi::c_int, value: usize) -> CUresult {
     if limit != cuda_abi::limit::STACK_SIZE {
         return CUresult::ERROR_UNSUPPORTED_LIMIT;
     }

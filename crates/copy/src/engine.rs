@@ -50,15 +50,15 @@
 //! and the phase fails.
 
 //!
-//! This is the one module of the runtime that allows unsafe code: the carrier and the staging
+//! This is the one module of the crate that allows unsafe code: the carrier and the staging
 //! buffers are raw host memory that the DMA engine reads and writes while a copy is in flight, so
 //! neither Rust's borrows nor the safe driver methods (which take slices for synchronous copies)
 //! can describe them; each block says why it is sound.
 
 #![allow(unsafe_code)]
 
-use crate::Real;
 use crate::log::log_warn;
+use cuda::DriverTable as Real;
 use cuda::owned::{PinnedBuffer, Stream};
 use cuda_abi::{CUresult, CUstream};
 pub use protocol::message::CarrierMode;
@@ -71,8 +71,8 @@ use std::time::{Duration, Instant};
 /// Default size of each of a worker's two staging buffers (one DMA each); see the module docs.
 pub const DEFAULT_CHUNK: usize = 1 << 20;
 
-/// How copies reach the carrier ([`crate::config::ShimConfig`] reads it from the environment once,
-/// when the runtime starts).
+/// How copies reach the carrier (the shim runtime's `ShimConfig` reads it from the environment
+/// once, when the runtime starts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CopyConfig {
     /// Which carrier mode each cycle uses.
@@ -962,10 +962,10 @@ pub fn copy_all(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::testdriver;
     use cuda_abi::{CUmemAllocationProp, CUmemLocation, location_type};
+    use testdriver::refuse_register;
 
     /// A mapped test-driver allocation of `len` bytes holding `pattern(i)` at byte i.
     fn device_buffer(real: &Real, len: usize, salt: u8) -> u64 {
@@ -1081,16 +1081,6 @@ pub(crate) mod tests {
                 assert!(!stats.dma_uncertain);
             }
         }
-    }
-
-    /// A `cuMemHostRegister` that refuses every range (also used by the runtime's tests, whose
-    /// module may not declare unsafe functions).
-    pub(crate) unsafe extern "C" fn refuse_register(
-        _: *mut core::ffi::c_void,
-        _: usize,
-        _: core::ffi::c_uint,
-    ) -> CUresult {
-        CUresult::ERROR_NOT_SUPPORTED
     }
 
     #[test]

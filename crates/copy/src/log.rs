@@ -72,8 +72,8 @@ pub fn parse_filter(value: &str) -> Result<Option<u8>, String> {
     Ok(result)
 }
 
-/// Sets the most verbose level written (from [`crate::config::ShimConfig`], once, at runtime
-/// start).
+/// Sets the most verbose level written (from the shim runtime's `ShimConfig`, once, at runtime
+/// start; from its arguments in the carrier helper).
 pub fn set_max_level(level: u8) {
     MAX_LEVEL.store(level, Ordering::Relaxed);
 }
@@ -115,11 +115,17 @@ pub fn write(level: Level, args: std::fmt::Arguments<'_>) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
+// Exported (they reach the crate root) because the shim runtime logs through them too; the
+// re-export below gives them their path here, `log::log_warn!`.
+#[macro_export]
 macro_rules! log_error { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Error, format_args!($($t)*)) } }
+#[macro_export]
 macro_rules! log_warn { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Warn, format_args!($($t)*)) } }
+#[macro_export]
 macro_rules! log_info { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Info, format_args!($($t)*)) } }
+#[macro_export]
 macro_rules! log_debug { ($($t:tt)*) => { $crate::log::write($crate::log::Level::Debug, format_args!($($t)*)) } }
-pub(crate) use {log_debug, log_error, log_info, log_warn};
+pub use crate::{log_debug, log_error, log_info, log_warn};
 
 #[cfg(test)]
 mod tests {
