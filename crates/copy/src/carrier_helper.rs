@@ -94,6 +94,10 @@ fn driver(what: impl FnOnce() -> String) -> impl FnOnce(cuda::CudaError) -> Requ
 /// overlap while different processes copy in parallel.
 type Shared = Arc<Mutex<Carrier>>;
 
+/// The items of one copy mapped ([`Helper::map_items`]): each mapping with its device, and the
+/// engine's units over them.
+type ItemMaps = (Vec<(cuda::owned::Mapping<'static>, i32)>, Vec<Unit>);
+
 struct Helper {
     real: &'static Real,
     /// Device UUID to this process's ordinal.
@@ -432,6 +436,33 @@ impl Helper {
                 carrier.mapped()
             )));
         }
+        let (maps, units) = self.map_items(items, carrier.base())?;
+        let needed = end.unwrap_or(0);
+        let mode = CarrierPolicy::Always(CarrierMode::Pinned).mode(needed, carrier.pinned());
+        let dir = if to_host {
+            Direction::ToHost
+        } else {
+            Direction::ToDevice
+        };
+        let (stats, error) = copy::copy_all(self.real, units, dir, mode, copy::DEFAULT_CHUNK);
+        if stats.dma_uncertain {
+            // A copy may still run: the carrier and the mappings stay as they are for good.
+            carrier.poison();
+            for (map, _) in maps {
+                map.leak();
+            }
+        } else {
+            self.unmap(maps);
+        }
+        match error {
+            Some(e) => Err(e.into()),
+            None => Ok(stats.report(prepared)),
+        }
+    }
+
+    /// Maps each item whole under its device's context, and cuts it into the engine's units at
+    /// its offset in the carrier at `base`; on an error the maps made so far are removed again.
+    fn map_items(&self, items: &[Item], base: usize) -> Result<ItemMaps, RequestError> {
         let mut maps = Vec::with_capacity(items.len());
         let mut units: Vec<Unit> = Vec::new();
         for item in items {
@@ -459,7 +490,7 @@ impl Helper {
                     units.extend(copy::segments(
                         item.ordinal,
                         map.va(),
-                        carrier.base(),
+                        base,
                         item.offset,
                         item.size,
                     ));
@@ -471,27 +502,7 @@ impl Helper {
                 }
             }
         }
-        let needed = end.unwrap_or(0);
-        let mode = CarrierPolicy::Always(CarrierMode::Pinned).mode(needed, carrier.pinned());
-        let dir = if to_host {
-            Direction::ToHost
-        } else {
-            Direction::ToDevice
-        };
-        let (stats, error) = copy::copy_all(self.real, units, dir, mode, copy::DEFAULT_CHUNK);
-        if stats.dma_uncertain {
-            // A copy may still run: the carrier and the mappings stay as they are for good.
-            carrier.poison();
-            for (map, _) in maps {
-                map.leak();
-            }
-        } else {
-            self.unmap(maps);
-        }
-        match error {
-            Some(e) => Err(e.into()),
-            None => Ok(stats.report(prepared)),
-        }
+        Ok((maps, units))
     }
 
     /// Removes mappings under their device's context (one whose context cannot be entered is
