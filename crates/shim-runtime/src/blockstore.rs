@@ -11,7 +11,6 @@
 //! symbolic link, and the names come from digests (64 hex digits), so nothing outside the store
 //! is ever opened.
 
-use crate::datafile::DataFileError;
 use crate::log::log_warn;
 use protocol::message::block_name;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, RenameFlags};
@@ -57,15 +56,29 @@ impl Direct {
     }
 }
 
-fn io(path: &str, e: Errno) -> DataFileError {
-    DataFileError::Block {
+/// Why a block could not be put into the store or got from it (a data file's error, by
+/// `DataFileError::Block`, in the same words).
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error("block store: {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the data file does not describe this process's allocations: {0}")]
+    Mismatch(String),
+}
+
+fn io(path: &str, e: Errno) -> BlockError {
+    BlockError::Io {
         path: path.to_string(),
         source: e.into(),
     }
 }
 
 /// The block's sub-directory (`xx` of its name), made when `create`.
-fn subdir(store: BorrowedFd<'_>, name: &str, create: bool) -> Result<OwnedFd, DataFileError> {
+fn subdir(store: BorrowedFd<'_>, name: &str, create: bool) -> Result<OwnedFd, BlockError> {
     let sub = name.get(..2).unwrap_or_default();
     if create {
         match rustix::fs::mkdirat(store, sub, Mode::from_raw_mode(0o700)) {
@@ -136,7 +149,7 @@ impl<'a> Batch<'a> {
     /// Makes every block of the batch durable, then gives each its name. Returns the bytes of
     /// blocks another writer named first (a replica's checkpoint at the same moment): stored
     /// once, so referenced rather than written by this save.
-    pub fn commit(self) -> Result<u64, DataFileError> {
+    pub fn commit(self) -> Result<u64, BlockError> {
         let pending: Vec<([u8; 32], Pending)> = self
             .lock()
             .drain()
@@ -153,7 +166,7 @@ impl<'a> Batch<'a> {
         result
     }
 
-    fn name(&self, pending: &[([u8; 32], Pending)]) -> Result<u64, DataFileError> {
+    fn name(&self, pending: &[([u8; 32], Pending)]) -> Result<u64, BlockError> {
         if pending.is_empty() {
             return Ok(0);
         }
@@ -210,7 +223,7 @@ pub fn put(
     data: &[u8],
     len: usize,
     direct: &Direct,
-) -> Result<Put, DataFileError> {
+) -> Result<Put, BlockError> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let name = block_name(digest);
     let dir = subdir(batch.store, &name, true)?;
@@ -311,7 +324,7 @@ pub fn get(
     buffer: &mut [u8],
     len: usize,
     direct: &Direct,
-) -> Result<(), DataFileError> {
+) -> Result<(), BlockError> {
     let name = block_name(digest);
     let dir = subdir(store, &name, false)?;
     let path = format!("{}/{name}", name.get(..2).unwrap_or_default());
@@ -325,7 +338,7 @@ pub fn get(
     let st = rustix::fs::fstat(&file).map_err(|e| io(&path, e))?;
     let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile || size != len as u64 {
-        return Err(DataFileError::Mismatch(format!(
+        return Err(BlockError::Mismatch(format!(
             "block {path} of the store is not a regular file of {len} bytes"
         )));
     }
@@ -343,7 +356,7 @@ pub fn get(
         }
     }
     if done != len {
-        return Err(DataFileError::Mismatch(format!(
+        return Err(BlockError::Mismatch(format!(
             "block {path} of the store ends after {done} of its {len} bytes"
         )));
     }
@@ -373,7 +386,7 @@ mod tests {
         data: &[u8],
         len: usize,
         direct: &Direct,
-    ) -> Result<Put, DataFileError> {
+    ) -> Result<Put, BlockError> {
         let batch = Batch::new(store);
         let put = put(&batch, digest, data, len, direct)?;
         assert_eq!(batch.commit()?, 0, "no other writer");
@@ -500,12 +513,12 @@ mod tests {
         let digest = *blake3::hash(&bytes).as_bytes();
         let mut buffer = vec![0u8; 8192];
         let error = get(fd.as_fd(), &digest, &mut buffer, 8192, &direct).expect_err("missing");
-        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+        assert!(matches!(error, BlockError::Io { .. }), "{error}");
         put_now(fd.as_fd(), &digest, &bytes, 8192, &direct).expect("put");
         let path = dir.path().join(protocol::message::block_path(&digest));
         std::fs::write(&path, &bytes[..4096]).expect("cut short");
         let error = get(fd.as_fd(), &digest, &mut buffer, 8192, &direct).expect_err("short");
-        assert!(matches!(error, DataFileError::Mismatch(_)), "{error}");
+        assert!(matches!(error, BlockError::Mismatch(_)), "{error}");
         assert_eq!(
             put_now(fd.as_fd(), &digest, &bytes, 8192, &direct).expect("put"),
             Put::Written
@@ -530,6 +543,6 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), &path).unwrap();
         let mut buffer = vec![0u8; 4096];
         let error = get(fd.as_fd(), &digest, &mut buffer, 4096, &direct).expect_err("a link");
-        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+        assert!(matches!(error, BlockError::Io { .. }), "{error}");
     }
 }

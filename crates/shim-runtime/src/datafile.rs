@@ -24,14 +24,13 @@
 //! fill them); LoadFrom sets them to zero on the device instead of reading and copying them.
 
 use crate::Real;
-use crate::blockstore::{self, Put};
+use crate::blockstore::{self, BlockError, Put};
 use crate::digest::{DigestError, TreeDigests};
 use crate::log::log_warn;
-use crate::phases::{LoadItem, PhaseError, TempMap};
 use copy::{self, CopyError};
 use cuda::owned::PinnedBuffer;
 use protocol::message::{DATA_ALIGN, DataFile, Extent, StoredBlock, StreamStats};
-use protocol::record::{AllocationId, Phase};
+use protocol::record::AllocationId;
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 use std::os::fd::BorrowedFd;
@@ -78,12 +77,8 @@ pub enum DataFileError {
     },
     #[error("the data file does not describe this process's allocations: {0}")]
     Mismatch(String),
-    #[error("block store: {path}: {source}")]
-    Block {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Block(#[from] BlockError),
     #[error("block {path} of the store hashes to {found}: the block is damaged")]
     BlockDigest { path: String, found: String },
     #[error("cannot start a data file thread: {0}")]
@@ -836,103 +831,6 @@ pub fn hex(digest: &[u8; 32]) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-impl crate::runtime::Runtime {
-    /// SaveTo: what Save does, into the data file `file` instead of the carrier, or with `store`
-    /// into the block store whose directory `file` is. The allocations stay live (Release lets
-    /// them go, as after Save).
-    pub(crate) fn save_to(
-        &self,
-        file: BorrowedFd<'_>,
-        store: bool,
-    ) -> Result<(u64, StreamStats, DataFile), PhaseError> {
-        self.expect_phase("SaveTo", &[Phase::Frozen])?;
-        let items = self.save_items();
-        let sizes: Vec<(AllocationId, u64)> = items.iter().map(|i| (i.id, i.size as u64)).collect();
-        let (extents, length) = layout(&sizes);
-        let mut work = Vec::with_capacity(items.len());
-        for (item, extent) in items.iter().zip(extents) {
-            let mapped = copy::enter(&self.real, item.device)
-                .map_err(PhaseError::from)
-                .and_then(|_ctx| self.temp_map(item.real, item.size, item.device));
-            match mapped {
-                Ok(map) => work.push((map, item.device, extent)),
-                Err(e) => {
-                    self.drop_temp(work);
-                    return Err(e);
-                }
-            }
-        }
-        let regions = regions_of(&work);
-        // Synchronous copies only: when `write` returns no copy can touch the mappings.
-        let written = if store {
-            write_blocks(&self.real, file, &regions, length)
-        } else {
-            write(&self.real, file, &regions, length)
-        };
-        self.drop_temp(work);
-        let (record, stats) = written?;
-        let bytes = record.extents.iter().map(|e| e.size).sum();
-        self.control().streamed = Some(record.clone());
-        self.set_phase(Phase::Saved);
-        Ok((bytes, stats, record))
-    }
-
-    /// LoadFrom: what Load does, from the data file `file` that this process's SaveTo wrote and
-    /// `record` describes (the checkpoint's copy of SaveTo's answer, which must be the one this
-    /// process kept).
-    pub(crate) fn load_from(
-        &self,
-        file: BorrowedFd<'_>,
-        record: DataFile,
-    ) -> Result<(u64, StreamStats, DataFile), PhaseError> {
-        let ours = self.control().streamed.clone();
-        match ours {
-            Some(ours) if ours == record => {}
-            Some(_) => {
-                return Err(DataFileError::Mismatch(
-                    "it differs from the one this process wrote in this capture".into(),
-                )
-                .into());
-            }
-            None => {
-                return Err(DataFileError::Mismatch(
-                    "this process wrote no data file in this capture".into(),
-                )
-                .into());
-            }
-        }
-        let extent_of = |item: &LoadItem| record.extents.iter().find(|e| e.id == item.id).copied();
-        let rebuilt = self.rebuild_creations(
-            "LoadFrom",
-            extent_of,
-            |work| {
-                let regions = regions_of(&work);
-                let read = if record.blocks.is_some() {
-                    read_blocks(&self.real, file, &regions, &record)
-                } else {
-                    read(&self.real, file, &regions, &record)
-                };
-                // Synchronous copies and a synchronised context: nothing touches the mappings.
-                self.drop_temp(work);
-                read.map_err(PhaseError::from)
-            },
-            || false,
-        )?;
-        let (bytes, stats) = rebuilt.unwrap_or_default();
-        Ok((bytes, stats, record))
-    }
-}
-
-fn regions_of(work: &[(TempMap<'_>, i32, Extent)]) -> Vec<Region> {
-    work.iter()
-        .map(|(map, device, extent)| Region {
-            device: *device,
-            va: map.va(),
-            extent: *extent,
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1151,7 +1049,7 @@ mod tests {
         // Missing: refused.
         std::fs::remove_file(&shared).expect("remove");
         let error = read_blocks(&real, store.as_fd(), &regions, &record).expect_err("missing");
-        assert!(matches!(error, DataFileError::Block { .. }), "{error}");
+        assert!(matches!(error, DataFileError::Block(_)), "{error}");
         // A record whose extent digest is not of its block list: refused before reading.
         let mut edited = record.clone();
         edited.extents[2].blake3[0] ^= 1;

@@ -43,9 +43,11 @@ pub mod lease;
 pub mod multicast;
 pub mod owned_alloc;
 pub mod phases;
+mod rebuild;
 pub mod registry;
 pub mod runtime;
 pub mod server;
+mod store;
 pub mod track;
 pub mod unowned;
 

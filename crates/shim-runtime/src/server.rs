@@ -173,7 +173,7 @@ impl Runtime {
                 control
                     .helper_copy
                     .as_ref()
-                    .map(crate::phases::HelperCopy::hold),
+                    .map(crate::store::helper::HelperCopy::hold),
             )
         };
         HelloReply {

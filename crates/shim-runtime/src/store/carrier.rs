@@ -1,0 +1,146 @@
+//! The in-process carrier store: this process's own host carrier (`Control::carrier`), filled
+//! at Save and drained at Load by the copy engine in the mode `CUINTERPOSE_CARRIER` chose.
+//! Each allocation's place is its offset in the carrier, kept in its record until Thaw.
+
+use super::{ByteStore, Mapped, SaveItem};
+use crate::log::log_debug;
+use crate::phases::PhaseError;
+use crate::rebuild::LoadItem;
+use crate::runtime::Runtime;
+use copy::{Direction, Unit};
+use protocol::message::CopyStats;
+use std::time::Duration;
+
+/// This process's carrier. `native_follows` (Save only) says a native checkpoint comes after the
+/// Save (not so for `suspend --keep-contexts`), which decides whether an `auto` carrier is pinned.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Carrier {
+    pub(crate) native_follows: bool,
+}
+
+impl ByteStore for Carrier {
+    type Place = u64;
+    type Stats = copy::CopyStats;
+    type Outcome = (u64, Option<CopyStats>);
+    const SAVE: &'static str = "Save";
+    const LOAD: &'static str = "Load";
+
+    fn save(&self, rt: &Runtime, items: Vec<SaveItem>) -> Result<Self::Outcome, PhaseError> {
+        let total: usize = items.iter().map(|i| i.size).sum();
+        // The carrier is registered through the context of the first allocation's device.
+        let pin_device = items.first().map_or(0, |i| i.device);
+        let carrier = {
+            let mut control = rt.control();
+            let pinned = control.carrier.pinned() > 0;
+            if control.copy.carrier.pins(self.native_follows, pinned) {
+                let (took, reused, _pinned) =
+                    control
+                        .carrier
+                        .ensure_pinned(&rt.real, total, copy::PIN_PIECE, pin_device)?;
+                (took, reused)
+            } else {
+                control.carrier.ensure(total)?
+            }
+        };
+        let mut offsets = Vec::with_capacity(items.len());
+        let mut offset = 0u64;
+        for item in &items {
+            offsets.push(offset);
+            offset += item.size as u64;
+        }
+        let work = rt.map_for_copy(&items, &offsets)?;
+        let copied = copy_through(rt, &work, Direction::ToHost);
+        rt.unmap_after_copy(work, self.in_doubt(rt));
+        let stats = copied?;
+        {
+            let mut reg = rt.lock();
+            for (item, offset) in items.iter().zip(offsets) {
+                if let Some(o) = reg.get_mut(item.handle) {
+                    o.carrier = Some(offset);
+                }
+            }
+        }
+        let recorded = record(rt, stats.report(carrier));
+        Ok((stats.bytes, Some(recorded)))
+    }
+
+    fn place(&self, item: &LoadItem) -> Option<u64> {
+        item.carrier
+    }
+
+    fn fill(&self, rt: &Runtime, work: &[Mapped<'_, u64>]) -> Result<copy::CopyStats, PhaseError> {
+        copy_through(rt, work, Direction::ToDevice)
+    }
+
+    fn in_doubt(&self, rt: &Runtime) -> bool {
+        rt.control().carrier_poisoned()
+    }
+
+    fn loaded(&self, rt: &Runtime, rebuilt: Option<(u64, copy::CopyStats)>) -> Self::Outcome {
+        match rebuilt {
+            None => (0, None),
+            Some((loaded, stats)) => (
+                loaded,
+                Some(record(rt, stats.report((Duration::ZERO, false)))),
+            ),
+        }
+    }
+}
+
+/// Copies between the carrier and allocations mapped temporarily. A copy that cannot be
+/// confirmed finished poisons the carrier (fail-stop on this data: the mappings and the carrier
+/// may still be read or written), which [`Carrier::in_doubt`] then reports.
+fn copy_through(
+    rt: &Runtime,
+    work: &[Mapped<'_, u64>],
+    dir: Direction,
+) -> Result<copy::CopyStats, PhaseError> {
+    let (base, config, pinned) = {
+        let control = rt.control();
+        (
+            control.carrier.base(),
+            control.copy,
+            control.carrier.pinned(),
+        )
+    };
+    let mut units: Vec<Unit> = Vec::new();
+    for (map, device, offset) in work {
+        units.extend(copy::segments(
+            *device,
+            map.va(),
+            base,
+            *offset as usize,
+            map.size(),
+        ));
+    }
+    let needed = units.iter().map(|u| u.host + u.len).max().unwrap_or(base) - base;
+    // Pinned only where the whole range is: a refused pinning (logged once by the carrier)
+    // copies staged.
+    let mode = config.carrier.mode(needed, pinned);
+    let (stats, error) = copy::copy_all(&rt.real, units, dir, mode, config.chunk);
+    if stats.dma_uncertain {
+        rt.control().carrier.poison();
+    }
+    match error {
+        Some(e) => Err(e.into()),
+        None => Ok(stats),
+    }
+}
+
+/// Keeps and logs a copying phase's figures (the carrier's and the helper's).
+pub(crate) fn record(rt: &Runtime, last: CopyStats) -> CopyStats {
+    log_debug!(
+        "copied {} bytes {:?} with {} threads: carrier {} us (reused {}), pinning {} us, \
+         copies {} us, {} staged fallbacks",
+        last.bytes,
+        last.mode,
+        last.threads,
+        last.carrier_micros,
+        last.carrier_reused,
+        last.pin_micros,
+        last.copy_micros,
+        last.staged_fallbacks
+    );
+    rt.control().last = last;
+    last
+}
