@@ -8,7 +8,6 @@
 //! which the runtime logs as a warning. An empty value counts as unset.
 
 use crate::log;
-use crate::owned_alloc::AllocMode;
 use copy::{CarrierMode, CarrierPolicy, CarrierRelease, CopyConfig, DEFAULT_CHUNK};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -50,6 +49,56 @@ const ALLOC: Setting = Setting {
 /// Staging buffer sizes accepted: a multiple of 4 KiB from 256 KiB to 64 MiB.
 const CHUNK_RANGE: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
 const CHUNK_ALIGN: usize = 4096;
+
+/// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllocMode {
+    /// The shim, on VMM: saved through carriers at capture, legacy IPC served by the shim.
+    #[default]
+    Vmm,
+    /// The driver: left to the native checkpoint, legacy IPC refused at capture.
+    Native,
+}
+
+/// Where the runtime's sockets live, who it is and how it copies: what the runtime keeps of the
+/// [`ShimConfig`] read at its start, and who this process is.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Directory of control sockets ([`ShimConfig::control_dir`], default the user's private
+    /// directory: `transport::files::default_private_dir`).
+    pub control_dir: PathBuf,
+    /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
+    pub ns_pid: u32,
+    /// How copies reach the host carrier ([`ShimConfig::copy`]).
+    pub copy: CopyConfig,
+    /// Inode of our PID namespace when the runtime started: in every socket name, so that
+    /// processes of two PID namespaces sharing a directory never want the same name. Kept from
+    /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
+    pub pid_namespace: u64,
+    /// Who makes `cuMemAlloc` memory ([`ShimConfig::alloc`]).
+    pub alloc: AllocMode,
+}
+
+impl Config {
+    /// The control socket of the process with namespace PID `ns_pid` in our PID namespace (a
+    /// ticket's creator is always there), in our control directory.
+    pub fn socket_of(&self, ns_pid: u32) -> PathBuf {
+        self.control_dir
+            .join(format!("cuinterpose-{}-{ns_pid}.sock", self.pid_namespace))
+    }
+}
+
+/// Inode of this process's PID namespace (`/proc/self/ns/pid` names it `pid:[<inode>]`); 0 when it
+/// cannot be read.
+pub fn own_pid_namespace() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let l = l.to_str()?.to_string();
+            l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
+}
 
 /// Everything the shim takes from its environment.
 #[derive(Clone, Debug, PartialEq, Eq)]

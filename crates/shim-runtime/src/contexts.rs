@@ -80,7 +80,8 @@ impl Runtime {
     /// `cuCtxEnablePeerAccess`: the peer device is granted access to the current context's
     /// owned allocations, now and at each later `cuMemAlloc` in it.
     pub fn ctx_enable_peer_access(&self, peer: CUcontext, flags: u32) -> Tracked {
-        self.real
+        self.tracking
+            .real
             .ctx_enable_peer_access(peer, flags)
             .map_err(|e| e.result)?;
         self.regrant_peer(peer as usize, access_flags::PROT_READWRITE)
@@ -88,7 +89,8 @@ impl Runtime {
 
     /// `cuCtxDisablePeerAccess`: the grants of the enable are taken back.
     pub fn ctx_disable_peer_access(&self, peer: CUcontext) -> Tracked {
-        self.real
+        self.tracking
+            .real
             .ctx_disable_peer_access(peer)
             .map_err(|e| e.result)?;
         self.regrant_peer(peer as usize, access_flags::PROT_NONE)
@@ -98,7 +100,7 @@ impl Runtime {
     /// sets that access on the context's owned allocations. The driver's call succeeded, so a
     /// failure here is logged, not returned.
     fn regrant_peer(&self, peer: usize, flags: u32) -> Tracked {
-        let ctx = match self.real.ctx_current() {
+        let ctx = match self.tracking.real.ctx_current() {
             Ok(ctx) => ctx as usize,
             Err(e) => {
                 log_warn!("peer access: no current context after the driver's call: {e}");
@@ -122,9 +124,11 @@ impl Runtime {
             }
         }
         for (base, a) in self.owned.of_context(ctx) {
-            if let Err(e) =
-                self.mem_set_access(base, a.backing as usize, &[device_access(device, flags)])
-            {
+            if let Err(e) = self.tracking.mem_set_access(
+                base,
+                a.backing as usize,
+                &[device_access(device, flags)],
+            ) {
                 log_warn!(
                     "peer access: device {device} not granted {flags:#x} on {base:#x}: {e:?}"
                 );
@@ -135,7 +139,11 @@ impl Runtime {
 
     /// `cuDevicePrimaryCtxRetain`: counted.
     pub fn primary_ctx_retain(&self, device: CUdevice) -> Tracked<CUcontext> {
-        let ctx = self.real.primary_ctx_retain(device).map_err(|e| e.result)?;
+        let ctx = self
+            .tracking
+            .real
+            .primary_ctx_retain(device)
+            .map_err(|e| e.result)?;
         let mut refs = self.primary.lock();
         let entry = refs.entry(device).or_insert((ctx as usize, 0));
         *entry = (ctx as usize, entry.1.saturating_add(1));
@@ -145,7 +153,8 @@ impl Runtime {
     /// `cuDevicePrimaryCtxRelease`: the last counted release tears the context's owned memory
     /// down.
     pub fn primary_ctx_release(&self, device: CUdevice) -> Tracked {
-        self.real
+        self.tracking
+            .real
             .primary_ctx_release(device)
             .map_err(|e| e.result)?;
         let last = {
@@ -172,7 +181,10 @@ impl Runtime {
     /// `cuDevicePrimaryCtxReset`: the driver destroyed every allocation of the device's primary
     /// context (which stays retained), so its owned memory is torn down too.
     pub fn primary_ctx_reset(&self, device: CUdevice) -> Tracked {
-        self.real.primary_ctx_reset(device).map_err(|e| e.result)?;
+        self.tracking
+            .real
+            .primary_ctx_reset(device)
+            .map_err(|e| e.result)?;
         let ctx = self.primary.lock().get(&device).map(|(ctx, _)| *ctx);
         match ctx {
             Some(ctx) => self.reclaim_context(ctx),
@@ -186,7 +198,7 @@ impl Runtime {
 
     /// `cuCtxDestroy`: the context's owned memory is torn down after the driver destroyed it.
     pub fn ctx_destroy(&self, ctx: CUcontext) -> Tracked {
-        self.real.ctx_destroy(ctx).map_err(|e| e.result)?;
+        self.tracking.real.ctx_destroy(ctx).map_err(|e| e.result)?;
         self.reclaim_context(ctx as usize);
         Ok(())
     }
@@ -209,11 +221,11 @@ impl Runtime {
         for (base, backing, what) in ranges {
             let size = backing as usize;
             log_debug!("context {ctx:#x} ended: {what} at {base:#x} freed");
-            if let Err(e) = self.mem_unmap(base, size) {
+            if let Err(e) = self.tracking.mem_unmap(base, size) {
                 log_warn!("context teardown: {what} at {base:#x} not unmapped: {e:?}");
                 continue;
             }
-            if let Err(e) = self.mem_address_free(base, size) {
+            if let Err(e) = self.tracking.mem_address_free(base, size) {
                 log_warn!("context teardown: the range of {what} at {base:#x} not freed: {e:?}");
             }
         }

@@ -118,13 +118,13 @@ impl Runtime {
             *held_since = Some(Instant::now());
         }
         self.submissions().close();
-        self.gate.close();
+        self.tracking.gate.close();
     }
 
     /// Opens both gates (a thaw, or a capture given up before anything was released).
     pub(crate) fn open_gates(&self) {
         self.submissions().open();
-        self.gate.thaw();
+        self.tracking.gate.thaw();
         *lock(&self.drainer.held_since) = None;
     }
 
@@ -190,7 +190,7 @@ impl Runtime {
     /// current epoch.
     fn drain_step(&self, deadline: Instant) -> Result<Vec<String>, PhaseError> {
         let gate = self.submissions().state();
-        let tracked = self.gate.in_flight();
+        let tracked = self.tracking.gate.in_flight();
         if !gate.is_quiet() || tracked > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             self.submissions().wait_change(left.min(GATE_POLL));
@@ -240,13 +240,13 @@ impl Runtime {
     /// call) cannot say either: the recorded devices, or device 0 where none is recorded, are
     /// synchronised, and their synchronisation reports the error.
     fn active_devices(&self) -> Vec<i32> {
-        let (count, mut unknown) = match self.real.device_count() {
+        let (count, mut unknown) = match self.tracking.real.device_count() {
             Ok(count) => (count, false),
             Err(_) => (0, true),
         };
         let mut devices = Vec::new();
         for device in 0..count {
-            match self.real.primary_ctx_active(device) {
+            match self.tracking.real.primary_ctx_active(device) {
                 Ok(true) => devices.push(device),
                 Ok(false) => {}
                 Err(_) => unknown = true,
@@ -302,7 +302,7 @@ impl Runtime {
 
     /// A thread that synchronises `device`'s primary context and records the outcome.
     fn start_sync(&self, device: i32, epoch: Epoch, sync: &Arc<ContextSync>) -> Result<(), String> {
-        let real = self.real;
+        let real = self.tracking.real;
         let sync = sync.clone();
         crate::server::spawn_quiet("cuinterpose-drain", move || {
             let result = copy::enter(&real, device)

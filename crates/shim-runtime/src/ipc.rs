@@ -116,11 +116,11 @@ impl Runtime {
     /// (recorded as a blocker) for any other.
     pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
         let Some((base, alloc)) = self.owned.containing(dptr) else {
-            return self.native_ipc_get(dptr);
+            return self.tracking.native_ipc_get(dptr);
         };
-        let _pass = self.gate.enter();
+        let _pass = self.tracking.gate.enter();
         // The driver needs a current context for this call (INVALID_CONTEXT otherwise).
-        self.real.ctx_device().map_err(|e| e.result)?;
+        self.tracking.real.ctx_device().map_err(|e| e.result)?;
         let id = {
             let mut reg = self.lock();
             let found = reg
@@ -134,13 +134,13 @@ impl Runtime {
             };
             // Shared from its first handle on: its descriptor goes into the export cache, where
             // openers fetch it (later handles of the same allocation find it there).
-            if !self.exports.contains(&id) {
-                self.share_creation(&mut reg, handle, real, 0)?;
+            if !self.tracking.exports.contains(&id) {
+                self.tracking.share_creation(&mut reg, handle, real, 0)?;
             }
             id
         };
         let handle = IpcHandle {
-            creator_ns_pid: self.config.ns_pid,
+            creator_ns_pid: self.tracking.config.ns_pid,
             id,
             offset: dptr - base,
             requested: alloc.requested,
@@ -158,7 +158,7 @@ impl Runtime {
     ) -> Tracked<CUdeviceptr> {
         let bytes = handle.reserved.map(|b| b as u8);
         if !IpcHandle::is_ours(&bytes) {
-            return self.native_ipc_open(handle, flags);
+            return self.tracking.native_ipc_open(handle, flags);
         }
         if flags & !ipc_flags::LAZY_ENABLE_PEER_ACCESS != 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
@@ -168,9 +168,9 @@ impl Runtime {
             CUresult::ERROR_INVALID_VALUE
         })?;
         // INVALID_CONTEXT (or NOT_INITIALIZED) without a current context: the driver's code.
-        let device = self.real.ctx_device().map_err(|e| e.result)?;
-        let ctx = self.real.ctx_current().map_err(|e| e.result)? as usize;
-        if virt.creator_ns_pid == self.config.ns_pid {
+        let device = self.tracking.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = self.tracking.real.ctx_current().map_err(|e| e.result)? as usize;
+        if virt.creator_ns_pid == self.tracking.config.ns_pid {
             // r580 refuses to open a handle in the process that made it, with this code.
             return Err(CUresult::ERROR_INVALID_CONTEXT);
         }
@@ -184,7 +184,7 @@ impl Runtime {
             // An IPC handle names memory, never a multicast object.
             multicast: false,
         };
-        let imported = self.import_ticket(&ticket)?;
+        let imported = self.tracking.import_ticket(&ticket)?;
         let base = self.map_ipc_import(imported, virt.backing, device, flags)?;
         let mut opens = self.ipc.lock();
         if let Some((&first, o)) = opens
@@ -223,18 +223,18 @@ impl Runtime {
     ) -> Tracked<CUdeviceptr> {
         let backing = usize::try_from(backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
         let undo_import = |what: &str| {
-            if let Err(e) = self.mem_release(imported) {
+            if let Err(e) = self.tracking.mem_release(imported) {
                 log_warn!("cuIpcOpenMemHandle undo ({what}): the import was not released: {e:?}");
             }
         };
-        let base = match self.mem_address_reserve(backing, 0, 0, 0) {
+        let base = match self.tracking.mem_address_reserve(backing, 0, 0, 0) {
             Ok(base) => base,
             Err(e) => {
                 undo_import("reserve");
                 return Err(e);
             }
         };
-        if let Err(e) = self.mem_map(base, backing, 0, imported, 0) {
+        if let Err(e) = self.tracking.mem_map(base, backing, 0, imported, 0) {
             self.unmap_ipc_range(base, backing, false);
             undo_import("map");
             return Err(e);
@@ -260,7 +260,7 @@ impl Runtime {
                 flags: access_flags::PROT_READWRITE,
             });
         }
-        if let Err(e) = self.mem_set_access(base, backing, &access) {
+        if let Err(e) = self.tracking.mem_set_access(base, backing, &access) {
             self.unmap_ipc_range(base, backing, true);
             return Err(e);
         }
@@ -269,10 +269,10 @@ impl Runtime {
 
     /// Undoes [`Runtime::map_ipc_import`]'s range: unmapped (when `mapped`) and freed.
     fn unmap_ipc_range(&self, base: CUdeviceptr, backing: usize, mapped: bool) {
-        if mapped && let Err(e) = self.mem_unmap(base, backing) {
+        if mapped && let Err(e) = self.tracking.mem_unmap(base, backing) {
             log_warn!("cuIpcOpenMemHandle undo: cuMemUnmap failed: {e:?}");
         }
-        if let Err(e) = self.mem_address_free(base, backing) {
+        if let Err(e) = self.tracking.mem_address_free(base, backing) {
             log_warn!("cuIpcOpenMemHandle undo: cuMemAddressFree failed: {e:?}");
         }
     }
@@ -280,7 +280,7 @@ impl Runtime {
     /// The device an imported allocation lives on, when it is a device of this process.
     fn home_device(&self, imported: crate::registry::VHandle) -> Option<CUdevice> {
         let props = self.lock().get(imported)?.props;
-        let count = self.real.device_count().ok()?;
+        let count = self.tracking.real.device_count().ok()?;
         (props.location_type == location_type::DEVICE && (0..count).contains(&props.location_id))
             .then_some(props.location_id)
     }
@@ -295,7 +295,7 @@ impl Runtime {
             match opens.get_mut(&dptr) {
                 None => {
                     drop(opens);
-                    return self.native_ipc_close(dptr);
+                    return self.tracking.native_ipc_close(dptr);
                 }
                 Some(o) if o.opens > 1 => {
                     o.opens -= 1;
@@ -308,12 +308,12 @@ impl Runtime {
             return Err(CUresult::ERROR_INVALID_VALUE);
         };
         let size = usize::try_from(last.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
-        if let Err(e) = self.mem_unmap(dptr, size) {
+        if let Err(e) = self.tracking.mem_unmap(dptr, size) {
             // Still mapped: the open stays as it was, and the application may retry.
             self.ipc.lock().insert(dptr, last);
             return Err(e);
         }
-        if let Err(e) = self.mem_address_free(dptr, size) {
+        if let Err(e) = self.tracking.mem_address_free(dptr, size) {
             // The mapping is gone, which is what the application asked for.
             log_warn!("cuIpcCloseMemHandle: the range at {dptr:#x} was not freed: {e:?}");
         }

@@ -10,6 +10,7 @@
 //! granularity-rounded backing: `cuMemGetAddressRange` answers with the requested size, as it does
 //! for native `cuMemAlloc` memory, and `cuMemFree` finds the whole reservation to undo.
 
+use crate::config::AllocMode;
 use crate::log::log_warn;
 use crate::runtime::Runtime;
 use crate::track::Tracked;
@@ -17,16 +18,6 @@ use cuda::VirtualHandle;
 use cuda_abi::*;
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
-
-/// Who makes `cuMemAlloc` memory (`CUINTERPOSE_ALLOC`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AllocMode {
-    /// The shim, on VMM: saved through carriers at capture, legacy IPC served by the shim.
-    #[default]
-    Vmm,
-    /// The driver: left to the native checkpoint, legacy IPC refused at capture.
-    Native,
-}
 
 /// One owned allocation: its base address is its key in [`OwnedAllocs`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,7 +127,7 @@ impl Runtime {
     /// `cuMemAlloc`: on owned VMM memory in the current context's device, or the driver's own
     /// with [`AllocMode::Native`].
     pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
-        if self.config.alloc == AllocMode::Native {
+        if self.tracking.config.alloc == AllocMode::Native {
             return self.driver_mem_alloc(bytes);
         }
         // The driver refuses a zero-byte cuMemAlloc with INVALID_VALUE; so does this.
@@ -145,10 +136,11 @@ impl Runtime {
         }
         // Without a current context the driver answers INVALID_CONTEXT (or NOT_INITIALIZED):
         // its own code, unchanged.
-        let device = self.real.ctx_device().map_err(|e| e.result)?;
-        let ctx = self.real.ctx_current().map_err(|e| e.result)? as usize;
+        let device = self.tracking.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = self.tracking.real.ctx_current().map_err(|e| e.result)? as usize;
         // A driver that cannot say is taken as not supporting it: the creation then still works.
         let rdma = self
+            .tracking
             .real
             .device_attribute(
                 device_attribute::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
@@ -157,21 +149,25 @@ impl Runtime {
             .is_ok_and(|v| v == 1);
         let prop = alloc_prop(device, rdma);
         let granularity = self
+            .tracking
             .real
             .mem_allocation_granularity(&prop, granularity_flags::MINIMUM)
             .map_err(|e| e.result)?;
         let backing = bytes
             .checked_next_multiple_of(granularity.max(1))
             .ok_or(CUresult::ERROR_OUT_OF_MEMORY)?;
-        let handle = self.mem_create(backing, &prop, 0)?;
-        let base = match self.mem_address_reserve(backing, granularity, 0, 0) {
+        let handle = self.tracking.mem_create(backing, &prop, 0)?;
+        let base = match self
+            .tracking
+            .mem_address_reserve(backing, granularity, 0, 0)
+        {
             Ok(base) => base,
             Err(e) => {
                 self.undo_alloc(handle, None, false);
                 return Err(e);
             }
         };
-        if let Err(e) = self.mem_map(base, backing, 0, handle, 0) {
+        if let Err(e) = self.tracking.mem_map(base, backing, 0, handle, 0) {
             self.undo_alloc(handle, Some((base, backing)), false);
             return Err(e);
         }
@@ -181,13 +177,13 @@ impl Runtime {
             .chain(self.peers.of(ctx).into_iter().filter(|&d| d != device))
             .map(|d| crate::contexts::device_access(d, access_flags::PROT_READWRITE))
             .collect();
-        if let Err(e) = self.mem_set_access(base, backing, &access) {
+        if let Err(e) = self.tracking.mem_set_access(base, backing, &access) {
             self.undo_alloc(handle, Some((base, backing)), true);
             return Err(e);
         }
         // The mapping holds the allocation from here on, as the driver's own cuMemAlloc memory
         // has no handle for the application to release.
-        if let Err(e) = self.mem_release(handle) {
+        if let Err(e) = self.tracking.mem_release(handle) {
             log_warn!("cuMemAlloc: the handle of an owned allocation was not released: {e:?}");
         }
         self.owned.insert(
@@ -210,14 +206,14 @@ impl Runtime {
         mapped: bool,
     ) {
         if let Some((base, size)) = reserved {
-            if mapped && let Err(e) = self.mem_unmap(base, size) {
+            if mapped && let Err(e) = self.tracking.mem_unmap(base, size) {
                 log_warn!("cuMemAlloc undo: cuMemUnmap failed: {e:?}");
             }
-            if let Err(e) = self.mem_address_free(base, size) {
+            if let Err(e) = self.tracking.mem_address_free(base, size) {
                 log_warn!("cuMemAlloc undo: cuMemAddressFree failed: {e:?}");
             }
         }
-        if let Err(e) = self.mem_release(handle) {
+        if let Err(e) = self.tracking.mem_release(handle) {
             log_warn!("cuMemAlloc undo: cuMemRelease failed: {e:?}");
         }
     }
@@ -226,15 +222,15 @@ impl Runtime {
     /// the driver's own of any other pointer.
     pub fn mem_free_any(&self, dptr: CUdeviceptr) -> Tracked {
         let Some(a) = self.owned.at(dptr) else {
-            self.mem_free(dptr)?;
+            self.tracking.mem_free(dptr)?;
             self.note_unowned_freed(dptr);
             return Ok(());
         };
         // cuMemFree waits for the device's work on the memory; an unmap does not.
-        self.real.ctx_synchronize().map_err(|e| e.result)?;
-        self.mem_unmap(dptr, a.backing as usize)?;
+        self.tracking.real.ctx_synchronize().map_err(|e| e.result)?;
+        self.tracking.mem_unmap(dptr, a.backing as usize)?;
         self.owned.remove(dptr);
-        self.mem_address_free(dptr, a.backing as usize)?;
+        self.tracking.mem_address_free(dptr, a.backing as usize)?;
         Ok(())
     }
 
@@ -246,7 +242,7 @@ impl Runtime {
         if self.owned.containing(addr).is_some() || self.ipc.containing(addr).is_some() {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
-        self.mem_retain(addr)
+        self.tracking.mem_retain(addr)
     }
 
     /// What `cuPointerGetAttribute(s)` answers for `attribute` of `ptr` where owned memory, being
@@ -281,7 +277,11 @@ impl Runtime {
         }
         match self.ipc.containing(dptr) {
             Some((base, o)) => Ok((base, o.requested as usize)),
-            None => self.real.mem_address_range(dptr).map_err(|e| e.result),
+            None => self
+                .tracking
+                .real
+                .mem_address_range(dptr)
+                .map_err(|e| e.result),
         }
     }
 }

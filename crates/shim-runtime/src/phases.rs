@@ -335,12 +335,12 @@ impl Runtime {
         if !busy.is_empty() {
             return Err(PhaseError::NotDrained { busy, timeout_ms });
         }
-        if let Err(inside) = self.gate.freeze(timeout) {
+        if let Err(inside) = self.tracking.gate.freeze(timeout) {
             return Err(PhaseError::Timeout { inside, timeout_ms });
         }
         // Drained and held, nothing new can appear: a blocker that came after the tool's
         // inspection is caught here, before anything is released.
-        let blockers = self.blockers();
+        let blockers = self.tracking.blockers();
         if !blockers.is_empty() {
             return Err(PhaseError::Blocked(
                 blockers.iter().map(ToString::to_string).collect(),
@@ -360,17 +360,20 @@ impl Runtime {
             (o.real, o.size, reg.mappings_of(handle), o.id())
         };
         if let (Some(id), true) = (id, reg_is_created(self, handle)) {
-            self.exports.remove(&id);
+            self.tracking.exports.remove(&id);
         }
         for (address, m) in mappings.iter().filter(|(_, m)| m.mapped) {
             check(
                 || format!("mapping at {address:#x}"),
-                self.real.mem_unmap(*address, m.size as usize),
+                self.tracking.real.mem_unmap(*address, m.size as usize),
             )?;
             self.lock().set_mapped(*address, false);
         }
         if let Some(real) = real {
-            check(|| format!("allocation {id:?}"), self.real.mem_release(real))?;
+            check(
+                || format!("allocation {id:?}"),
+                self.tracking.real.mem_release(real),
+            )?;
             self.lock().set_real(handle, None);
             return Ok(size);
         }
@@ -441,12 +444,12 @@ impl Runtime {
             {
                 continue;
             }
-            let result = copy::enter(&self.real, device)
+            let result = copy::enter(&self.tracking.real, device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     let what = || format!("the stack size of device {device}");
-                    let size = check(what, self.real.ctx_get_limit(limit::STACK_SIZE))?;
-                    check(what, self.real.ctx_set_limit(limit::STACK_SIZE, 0))?;
+                    let size = check(what, self.tracking.real.ctx_get_limit(limit::STACK_SIZE))?;
+                    check(what, self.tracking.real.ctx_set_limit(limit::STACK_SIZE, 0))?;
                     Ok(size)
                 });
             match result {
@@ -462,12 +465,12 @@ impl Runtime {
     fn restore_stacks(&self) {
         let shrunk = std::mem::take(&mut self.control().shrunk_stacks);
         for (device, size) in shrunk {
-            let result = copy::enter(&self.real, device)
+            let result = copy::enter(&self.tracking.real, device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     check(
                         || format!("the stack size of device {device}"),
-                        self.real.ctx_set_limit(limit::STACK_SIZE, size),
+                        self.tracking.real.ctx_set_limit(limit::STACK_SIZE, size),
                     )
                 });
             if let Err(e) = result {
@@ -530,7 +533,7 @@ impl Runtime {
             let (real, fresh) = match real {
                 Some(real) => (real, false),
                 None => {
-                    let fd = match self.fetch_fd(creator, id) {
+                    let fd = match self.tracking.fetch_fd(creator, id) {
                         Ok(fd) => fd,
                         Err(e) if creator_exited(creator) => {
                             log_warn!(
@@ -544,7 +547,7 @@ impl Runtime {
                     };
                     let got = check(
                         || format!("allocation {id} of {creator}"),
-                        self.real.mem_import_fd(fd.as_fd()),
+                        self.tracking.real.mem_import_fd(fd.as_fd()),
                     )?;
                     drop(fd);
                     (got, true)
@@ -590,7 +593,7 @@ impl Runtime {
             let uncached = match o.kind {
                 Kind::Created {
                     id, shared: true, ..
-                } => !self.exports.contains(&id),
+                } => !self.tracking.exports.contains(&id),
                 _ => false,
             };
             if o.real.is_none() || unmapped > 0 || uncached {
@@ -628,7 +631,7 @@ impl Runtime {
         {
             let mut control = self.control();
             if control.copy.release == copy::CarrierRelease::AfterResume
-                && let Err(e) = control.carrier.unpin(&self.real)
+                && let Err(e) = control.carrier.unpin(&self.tracking.real)
             {
                 // The group runs again either way; the carrier stays (poisoned: never unmapped).
                 log_warn!("cannot give the pinned carrier back after resume: {e}");

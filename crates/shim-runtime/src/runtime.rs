@@ -14,55 +14,19 @@
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
 use crate::Real;
-use crate::config::ShimConfig;
-use crate::exports::ExportCache;
-use crate::gate::Gate;
+use crate::config::{Config, ShimConfig, own_pid_namespace};
 use crate::log::{log_error, log_info, log_warn};
 use crate::phases::Control;
-use crate::registry::Registry;
-use copy::CopyConfig;
+use crate::registry::{Registry, VHandle};
+use crate::track::{ExportTo, FetchError, Tracked, Tracking};
+use cuda::{DriverHandle, ForeignPtr};
+use cuda_abi::*;
+use protocol::record::AllocationId;
+use protocol::ticket::Ticket;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-
-/// Where the runtime's sockets live, who it is and how it copies.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Directory of control sockets ([`ShimConfig::control_dir`], default the user's private
-    /// directory: `transport::files::default_private_dir`).
-    pub control_dir: PathBuf,
-    /// This process's PID in its own namespace (`getpid()`): names its socket and its tickets.
-    pub ns_pid: u32,
-    /// How copies reach the host carrier ([`ShimConfig::copy`]).
-    pub copy: CopyConfig,
-    /// Inode of our PID namespace when the runtime started: in every socket name, so that
-    /// processes of two PID namespaces sharing a directory never want the same name. Kept from
-    /// the start (a restored process keeps it, with its socket, and its peers keep theirs).
-    pub pid_namespace: u64,
-    /// Who makes `cuMemAlloc` memory ([`ShimConfig::alloc`]).
-    pub alloc: crate::owned_alloc::AllocMode,
-}
-
-impl Config {
-    /// The control socket of the process with namespace PID `ns_pid` in our PID namespace (a
-    /// ticket's creator is always there), in our control directory.
-    pub fn socket_of(&self, ns_pid: u32) -> PathBuf {
-        self.control_dir
-            .join(format!("cuinterpose-{}-{ns_pid}.sock", self.pid_namespace))
-    }
-}
-
-/// Inode of this process's PID namespace (`/proc/self/ns/pid` names it `pid:[<inode>]`); 0 when it
-/// cannot be read.
-pub fn own_pid_namespace() -> u64 {
-    std::fs::read_link("/proc/self/ns/pid")
-        .ok()
-        .and_then(|l| {
-            let l = l.to_str()?.to_string();
-            l.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .unwrap_or(0)
-}
 
 /// Identity reported by HELLO.
 #[derive(Clone, Debug)]
@@ -73,13 +37,8 @@ pub struct Identity {
 /// Everything the runtime of one process holds.
 #[derive(Debug)]
 pub struct Runtime {
-    pub(crate) real: Real,
-    pub(crate) config: Config,
-    /// The state lock. Never held across a driver call that can wait for another process, nor
-    /// while serving a peer.
-    state: Mutex<Registry>,
-    pub(crate) gate: Gate,
-    pub(crate) exports: ExportCache,
+    /// The registry and the tracked calls that keep it (track.rs, multicast.rs).
+    pub(crate) tracking: Tracking,
     /// Phase machinery (carrier); only the control worker uses it.
     pub(crate) control: Mutex<Control>,
     pub(crate) identity: OnceLock<Identity>,
@@ -115,11 +74,7 @@ impl Runtime {
         let version = real.driver_version().unwrap_or(0);
         let copy = config.copy;
         Arc::new(Runtime {
-            real,
-            config,
-            state: Mutex::new(Registry::new()),
-            gate: Gate::default(),
-            exports: ExportCache::default(),
+            tracking: Tracking::new(real, config),
             control: Mutex::new(Control {
                 copy,
                 ..Control::default()
@@ -140,21 +95,9 @@ impl Runtime {
         })
     }
 
-    /// What keeps this process from being captured: the registry's blockers, and submission entry
-    /// points a resolver handed out without the gate.
-    pub(crate) fn blockers(&self) -> Vec<protocol::Blocker> {
-        let mut blockers = self.lock().blockers();
-        if let Some((entry, count)) = crate::gate::ungated() {
-            blockers.push(protocol::Blocker::UngatedSubmission { entry, count });
-        }
-        blockers
-    }
-
-    /// The state lock. A panic cannot poison it in the shipped library (`panic = "abort"`); in
-    /// tests a poisoned lock still holds consistent data, because every mutation is committed
-    /// after the fallible driver call.
+    /// The registry's lock ([`Tracking::lock`]).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Registry> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.tracking.lock()
     }
 
     pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
@@ -162,13 +105,13 @@ impl Runtime {
     }
 
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.tracking.config
     }
 
     /// The records INSPECT returns.
     pub fn inspect(&self) -> protocol::ProcessRecord {
-        let in_flight = self.gate.in_flight();
-        let mut record = self.lock().report(self.config.ns_pid, in_flight);
+        let in_flight = self.tracking.gate.in_flight();
+        let mut record = self.lock().report(self.tracking.config.ns_pid, in_flight);
         record.unowned = self.unowned.summary();
         if let Some((entry, count)) = crate::gate::ungated() {
             record
@@ -183,6 +126,71 @@ impl Runtime {
         };
         record
     }
+}
+
+/// Hands each listed call to the job that owns its state, unchanged: the shim's entry points (and
+/// the tests') are `Runtime`'s, the work and the state are the job's.
+macro_rules! handed_to {
+    ($job:ident: $( $(#[$doc:meta])* fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty; )*) => {
+        impl Runtime {
+            $(
+                $(#[$doc])*
+                pub fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    self.$job.$name($($arg),*)
+                }
+            )*
+        }
+    };
+}
+
+handed_to! { tracking:
+    /// `cuMemCreate` ([`Tracking::mem_create`]).
+    fn mem_create(&self, size: usize, prop: &CUmemAllocationProp, flags: u64) -> Tracked<VHandle>;
+    /// `cuMemRelease`.
+    fn mem_release(&self, handle: VHandle) -> Tracked;
+    /// `cuMemMap`.
+    fn mem_map(&self, ptr: CUdeviceptr, size: usize, offset: usize, handle: VHandle, flags: u64) -> Tracked;
+    /// `cuMemUnmap`.
+    fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Tracked;
+    /// `cuMemSetAccess`.
+    fn mem_set_access(&self, ptr: CUdeviceptr, size: usize, descs: &[CUmemAccessDesc]) -> Tracked;
+    /// `cuMemAddressReserve`.
+    fn mem_address_reserve(&self, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64) -> Tracked<CUdeviceptr>;
+    /// `cuMemAddressFree`.
+    fn mem_address_free(&self, ptr: CUdeviceptr, size: usize) -> Tracked;
+    /// `cuMemRetainAllocationHandle` of VMM memory.
+    fn mem_retain(&self, addr: CUdeviceptr) -> Tracked<VHandle>;
+    /// The driver handle behind a virtual one.
+    fn driver_handle(&self, handle: VHandle) -> Option<DriverHandle>;
+    /// `cuMemGetAllocationPropertiesFromHandle`.
+    fn mem_get_props(&self, handle: VHandle) -> Tracked<CUmemAllocationProp>;
+    /// `cuMemExportToShareableHandle`.
+    fn mem_export(&self, handle: VHandle, handle_type: u32, flags: u64, to: ExportTo) -> Tracked<Option<OwnedFd>>;
+    /// A descriptor of allocation `id` from its creator's socket.
+    fn fetch_fd(&self, creator_ns_pid: u32, id: AllocationId) -> Result<OwnedFd, FetchError>;
+    /// `cuMemImportFromShareableHandle` of a handle type other than a POSIX descriptor.
+    fn mem_import_other(&self, os_handle: ForeignPtr, handle_type: u32) -> Tracked<VHandle>;
+    /// `cuMemImportFromShareableHandle` of a POSIX descriptor (a ticket or the driver's own).
+    fn mem_import_fd(&self, app_fd: BorrowedFd<'_>) -> Tracked<VHandle>;
+    /// The import of a ticket.
+    fn import_ticket(&self, ticket: &Ticket) -> Result<VHandle, CUresult>;
+    /// `cuMemFree` of memory the shim does not own.
+    fn mem_free(&self, dptr: CUdeviceptr) -> Tracked;
+    /// `cuMulticastCreate`.
+    fn multicast_create(&self, prop: &CUmulticastObjectProp) -> Tracked<VHandle>;
+    /// `cuMulticastAddDevice`.
+    fn multicast_add_device(&self, handle: VHandle, dev: CUdevice) -> Tracked;
+    /// `cuMulticastBindMem`.
+    fn multicast_bind_mem(&self, mc: VHandle, mc_offset: usize, mem: VHandle, mem_offset: usize, size: usize, flags: u64) -> Tracked;
+    /// `cuMulticastBindMem_v2` (the driver's eight arguments).
+    #[allow(clippy::too_many_arguments)]
+    fn multicast_bind_mem_v2(&self, mc: VHandle, dev: CUdevice, mc_offset: usize, mem: VHandle, mem_offset: usize, size: usize, flags: u64) -> Tracked;
+    /// `cuMulticastBindAddr`.
+    fn multicast_bind_addr(&self, mc: VHandle, mc_offset: usize, ptr: CUdeviceptr, size: usize, flags: u64) -> Tracked;
+    /// `cuMulticastBindAddr_v2`.
+    fn multicast_bind_addr_v2(&self, mc: VHandle, dev: CUdevice, mc_offset: usize, ptr: CUdeviceptr, size: usize, flags: u64) -> Tracked;
+    /// `cuMulticastUnbind`.
+    fn multicast_unbind(&self, mc: VHandle, dev: CUdevice, mc_offset: usize, size: usize) -> Tracked;
 }
 
 /// The submission gate of a runtime: the process's in the library; a fresh one per runtime in unit
@@ -324,9 +332,9 @@ pub fn start_after_init(real: &Real) -> bool {
         Ok(()) => {
             log_info!(
                 "runtime started, control socket {}",
-                runtime.config.socket_of(ns_pid).display()
+                runtime.config().socket_of(ns_pid).display()
             );
-            let path = runtime.config.socket_of(ns_pid);
+            let path = runtime.config().socket_of(ns_pid);
             let recorded = rustix::fs::lstat(&path).is_ok_and(|st| {
                 SOCKET_FILE
                     .set((path, ns_pid, st.st_dev, st.st_ino))

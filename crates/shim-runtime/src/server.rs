@@ -141,7 +141,8 @@ fn own_file_sha256() -> String {
 impl Runtime {
     /// Binds the control socket and starts the listener and the control worker.
     pub fn serve(self: &Arc<Self>) -> Result<(), ServeError> {
-        let listener = Listener::bind(&self.config.socket_of(self.config.ns_pid))?;
+        let listener =
+            Listener::bind(&self.tracking.config.socket_of(self.tracking.config.ns_pid))?;
         let (tx, rx) = mpsc::sync_channel::<Work>(QUEUE);
         let worker = self.clone();
         spawn_quiet("cuinterpose-ctl", move || {
@@ -178,7 +179,7 @@ impl Runtime {
         };
         HelloReply {
             shim_version: env!("CARGO_PKG_VERSION").to_string(),
-            ns_pid: self.config.ns_pid,
+            ns_pid: self.tracking.config.ns_pid,
             shim_sha256: self
                 .identity
                 .get()
@@ -345,7 +346,7 @@ impl Runtime {
 
     /// A peer's `GetFd`: a duplicate of the cached descriptor of `id`, or why there is none.
     fn answer_get_fd(&self, id: AllocationId) -> (Response, Option<OwnedFd>) {
-        match self.exports.lease(&id) {
+        match self.tracking.exports.lease(&id) {
             Some(Ok(fd)) => (Response::Fd { id }, Some(fd)),
             Some(Err(e)) => (
                 Response::Error {

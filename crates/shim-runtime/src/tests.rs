@@ -5,8 +5,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::config::Config;
 use crate::registry::{HANDLE_TAG, Kind};
-use crate::runtime::{Config, Runtime};
+use crate::runtime::Runtime;
 use crate::track::ExportTo;
 use cuda::{ForeignPtr, VirtualHandle};
 use cuda_abi::*;
@@ -48,8 +49,8 @@ impl Proc {
                 control_dir: dir.to_path_buf(),
                 ns_pid: pid(),
                 copy: copy::CopyConfig::default(),
-                pid_namespace: crate::runtime::own_pid_namespace(),
-                alloc: crate::owned_alloc::AllocMode::Vmm,
+                pid_namespace: crate::config::own_pid_namespace(),
+                alloc: crate::config::AllocMode::Vmm,
             },
         );
         rt.serve().unwrap();
@@ -186,7 +187,7 @@ fn two_processes_share_through_tickets_both_ways() {
     assert_eq!(read(va_a + 4096, 12), b"written by b");
     // The cached driver descriptor is close-on-exec (the test driver's memfd is not).
     assert!(
-        a.rt.exports.cloexec_all(),
+        a.rt.tracking.exports.cloexec_all(),
         "a cached descriptor is inheritable"
     );
     // The ticket is what the application got, not the driver's descriptor.
@@ -480,7 +481,7 @@ fn foreign_imports_unsupported_exports_ipc_and_multicast_are_blockers() {
         other => panic!("{other:?}"),
     }
     assert_eq!(a.rt.inspect().phase, Phase::Running);
-    assert!(!a.rt.gate.is_frozen());
+    assert!(!a.rt.tracking.gate.is_frozen());
     assert!(a.rt.mem_free(0xabc000).is_ok());
     assert!(a.rt.ipc_close_mem_handle(opened).is_ok());
     assert_eq!(a.release(mc), CUresult::SUCCESS);
@@ -1164,10 +1165,10 @@ fn private_creations_are_saved_released_and_rebuilt_without_an_export() {
     let private_id = before.allocations.iter().find(|a| !a.shared).unwrap().id;
     let shared_id = before.allocations.iter().find(|a| a.shared).unwrap().id;
     assert!(
-        !p.rt.exports.contains(&private_id),
+        !p.rt.tracking.exports.contains(&private_id),
         "a private rebuild is not exported"
     );
-    assert!(p.rt.exports.contains(&shared_id));
+    assert!(p.rt.tracking.exports.contains(&shared_id));
     // The rebuilt allocation has the recorded properties: still no shareable handle type.
     let real = p.rt.lock().real_of(VirtualHandle(private)).unwrap();
     let f = fake();
@@ -1626,7 +1627,7 @@ fn multicast_objects_are_tracked_released_and_rebuilt_in_four_steps() {
         assert!(info.bindings.iter().all(|bd| !bd.live));
         assert_eq!(info.added, 0);
     }
-    assert!(!a.rt.exports.contains(&ma.id));
+    assert!(!a.rt.tracking.exports.contains(&ma.id));
     // A multicast step before Import is refused; so is Thaw before the multicast steps.
     let early = refused_with(&a, Request::Multicast(MulticastStep::Create));
     assert_eq!(early.0, ErrorCode::WrongPhase);
@@ -1653,7 +1654,7 @@ fn multicast_objects_are_tracked_released_and_rebuilt_in_four_steps() {
     assert_eq!(b.rt.inspect(), rb);
     let real_after = a.rt.lock().real_of(mc).unwrap();
     assert_ne!(real_after, real_before);
-    assert!(a.rt.exports.contains(&ma.id));
+    assert!(a.rt.tracking.exports.contains(&ma.id));
     // The application's calls go on: unbind is recorded, release ends the object.
     assert_eq!(b.rt.multicast_unbind(mc_b, 1, MB2, MB2), Ok(()));
     assert!(b.rt.inspect().multicasts[0].bindings.is_empty());

@@ -14,11 +14,14 @@
 //! ticket is stale) gives `CUDA_ERROR_NOT_FOUND`; a creator that refuses us (uid) gives
 //! `CUDA_ERROR_NOT_PERMITTED`. Each failure is logged once, as one line.
 
+use crate::Real;
+use crate::config::Config;
+use crate::exports::ExportCache;
 use crate::fdutil::{self, Classified};
+use crate::gate::Gate;
 use crate::log::{log_debug, log_warn};
-use crate::multicast::McInfo;
+use crate::registry::multicast::McInfo;
 use crate::registry::{Dead, Kind, Registry, UNKNOWN_PROPS, VHandle, record_props};
-use crate::runtime::Runtime;
 use core::ffi::c_uint;
 use cuda::{CudaError, DriverHandle, ForeignPtr};
 use cuda_abi::*;
@@ -26,6 +29,7 @@ use protocol::record::{AccessRecord, AllocationId, ReservationRecord};
 use protocol::ticket::Ticket;
 use protocol::{ErrorCode, Request, Response};
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 use transport::Connection;
 
@@ -82,7 +86,7 @@ pub enum ExportTo {
     Foreign(ForeignPtr),
 }
 
-/// What [`Runtime::export_natively`] exports: the object, its driver handle, the handle type and
+/// What [`Tracking::export_natively`] exports: the object, its driver handle, the handle type and
 /// the driver's flags.
 struct NativeExport {
     handle: VHandle,
@@ -91,7 +95,47 @@ struct NativeExport {
     flags: u64,
 }
 
-impl Runtime {
+/// The tracking job: the registry of what the application holds and the calls that keep it.
+#[derive(Debug)]
+pub struct Tracking {
+    pub(crate) real: Real,
+    pub(crate) config: Config,
+    /// The state lock. Never held across a driver call that can wait for another process, nor
+    /// while serving a peer.
+    state: Mutex<Registry>,
+    /// The gate every tracked call passes (closed by Freeze).
+    pub(crate) gate: Gate,
+    /// Descriptors of this process's shared creations, for its peers.
+    pub(crate) exports: ExportCache,
+}
+
+impl Tracking {
+    pub fn new(real: Real, config: Config) -> Tracking {
+        Tracking {
+            real,
+            config,
+            state: Mutex::new(Registry::new()),
+            gate: Gate::default(),
+            exports: ExportCache::default(),
+        }
+    }
+
+    /// The state lock. A panic cannot poison it in the shipped library (`panic = "abort"`); in
+    /// tests a poisoned lock still holds consistent data, because every mutation is committed
+    /// after the fallible driver call.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What keeps this process from being captured: the registry's blockers, and submission entry
+    /// points a resolver handed out without the gate.
+    pub(crate) fn blockers(&self) -> Vec<protocol::Blocker> {
+        let mut blockers = self.lock().blockers();
+        if let Some((entry, count)) = crate::gate::ungated() {
+            blockers.push(protocol::Blocker::UngatedSubmission { entry, count });
+        }
+        blockers
+    }
     /// Releases driver references of objects that died, and their export cache entries.
     fn bury(&self, dead: Vec<Dead>) {
         for d in dead {

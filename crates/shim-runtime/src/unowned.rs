@@ -59,7 +59,7 @@ impl Runtime {
 
     /// `cuMemAlloc` left to the driver (`CUINTERPOSE_ALLOC=native`), counted.
     pub(crate) fn driver_mem_alloc(&self, bytes: usize) -> Result<CUdeviceptr, CUresult> {
-        let base = self.real.mem_alloc(bytes).map_err(|e| e.result)?;
+        let base = self.tracking.real.mem_alloc(bytes).map_err(|e| e.result)?;
         self.note_unowned(UnownedKind::DriverAlloc, base, bytes as u64);
         Ok(base)
     }

@@ -33,10 +33,12 @@ impl ByteStore for Carrier {
             let mut control = rt.control();
             let pinned = control.carrier.pinned() > 0;
             if control.copy.carrier.pins(self.native_follows, pinned) {
-                let (took, reused, _pinned) =
-                    control
-                        .carrier
-                        .ensure_pinned(&rt.real, total, copy::PIN_PIECE, pin_device)?;
+                let (took, reused, _pinned) = control.carrier.ensure_pinned(
+                    &rt.tracking.real,
+                    total,
+                    copy::PIN_PIECE,
+                    pin_device,
+                )?;
                 (took, reused)
             } else {
                 control.carrier.ensure(total)?
@@ -117,7 +119,7 @@ fn copy_through(
     // Pinned only where the whole range is: a refused pinning (logged once by the carrier)
     // copies staged.
     let mode = config.carrier.mode(needed, pinned);
-    let (stats, error) = copy::copy_all(&rt.real, units, dir, mode, config.chunk);
+    let (stats, error) = copy::copy_all(&rt.tracking.real, units, dir, mode, config.chunk);
     if stats.dma_uncertain {
         rt.control().carrier.poison();
     }

@@ -59,9 +59,9 @@ impl ByteStore for DataFile<'_> {
         let regions = regions_of(&work);
         // Synchronous copies only: when `write` returns no copy can touch the mappings.
         let written = if self.blocks {
-            write_blocks(&rt.real, self.file, &regions, length)
+            write_blocks(&rt.tracking.real, self.file, &regions, length)
         } else {
-            write(&rt.real, self.file, &regions, length)
+            write(&rt.tracking.real, self.file, &regions, length)
         };
         rt.unmap_after_copy(work, false);
         let (record, stats) = written?;
@@ -91,9 +91,9 @@ impl ByteStore for DataFile<'_> {
     fn fill(&self, rt: &Runtime, work: &[Mapped<'_, Extent>]) -> Result<StreamStats, PhaseError> {
         let regions = regions_of(work);
         let read = if self.blocks {
-            read_blocks(&rt.real, self.file, &regions, &self.record)
+            read_blocks(&rt.tracking.real, self.file, &regions, &self.record)
         } else {
-            read(&rt.real, self.file, &regions, &self.record)
+            read(&rt.tracking.real, self.file, &regions, &self.record)
         };
         read.map_err(PhaseError::from)
     }

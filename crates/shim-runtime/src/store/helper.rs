@@ -121,12 +121,12 @@ impl ByteStore for Helper {
         let mut retained = Vec::with_capacity(work.len());
         let mut result = Ok(());
         for (map, device, offset) in work {
-            let got = copy::enter(&rt.real, *device)
+            let got = copy::enter(&rt.tracking.real, *device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     check(
                         || format!("the allocation at {:#x}", map.va()),
-                        rt.real.mem_retain_allocation_handle(map.va()),
+                        rt.tracking.real.mem_retain_allocation_handle(map.va()),
                     )
                 });
             match got {
@@ -257,7 +257,8 @@ pub(crate) fn forget_carrier(rt: &Runtime) {
 
 /// The carrier helper's socket (in this process's control directory).
 fn helper_socket(rt: &Runtime) -> std::path::PathBuf {
-    rt.config
+    rt.tracking
+        .config
         .control_dir
         .join(copy::carrier_helper::SOCKET_NAME)
 }
@@ -301,14 +302,15 @@ fn helper_copy(
     for &(real, size, device, offset) in allocations {
         let uuid = check(
             || format!("device {device}"),
-            rt.real
+            rt.tracking
+                .real
                 .device_get(device)
-                .and_then(|d| rt.real.device_uuid(d)),
+                .and_then(|d| rt.tracking.real.device_uuid(d)),
         )
         .map_err(HelperFailure::Failed)?;
         let fd = check(
             || format!("an allocation of {size} bytes"),
-            rt.real.mem_export_fd(real, 0),
+            rt.tracking.real.mem_export_fd(real, 0),
         )
         .map_err(HelperFailure::Failed)?;
         let request = Request::CarrierItem {
@@ -396,7 +398,7 @@ fn load_from_own_copy(
         ));
     }
     let (stats, error) = copy::copy_all(
-        &rt.real,
+        &rt.tracking.real,
         units,
         Direction::ToDevice,
         CarrierMode::Staged,

@@ -159,7 +159,7 @@ impl Runtime {
     ) -> Result<Vec<Mapped<'_, P>>, PhaseError> {
         let mut work = Vec::with_capacity(items.len());
         for (item, place) in items.iter().zip(places) {
-            let mapped = copy::enter(&self.real, item.device)
+            let mapped = copy::enter(&self.tracking.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.temp_map(item.real, item.size, item.device));
             match mapped {
@@ -189,7 +189,7 @@ impl Runtime {
         };
         check(
             || format!("a temporary mapping of {size} bytes"),
-            TempMap::whole(&self.real, real, size, &[desc], copy::log_cleanup),
+            TempMap::whole(&self.tracking.real, real, size, &[desc], copy::log_cleanup),
         )
     }
 
@@ -206,7 +206,7 @@ impl Runtime {
                 map.leak();
                 continue;
             }
-            match copy::enter(&self.real, device) {
+            match copy::enter(&self.tracking.real, device) {
                 Ok(_ctx) => drop(map),
                 Err(e) => {
                     log_warn!("temporary mapping kept: {e}");

@@ -10,8 +10,10 @@
 //! it exists while the application holds a reference or a mapping of it; so driver memory is freed
 //! at the same moment as without the shim (when the last of the handles and mappings goes).
 
-use crate::multicast::{self, McInfo};
+pub mod multicast;
+
 use cuda_abi::CUmemAllocationProp;
+use multicast::McInfo;
 use protocol::record::{
     AccessRecord, AllocationId, AllocationProps, AllocationRecord, Backing, Blocker, ImportRecord,
     MappingRecord, Phase, ProcessRecord, ReservationRecord,
