@@ -18,9 +18,10 @@
 //! retained through the shim (the usual case: the runtime API's); for another peer the driver's
 //! answer stands and nothing is granted (logged).
 
+use crate::ipc::IpcOpens;
 use crate::log::{log_debug, log_warn};
-use crate::runtime::Runtime;
-use crate::track::Tracked;
+use crate::owned_alloc::OwnedAllocs;
+use crate::track::{Tracked, Tracking, device_access};
 use cuda_abi::*;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard};
@@ -65,42 +66,52 @@ impl PeerGrants {
     }
 }
 
-/// A read-write (or, with `flags` PROT_NONE, no) access descriptor for `device`.
-pub(crate) fn device_access(device: CUdevice, flags: u32) -> CUmemAccessDesc {
-    CUmemAccessDesc {
-        location: CUmemLocation {
-            type_: location_type::DEVICE,
-            id: device,
-        },
-        flags,
-    }
+/// The contexts job: the application's primary context references and the peer access each
+/// context enabled; the teardown of a context's owned memory goes to the owned allocations and
+/// the IPC opens, which the runtime passes in.
+#[derive(Debug, Default)]
+pub struct Contexts {
+    primary: PrimaryRefs,
+    peers: PeerGrants,
 }
 
-impl Runtime {
+impl Contexts {
+    /// The peer devices of context `ctx` (granted access to its owned allocations).
+    pub(crate) fn peers_of(&self, ctx: usize) -> Vec<CUdevice> {
+        self.peers.of(ctx)
+    }
+
     /// `cuCtxEnablePeerAccess`: the peer device is granted access to the current context's
     /// owned allocations, now and at each later `cuMemAlloc` in it.
-    pub fn ctx_enable_peer_access(&self, peer: CUcontext, flags: u32) -> Tracked {
-        self.tracking
-            .real
+    pub fn ctx_enable_peer_access(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        peer: CUcontext,
+        flags: u32,
+    ) -> Tracked {
+        t.real
             .ctx_enable_peer_access(peer, flags)
             .map_err(|e| e.result)?;
-        self.regrant_peer(peer as usize, access_flags::PROT_READWRITE)
+        self.regrant_peer(t, owned, peer as usize, access_flags::PROT_READWRITE)
     }
 
     /// `cuCtxDisablePeerAccess`: the grants of the enable are taken back.
-    pub fn ctx_disable_peer_access(&self, peer: CUcontext) -> Tracked {
-        self.tracking
-            .real
-            .ctx_disable_peer_access(peer)
-            .map_err(|e| e.result)?;
-        self.regrant_peer(peer as usize, access_flags::PROT_NONE)
+    pub fn ctx_disable_peer_access(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        peer: CUcontext,
+    ) -> Tracked {
+        t.real.ctx_disable_peer_access(peer).map_err(|e| e.result)?;
+        self.regrant_peer(t, owned, peer as usize, access_flags::PROT_NONE)
     }
 
     /// Records (or forgets, for PROT_NONE) the peer device of `peer` for the current context and
     /// sets that access on the context's owned allocations. The driver's call succeeded, so a
     /// failure here is logged, not returned.
-    fn regrant_peer(&self, peer: usize, flags: u32) -> Tracked {
-        let ctx = match self.tracking.real.ctx_current() {
+    fn regrant_peer(&self, t: &Tracking, owned: &OwnedAllocs, peer: usize, flags: u32) -> Tracked {
+        let ctx = match t.real.ctx_current() {
             Ok(ctx) => ctx as usize,
             Err(e) => {
                 log_warn!("peer access: no current context after the driver's call: {e}");
@@ -123,12 +134,10 @@ impl Runtime {
                 set.insert(device);
             }
         }
-        for (base, a) in self.owned.of_context(ctx) {
-            if let Err(e) = self.tracking.mem_set_access(
-                base,
-                a.backing as usize,
-                &[device_access(device, flags)],
-            ) {
+        for (base, a) in owned.of_context(ctx) {
+            if let Err(e) =
+                t.mem_set_access(base, a.backing as usize, &[device_access(device, flags)])
+            {
                 log_warn!(
                     "peer access: device {device} not granted {flags:#x} on {base:#x}: {e:?}"
                 );
@@ -138,12 +147,8 @@ impl Runtime {
     }
 
     /// `cuDevicePrimaryCtxRetain`: counted.
-    pub fn primary_ctx_retain(&self, device: CUdevice) -> Tracked<CUcontext> {
-        let ctx = self
-            .tracking
-            .real
-            .primary_ctx_retain(device)
-            .map_err(|e| e.result)?;
+    pub fn primary_ctx_retain(&self, t: &Tracking, device: CUdevice) -> Tracked<CUcontext> {
+        let ctx = t.real.primary_ctx_retain(device).map_err(|e| e.result)?;
         let mut refs = self.primary.lock();
         let entry = refs.entry(device).or_insert((ctx as usize, 0));
         *entry = (ctx as usize, entry.1.saturating_add(1));
@@ -152,11 +157,14 @@ impl Runtime {
 
     /// `cuDevicePrimaryCtxRelease`: the last counted release tears the context's owned memory
     /// down.
-    pub fn primary_ctx_release(&self, device: CUdevice) -> Tracked {
-        self.tracking
-            .real
-            .primary_ctx_release(device)
-            .map_err(|e| e.result)?;
+    pub fn primary_ctx_release(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        ipc: &IpcOpens,
+        device: CUdevice,
+    ) -> Tracked {
+        t.real.primary_ctx_release(device).map_err(|e| e.result)?;
         let last = {
             let mut refs = self.primary.lock();
             match refs.get_mut(&device) {
@@ -173,21 +181,24 @@ impl Runtime {
             }
         };
         if let Some(ctx) = last {
-            self.reclaim_context(ctx);
+            self.reclaim_context(t, owned, ipc, ctx);
         }
         Ok(())
     }
 
     /// `cuDevicePrimaryCtxReset`: the driver destroyed every allocation of the device's primary
     /// context (which stays retained), so its owned memory is torn down too.
-    pub fn primary_ctx_reset(&self, device: CUdevice) -> Tracked {
-        self.tracking
-            .real
-            .primary_ctx_reset(device)
-            .map_err(|e| e.result)?;
+    pub fn primary_ctx_reset(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        ipc: &IpcOpens,
+        device: CUdevice,
+    ) -> Tracked {
+        t.real.primary_ctx_reset(device).map_err(|e| e.result)?;
         let ctx = self.primary.lock().get(&device).map(|(ctx, _)| *ctx);
         match ctx {
-            Some(ctx) => self.reclaim_context(ctx),
+            Some(ctx) => self.reclaim_context(t, owned, ipc, ctx),
             None => log_warn!(
                 "cuDevicePrimaryCtxReset of device {device}, whose primary context the shim did \
                  not see retained: its owned memory is kept"
@@ -197,19 +208,25 @@ impl Runtime {
     }
 
     /// `cuCtxDestroy`: the context's owned memory is torn down after the driver destroyed it.
-    pub fn ctx_destroy(&self, ctx: CUcontext) -> Tracked {
-        self.tracking.real.ctx_destroy(ctx).map_err(|e| e.result)?;
-        self.reclaim_context(ctx as usize);
+    pub fn ctx_destroy(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        ipc: &IpcOpens,
+        ctx: CUcontext,
+    ) -> Tracked {
+        t.real.ctx_destroy(ctx).map_err(|e| e.result)?;
+        self.reclaim_context(t, owned, ipc, ctx as usize);
         Ok(())
     }
 
     /// Unmaps and frees the owned allocations and IPC mappings made in context `ctx`; each
     /// failure is logged, since the application's call succeeded.
-    fn reclaim_context(&self, ctx: usize) {
+    fn reclaim_context(&self, t: &Tracking, owned: &OwnedAllocs, ipc: &IpcOpens, ctx: usize) {
         // Its peer grants go with it (the driver forgets a destroyed context's peer access).
         self.peers.lock().remove(&ctx);
-        let allocs = self.owned.take_context(ctx);
-        let opens = self.ipc.take_context(ctx);
+        let allocs = owned.take_context(ctx);
+        let opens = ipc.take_context(ctx);
         let ranges = allocs
             .iter()
             .map(|(base, a)| (*base, a.backing, "cuMemAlloc memory"))
@@ -221,11 +238,11 @@ impl Runtime {
         for (base, backing, what) in ranges {
             let size = backing as usize;
             log_debug!("context {ctx:#x} ended: {what} at {base:#x} freed");
-            if let Err(e) = self.tracking.mem_unmap(base, size) {
+            if let Err(e) = t.mem_unmap(base, size) {
                 log_warn!("context teardown: {what} at {base:#x} not unmapped: {e:?}");
                 continue;
             }
-            if let Err(e) = self.tracking.mem_address_free(base, size) {
+            if let Err(e) = t.mem_address_free(base, size) {
                 log_warn!("context teardown: the range of {what} at {base:#x} not freed: {e:?}");
             }
         }

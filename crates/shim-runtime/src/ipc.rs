@@ -24,8 +24,9 @@
 //! (the peer access the driver would enable lazily).
 
 use crate::log::log_warn;
-use crate::runtime::Runtime;
-use crate::track::Tracked;
+use crate::owned_alloc::OwnedAllocs;
+use crate::registry::VHandle;
+use crate::track::{Tracked, Tracking, device_access};
 use core::ffi::{c_char, c_uint};
 use cuda_abi::*;
 use protocol::ipc::IpcHandle;
@@ -111,18 +112,23 @@ fn to_driver(bytes: [u8; protocol::ipc::IPC_HANDLE_LEN]) -> CUipcMemHandle {
     }
 }
 
-impl Runtime {
+impl IpcOpens {
     /// `cuIpcGetMemHandle`: a virtual handle for a pointer into owned memory, the driver's
     /// (recorded as a blocker) for any other.
-    pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
-        let Some((base, alloc)) = self.owned.containing(dptr) else {
-            return self.tracking.native_ipc_get(dptr);
+    pub fn ipc_get_mem_handle(
+        &self,
+        t: &Tracking,
+        owned: &OwnedAllocs,
+        dptr: CUdeviceptr,
+    ) -> Tracked<CUipcMemHandle> {
+        let Some((base, alloc)) = owned.containing(dptr) else {
+            return t.native_ipc_get(dptr);
         };
-        let _pass = self.tracking.gate.enter();
+        let _pass = t.gate.enter();
         // The driver needs a current context for this call (INVALID_CONTEXT otherwise).
-        self.tracking.real.ctx_device().map_err(|e| e.result)?;
+        t.real.ctx_device().map_err(|e| e.result)?;
         let id = {
-            let mut reg = self.lock();
+            let mut reg = t.lock();
             let found = reg
                 .mapping_at(base)
                 .and_then(|h| Some((h, reg.get(h)?)))
@@ -134,13 +140,13 @@ impl Runtime {
             };
             // Shared from its first handle on: its descriptor goes into the export cache, where
             // openers fetch it (later handles of the same allocation find it there).
-            if !self.tracking.exports.contains(&id) {
-                self.tracking.share_creation(&mut reg, handle, real, 0)?;
+            if !t.exports.contains(&id) {
+                t.share_creation(&mut reg, handle, real, 0)?;
             }
             id
         };
         let handle = IpcHandle {
-            creator_ns_pid: self.tracking.config.ns_pid,
+            creator_ns_pid: t.config.ns_pid,
             id,
             offset: dptr - base,
             requested: alloc.requested,
@@ -153,12 +159,13 @@ impl Runtime {
     /// driver's handle goes to the driver.
     pub fn ipc_open_mem_handle(
         &self,
+        t: &Tracking,
         handle: CUipcMemHandle,
         flags: c_uint,
     ) -> Tracked<CUdeviceptr> {
         let bytes = handle.reserved.map(|b| b as u8);
         if !IpcHandle::is_ours(&bytes) {
-            return self.tracking.native_ipc_open(handle, flags);
+            return t.native_ipc_open(handle, flags);
         }
         if flags & !ipc_flags::LAZY_ENABLE_PEER_ACCESS != 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
@@ -168,13 +175,13 @@ impl Runtime {
             CUresult::ERROR_INVALID_VALUE
         })?;
         // INVALID_CONTEXT (or NOT_INITIALIZED) without a current context: the driver's code.
-        let device = self.tracking.real.ctx_device().map_err(|e| e.result)?;
-        let ctx = self.tracking.real.ctx_current().map_err(|e| e.result)? as usize;
-        if virt.creator_ns_pid == self.tracking.config.ns_pid {
+        let device = t.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = t.real.ctx_current().map_err(|e| e.result)? as usize;
+        if virt.creator_ns_pid == t.config.ns_pid {
             // r580 refuses to open a handle in the process that made it, with this code.
             return Err(CUresult::ERROR_INVALID_CONTEXT);
         }
-        if let Some(base) = self.ipc.reopen(virt.creator_ns_pid, virt.id) {
+        if let Some(base) = self.reopen(virt.creator_ns_pid, virt.id) {
             return Ok(base);
         }
         let ticket = Ticket {
@@ -184,9 +191,9 @@ impl Runtime {
             // An IPC handle names memory, never a multicast object.
             multicast: false,
         };
-        let imported = self.tracking.import_ticket(&ticket)?;
-        let base = self.map_ipc_import(imported, virt.backing, device, flags)?;
-        let mut opens = self.ipc.lock();
+        let imported = t.import_ticket(&ticket)?;
+        let base = self.map_ipc_import(t, imported, virt.backing, device, flags)?;
+        let mut opens = self.lock();
         if let Some((&first, o)) = opens
             .iter_mut()
             .find(|(_, o)| o.creator_ns_pid == virt.creator_ns_pid && o.id == virt.id)
@@ -194,7 +201,7 @@ impl Runtime {
             // Another thread opened the same handle meanwhile: one mapping per allocation.
             o.opens = o.opens.saturating_add(1);
             drop(opens);
-            self.unmap_ipc_range(base, virt.backing as usize, true);
+            self.unmap_ipc_range(t, base, virt.backing as usize, true);
             return Ok(first);
         }
         opens.insert(
@@ -216,86 +223,75 @@ impl Runtime {
     /// own device too with `LAZY_ENABLE_PEER_ACCESS`. The range's base; on failure nothing is left.
     fn map_ipc_import(
         &self,
-        imported: crate::registry::VHandle,
+        t: &Tracking,
+        imported: VHandle,
         backing: u64,
         device: CUdevice,
         flags: c_uint,
     ) -> Tracked<CUdeviceptr> {
         let backing = usize::try_from(backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
         let undo_import = |what: &str| {
-            if let Err(e) = self.tracking.mem_release(imported) {
+            if let Err(e) = t.mem_release(imported) {
                 log_warn!("cuIpcOpenMemHandle undo ({what}): the import was not released: {e:?}");
             }
         };
-        let base = match self.tracking.mem_address_reserve(backing, 0, 0, 0) {
+        let base = match t.mem_address_reserve(backing, 0, 0, 0) {
             Ok(base) => base,
             Err(e) => {
                 undo_import("reserve");
                 return Err(e);
             }
         };
-        if let Err(e) = self.tracking.mem_map(base, backing, 0, imported, 0) {
-            self.unmap_ipc_range(base, backing, false);
+        if let Err(e) = t.mem_map(base, backing, 0, imported, 0) {
+            self.unmap_ipc_range(t, base, backing, false);
             undo_import("map");
             return Err(e);
         }
         // The mapping holds the import from here on: the application has no handle to release.
         undo_import("mapped");
-        let mut access = vec![CUmemAccessDesc {
-            location: CUmemLocation {
-                type_: location_type::DEVICE,
-                id: device,
-            },
-            flags: access_flags::PROT_READWRITE,
-        }];
+        let mut access = vec![device_access(device, access_flags::PROT_READWRITE)];
         if flags & ipc_flags::LAZY_ENABLE_PEER_ACCESS != 0
-            && let Some(home) = self.home_device(imported)
+            && let Some(home) = self.home_device(t, imported)
             && home != device
         {
-            access.push(CUmemAccessDesc {
-                location: CUmemLocation {
-                    type_: location_type::DEVICE,
-                    id: home,
-                },
-                flags: access_flags::PROT_READWRITE,
-            });
+            access.push(device_access(home, access_flags::PROT_READWRITE));
         }
-        if let Err(e) = self.tracking.mem_set_access(base, backing, &access) {
-            self.unmap_ipc_range(base, backing, true);
+        if let Err(e) = t.mem_set_access(base, backing, &access) {
+            self.unmap_ipc_range(t, base, backing, true);
             return Err(e);
         }
         Ok(base)
     }
 
-    /// Undoes [`Runtime::map_ipc_import`]'s range: unmapped (when `mapped`) and freed.
-    fn unmap_ipc_range(&self, base: CUdeviceptr, backing: usize, mapped: bool) {
-        if mapped && let Err(e) = self.tracking.mem_unmap(base, backing) {
+    /// Undoes [`IpcOpens::map_ipc_import`]'s range: unmapped (when `mapped`) and freed.
+    fn unmap_ipc_range(&self, t: &Tracking, base: CUdeviceptr, backing: usize, mapped: bool) {
+        if mapped && let Err(e) = t.mem_unmap(base, backing) {
             log_warn!("cuIpcOpenMemHandle undo: cuMemUnmap failed: {e:?}");
         }
-        if let Err(e) = self.tracking.mem_address_free(base, backing) {
+        if let Err(e) = t.mem_address_free(base, backing) {
             log_warn!("cuIpcOpenMemHandle undo: cuMemAddressFree failed: {e:?}");
         }
     }
 
     /// The device an imported allocation lives on, when it is a device of this process.
-    fn home_device(&self, imported: crate::registry::VHandle) -> Option<CUdevice> {
-        let props = self.lock().get(imported)?.props;
-        let count = self.tracking.real.device_count().ok()?;
+    fn home_device(&self, t: &Tracking, imported: VHandle) -> Option<CUdevice> {
+        let props = t.lock().get(imported)?.props;
+        let count = t.real.device_count().ok()?;
         (props.location_type == location_type::DEVICE && (0..count).contains(&props.location_id))
             .then_some(props.location_id)
     }
 
     /// `cuIpcCloseMemHandle`: one open fewer of a virtual handle, unmapped and freed on the last;
     /// the driver's for any other address.
-    pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
+    pub fn ipc_close_mem_handle(&self, t: &Tracking, dptr: CUdeviceptr) -> Tracked {
         // The last open leaves the map before the unmap, so that a concurrent open of the same
         // handle maps it anew instead of counting a mapping that is going away.
         let last = {
-            let mut opens = self.ipc.lock();
+            let mut opens = self.lock();
             match opens.get_mut(&dptr) {
                 None => {
                     drop(opens);
-                    return self.tracking.native_ipc_close(dptr);
+                    return t.native_ipc_close(dptr);
                 }
                 Some(o) if o.opens > 1 => {
                     o.opens -= 1;
@@ -308,12 +304,12 @@ impl Runtime {
             return Err(CUresult::ERROR_INVALID_VALUE);
         };
         let size = usize::try_from(last.backing).map_err(|_| CUresult::ERROR_INVALID_VALUE)?;
-        if let Err(e) = self.tracking.mem_unmap(dptr, size) {
+        if let Err(e) = t.mem_unmap(dptr, size) {
             // Still mapped: the open stays as it was, and the application may retry.
-            self.ipc.lock().insert(dptr, last);
+            self.lock().insert(dptr, last);
             return Err(e);
         }
-        if let Err(e) = self.tracking.mem_address_free(dptr, size) {
+        if let Err(e) = t.mem_address_free(dptr, size) {
             // The mapping is gone, which is what the application asked for.
             log_warn!("cuIpcCloseMemHandle: the range at {dptr:#x} was not freed: {e:?}");
         }

@@ -10,10 +10,8 @@
 //! granularity-rounded backing: `cuMemGetAddressRange` answers with the requested size, as it does
 //! for native `cuMemAlloc` memory, and `cuMemFree` finds the whole reservation to undo.
 
-use crate::config::AllocMode;
 use crate::log::log_warn;
-use crate::runtime::Runtime;
-use crate::track::Tracked;
+use crate::track::{Tracked, Tracking, device_access};
 use cuda::VirtualHandle;
 use cuda_abi::*;
 use std::collections::BTreeMap;
@@ -123,24 +121,26 @@ fn alloc_prop(device: CUdevice, rdma: bool) -> CUmemAllocationProp {
     prop
 }
 
-impl Runtime {
-    /// `cuMemAlloc`: on owned VMM memory in the current context's device, or the driver's own
-    /// with [`AllocMode::Native`].
-    pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
-        if self.tracking.config.alloc == AllocMode::Native {
-            return self.driver_mem_alloc(bytes);
-        }
+impl OwnedAllocs {
+    /// `cuMemAlloc` on owned VMM memory in the current context's device (under
+    /// [`crate::config::AllocMode::Vmm`]), accessible from it and from `peers_of` the context (the devices of
+    /// the peer contexts it enabled access to, which reach cuMemAlloc memory implicitly).
+    pub fn mem_alloc(
+        &self,
+        t: &Tracking,
+        bytes: usize,
+        peers_of: impl FnOnce(usize) -> Vec<CUdevice>,
+    ) -> Tracked<CUdeviceptr> {
         // The driver refuses a zero-byte cuMemAlloc with INVALID_VALUE; so does this.
         if bytes == 0 {
             return Err(CUresult::ERROR_INVALID_VALUE);
         }
         // Without a current context the driver answers INVALID_CONTEXT (or NOT_INITIALIZED):
         // its own code, unchanged.
-        let device = self.tracking.real.ctx_device().map_err(|e| e.result)?;
-        let ctx = self.tracking.real.ctx_current().map_err(|e| e.result)? as usize;
+        let device = t.real.ctx_device().map_err(|e| e.result)?;
+        let ctx = t.real.ctx_current().map_err(|e| e.result)? as usize;
         // A driver that cannot say is taken as not supporting it: the creation then still works.
-        let rdma = self
-            .tracking
+        let rdma = t
             .real
             .device_attribute(
                 device_attribute::GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
@@ -148,45 +148,39 @@ impl Runtime {
             )
             .is_ok_and(|v| v == 1);
         let prop = alloc_prop(device, rdma);
-        let granularity = self
-            .tracking
+        let granularity = t
             .real
             .mem_allocation_granularity(&prop, granularity_flags::MINIMUM)
             .map_err(|e| e.result)?;
         let backing = bytes
             .checked_next_multiple_of(granularity.max(1))
             .ok_or(CUresult::ERROR_OUT_OF_MEMORY)?;
-        let handle = self.tracking.mem_create(backing, &prop, 0)?;
-        let base = match self
-            .tracking
-            .mem_address_reserve(backing, granularity, 0, 0)
-        {
+        let handle = t.mem_create(backing, &prop, 0)?;
+        let base = match t.mem_address_reserve(backing, granularity, 0, 0) {
             Ok(base) => base,
             Err(e) => {
-                self.undo_alloc(handle, None, false);
+                self.undo_alloc(t, handle, None, false);
                 return Err(e);
             }
         };
-        if let Err(e) = self.tracking.mem_map(base, backing, 0, handle, 0) {
-            self.undo_alloc(handle, Some((base, backing)), false);
+        if let Err(e) = t.mem_map(base, backing, 0, handle, 0) {
+            self.undo_alloc(t, handle, Some((base, backing)), false);
             return Err(e);
         }
-        // The context's device, and the devices of the peer contexts it enabled access to, which
-        // reach cuMemAlloc memory implicitly (contexts.rs).
         let access: Vec<CUmemAccessDesc> = std::iter::once(device)
-            .chain(self.peers.of(ctx).into_iter().filter(|&d| d != device))
-            .map(|d| crate::contexts::device_access(d, access_flags::PROT_READWRITE))
+            .chain(peers_of(ctx).into_iter().filter(|&d| d != device))
+            .map(|d| device_access(d, access_flags::PROT_READWRITE))
             .collect();
-        if let Err(e) = self.tracking.mem_set_access(base, backing, &access) {
-            self.undo_alloc(handle, Some((base, backing)), true);
+        if let Err(e) = t.mem_set_access(base, backing, &access) {
+            self.undo_alloc(t, handle, Some((base, backing)), true);
             return Err(e);
         }
         // The mapping holds the allocation from here on, as the driver's own cuMemAlloc memory
         // has no handle for the application to release.
-        if let Err(e) = self.tracking.mem_release(handle) {
+        if let Err(e) = t.mem_release(handle) {
             log_warn!("cuMemAlloc: the handle of an owned allocation was not released: {e:?}");
         }
-        self.owned.insert(
+        self.insert(
             base,
             OwnedAlloc {
                 requested: bytes as u64,
@@ -201,87 +195,32 @@ impl Runtime {
     /// application sees the error of the step that failed.
     fn undo_alloc(
         &self,
+        t: &Tracking,
         handle: VirtualHandle,
         reserved: Option<(CUdeviceptr, usize)>,
         mapped: bool,
     ) {
         if let Some((base, size)) = reserved {
-            if mapped && let Err(e) = self.tracking.mem_unmap(base, size) {
+            if mapped && let Err(e) = t.mem_unmap(base, size) {
                 log_warn!("cuMemAlloc undo: cuMemUnmap failed: {e:?}");
             }
-            if let Err(e) = self.tracking.mem_address_free(base, size) {
+            if let Err(e) = t.mem_address_free(base, size) {
                 log_warn!("cuMemAlloc undo: cuMemAddressFree failed: {e:?}");
             }
         }
-        if let Err(e) = self.tracking.mem_release(handle) {
+        if let Err(e) = t.mem_release(handle) {
             log_warn!("cuMemAlloc undo: cuMemRelease failed: {e:?}");
         }
     }
 
-    /// `cuMemFree` of an owned allocation (synchronised first, as the driver's cuMemFree is), or
-    /// the driver's own of any other pointer.
-    pub fn mem_free_any(&self, dptr: CUdeviceptr) -> Tracked {
-        let Some(a) = self.owned.at(dptr) else {
-            self.tracking.mem_free(dptr)?;
-            self.note_unowned_freed(dptr);
-            return Ok(());
-        };
+    /// `cuMemFree` of the owned allocation `a` at `dptr`, synchronised first, as the driver's
+    /// cuMemFree is.
+    pub fn mem_free(&self, t: &Tracking, dptr: CUdeviceptr, a: OwnedAlloc) -> Tracked {
         // cuMemFree waits for the device's work on the memory; an unmap does not.
-        self.tracking.real.ctx_synchronize().map_err(|e| e.result)?;
-        self.tracking.mem_unmap(dptr, a.backing as usize)?;
-        self.owned.remove(dptr);
-        self.tracking.mem_address_free(dptr, a.backing as usize)?;
+        t.real.ctx_synchronize().map_err(|e| e.result)?;
+        t.mem_unmap(dptr, a.backing as usize)?;
+        self.remove(dptr);
+        t.mem_address_free(dptr, a.backing as usize)?;
         Ok(())
-    }
-
-    /// `cuMemRetainAllocationHandle`: refused for owned memory and for opened virtual IPC
-    /// handles with the driver's code for cuMemAlloc and IPC memory (INVALID_VALUE), since
-    /// libraries (NCCL, torchcomms) pick their sharing path by whether it succeeds; the tracked
-    /// retain otherwise.
-    pub fn mem_retain_any(&self, addr: CUdeviceptr) -> Tracked<VirtualHandle> {
-        if self.owned.containing(addr).is_some() || self.ipc.containing(addr).is_some() {
-            return Err(CUresult::ERROR_INVALID_VALUE);
-        }
-        self.tracking.mem_retain(addr)
-    }
-
-    /// What `cuPointerGetAttribute(s)` answers for `attribute` of `ptr` where owned memory, being
-    /// VMM, would get another answer from the driver than cuMemAlloc memory does: the range (base
-    /// and requested size, as [`Runtime::mem_address_range`]) of owned memory and of its opened
-    /// IPC mappings, and legacy-IPC capability of owned memory (the shims serve its IPC). `None`:
-    /// the driver's answer stands.
-    pub fn pointer_attribute(&self, ptr: CUdeviceptr, attribute: u32) -> Option<PointerValue> {
-        use cuda_abi::pointer_attribute as a;
-        let owned = self.owned.containing(ptr);
-        let (base, requested) = match &owned {
-            Some((base, o)) => (*base, o.requested),
-            None => {
-                let (base, o) = self.ipc.containing(ptr)?;
-                (base, o.requested)
-            }
-        };
-        match attribute {
-            a::RANGE_START_ADDR => Some(PointerValue::Address(base)),
-            a::RANGE_SIZE => Some(PointerValue::Size(requested as usize)),
-            a::IS_LEGACY_CUDA_IPC_CAPABLE if owned.is_some() => Some(PointerValue::True),
-            _ => None,
-        }
-    }
-
-    /// `cuMemGetAddressRange`: for owned memory, and for its opened IPC mappings, the base and
-    /// the requested size, as the driver answers for its own cuMemAlloc memory and IPC
-    /// mappings; the driver's answer otherwise.
-    pub fn mem_address_range(&self, dptr: CUdeviceptr) -> Tracked<(CUdeviceptr, usize)> {
-        if let Some((base, a)) = self.owned.containing(dptr) {
-            return Ok((base, a.requested as usize));
-        }
-        match self.ipc.containing(dptr) {
-            Some((base, o)) => Ok((base, o.requested as usize)),
-            None => self
-                .tracking
-                .real
-                .mem_address_range(dptr)
-                .map_err(|e| e.result),
-        }
     }
 }

@@ -14,12 +14,16 @@
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
 use crate::Real;
-use crate::config::{Config, ShimConfig, own_pid_namespace};
+use crate::config::{AllocMode, Config, ShimConfig, own_pid_namespace};
+use crate::contexts::Contexts;
 use crate::log::{log_error, log_info, log_warn};
+use crate::owned_alloc::PointerValue;
 use crate::phases::Control;
 use crate::registry::{Registry, VHandle};
 use crate::track::{ExportTo, FetchError, Tracked, Tracking};
-use cuda::{DriverHandle, ForeignPtr};
+use crate::unowned::UnownedKind;
+use core::ffi::c_uint;
+use cuda::{DriverHandle, ForeignPtr, VirtualHandle};
 use cuda_abi::*;
 use protocol::record::AllocationId;
 use protocol::ticket::Ticket;
@@ -53,10 +57,8 @@ pub struct Runtime {
     pub(crate) unowned: crate::unowned::UnownedAllocs,
     /// The virtual legacy IPC handles opened here (ipc.rs).
     pub(crate) ipc: crate::ipc::IpcOpens,
-    /// The application's primary context references (contexts.rs).
-    pub(crate) primary: crate::contexts::PrimaryRefs,
-    /// Peer access enabled per context (contexts.rs).
-    pub(crate) peers: crate::contexts::PeerGrants,
+    /// The application's primary context references and peer grants (contexts.rs).
+    pub(crate) contexts: Contexts,
     /// The gate every GPU submission passes (gate.rs): the process's own, or a fresh one per
     /// runtime in unit tests.
     pub(crate) submissions: &'static crate::gate::SubmissionGate,
@@ -86,8 +88,7 @@ impl Runtime {
             owned: crate::owned_alloc::OwnedAllocs::default(),
             unowned: crate::unowned::UnownedAllocs::default(),
             ipc: crate::ipc::IpcOpens::default(),
-            primary: crate::contexts::PrimaryRefs::default(),
-            peers: crate::contexts::PeerGrants::default(),
+            contexts: Contexts::default(),
             submissions: submission_gate(),
             drainer: crate::drain::Drainer::default(),
             lease: crate::lease::Lease::default(),
@@ -191,6 +192,144 @@ handed_to! { tracking:
     fn multicast_bind_addr_v2(&self, mc: VHandle, dev: CUdevice, mc_offset: usize, ptr: CUdeviceptr, size: usize, flags: u64) -> Tracked;
     /// `cuMulticastUnbind`.
     fn multicast_unbind(&self, mc: VHandle, dev: CUdevice, mc_offset: usize, size: usize) -> Tracked;
+}
+
+/// The calls whose state is several jobs': routed to the job that owns the pointer or the
+/// context, with the other jobs it reaches passed in.
+impl Runtime {
+    /// `cuMemAlloc`: on owned VMM memory in the current context's device, or the driver's own
+    /// with [`AllocMode::Native`] (counted as unowned).
+    pub fn mem_alloc(&self, bytes: usize) -> Tracked<CUdeviceptr> {
+        if self.tracking.config.alloc == AllocMode::Native {
+            return self.unowned.driver_mem_alloc(&self.tracking.real, bytes);
+        }
+        self.owned
+            .mem_alloc(&self.tracking, bytes, |ctx| self.contexts.peers_of(ctx))
+    }
+
+    /// `cuMemFree` of an owned allocation, or the driver's own of any other pointer (which
+    /// unowned memory then forgets).
+    pub fn mem_free_any(&self, dptr: CUdeviceptr) -> Tracked {
+        if let Some(a) = self.owned.at(dptr) {
+            return self.owned.mem_free(&self.tracking, dptr, a);
+        }
+        self.tracking.mem_free(dptr)?;
+        self.unowned.note_unowned_freed(dptr);
+        Ok(())
+    }
+
+    /// `cuMemRetainAllocationHandle`: refused for owned memory and for opened virtual IPC
+    /// handles with the driver's code for cuMemAlloc and IPC memory (INVALID_VALUE), since
+    /// libraries (NCCL, torchcomms) pick their sharing path by whether it succeeds; the tracked
+    /// retain otherwise.
+    pub fn mem_retain_any(&self, addr: CUdeviceptr) -> Tracked<VirtualHandle> {
+        if self.owned.containing(addr).is_some() || self.ipc.containing(addr).is_some() {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        self.tracking.mem_retain(addr)
+    }
+
+    /// What `cuPointerGetAttribute(s)` answers for `attribute` of `ptr` where owned memory, being
+    /// VMM, would get another answer from the driver than cuMemAlloc memory does: the range (base
+    /// and requested size, as [`Runtime::mem_address_range`]) of owned memory and of its opened
+    /// IPC mappings, and legacy-IPC capability of owned memory (the shims serve its IPC). `None`:
+    /// the driver's answer stands.
+    pub fn pointer_attribute(&self, ptr: CUdeviceptr, attribute: u32) -> Option<PointerValue> {
+        use cuda_abi::pointer_attribute as a;
+        let owned = self.owned.containing(ptr);
+        let (base, requested) = match &owned {
+            Some((base, o)) => (*base, o.requested),
+            None => {
+                let (base, o) = self.ipc.containing(ptr)?;
+                (base, o.requested)
+            }
+        };
+        match attribute {
+            a::RANGE_START_ADDR => Some(PointerValue::Address(base)),
+            a::RANGE_SIZE => Some(PointerValue::Size(requested as usize)),
+            a::IS_LEGACY_CUDA_IPC_CAPABLE if owned.is_some() => Some(PointerValue::True),
+            _ => None,
+        }
+    }
+
+    /// `cuMemGetAddressRange`: for owned memory, and for its opened IPC mappings, the base and
+    /// the requested size, as the driver answers for its own cuMemAlloc memory and IPC
+    /// mappings; the driver's answer otherwise.
+    pub fn mem_address_range(&self, dptr: CUdeviceptr) -> Tracked<(CUdeviceptr, usize)> {
+        if let Some((base, a)) = self.owned.containing(dptr) {
+            return Ok((base, a.requested as usize));
+        }
+        match self.ipc.containing(dptr) {
+            Some((base, o)) => Ok((base, o.requested as usize)),
+            None => self
+                .tracking
+                .real
+                .mem_address_range(dptr)
+                .map_err(|e| e.result),
+        }
+    }
+
+    /// `cuIpcGetMemHandle`.
+    pub fn ipc_get_mem_handle(&self, dptr: CUdeviceptr) -> Tracked<CUipcMemHandle> {
+        self.ipc
+            .ipc_get_mem_handle(&self.tracking, &self.owned, dptr)
+    }
+
+    /// `cuIpcOpenMemHandle_v2`.
+    pub fn ipc_open_mem_handle(
+        &self,
+        handle: CUipcMemHandle,
+        flags: c_uint,
+    ) -> Tracked<CUdeviceptr> {
+        self.ipc.ipc_open_mem_handle(&self.tracking, handle, flags)
+    }
+
+    /// `cuIpcCloseMemHandle`.
+    pub fn ipc_close_mem_handle(&self, dptr: CUdeviceptr) -> Tracked {
+        self.ipc.ipc_close_mem_handle(&self.tracking, dptr)
+    }
+
+    /// `cuCtxEnablePeerAccess`.
+    pub fn ctx_enable_peer_access(&self, peer: CUcontext, flags: u32) -> Tracked {
+        self.contexts
+            .ctx_enable_peer_access(&self.tracking, &self.owned, peer, flags)
+    }
+
+    /// `cuCtxDisablePeerAccess`.
+    pub fn ctx_disable_peer_access(&self, peer: CUcontext) -> Tracked {
+        self.contexts
+            .ctx_disable_peer_access(&self.tracking, &self.owned, peer)
+    }
+
+    /// `cuDevicePrimaryCtxRetain`.
+    pub fn primary_ctx_retain(&self, device: CUdevice) -> Tracked<CUcontext> {
+        self.contexts.primary_ctx_retain(&self.tracking, device)
+    }
+
+    /// `cuDevicePrimaryCtxRelease`.
+    pub fn primary_ctx_release(&self, device: CUdevice) -> Tracked {
+        self.contexts
+            .primary_ctx_release(&self.tracking, &self.owned, &self.ipc, device)
+    }
+
+    /// `cuDevicePrimaryCtxReset`.
+    pub fn primary_ctx_reset(&self, device: CUdevice) -> Tracked {
+        self.contexts
+            .primary_ctx_reset(&self.tracking, &self.owned, &self.ipc, device)
+    }
+
+    /// `cuCtxDestroy`.
+    pub fn ctx_destroy(&self, ctx: CUcontext) -> Tracked {
+        self.contexts
+            .ctx_destroy(&self.tracking, &self.owned, &self.ipc, ctx)
+    }
+}
+
+handed_to! { unowned:
+    /// The driver made `bytes` of `kind` at `base`.
+    fn note_unowned(&self, kind: UnownedKind, base: CUdeviceptr, bytes: u64) -> ();
+    /// The driver freed the allocation at `base`.
+    fn note_unowned_freed(&self, base: CUdeviceptr) -> ();
 }
 
 /// The submission gate of a runtime: the process's in the library; a fresh one per runtime in unit

@@ -86,6 +86,17 @@ pub enum ExportTo {
     Foreign(ForeignPtr),
 }
 
+/// A read-write (or, with `flags` PROT_NONE, no) access descriptor for `device`.
+pub(crate) fn device_access(device: CUdevice, flags: u32) -> CUmemAccessDesc {
+    CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: location_type::DEVICE,
+            id: device,
+        },
+        flags,
+    }
+}
+
 /// What [`Tracking::export_natively`] exports: the object, its driver handle, the handle type and
 /// the driver's flags.
 struct NativeExport {

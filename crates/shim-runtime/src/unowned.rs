@@ -8,8 +8,10 @@
 //! `cuMemFreeAsync` of its base succeeds. Not counted: memory of explicit pools
 //! (`cuMemAllocFromPoolAsync`), what a pool keeps reserved beyond its live allocations, arrays,
 //! graph memory nodes, and the driver's own (contexts, modules).
+//!
+//! State: [`UnownedAllocs`], the live ones by base address.
 
-use crate::runtime::Runtime;
+use crate::Real;
 use cuda_abi::{CUdeviceptr, CUresult};
 pub use protocol::record::UnownedKind;
 use protocol::record::UnownedRecord;
@@ -46,20 +48,24 @@ impl UnownedAllocs {
     }
 }
 
-impl Runtime {
+impl UnownedAllocs {
     /// The driver made `bytes` of `kind` at `base` (the call succeeded).
     pub fn note_unowned(&self, kind: UnownedKind, base: CUdeviceptr, bytes: u64) {
-        self.unowned.lock().insert(base, (kind, bytes));
+        self.lock().insert(base, (kind, bytes));
     }
 
     /// The driver freed the allocation at `base` (a `cuMemFree` or `cuMemFreeAsync` succeeded).
     pub fn note_unowned_freed(&self, base: CUdeviceptr) {
-        self.unowned.lock().remove(&base);
+        self.lock().remove(&base);
     }
 
     /// `cuMemAlloc` left to the driver (`CUINTERPOSE_ALLOC=native`), counted.
-    pub(crate) fn driver_mem_alloc(&self, bytes: usize) -> Result<CUdeviceptr, CUresult> {
-        let base = self.tracking.real.mem_alloc(bytes).map_err(|e| e.result)?;
+    pub(crate) fn driver_mem_alloc(
+        &self,
+        real: &Real,
+        bytes: usize,
+    ) -> Result<CUdeviceptr, CUresult> {
+        let base = real.mem_alloc(bytes).map_err(|e| e.result)?;
         self.note_unowned(UnownedKind::DriverAlloc, base, bytes as u64);
         Ok(base)
     }
