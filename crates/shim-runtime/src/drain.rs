@@ -24,10 +24,10 @@
 //! device would make a context there); a driver without that entry falls back to the devices
 //! the process's records name.
 
+use crate::capture::PhaseError;
 use crate::gate::SubmissionGate;
 use crate::log::log_debug;
-use crate::phases::PhaseError;
-use crate::runtime::Runtime;
+use crate::track::Tracking;
 use protocol::message::DrainReport;
 use protocol::record::Phase;
 use std::collections::BTreeMap;
@@ -38,9 +38,13 @@ use std::time::{Duration, Instant};
 /// leave without signalling: passing the open gate takes no lock).
 const GATE_POLL: Duration = Duration::from_millis(1);
 
-/// The drain's state: when the gates closed, and the synchronisation of each device.
-#[derive(Debug, Default)]
-pub struct Drainer {
+/// The drain job: the submission gate it closes, when the gates closed, and the
+/// synchronisation of each device.
+#[derive(Debug)]
+pub struct Drain {
+    /// The submission gate this runtime closes (the process's; a fresh one per runtime in unit
+    /// tests, which run several runtimes in one process).
+    submissions: &'static SubmissionGate,
     held_since: Mutex<Option<Instant>>,
     /// Holds so far: a synchronisation of an earlier hold covers nothing of this one.
     holds: std::sync::atomic::AtomicU64,
@@ -87,7 +91,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Drainer {
+impl Drain {
+    /// A drain of `submissions`, gates open.
+    pub fn new(submissions: &'static SubmissionGate) -> Drain {
+        Drain {
+            submissions,
+            held_since: Mutex::default(),
+            holds: std::sync::atomic::AtomicU64::default(),
+            syncs: Mutex::default(),
+        }
+    }
+
     fn held_micros(&self) -> u64 {
         lock(&self.held_since).map_or(0, |since| {
             u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
@@ -95,37 +109,34 @@ impl Drainer {
     }
 }
 
-impl Runtime {
-    /// The submission gate this runtime closes (the process's; a fresh one per runtime in unit
-    /// tests, which run several runtimes in one process).
+impl Drain {
+    /// The submission gate this drain closes.
     pub(crate) fn submissions(&self) -> &SubmissionGate {
         self.submissions
     }
 
     /// Hold: closes both gates, waits for nothing.
-    pub(crate) fn hold(&self) -> Result<DrainReport, PhaseError> {
-        self.expect_phase("Hold", &[Phase::Running])?;
-        self.close_gates();
+    pub(crate) fn hold(&self, t: &Tracking) -> Result<DrainReport, PhaseError> {
+        t.expect_phase("Hold", &[Phase::Running])?;
+        self.close_gates(t);
         Ok(self.drain_report(vec!["held: not drained yet".into()]))
     }
 
-    fn close_gates(&self) {
-        let mut held_since = lock(&self.drainer.held_since);
+    fn close_gates(&self, t: &Tracking) {
+        let mut held_since = lock(&self.held_since);
         if held_since.is_none() {
-            self.drainer
-                .holds
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.holds.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             *held_since = Some(Instant::now());
         }
         self.submissions().close();
-        self.tracking.gate.close();
+        t.gate.close();
     }
 
     /// Opens both gates (a thaw, or a capture given up before anything was released).
-    pub(crate) fn open_gates(&self) {
+    pub(crate) fn open_gates(&self, t: &Tracking) {
         self.submissions().open();
-        self.tracking.gate.thaw();
-        *lock(&self.drainer.held_since) = None;
+        t.gate.thaw();
+        *lock(&self.held_since) = None;
     }
 
     /// Whether a capture closed the gates.
@@ -134,20 +145,20 @@ impl Runtime {
     }
 
     /// Drain: waits up to `wait` for this process to be drained; answers how it stands either way.
-    pub(crate) fn drain(&self, wait: Duration) -> Result<DrainReport, PhaseError> {
-        self.expect_phase("Drain", &[Phase::Running])?;
+    pub(crate) fn drain(&self, t: &Tracking, wait: Duration) -> Result<DrainReport, PhaseError> {
+        t.expect_phase("Drain", &[Phase::Running])?;
         if !self.gates_closed() {
             return Err(PhaseError::Internal(
                 "Drain before Hold: the gates are open".into(),
             ));
         }
-        let busy = self.drain_until(Instant::now() + wait)?;
+        let busy = self.drain_until(t, Instant::now() + wait)?;
         Ok(self.drain_report(busy))
     }
 
     /// Admit: lets up to `count` held submissions through.
-    pub(crate) fn admit(&self, count: u32) -> Result<DrainReport, PhaseError> {
-        self.expect_phase("Admit", &[Phase::Running])?;
+    pub(crate) fn admit(&self, t: &Tracking, count: u32) -> Result<DrainReport, PhaseError> {
+        t.expect_phase("Admit", &[Phase::Running])?;
         let granted = self.submissions().admit(count);
         log_debug!("admitted {granted} held submissions");
         let busy = if granted > 0 {
@@ -172,14 +183,18 @@ impl Runtime {
             admitted: gate.admitted,
             granted: 0,
             busy,
-            held_micros: self.drainer.held_micros(),
+            held_micros: self.held_micros(),
         }
     }
 
     /// Drains until `deadline`: an empty list when drained, else what is still busy.
-    pub(crate) fn drain_until(&self, deadline: Instant) -> Result<Vec<String>, PhaseError> {
+    pub(crate) fn drain_until(
+        &self,
+        t: &Tracking,
+        deadline: Instant,
+    ) -> Result<Vec<String>, PhaseError> {
         loop {
-            let busy = self.drain_step(deadline)?;
+            let busy = self.drain_step(t, deadline)?;
             if busy.is_empty() || Instant::now() >= deadline {
                 return Ok(busy);
             }
@@ -188,9 +203,9 @@ impl Runtime {
 
     /// One look: the gate first, then every active context's synchronisation for the gate's
     /// current epoch.
-    fn drain_step(&self, deadline: Instant) -> Result<Vec<String>, PhaseError> {
+    fn drain_step(&self, t: &Tracking, deadline: Instant) -> Result<Vec<String>, PhaseError> {
         let gate = self.submissions().state();
-        let tracked = self.tracking.gate.in_flight();
+        let tracked = t.gate.in_flight();
         if !gate.is_quiet() || tracked > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             self.submissions().wait_change(left.min(GATE_POLL));
@@ -213,12 +228,12 @@ impl Runtime {
             return Ok(busy);
         }
         let epoch = Epoch {
-            hold: self.drainer.holds.load(std::sync::atomic::Ordering::SeqCst),
+            hold: self.holds.load(std::sync::atomic::Ordering::SeqCst),
             admitted: gate.admitted,
         };
         let mut busy = Vec::new();
-        for device in self.active_devices() {
-            match self.synced(device, epoch, deadline) {
+        for device in self.active_devices(t) {
+            match self.synced(t, device, epoch, deadline) {
                 Synced::Done => {}
                 Synced::StillRunning => busy.push(format!(
                     "device {device}: work submitted before the hold is still running"
@@ -239,21 +254,21 @@ impl Runtime {
     /// A driver that cannot even count its devices (a process holding a sticky error fails every
     /// call) cannot say either: the recorded devices, or device 0 where none is recorded, are
     /// synchronised, and their synchronisation reports the error.
-    fn active_devices(&self) -> Vec<i32> {
-        let (count, mut unknown) = match self.tracking.real.device_count() {
+    fn active_devices(&self, t: &Tracking) -> Vec<i32> {
+        let (count, mut unknown) = match t.real.device_count() {
             Ok(count) => (count, false),
             Err(_) => (0, true),
         };
         let mut devices = Vec::new();
         for device in 0..count {
-            match self.tracking.real.primary_ctx_active(device) {
+            match t.real.primary_ctx_active(device) {
                 Ok(true) => devices.push(device),
                 Ok(false) => {}
                 Err(_) => unknown = true,
             }
         }
         if unknown {
-            devices.extend(self.lock().devices());
+            devices.extend(t.lock().devices());
             devices.sort_unstable();
             devices.dedup();
             if count == 0 && devices.is_empty() {
@@ -265,8 +280,8 @@ impl Runtime {
 
     /// Whether `device`'s context has finished every submission up to `epoch`, waiting for its
     /// synchronisation until `deadline`; starts one when none covers the epoch.
-    fn synced(&self, device: i32, epoch: Epoch, deadline: Instant) -> Synced {
-        let sync = lock(&self.drainer.syncs).entry(device).or_default().clone();
+    fn synced(&self, t: &Tracking, device: i32, epoch: Epoch, deadline: Instant) -> Synced {
+        let sync = lock(&self.syncs).entry(device).or_default().clone();
         let mut state = lock(&sync.state);
         loop {
             match &*state {
@@ -280,7 +295,7 @@ impl Runtime {
                     };
                 }
                 SyncState::Idle | SyncState::Finished { .. } => {
-                    if let Err(e) = self.start_sync(device, epoch, &sync) {
+                    if let Err(e) = self.start_sync(t, device, epoch, &sync) {
                         return Synced::Failed(e);
                     }
                     *state = SyncState::Running;
@@ -301,10 +316,16 @@ impl Runtime {
     }
 
     /// A thread that synchronises `device`'s primary context and records the outcome.
-    fn start_sync(&self, device: i32, epoch: Epoch, sync: &Arc<ContextSync>) -> Result<(), String> {
-        let real = self.tracking.real;
+    fn start_sync(
+        &self,
+        t: &Tracking,
+        device: i32,
+        epoch: Epoch,
+        sync: &Arc<ContextSync>,
+    ) -> Result<(), String> {
+        let real = t.real;
         let sync = sync.clone();
-        crate::server::spawn_quiet("cuinterpose-drain", move || {
+        crate::threads::spawn_quiet("cuinterpose-drain", move || {
             let result = copy::enter(&real, device)
                 .map_err(|e| e.to_string())
                 .and_then(|_context| {

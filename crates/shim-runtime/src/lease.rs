@@ -16,9 +16,6 @@
 //! thread has not yet noticed is treated as gone when another connection asks (a process
 //! restored by CRIU wakes with such connections).
 
-use crate::log::{log_info, log_warn};
-use crate::runtime::Runtime;
-use protocol::record::Phase;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
@@ -95,40 +92,5 @@ fn peer_gone(socket: BorrowedFd<'_>) -> bool {
             .revents()
             .intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR),
         Err(_) => false,
-    }
-}
-
-impl Runtime {
-    /// Whether this process is inside a capture: gates closed, or a phase other than Running.
-    pub(crate) fn in_capture(&self) -> bool {
-        self.gates_closed() || self.lock().phase() != Phase::Running
-    }
-
-    /// The tool that held this capture is gone (module docs): undo a capture that released
-    /// nothing; keep one that did for `cuinterpose resume`.
-    pub(crate) fn lease_lost(&self) {
-        if !self.in_capture() {
-            return;
-        }
-        let phase = self.lock().phase();
-        // Only a capture that never reached Release is undone here; anything from Release on (a
-        // rebuild half done included) is finished by `cuinterpose resume` from the state file,
-        // for the whole group at once.
-        let released = self.control().release_started
-            || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
-        if released {
-            // Every suspend and checkpoint ends this way (the tool exits, or drops its
-            // connections before CRIU): not a warning, and never on the application's stderr,
-            // whose file CRIU restores only at its recorded size.
-            log_info!(
-                "the tool holding this capture is gone after memory was released ({phase:?}): \
-                 the process stays suspended until `cuinterpose resume`"
-            );
-            return;
-        }
-        log_warn!("the tool holding this capture is gone before anything was released: thawing");
-        if let Err(e) = self.thaw() {
-            log_warn!("cannot thaw after the tool was lost: {e}; `cuinterpose resume` can");
-        }
     }
 }

@@ -30,6 +30,7 @@
 )]
 
 pub mod blockstore;
+pub mod capture;
 pub mod config;
 pub mod contexts;
 pub mod datafile;
@@ -43,11 +44,11 @@ pub mod lease;
 pub mod multicast;
 pub mod owned_alloc;
 pub mod phases;
-mod rebuild;
 pub mod registry;
 pub mod runtime;
 pub mod server;
 mod store;
+pub mod threads;
 pub mod track;
 pub mod unowned;
 

@@ -13,11 +13,10 @@
 //! over the group) is a group-wide check the tool makes on the records (`control::group`); a
 //! process reports the devices IT added, by its local ordinals.
 
+use crate::capture::{PhaseError, check};
 use crate::log::log_warn;
-use crate::phases::{PhaseError, check};
 use crate::registry::multicast::{Binding, McInfo, Target};
 use crate::registry::{Kind, Mapping, UNKNOWN_PROPS, VHandle};
-use crate::runtime::Runtime;
 use crate::track::{Tracked, Tracking};
 use cuda::{CudaError, DriverHandle};
 use cuda_abi::*;
@@ -273,7 +272,7 @@ struct Item {
     mappings: Vec<(u64, Mapping)>,
 }
 
-impl Runtime {
+impl Tracking {
     /// The multicast objects of the process, by handle.
     fn multicast_items(&self) -> Vec<Item> {
         let reg = self.lock();
@@ -301,12 +300,12 @@ impl Runtime {
         for item in self.multicast_items() {
             let id = item.info.id;
             if item.info.creator.is_none() {
-                self.tracking.exports.remove(&id);
+                self.exports.remove(&id);
             }
             for (address, m) in item.mappings.iter().filter(|(_, m)| m.mapped) {
                 check(
                     || format!("multicast mapping at {address:#x}"),
-                    self.tracking.real.mem_unmap(*address, m.size as usize),
+                    self.real.mem_unmap(*address, m.size as usize),
                 )?;
                 self.lock().set_mapped(*address, false);
             }
@@ -317,14 +316,14 @@ impl Runtime {
                 }
                 check(
                     || format!("multicast object {id} on device {}", b.device),
-                    self.tracking.real.multicast_unbind(
+                    self.real.multicast_unbind(
                         real,
                         b.device,
                         b.mc_offset as usize,
                         b.size as usize,
                     ),
                 )?;
-                self.tracking.with_multicast(item.handle, |info| {
+                self.with_multicast(item.handle, |info| {
                     if let Some(b) = info.bindings.get_mut(index) {
                         b.live = false;
                     }
@@ -332,7 +331,7 @@ impl Runtime {
             }
             check(
                 || format!("multicast object {id}"),
-                self.tracking.real.mem_release(real),
+                self.real.mem_release(real),
             )?;
             let mut reg = self.lock();
             reg.set_real(item.handle, None);
@@ -382,17 +381,17 @@ impl Runtime {
                 };
                 let made = check(
                     || format!("multicast object {}", info.id),
-                    self.tracking.real.multicast_create(&prop),
+                    self.real.multicast_create(&prop),
                 )?;
                 (made, true)
             }
         };
-        if info.shared && !self.tracking.exports.contains(&info.id) {
+        if info.shared && !self.exports.contains(&info.id) {
             match check(
                 || format!("multicast object {}", info.id),
-                self.tracking.real.mem_export_fd(real, 0),
+                self.real.mem_export_fd(real, 0),
             ) {
-                Ok(fd) => self.tracking.exports.insert(info.id, fd),
+                Ok(fd) => self.exports.insert(info.id, fd),
                 Err(e) => {
                     if fresh {
                         self.release_unpublished([real]);
@@ -412,12 +411,10 @@ impl Runtime {
             return Ok(());
         };
         let id = item.info.id;
-        let fd = self.tracking.fetch_fd(creator, id)?;
+        let fd = self.fetch_fd(creator, id)?;
         let got = check(
             || format!("multicast object {id} of {creator}"),
-            self.tracking
-                .real
-                .mem_import_fd(std::os::fd::AsFd::as_fd(&fd)),
+            self.real.mem_import_fd(std::os::fd::AsFd::as_fd(&fd)),
         )?;
         drop(fd);
         self.publish(item.handle, got, true);
@@ -444,10 +441,9 @@ impl Runtime {
         for &dev in item.info.devices.iter().skip(item.info.added) {
             check(
                 || format!("multicast object {} on device {dev}", item.info.id),
-                self.tracking.real.multicast_add_device(real, dev),
+                self.real.multicast_add_device(real, dev),
             )?;
-            self.tracking
-                .with_multicast(item.handle, |info| info.added += 1);
+            self.with_multicast(item.handle, |info| info.added += 1);
         }
         Ok(())
     }
@@ -480,30 +476,28 @@ impl Runtime {
                     };
                     let offset = offset as usize;
                     let bound = if b.v2 {
-                        self.tracking.real.multicast_bind_mem_v2(
+                        self.real.multicast_bind_mem_v2(
                             real, b.device, mc_offset, mem, offset, size, b.flags,
                         )
                     } else {
-                        self.tracking
-                            .real
+                        self.real
                             .multicast_bind_mem(real, mc_offset, mem, offset, size, b.flags)
                     };
                     check(what, bound)?;
                 }
                 Target::Address { address } => {
                     let bound = if b.v2 {
-                        self.tracking.real.multicast_bind_addr_v2(
+                        self.real.multicast_bind_addr_v2(
                             real, b.device, mc_offset, address, size, b.flags,
                         )
                     } else {
-                        self.tracking
-                            .real
+                        self.real
                             .multicast_bind_addr(real, mc_offset, address, size, b.flags)
                     };
                     check(what, bound)?;
                 }
             }
-            self.tracking.with_multicast(item.handle, |info| {
+            self.with_multicast(item.handle, |info| {
                 if let Some(b) = info.bindings.get_mut(index) {
                     b.live = true;
                 }
@@ -534,9 +528,7 @@ impl Runtime {
                     || info.added < info.devices.len()
                     || info.bindings.iter().any(|b| !b.live)
                     || item.mappings.iter().any(|(_, m)| !m.mapped)
-                    || (info.creator.is_none()
-                        && info.shared
-                        && !self.tracking.exports.contains(&info.id))
+                    || (info.creator.is_none() && info.shared && !self.exports.contains(&info.id))
             })
             .map(|item| format!("multicast object {}", item.info.id))
             .collect()

@@ -42,126 +42,21 @@
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
 
-use crate::datafile::DataFileError;
+use crate::capture::{Capture, PhaseError, check};
+use crate::drain::Drain;
 use crate::log::{log_debug, log_info, log_warn};
 use crate::registry::{Kind, Mapping, VHandle};
-use crate::runtime::Runtime;
 use crate::store::carrier::Carrier;
 use crate::store::datafile::DataFile as DataFileStore;
-use crate::store::helper::{self, Helper, HelperCopy};
-use crate::track::FetchError;
-use copy::{self, CopyError};
-use cuda::{CudaError, DriverHandle};
+use crate::store::helper::{self, Helper};
+use crate::track::Tracking;
+use cuda::DriverHandle;
 use cuda_abi::*;
 use protocol::message::{CopyStats, DataFile, StreamStats};
 use protocol::record::{AllocationId, Phase};
-use protocol::{ErrorCode, Request, Response};
+use protocol::{Request, Response};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
-
-/// Phase machinery the control worker owns.
-#[derive(Debug, Default)]
-pub struct Control {
-    pub(crate) carrier: copy::Carrier,
-    /// How copies reach the carrier (`CUINTERPOSE_CARRIER` and the staging knobs, from the
-    /// runtime's [`crate::runtime::Config`]).
-    pub(crate) copy: copy::CopyConfig,
-    /// Figures of the last phase that copied, for the log and for benchmarks.
-    pub(crate) last: CopyStats,
-    /// This capture's Release started here (so every creator was sent Release too, and may have
-    /// recreated its allocations since); until the next successful Import or Thaw.
-    pub(crate) release_started: bool,
-    /// Imports whose creator has exited: they cannot be rebuilt, stay unmapped, and do not keep
-    /// Thaw from bringing back the rest (`cuinterpose resume --allow-lost`).
-    pub(crate) lost_imports: std::collections::HashSet<VHandle>,
-    /// The data file this capture's SaveTo wrote (checkpoint to disk), until Thaw: the bytes of
-    /// the allocations it lists are there, not in the carrier (process memory, so a process
-    /// restored by CRIU still knows it).
-    pub(crate) streamed: Option<DataFile>,
-    /// The per-thread stack size of each device's context that Release set to zero, to put back
-    /// at Thaw ([`Runtime::shrink_stacks`]).
-    pub(crate) shrunk_stacks: Vec<(i32, usize)>,
-    /// This cycle's Save went to the carrier helper: Load copies back from it.
-    pub(crate) through_helper: bool,
-    /// The helper's carrier, as a descriptor this process holds from its SaveThroughHelper
-    /// until its Thaw: the pages outlive the helper, and a Load whose helper is gone reads them
-    /// here (`store::helper`).
-    pub(crate) helper_copy: Option<HelperCopy>,
-}
-
-impl Control {
-    pub(crate) fn carrier_poisoned(&self) -> bool {
-        self.carrier.is_poisoned()
-    }
-}
-
-/// Why a phase failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PhaseError {
-    #[error("{request} is not valid in phase {phase:?}")]
-    WrongPhase { request: &'static str, phase: Phase },
-    #[error("{0}")]
-    NotRebuilt(String),
-    #[error("checkpoint is blocked: this process {}", .0.join("; "))]
-    Blocked(Vec<String>),
-    #[error("{inside} tracked calls still in flight after {timeout_ms} ms; not frozen")]
-    Timeout { inside: u32, timeout_ms: u32 },
-    #[error("not drained after {timeout_ms} ms ({}); not frozen", .busy.join("; "))]
-    NotDrained { busy: Vec<String>, timeout_ms: u32 },
-    #[error(
-        "the context of device {device} holds an error of the application's own work ({error})"
-    )]
-    Sticky { device: i32, error: String },
-    #[error("{call} failed for {what}: {result}")]
-    Driver {
-        call: &'static str,
-        what: String,
-        result: CUresult,
-    },
-    #[error(transparent)]
-    Copy(#[from] CopyError),
-    #[error(transparent)]
-    Fetch(#[from] FetchError),
-    #[error(transparent)]
-    DataFile(#[from] DataFileError),
-    #[error("{0}")]
-    Internal(String),
-    /// The carrier helper could not be reached or failed; its message says which.
-    #[error("{0}")]
-    Helper(String),
-}
-
-impl PhaseError {
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            PhaseError::WrongPhase { .. } | PhaseError::NotRebuilt(_) | PhaseError::Blocked(_) => {
-                ErrorCode::WrongPhase
-            }
-            PhaseError::Timeout { .. } | PhaseError::NotDrained { .. } => ErrorCode::Timeout,
-            PhaseError::Sticky { .. } => ErrorCode::Sticky,
-            PhaseError::Driver { .. }
-            | PhaseError::Copy(_)
-            | PhaseError::DataFile(DataFileError::Copy(_)) => ErrorCode::Driver,
-            PhaseError::DataFile(_) => ErrorCode::Internal,
-            PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
-            PhaseError::Fetch(_) => ErrorCode::Peer,
-            PhaseError::Internal(_) => ErrorCode::Internal,
-            PhaseError::Helper(_) => ErrorCode::Peer,
-        }
-    }
-}
-
-/// The phase error of a failed driver call, naming what it was for.
-pub(crate) fn check<T>(
-    what: impl FnOnce() -> String,
-    r: Result<T, CudaError>,
-) -> Result<T, PhaseError> {
-    r.map_err(|e| PhaseError::Driver {
-        call: e.call,
-        what: what(),
-        result: e.result,
-    })
-}
 
 /// One import to rebuild: handle, ID, creator, size, surviving driver handle, unmapped mappings.
 type ImportItem = (
@@ -183,10 +78,16 @@ enum Done {
     Drain(protocol::message::DrainReport),
 }
 
-impl Runtime {
+impl Capture {
     /// Runs one phase request (on the control worker); `file` is the data file that came with
     /// SaveTo or LoadFrom.
-    pub fn run_phase(&self, request: Request, file: Option<std::os::fd::OwnedFd>) -> Response {
+    pub(crate) fn run_phase(
+        &self,
+        t: &Tracking,
+        drain: &Drain,
+        request: Request,
+        file: Option<std::os::fd::OwnedFd>,
+    ) -> Response {
         let start = Instant::now();
         let name = request_name(&request);
         let plain = |r: Result<u64, PhaseError>| r.map(|bytes| Done::Phase(bytes, None));
@@ -198,190 +99,138 @@ impl Runtime {
         };
         let drained = |r: Result<protocol::message::DrainReport, PhaseError>| r.map(Done::Drain);
         let result = match (request, file) {
-            (Request::Freeze { timeout_ms }, _) => plain(self.freeze(timeout_ms)),
-            (Request::Hold, _) => drained(self.hold()),
+            (Request::Freeze { timeout_ms }, _) => plain(self.freeze(t, drain, timeout_ms)),
+            (Request::Hold, _) => drained(drain.hold(t)),
             (Request::Drain { wait_ms }, _) => {
-                drained(self.drain(Duration::from_millis(u64::from(wait_ms))))
+                drained(drain.drain(t, Duration::from_millis(u64::from(wait_ms))))
             }
-            (Request::Admit { count }, _) => drained(self.admit(count)),
-            (Request::Save, _) => copied(self.save(&Carrier {
-                native_follows: true,
-            })),
-            (Request::SaveKeepingContexts, _) => copied(self.save(&Carrier {
-                native_follows: false,
-            })),
+            (Request::Admit { count }, _) => drained(drain.admit(t, count)),
+            (Request::Save, _) => copied(self.save(
+                t,
+                &Carrier {
+                    native_follows: true,
+                },
+            )),
+            (Request::SaveKeepingContexts, _) => copied(self.save(
+                t,
+                &Carrier {
+                    native_follows: false,
+                },
+            )),
             (Request::SaveThroughHelper { native_follows }, _) => {
-                copied(self.save(&Helper { native_follows }))
+                copied(self.save(t, &Helper { native_follows }))
             }
-            (Request::Release, _) => plain(self.release()),
-            (Request::Load, _) => copied(self.load_saved()),
-            (Request::Import, _) => plain(self.import()),
-            (Request::Thaw, _) => plain(self.thaw()),
+            (Request::Release, _) => plain(self.release(t)),
+            (Request::Load, _) => copied(self.load_saved(t)),
+            (Request::Import, _) => plain(self.import(t)),
+            (Request::Thaw, _) => plain(self.thaw(t, drain)),
             (Request::SaveTo { store }, Some(file)) => {
-                streamed(self.save(&DataFileStore::save_to(file.as_fd(), store)))
+                streamed(self.save(t, &DataFileStore::save_to(file.as_fd(), store)))
             }
             (Request::LoadFrom { file: record }, Some(file)) => {
-                streamed(self.load(&DataFileStore::load_from(file.as_fd(), record)))
+                streamed(self.load(t, &DataFileStore::load_from(file.as_fd(), record)))
             }
-            (Request::Multicast(step), _) => plain(self.multicast_step(step)),
+            (Request::Multicast(step), _) => plain(t.multicast_step(step)),
             (other, _) => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request, or came without its descriptor"
             ))),
         };
         let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        match result {
-            Ok(Done::Phase(bytes, stats)) => {
-                let phase = self.lock().phase();
-                log_info!("{name} done: {bytes} bytes in {micros} us, now {phase:?}");
-                Response::PhaseDone {
-                    phase,
-                    bytes,
-                    micros,
-                    stats,
-                }
-            }
-            Ok(Done::Streamed(bytes, stats, file)) => {
-                let phase = self.lock().phase();
-                log_info!(
-                    "{name} done: {bytes} bytes in {micros} us ({} zero bytes elided), now {phase:?}",
-                    stats.zero_bytes
-                );
-                Response::Streamed {
-                    phase,
-                    bytes,
-                    micros,
-                    stats,
-                    file,
-                }
-            }
-            Ok(Done::Drain(report)) => {
-                log_debug!(
-                    "{name}: drained {}, {} waiting",
-                    report.drained,
-                    report.waiting
-                );
-                Response::Drain(report)
-            }
-            Err(e) => {
-                // Not a warning: the tool reports it, naming the process. Written to the
-                // application's stderr by default, it would change a file a checkpoint recorded
-                // (CRIU restores a regular file only at its recorded size), and a restore whose
-                // rebuild failed could not be tried again.
-                log_info!("{name} failed: {e}");
-                Response::Error {
-                    code: e.code(),
-                    message: e.to_string(),
-                }
-            }
-        }
-    }
-
-    /// Figures of the last copying phase.
-    pub fn last_stats(&self) -> CopyStats {
-        self.control().last
+        respond(name, micros, || t.lock().phase(), result)
     }
 
     /// Load: from the store this cycle's Save used (the carrier helper's, or this process's own
     /// carrier).
-    fn load_saved(&self) -> Result<(u64, Option<CopyStats>), PhaseError> {
+    fn load_saved(&self, t: &Tracking) -> Result<(u64, Option<CopyStats>), PhaseError> {
         // Either store's Load takes the same items (their carrier offsets); `native_follows`
         // only matters to a Save.
         if self.control().through_helper {
-            self.load(&Helper {
-                native_follows: true,
-            })
+            self.load(
+                t,
+                &Helper {
+                    native_follows: true,
+                },
+            )
         } else {
-            self.load(&Carrier {
-                native_follows: true,
-            })
+            self.load(
+                t,
+                &Carrier {
+                    native_follows: true,
+                },
+            )
         }
-    }
-
-    pub(crate) fn expect_phase(
-        &self,
-        request: &'static str,
-        allowed: &[Phase],
-    ) -> Result<Phase, PhaseError> {
-        let phase = self.lock().phase();
-        if allowed.contains(&phase) {
-            Ok(phase)
-        } else {
-            Err(PhaseError::WrongPhase { request, phase })
-        }
-    }
-
-    pub(crate) fn set_phase(&self, phase: Phase) {
-        self.lock().phase = Some(phase);
     }
 
     /// Freeze: closes the gates if the tool did not hold them first (a capture of one process),
     /// drains without admitting anything, checks for blockers and marks the process Frozen. Any
     /// failure opens the gates again: nothing was changed.
-    fn freeze(&self, timeout_ms: u32) -> Result<u64, PhaseError> {
-        self.expect_phase("Freeze", &[Phase::Running])?;
-        if !self.gates_closed() {
-            self.hold()?;
+    fn freeze(&self, t: &Tracking, drain: &Drain, timeout_ms: u32) -> Result<u64, PhaseError> {
+        t.expect_phase("Freeze", &[Phase::Running])?;
+        if !drain.gates_closed() {
+            drain.hold(t)?;
         }
-        let frozen = self.drain_to_frozen(timeout_ms);
+        let frozen = self.drain_to_frozen(t, drain, timeout_ms);
         if frozen.is_err() {
-            self.open_gates();
+            drain.open_gates(t);
         }
         frozen
     }
 
-    fn drain_to_frozen(&self, timeout_ms: u32) -> Result<u64, PhaseError> {
+    fn drain_to_frozen(
+        &self,
+        t: &Tracking,
+        drain: &Drain,
+        timeout_ms: u32,
+    ) -> Result<u64, PhaseError> {
         let timeout = Duration::from_millis(u64::from(timeout_ms));
-        let busy = self.drain_until(Instant::now() + timeout)?;
+        let busy = drain.drain_until(t, Instant::now() + timeout)?;
         if !busy.is_empty() {
             return Err(PhaseError::NotDrained { busy, timeout_ms });
         }
-        if let Err(inside) = self.tracking.gate.freeze(timeout) {
+        if let Err(inside) = t.gate.freeze(timeout) {
             return Err(PhaseError::Timeout { inside, timeout_ms });
         }
         // Drained and held, nothing new can appear: a blocker that came after the tool's
         // inspection is caught here, before anything is released.
-        let blockers = self.tracking.blockers();
+        let blockers = t.blockers();
         if !blockers.is_empty() {
             return Err(PhaseError::Blocked(
                 blockers.iter().map(ToString::to_string).collect(),
             ));
         }
-        self.set_phase(Phase::Frozen);
+        t.set_phase(Phase::Frozen);
         Ok(0)
     }
 
     /// Unmaps the live mappings of an object and releases its driver handle, recording each step.
-    fn release_object(&self, handle: VHandle) -> Result<u64, PhaseError> {
+    fn release_object(&self, t: &Tracking, handle: VHandle) -> Result<u64, PhaseError> {
         let (real, size, mappings, id) = {
-            let reg = self.lock();
+            let reg = t.lock();
             let Some(o) = reg.get(handle) else {
                 return Ok(0);
             };
             (o.real, o.size, reg.mappings_of(handle), o.id())
         };
-        if let (Some(id), true) = (id, reg_is_created(self, handle)) {
-            self.tracking.exports.remove(&id);
+        if let (Some(id), true) = (id, reg_is_created(t, handle)) {
+            t.exports.remove(&id);
         }
         for (address, m) in mappings.iter().filter(|(_, m)| m.mapped) {
             check(
                 || format!("mapping at {address:#x}"),
-                self.tracking.real.mem_unmap(*address, m.size as usize),
+                t.real.mem_unmap(*address, m.size as usize),
             )?;
-            self.lock().set_mapped(*address, false);
+            t.lock().set_mapped(*address, false);
         }
         if let Some(real) = real {
-            check(
-                || format!("allocation {id:?}"),
-                self.tracking.real.mem_release(real),
-            )?;
-            self.lock().set_real(handle, None);
+            check(|| format!("allocation {id:?}"), t.real.mem_release(real))?;
+            t.lock().set_real(handle, None);
             return Ok(size);
         }
         Ok(0)
     }
 
-    fn release(&self) -> Result<u64, PhaseError> {
-        self.expect_phase("Release", &[Phase::Saved])?;
+    fn release(&self, t: &Tracking) -> Result<u64, PhaseError> {
+        t.expect_phase("Release", &[Phase::Saved])?;
         let streamed = self.control().streamed.clone();
         let in_file = |id: Option<AllocationId>| {
             streamed
@@ -389,7 +238,7 @@ impl Runtime {
                 .is_some_and(|f| f.extents.iter().any(|e| Some(e.id) == id))
         };
         let (imports, creations) = {
-            let reg = self.lock();
+            let reg = t.lock();
             let mut imports = Vec::new();
             let mut creations = Vec::new();
             for (h, o) in reg.objects() {
@@ -412,12 +261,12 @@ impl Runtime {
             (imports, creations)
         };
         self.control().release_started = true;
-        let mut bytes = self.release_multicasts()?;
+        let mut bytes = t.release_multicasts()?;
         for h in imports.into_iter().chain(creations) {
-            bytes += self.release_object(h)?;
+            bytes += self.release_object(t, h)?;
         }
-        self.shrink_stacks();
-        self.set_phase(Phase::Released);
+        self.shrink_stacks(t);
+        t.set_phase(Phase::Released);
         Ok(bytes)
     }
 
@@ -431,8 +280,8 @@ impl Runtime {
     /// stack again at the next launch that needs more (`cuCtxSetLimit`'s contract); Import puts each
     /// value read here back, so launches after the resume find what they found before. A context
     /// whose limit cannot be read or set keeps its stack (an optimisation, never a failure).
-    fn shrink_stacks(&self) {
-        let devices = self.lock().devices();
+    fn shrink_stacks(&self, t: &Tracking) {
+        let devices = t.lock().devices();
         let mut shrunk = Vec::new();
         for device in devices {
             // Never twice: the value kept is the application's, not the zero set here.
@@ -444,12 +293,12 @@ impl Runtime {
             {
                 continue;
             }
-            let result = copy::enter(&self.tracking.real, device)
+            let result = copy::enter(&t.real, device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     let what = || format!("the stack size of device {device}");
-                    let size = check(what, self.tracking.real.ctx_get_limit(limit::STACK_SIZE))?;
-                    check(what, self.tracking.real.ctx_set_limit(limit::STACK_SIZE, 0))?;
+                    let size = check(what, t.real.ctx_get_limit(limit::STACK_SIZE))?;
+                    check(what, t.real.ctx_set_limit(limit::STACK_SIZE, 0))?;
                     Ok(size)
                 });
             match result {
@@ -462,15 +311,15 @@ impl Runtime {
 
     /// Puts back the stack sizes [`Runtime::shrink_stacks`] set to zero (at the end of Import, and
     /// in Thaw for what a rebuild without Import left).
-    fn restore_stacks(&self) {
+    fn restore_stacks(&self, t: &Tracking) {
         let shrunk = std::mem::take(&mut self.control().shrunk_stacks);
         for (device, size) in shrunk {
-            let result = copy::enter(&self.tracking.real, device)
+            let result = copy::enter(&t.real, device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     check(
                         || format!("the stack size of device {device}"),
-                        self.tracking.real.ctx_set_limit(limit::STACK_SIZE, size),
+                        t.real.ctx_set_limit(limit::STACK_SIZE, size),
                     )
                 });
             if let Err(e) = result {
@@ -479,8 +328,8 @@ impl Runtime {
         }
     }
 
-    fn import(&self) -> Result<u64, PhaseError> {
-        self.expect_phase(
+    fn import(&self, t: &Tracking) -> Result<u64, PhaseError> {
+        t.expect_phase(
             "Import",
             &[Phase::Frozen, Phase::Saved, Phase::Loaded, Phase::Imported],
         )?;
@@ -493,7 +342,7 @@ impl Runtime {
         // hands out its current allocation (the same one if it never released it).
         if self.control().release_started {
             let held: Vec<VHandle> = {
-                let reg = self.lock();
+                let reg = t.lock();
                 let mut v: Vec<VHandle> = reg
                     .objects()
                     .filter(|(_, o)| matches!(o.kind, Kind::Imported { .. }) && o.real.is_some())
@@ -503,11 +352,11 @@ impl Runtime {
                 v
             };
             for handle in held {
-                self.release_object(handle)?;
+                self.release_object(t, handle)?;
             }
         }
         let items: Vec<ImportItem> = {
-            let reg = self.lock();
+            let reg = t.lock();
             let mut v: Vec<_> = reg
                 .objects()
                 .filter_map(|(h, o)| {
@@ -533,7 +382,7 @@ impl Runtime {
             let (real, fresh) = match real {
                 Some(real) => (real, false),
                 None => {
-                    let fd = match self.tracking.fetch_fd(creator, id) {
+                    let fd = match t.fetch_fd(creator, id) {
                         Ok(fd) => fd,
                         Err(e) if creator_exited(creator) => {
                             log_warn!(
@@ -547,22 +396,22 @@ impl Runtime {
                     };
                     let got = check(
                         || format!("allocation {id} of {creator}"),
-                        self.tracking.real.mem_import_fd(fd.as_fd()),
+                        t.real.mem_import_fd(fd.as_fd()),
                     )?;
                     drop(fd);
                     (got, true)
                 }
             };
-            let mapped = match self.map_recorded(real, &unmapped) {
+            let mapped = match t.map_recorded(real, &unmapped) {
                 Ok(m) => m,
                 Err(e) => {
                     if fresh {
-                        self.release_unpublished([real]);
+                        t.release_unpublished([real]);
                     }
                     return Err(e);
                 }
             };
-            let mut reg = self.lock();
+            let mut reg = t.lock();
             reg.set_real(handle, Some(real));
             for address in mapped {
                 reg.set_mapped(address, true);
@@ -575,14 +424,14 @@ impl Runtime {
         // Here, not in Thaw: setting a stack size waits for the device, and once some process of
         // the group is thawed its kernels may spin waiting for this one (measured on r580: a Thaw
         // of 4.9 s in a spin pair). At Import every process of the group is still held.
-        self.restore_stacks();
-        self.set_phase(Phase::Imported);
+        self.restore_stacks(t);
+        t.set_phase(Phase::Imported);
         Ok(bytes)
     }
 
     /// What capture released that is not rebuilt yet.
-    fn not_rebuilt(&self) -> Vec<String> {
-        let reg = self.lock();
+    fn not_rebuilt(&self, t: &Tracking) -> Vec<String> {
+        let reg = t.lock();
         let mut out = Vec::new();
         let lost = self.control().lost_imports.clone();
         for (h, o) in reg.objects() {
@@ -593,7 +442,7 @@ impl Runtime {
             let uncached = match o.kind {
                 Kind::Created {
                     id, shared: true, ..
-                } => !self.tracking.exports.contains(&id),
+                } => !t.exports.contains(&id),
                 _ => false,
             };
             if o.real.is_none() || unmapped > 0 || uncached {
@@ -603,14 +452,14 @@ impl Runtime {
         out
     }
 
-    pub(crate) fn thaw(&self) -> Result<u64, PhaseError> {
-        if self.lock().phase() == Phase::Running {
+    pub(crate) fn thaw(&self, t: &Tracking, drain: &Drain) -> Result<u64, PhaseError> {
+        if t.lock().phase() == Phase::Running {
             // A capture given up after Hold: the gates open, nothing else was touched.
-            self.open_gates();
+            drain.open_gates(t);
             return Ok(0);
         }
-        let mut missing = self.not_rebuilt();
-        missing.extend(self.multicasts_not_rebuilt());
+        let mut missing = self.not_rebuilt(t);
+        missing.extend(t.multicasts_not_rebuilt());
         if !missing.is_empty() {
             return Err(PhaseError::NotRebuilt(format!(
                 "cannot thaw: {} objects released and not rebuilt ({}); send Load, Import and the multicast steps first",
@@ -619,7 +468,7 @@ impl Runtime {
             )));
         }
         {
-            let mut reg = self.lock();
+            let mut reg = t.lock();
             let handles: Vec<VHandle> = reg.objects().map(|(h, _)| h).collect();
             for h in handles {
                 if let Some(o) = reg.get_mut(h) {
@@ -631,7 +480,7 @@ impl Runtime {
         {
             let mut control = self.control();
             if control.copy.release == copy::CarrierRelease::AfterResume
-                && let Err(e) = control.carrier.unpin(&self.tracking.real)
+                && let Err(e) = control.carrier.unpin(&t.real)
             {
                 // The group runs again either way; the carrier stays (poisoned: never unmapped).
                 log_warn!("cannot give the pinned carrier back after resume: {e}");
@@ -644,13 +493,68 @@ impl Runtime {
         if std::mem::take(&mut self.control().through_helper)
             && self.control().copy.release == copy::CarrierRelease::AfterResume
         {
-            helper::forget_carrier(self);
+            helper::forget_carrier(t);
         }
         self.control().release_started = false;
         self.control().lost_imports.clear();
-        self.restore_stacks();
-        self.open_gates();
+        self.restore_stacks(t);
+        drain.open_gates(t);
         Ok(0)
+    }
+}
+
+/// The answer to phase request `name`, which took `micros`, from what it did; `phase` is the
+/// phase the process is in after it.
+fn respond(
+    name: &str,
+    micros: u64,
+    phase: impl Fn() -> Phase,
+    result: Result<Done, PhaseError>,
+) -> Response {
+    match result {
+        Ok(Done::Phase(bytes, stats)) => {
+            let phase = phase();
+            log_info!("{name} done: {bytes} bytes in {micros} us, now {phase:?}");
+            Response::PhaseDone {
+                phase,
+                bytes,
+                micros,
+                stats,
+            }
+        }
+        Ok(Done::Streamed(bytes, stats, file)) => {
+            let phase = phase();
+            log_info!(
+                "{name} done: {bytes} bytes in {micros} us ({} zero bytes elided), now {phase:?}",
+                stats.zero_bytes
+            );
+            Response::Streamed {
+                phase,
+                bytes,
+                micros,
+                stats,
+                file,
+            }
+        }
+        Ok(Done::Drain(report)) => {
+            log_debug!(
+                "{name}: drained {}, {} waiting",
+                report.drained,
+                report.waiting
+            );
+            Response::Drain(report)
+        }
+        Err(e) => {
+            // Not a warning: the tool reports it, naming the process. Written to the
+            // application's stderr by default, it would change a file a checkpoint recorded
+            // (CRIU restores a regular file only at its recorded size), and a restore whose
+            // rebuild failed could not be tried again.
+            log_info!("{name} failed: {e}");
+            Response::Error {
+                code: e.code(),
+                message: e.to_string(),
+            }
+        }
     }
 }
 
@@ -679,8 +583,8 @@ fn own_proc() -> bool {
     std::fs::read_link("/proc/self").is_ok_and(|l| l.to_str() == Some(me.to_string().as_str()))
 }
 
-fn reg_is_created(rt: &Runtime, handle: VHandle) -> bool {
-    rt.lock()
+fn reg_is_created(t: &Tracking, handle: VHandle) -> bool {
+    t.lock()
         .get(handle)
         .is_some_and(|o| matches!(o.kind, Kind::Created { .. }))
 }

@@ -14,23 +14,26 @@
 //! the parent's virtual handles), and it never binds, unlinks or serves the parent's socket.
 
 use crate::Real;
+use crate::capture::Capture;
 use crate::config::{AllocMode, Config, ShimConfig, own_pid_namespace};
 use crate::contexts::Contexts;
+use crate::drain::Drain;
 use crate::log::{log_error, log_info, log_warn};
 use crate::owned_alloc::PointerValue;
-use crate::phases::Control;
 use crate::registry::{Registry, VHandle};
 use crate::track::{ExportTo, FetchError, Tracked, Tracking};
 use crate::unowned::UnownedKind;
 use core::ffi::c_uint;
 use cuda::{DriverHandle, ForeignPtr, VirtualHandle};
 use cuda_abi::*;
+use protocol::message::CopyStats;
 use protocol::record::AllocationId;
 use protocol::ticket::Ticket;
+use protocol::{Request, Response};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
 
 /// Identity reported by HELLO.
 #[derive(Clone, Debug)]
@@ -43,8 +46,11 @@ pub struct Identity {
 pub struct Runtime {
     /// The registry and the tracked calls that keep it (track.rs, multicast.rs).
     pub(crate) tracking: Tracking,
-    /// Phase machinery (carrier); only the control worker uses it.
-    pub(crate) control: Mutex<Control>,
+    /// The capture's state between its phase requests (capture.rs; the phases are phases.rs);
+    /// only the control worker uses it.
+    pub(crate) capture: Capture,
+    /// The drain: the submission gate and the synchronisation of each device (drain.rs).
+    pub(crate) drain: Drain,
     pub(crate) identity: OnceLock<Identity>,
     pub(crate) driver_version: i32,
     pub(crate) connections: AtomicUsize,
@@ -59,11 +65,6 @@ pub struct Runtime {
     pub(crate) ipc: crate::ipc::IpcOpens,
     /// The application's primary context references and peer grants (contexts.rs).
     pub(crate) contexts: Contexts,
-    /// The gate every GPU submission passes (gate.rs): the process's own, or a fresh one per
-    /// runtime in unit tests.
-    pub(crate) submissions: &'static crate::gate::SubmissionGate,
-    /// The drain's state (drain.rs).
-    pub(crate) drainer: crate::drain::Drainer,
     /// Which tool connection holds the capture (lease.rs), and the numbering of connections.
     pub(crate) lease: crate::lease::Lease,
     pub(crate) next_connection: std::sync::atomic::AtomicU64,
@@ -77,10 +78,8 @@ impl Runtime {
         let copy = config.copy;
         Arc::new(Runtime {
             tracking: Tracking::new(real, config),
-            control: Mutex::new(Control {
-                copy,
-                ..Control::default()
-            }),
+            capture: Capture::new(copy),
+            drain: Drain::new(submission_gate()),
             identity: OnceLock::new(),
             driver_version: version,
             connections: AtomicUsize::new(0),
@@ -89,8 +88,6 @@ impl Runtime {
             unowned: crate::unowned::UnownedAllocs::default(),
             ipc: crate::ipc::IpcOpens::default(),
             contexts: Contexts::default(),
-            submissions: submission_gate(),
-            drainer: crate::drain::Drainer::default(),
             lease: crate::lease::Lease::default(),
             next_connection: std::sync::atomic::AtomicU64::new(1),
         })
@@ -101,8 +98,16 @@ impl Runtime {
         self.tracking.lock()
     }
 
-    pub(crate) fn control(&self) -> MutexGuard<'_, Control> {
-        self.control.lock().unwrap_or_else(|e| e.into_inner())
+    /// Runs one phase request (on the control worker); `file` is the data file that came with
+    /// SaveTo or LoadFrom.
+    pub fn run_phase(&self, request: Request, file: Option<OwnedFd>) -> Response {
+        self.capture
+            .run_phase(&self.tracking, &self.drain, request, file)
+    }
+
+    /// Figures of the last copying phase.
+    pub fn last_stats(&self) -> CopyStats {
+        self.capture.last_stats()
     }
 
     pub fn config(&self) -> &Config {
@@ -119,7 +124,7 @@ impl Runtime {
                 .blockers
                 .push(protocol::Blocker::UngatedSubmission { entry, count });
         }
-        let gate = self.submissions.state();
+        let gate = self.drain.submissions().state();
         record.gate = protocol::GateRecord {
             closed: gate.closed,
             waiting: gate.waiting,

@@ -25,7 +25,8 @@
 
 use crate::log::{log_debug, log_info, log_warn};
 use crate::runtime::{Identity, Runtime};
-use protocol::record::AllocationId;
+use crate::threads::spawn_quiet;
+use protocol::record::{AllocationId, Phase};
 use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -71,29 +72,6 @@ enum Work {
     },
     /// The connection holding the capture ended (lease.rs).
     LeaseLost,
-}
-
-/// Spawns a thread with every signal blocked (the mask is inherited, so no signal can reach the
-/// thread before it runs).
-pub(crate) fn spawn_quiet<F>(name: &str, f: F) -> io::Result<std::thread::JoinHandle<()>>
-where
-    F: FnOnce() + Send + 'static,
-{
-    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
-    let mut old = SigSet::empty();
-    // Affects only this thread; the caller's mask is restored below.
-    if let Err(e) = pthread_sigmask(
-        SigmaskHow::SIG_SETMASK,
-        Some(&SigSet::all()),
-        Some(&mut old),
-    ) {
-        return Err(io::Error::from_raw_os_error(e as i32));
-    }
-    let spawned = std::thread::Builder::new().name(name.into()).spawn(f);
-    if let Err(e) = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None) {
-        log_warn!("cannot restore the signal mask after starting {name}: {e}");
-    }
-    spawned
 }
 
 /// The file mapped at `address` in this process (`/proc/self/maps`: what `dladdr` would name,
@@ -168,13 +146,13 @@ impl Runtime {
 
     pub fn hello(&self) -> HelloReply {
         let (carrier_pinned_bytes, carrier_helper) = {
-            let control = self.control();
+            let control = self.capture.control();
             (
                 control.carrier.pinned() as u64,
                 control
                     .helper_copy
                     .as_ref()
-                    .map(crate::store::helper::HelperCopy::hold),
+                    .map(crate::capture::HelperCopy::hold),
             )
         };
         HelloReply {
@@ -467,4 +445,40 @@ fn refuse(mut conn: Connection, message: String) {
         },
         None,
     );
+}
+
+/// The capture lease (lease.rs) as the server keeps it: a capture is undone when its tool goes.
+impl Runtime {
+    /// Whether this process is inside a capture: gates closed, or a phase other than Running.
+    pub(crate) fn in_capture(&self) -> bool {
+        self.drain.gates_closed() || self.lock().phase() != Phase::Running
+    }
+
+    /// The tool that held this capture is gone (module docs): undo a capture that released
+    /// nothing; keep one that did for `cuinterpose resume`.
+    pub(crate) fn lease_lost(&self) {
+        if !self.in_capture() {
+            return;
+        }
+        let phase = self.lock().phase();
+        // Only a capture that never reached Release is undone here; anything from Release on (a
+        // rebuild half done included) is finished by `cuinterpose resume` from the state file,
+        // for the whole group at once.
+        let released = self.capture.control().release_started
+            || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
+        if released {
+            // Every suspend and checkpoint ends this way (the tool exits, or drops its
+            // connections before CRIU): not a warning, and never on the application's stderr,
+            // whose file CRIU restores only at its recorded size.
+            log_info!(
+                "the tool holding this capture is gone after memory was released ({phase:?}): \
+                 the process stays suspended until `cuinterpose resume`"
+            );
+            return;
+        }
+        log_warn!("the tool holding this capture is gone before anything was released: thawing");
+        if let Err(e) = self.capture.thaw(&self.tracking, &self.drain) {
+            log_warn!("cannot thaw after the tool was lost: {e}; `cuinterpose resume` can");
+        }
+    }
 }

@@ -1186,7 +1186,7 @@ fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
     let g = build_group(dir.path(), 2);
     let policies = [CarrierRelease::Never, CarrierRelease::AfterResume];
     for (p, release) in g.procs.iter().zip(policies) {
-        p.rt.control().copy = CopyConfig {
+        p.rt.capture.control().copy = CopyConfig {
             carrier: CarrierPolicy::Always(CarrierMode::Pinned),
             release,
             ..CopyConfig::default()
@@ -1199,7 +1199,7 @@ fn pinned_carriers_are_kept_or_given_back_by_the_release_policy() {
         suspend_and_resume(&g);
         check_contents(&g);
         for (i, (p, release)) in g.procs.iter().zip(policies).enumerate() {
-            let control = p.rt.control();
+            let control = p.rt.capture.control();
             assert_eq!(control.last.mode, CarrierMode::Pinned, "cycle {cycle}");
             assert_eq!(control.last.staged_fallbacks, 0);
             // Load's statistics are the last; the carrier of cycle 0 is the one used again.
@@ -1228,7 +1228,7 @@ fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
     let dir = tempfile::tempdir().unwrap();
     let g = build_group(dir.path(), 2);
     for p in &g.procs {
-        assert_eq!(p.rt.control().copy.carrier, CarrierPolicy::Auto);
+        assert_eq!(p.rt.capture.control().copy.carrier, CarrierPolicy::Auto);
     }
     let shared = 10 << 20;
     let cycles = [
@@ -1241,7 +1241,7 @@ fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
         cycle_with(&g, save);
         check_contents(&g);
         for p in &g.procs {
-            let control = p.rt.control();
+            let control = p.rt.capture.control();
             // Load's statistics are the last: it copied in the mode Save chose.
             assert_eq!(control.last.mode, mode, "cycle {cycle}");
             assert_eq!(control.last.staged_fallbacks, 0, "cycle {cycle}");
@@ -1266,7 +1266,7 @@ fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
     write(va, &bytes);
     let imported = q.import(&p.export(h)).unwrap();
     let qva = q.map_new(imported, 4 * MB2, 0);
-    p.rt.control().copy = CopyConfig {
+    p.rt.capture.control().copy = CopyConfig {
         carrier: CarrierPolicy::Always(CarrierMode::Pinned),
         ..CopyConfig::default()
     };
@@ -1278,7 +1278,7 @@ fn a_pinned_carrier_whose_registration_is_refused_copies_staged() {
     for _ in 0..2 {
         suspend_and_resume(&g);
         check_contents(&g);
-        let control = g.procs[0].rt.control();
+        let control = g.procs[0].rt.capture.control();
         assert_eq!(control.last.mode, CarrierMode::Staged);
         assert_eq!(control.carrier.pinned(), 0);
     }
@@ -1720,7 +1720,7 @@ fn the_context_stack_is_given_back_from_release_to_thaw() {
         );
         check_contents(&g);
     }
-    assert!(p.rt.control().shrunk_stacks.is_empty());
+    assert!(p.rt.capture.control().shrunk_stacks.is_empty());
 }
 
 fn drain_report(response: Response) -> protocol::message::DrainReport {

@@ -2,11 +2,11 @@
 //! at Save and drained at Load by the copy engine in the mode `CUINTERPOSE_CARRIER` chose.
 //! Each allocation's place is its offset in the carrier, kept in its record until Thaw.
 
+use super::rebuild::LoadItem;
 use super::{ByteStore, Mapped, SaveItem};
+use crate::capture::{Capture, PhaseError};
 use crate::log::log_debug;
-use crate::phases::PhaseError;
-use crate::rebuild::LoadItem;
-use crate::runtime::Runtime;
+use crate::track::Tracking;
 use copy::{Direction, Unit};
 use protocol::message::CopyStats;
 use std::time::Duration;
@@ -25,20 +25,23 @@ impl ByteStore for Carrier {
     const SAVE: &'static str = "Save";
     const LOAD: &'static str = "Load";
 
-    fn save(&self, rt: &Runtime, items: Vec<SaveItem>) -> Result<Self::Outcome, PhaseError> {
+    fn save(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        items: Vec<SaveItem>,
+    ) -> Result<Self::Outcome, PhaseError> {
         let total: usize = items.iter().map(|i| i.size).sum();
         // The carrier is registered through the context of the first allocation's device.
         let pin_device = items.first().map_or(0, |i| i.device);
         let carrier = {
-            let mut control = rt.control();
+            let mut control = c.control();
             let pinned = control.carrier.pinned() > 0;
             if control.copy.carrier.pins(self.native_follows, pinned) {
-                let (took, reused, _pinned) = control.carrier.ensure_pinned(
-                    &rt.tracking.real,
-                    total,
-                    copy::PIN_PIECE,
-                    pin_device,
-                )?;
+                let (took, reused, _pinned) =
+                    control
+                        .carrier
+                        .ensure_pinned(&t.real, total, copy::PIN_PIECE, pin_device)?;
                 (took, reused)
             } else {
                 control.carrier.ensure(total)?
@@ -50,19 +53,19 @@ impl ByteStore for Carrier {
             offsets.push(offset);
             offset += item.size as u64;
         }
-        let work = rt.map_for_copy(&items, &offsets)?;
-        let copied = copy_through(rt, &work, Direction::ToHost);
-        rt.unmap_after_copy(work, self.in_doubt(rt));
+        let work = t.map_for_copy(&items, &offsets)?;
+        let copied = copy_through(t, c, &work, Direction::ToHost);
+        t.unmap_after_copy(work, self.in_doubt(c));
         let stats = copied?;
         {
-            let mut reg = rt.lock();
+            let mut reg = t.lock();
             for (item, offset) in items.iter().zip(offsets) {
                 if let Some(o) = reg.get_mut(item.handle) {
                     o.carrier = Some(offset);
                 }
             }
         }
-        let recorded = record(rt, stats.report(carrier));
+        let recorded = record(c, stats.report(carrier));
         Ok((stats.bytes, Some(recorded)))
     }
 
@@ -70,20 +73,25 @@ impl ByteStore for Carrier {
         item.carrier
     }
 
-    fn fill(&self, rt: &Runtime, work: &[Mapped<'_, u64>]) -> Result<copy::CopyStats, PhaseError> {
-        copy_through(rt, work, Direction::ToDevice)
+    fn fill(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        work: &[Mapped<'_, u64>],
+    ) -> Result<copy::CopyStats, PhaseError> {
+        copy_through(t, c, work, Direction::ToDevice)
     }
 
-    fn in_doubt(&self, rt: &Runtime) -> bool {
-        rt.control().carrier_poisoned()
+    fn in_doubt(&self, c: &Capture) -> bool {
+        c.control().carrier_poisoned()
     }
 
-    fn loaded(&self, rt: &Runtime, rebuilt: Option<(u64, copy::CopyStats)>) -> Self::Outcome {
+    fn loaded(&self, c: &Capture, rebuilt: Option<(u64, copy::CopyStats)>) -> Self::Outcome {
         match rebuilt {
             None => (0, None),
             Some((loaded, stats)) => (
                 loaded,
-                Some(record(rt, stats.report((Duration::ZERO, false)))),
+                Some(record(c, stats.report((Duration::ZERO, false)))),
             ),
         }
     }
@@ -93,12 +101,13 @@ impl ByteStore for Carrier {
 /// confirmed finished poisons the carrier (fail-stop on this data: the mappings and the carrier
 /// may still be read or written), which [`Carrier::in_doubt`] then reports.
 fn copy_through(
-    rt: &Runtime,
+    t: &Tracking,
+    c: &Capture,
     work: &[Mapped<'_, u64>],
     dir: Direction,
 ) -> Result<copy::CopyStats, PhaseError> {
     let (base, config, pinned) = {
-        let control = rt.control();
+        let control = c.control();
         (
             control.carrier.base(),
             control.copy,
@@ -119,9 +128,9 @@ fn copy_through(
     // Pinned only where the whole range is: a refused pinning (logged once by the carrier)
     // copies staged.
     let mode = config.carrier.mode(needed, pinned);
-    let (stats, error) = copy::copy_all(&rt.tracking.real, units, dir, mode, config.chunk);
+    let (stats, error) = copy::copy_all(&t.real, units, dir, mode, config.chunk);
     if stats.dma_uncertain {
-        rt.control().carrier.poison();
+        c.control().carrier.poison();
     }
     match error {
         Some(e) => Err(e.into()),
@@ -130,7 +139,7 @@ fn copy_through(
 }
 
 /// Keeps and logs a copying phase's figures (the carrier's and the helper's).
-pub(crate) fn record(rt: &Runtime, last: CopyStats) -> CopyStats {
+pub(crate) fn record(c: &Capture, last: CopyStats) -> CopyStats {
     log_debug!(
         "copied {} bytes {:?} with {} threads: carrier {} us (reused {}), pinning {} us, \
          copies {} us, {} staged fallbacks",
@@ -143,6 +152,6 @@ pub(crate) fn record(rt: &Runtime, last: CopyStats) -> CopyStats {
         last.copy_micros,
         last.staged_fallbacks
     );
-    rt.control().last = last;
+    c.control().last = last;
     last
 }

@@ -2,14 +2,14 @@
 //! checkpoint directory and passed with SaveTo or LoadFrom; [`crate::datafile`] streams the bytes.
 //! Each allocation's place is its extent of the file ([`layout`]).
 //!
-//! State ([`crate::phases::Control::streamed`]): the record of the file this capture's SaveTo
+//! State ([`crate::capture::Control::streamed`]): the record of the file this capture's SaveTo
 //! wrote, until Thaw; LoadFrom reads only that file.
 
+use super::rebuild::LoadItem;
 use super::{ByteStore, Mapped, SaveItem};
+use crate::capture::{Capture, PhaseError};
 use crate::datafile::{DataFileError, Region, layout, read, read_blocks, write, write_blocks};
-use crate::phases::PhaseError;
-use crate::rebuild::LoadItem;
-use crate::runtime::Runtime;
+use crate::track::Tracking;
 use protocol::message::{DataFile as Record, Extent, StreamStats};
 use protocol::record::AllocationId;
 use std::os::fd::BorrowedFd;
@@ -52,26 +52,31 @@ impl ByteStore for DataFile<'_> {
     const SAVE: &'static str = "SaveTo";
     const LOAD: &'static str = "LoadFrom";
 
-    fn save(&self, rt: &Runtime, items: Vec<SaveItem>) -> Result<Self::Outcome, PhaseError> {
+    fn save(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        items: Vec<SaveItem>,
+    ) -> Result<Self::Outcome, PhaseError> {
         let sizes: Vec<(AllocationId, u64)> = items.iter().map(|i| (i.id, i.size as u64)).collect();
         let (extents, length) = layout(&sizes);
-        let work = rt.map_for_copy(&items, &extents)?;
+        let work = t.map_for_copy(&items, &extents)?;
         let regions = regions_of(&work);
         // Synchronous copies only: when `write` returns no copy can touch the mappings.
         let written = if self.blocks {
-            write_blocks(&rt.tracking.real, self.file, &regions, length)
+            write_blocks(&t.real, self.file, &regions, length)
         } else {
-            write(&rt.tracking.real, self.file, &regions, length)
+            write(&t.real, self.file, &regions, length)
         };
-        rt.unmap_after_copy(work, false);
+        t.unmap_after_copy(work, false);
         let (record, stats) = written?;
         let bytes = record.extents.iter().map(|e| e.size).sum();
-        rt.control().streamed = Some(record.clone());
+        c.control().streamed = Some(record.clone());
         Ok((bytes, stats, record))
     }
 
-    fn check_load(&self, rt: &Runtime) -> Result<(), PhaseError> {
-        let ours = rt.control().streamed.clone();
+    fn check_load(&self, c: &Capture) -> Result<(), PhaseError> {
+        let ours = c.control().streamed.clone();
         let why = match ours {
             Some(ours) if ours == self.record => return Ok(()),
             Some(_) => "it differs from the one this process wrote in this capture",
@@ -88,22 +93,27 @@ impl ByteStore for DataFile<'_> {
             .copied()
     }
 
-    fn fill(&self, rt: &Runtime, work: &[Mapped<'_, Extent>]) -> Result<StreamStats, PhaseError> {
+    fn fill(
+        &self,
+        t: &Tracking,
+        _c: &Capture,
+        work: &[Mapped<'_, Extent>],
+    ) -> Result<StreamStats, PhaseError> {
         let regions = regions_of(work);
         let read = if self.blocks {
-            read_blocks(&rt.tracking.real, self.file, &regions, &self.record)
+            read_blocks(&t.real, self.file, &regions, &self.record)
         } else {
-            read(&rt.tracking.real, self.file, &regions, &self.record)
+            read(&t.real, self.file, &regions, &self.record)
         };
         read.map_err(PhaseError::from)
     }
 
     /// Synchronous copies and a synchronised context: nothing touches the mappings after a fill.
-    fn in_doubt(&self, _rt: &Runtime) -> bool {
+    fn in_doubt(&self, _c: &Capture) -> bool {
         false
     }
 
-    fn loaded(&self, _rt: &Runtime, rebuilt: Option<(u64, StreamStats)>) -> Self::Outcome {
+    fn loaded(&self, _c: &Capture, rebuilt: Option<(u64, StreamStats)>) -> Self::Outcome {
         let (bytes, stats) = rebuilt.unwrap_or_default();
         (bytes, stats, self.record.clone())
     }

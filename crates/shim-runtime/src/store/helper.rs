@@ -4,16 +4,16 @@
 //! (SaveThroughHelper, and the Load after it). Each allocation's place is its offset in that
 //! carrier, kept in its record until Thaw.
 //!
-//! State ([`crate::phases::Control`]): whether this cycle saved here (`through_helper`, so Load
+//! State ([`crate::capture::Control`]): whether this cycle saved here (`through_helper`, so Load
 //! reads here) and this process's own descriptor of the helper's carrier (`helper_copy`), from
 //! which Load reads when the helper is gone.
 
 use super::carrier::{self, record};
+use super::rebuild::LoadItem;
 use super::{ByteStore, Mapped, SaveItem};
+use crate::capture::{Capture, HelperCopy, PhaseError, check};
 use crate::log::{log_info, log_warn};
-use crate::phases::{PhaseError, check};
-use crate::rebuild::LoadItem;
-use crate::runtime::Runtime;
+use crate::track::Tracking;
 use copy::{CarrierMode, CarrierView, Direction, Unit};
 use cuda::DriverHandle;
 use cuda_abi::handle_type;
@@ -39,12 +39,16 @@ impl ByteStore for Helper {
     /// Every allocation Save would copy is exported to the helper, which copies it into this
     /// process's carrier there. A creation that cannot be exported (made without a shareable
     /// handle type) makes the cycle save into this process's own carrier instead, logged.
-    fn save(&self, rt: &Runtime, items: Vec<SaveItem>) -> Result<Self::Outcome, PhaseError> {
-        if let Some(private) = items.iter().find(|i| {
-            !rt.lock()
-                .get(i.handle)
-                .is_some_and(|o| exportable(&o.props))
-        }) {
+    fn save(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        items: Vec<SaveItem>,
+    ) -> Result<Self::Outcome, PhaseError> {
+        if let Some(private) = items
+            .iter()
+            .find(|i| !t.lock().get(i.handle).is_some_and(|o| exportable(&o.props)))
+        {
             log_info!(
                 "allocation {} has no shareable handle type: this cycle saves into the \
                  process's own carrier",
@@ -53,12 +57,12 @@ impl ByteStore for Helper {
             let own = carrier::Carrier {
                 native_follows: self.native_follows,
             };
-            return own.save(rt, items);
+            return own.save(t, c, items);
         }
         if items.is_empty() {
             // Nothing of this process's goes to the helper (it only imports): saved, with no
             // carrier there to hand over, and a Load with nothing to fill.
-            let mut control = rt.control();
+            let mut control = c.control();
             control.through_helper = true;
             control.helper_copy = None;
             return Ok((0, None));
@@ -71,7 +75,7 @@ impl ByteStore for Helper {
         }
         // Saved only once the helper has handed over its carrier: from then on the bytes
         // outlive the helper (docs/design.md, "The carrier helper's death").
-        let (stats, shared) = helper_copy(rt, &allocations, true, offset)?;
+        let (stats, shared) = helper_copy(t, &allocations, true, offset)?;
         let Some((fd, length, helper_pid)) = shared else {
             return Err(PhaseError::Internal(
                 "the carrier helper handed over no carrier".into(),
@@ -84,7 +88,7 @@ impl ByteStore for Helper {
             )));
         }
         {
-            let mut reg = rt.lock();
+            let mut reg = t.lock();
             for (item, (.., offset)) in items.iter().zip(&allocations) {
                 if let Some(o) = reg.get_mut(item.handle) {
                     o.carrier = Some(*offset);
@@ -92,7 +96,7 @@ impl ByteStore for Helper {
             }
         }
         {
-            let mut control = rt.control();
+            let mut control = c.control();
             control.through_helper = true;
             control.helper_copy = Some(HelperCopy {
                 fd,
@@ -102,7 +106,7 @@ impl ByteStore for Helper {
                 bytes: offset,
             });
         }
-        Ok((stats.bytes, Some(record(rt, stats))))
+        Ok((stats.bytes, Some(record(c, stats))))
     }
 
     fn place(&self, item: &LoadItem) -> Option<u64> {
@@ -111,7 +115,12 @@ impl ByteStore for Helper {
 
     /// The fresh allocations, exported, are filled by the helper; when it is gone, from this
     /// process's own copy of its carrier ([`load_from_own_copy`]).
-    fn fill(&self, rt: &Runtime, work: &[Mapped<'_, u64>]) -> Result<CopyStats, PhaseError> {
+    fn fill(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        work: &[Mapped<'_, u64>],
+    ) -> Result<CopyStats, PhaseError> {
         if work.is_empty() {
             // Nothing to fill (a Load sent again after its fills were done): the helper, alive
             // or not, is not needed.
@@ -121,12 +130,12 @@ impl ByteStore for Helper {
         let mut retained = Vec::with_capacity(work.len());
         let mut result = Ok(());
         for (map, device, offset) in work {
-            let got = copy::enter(&rt.tracking.real, *device)
+            let got = copy::enter(&t.real, *device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| {
                     check(
                         || format!("the allocation at {:#x}", map.va()),
-                        rt.tracking.real.mem_retain_allocation_handle(map.va()),
+                        t.real.mem_retain_allocation_handle(map.va()),
                     )
                 });
             match got {
@@ -140,52 +149,26 @@ impl ByteStore for Helper {
                 }
             }
         }
-        let copied = result.and_then(|()| match helper_copy(rt, &allocations, false, 0) {
+        let copied = result.and_then(|()| match helper_copy(t, &allocations, false, 0) {
             Ok((stats, _)) => Ok(stats),
-            Err(HelperFailure::Gone(why)) => load_from_own_copy(rt, work, &why),
+            Err(HelperFailure::Gone(why)) => load_from_own_copy(t, c, work, &why),
             Err(HelperFailure::Failed(e)) => Err(e),
         });
-        rt.release_unpublished(retained);
+        t.release_unpublished(retained);
         copied
     }
 
     /// The helper's copies are confirmed before it answers, or it poisoned its own carrier and
     /// kept the mappings: ours may be released either way, unless a load from this process's
     /// own copy could not confirm its copies.
-    fn in_doubt(&self, rt: &Runtime) -> bool {
-        rt.control().carrier_poisoned()
+    fn in_doubt(&self, c: &Capture) -> bool {
+        c.control().carrier_poisoned()
     }
 
-    fn loaded(&self, rt: &Runtime, rebuilt: Option<(u64, CopyStats)>) -> Self::Outcome {
+    fn loaded(&self, c: &Capture, rebuilt: Option<(u64, CopyStats)>) -> Self::Outcome {
         rebuilt.map_or((0, None), |(loaded, stats)| {
-            (loaded, Some(record(rt, stats)))
+            (loaded, Some(record(c, stats)))
         })
-    }
-}
-
-/// What a process holds of its bytes saved through the carrier helper ([`Control::helper_copy`]).
-#[derive(Debug)]
-pub(crate) struct HelperCopy {
-    /// The helper's carrier (a memfd), shared with it.
-    pub(crate) fd: std::os::fd::OwnedFd,
-    /// Its length when it was handed over.
-    pub(crate) length: u64,
-    /// The helper's pid as it reported it.
-    pub(crate) helper_pid: u32,
-    /// Allocations saved there this cycle, and their bytes.
-    pub(crate) allocations: u64,
-    pub(crate) bytes: u64,
-}
-
-impl HelperCopy {
-    /// What `inspect` shows of it ([`protocol::message::HelloReply::carrier_helper`]).
-    pub(crate) fn hold(&self) -> protocol::message::HelperHold {
-        protocol::message::HelperHold {
-            helper_pid: self.helper_pid,
-            allocations: self.allocations,
-            bytes: self.bytes,
-            held_bytes: self.length,
-        }
     }
 }
 
@@ -242,8 +225,8 @@ fn exportable(props: &protocol::record::AllocationProps) -> bool {
 /// Has the carrier helper give this process's carrier back (after a resume, under
 /// `CUINTERPOSE_CARRIER_RELEASE=after-resume`); a failure is logged (the helper gives it
 /// back anyway when this process exits).
-pub(crate) fn forget_carrier(rt: &Runtime) {
-    let socket = helper_socket(rt);
+pub(crate) fn forget_carrier(t: &Tracking) {
+    let socket = helper_socket(t);
     let forgot = transport::Connection::connect(&socket, HELPER_TIMEOUT)
         .and_then(|mut c| c.call(&Request::CarrierForget));
     match forgot {
@@ -256,23 +239,20 @@ pub(crate) fn forget_carrier(rt: &Runtime) {
 }
 
 /// The carrier helper's socket (in this process's control directory).
-fn helper_socket(rt: &Runtime) -> std::path::PathBuf {
-    rt.tracking
-        .config
-        .control_dir
-        .join(copy::carrier_helper::SOCKET_NAME)
+fn helper_socket(t: &Tracking) -> std::path::PathBuf {
+    t.config.control_dir.join(copy::carrier_helper::SOCKET_NAME)
 }
 
 /// Sends `allocations` (driver handle, size, device, offset in the carrier) to the carrier
 /// helper and has it copy them into (`to_host`) or out of this process's carrier there.
 /// After a copy into it, the helper hands over its carrier ([`Request::CarrierShare`]).
 fn helper_copy(
-    rt: &Runtime,
+    t: &Tracking,
     allocations: &[(DriverHandle, usize, i32, u64)],
     to_host: bool,
     total: u64,
 ) -> Result<(CopyStats, Option<HandedCarrier>), HelperFailure> {
-    let socket = helper_socket(rt);
+    let socket = helper_socket(t);
     let transport_error = |e: transport::TransportError| {
         let message = format!("carrier helper at {}: {e}", socket.display());
         if helper_gone(&e) {
@@ -302,15 +282,14 @@ fn helper_copy(
     for &(real, size, device, offset) in allocations {
         let uuid = check(
             || format!("device {device}"),
-            rt.tracking
-                .real
+            t.real
                 .device_get(device)
-                .and_then(|d| rt.tracking.real.device_uuid(d)),
+                .and_then(|d| t.real.device_uuid(d)),
         )
         .map_err(HelperFailure::Failed)?;
         let fd = check(
             || format!("an allocation of {size} bytes"),
-            rt.tracking.real.mem_export_fd(real, 0),
+            t.real.mem_export_fd(real, 0),
         )
         .map_err(HelperFailure::Failed)?;
         let request = Request::CarrierItem {
@@ -354,7 +333,8 @@ fn helper_copy(
 /// helper's carrier ([`Control::helper_copy`]), mapped read-only and copied staged (nothing
 /// is pinned in the application). Where it holds none, says exactly what is lost.
 fn load_from_own_copy(
-    rt: &Runtime,
+    t: &Tracking,
+    c: &Capture,
     work: &[Mapped<'_, u64>],
     why: &str,
 ) -> Result<CopyStats, PhaseError> {
@@ -364,7 +344,7 @@ fn load_from_own_copy(
         .max()
         .unwrap_or(0);
     let (fd, chunk) = {
-        let control = rt.control();
+        let control = c.control();
         let fd = match &control.helper_copy {
             Some(own) => own.fd.try_clone().map_err(|e| {
                 PhaseError::Helper(format!("{why}; this process's copy of its carrier: {e}"))
@@ -398,7 +378,7 @@ fn load_from_own_copy(
         ));
     }
     let (stats, error) = copy::copy_all(
-        &rt.tracking.real,
+        &t.real,
         units,
         Direction::ToDevice,
         CarrierMode::Staged,
@@ -406,7 +386,7 @@ fn load_from_own_copy(
     );
     if stats.dma_uncertain {
         // Fail-stop, as `copy_through`: the fresh allocations may still be written.
-        rt.control().carrier.poison();
+        c.control().carrier.poison();
     }
     match error {
         Some(e) => Err(e.into()),

@@ -8,33 +8,34 @@
 //! - [`datafile::DataFile`]: a data file or a block store the tool opened in the checkpoint
 //!   directory, streamed by [`crate::datafile`] (SaveTo, LoadFrom).
 //!
-//! [`Runtime::save`] and [`Runtime::load`] run the two phases over any store, and what every
-//! store shares is written here once: which allocations are saved ([`Runtime::save_items`]),
+//! [`Capture::save`] and [`Capture::load`] run the two phases over any store, and what every
+//! store shares is written here once: which allocations are saved ([`Tracking::save_items`]),
 //! mapping them temporarily under their device's context with the maps dropped again on an error
-//! ([`Runtime::map_for_copy`]), and after a copy dropping the maps, or keeping them while a copy
-//! may still run ([`Runtime::unmap_after_copy`]). Load's fresh allocations are made and mapped by
-//! [`crate::rebuild`]. A store says where each allocation goes, moves the bytes and records what
+//! ([`Tracking::map_for_copy`]), and after a copy dropping the maps, or keeping them while a copy
+//! may still run ([`Tracking::unmap_after_copy`]). Load's fresh allocations are made and mapped by
+//! [`rebuild`]. A store says where each allocation goes, moves the bytes and records what
 //! Load will need.
 //!
-//! State: none of its own here; the stores keep theirs in [`crate::phases::Control`] (the
+//! State: none of its own here; the stores keep theirs in [`crate::capture::Control`] (the
 //! carrier, what the helper handed over, the data file's record) and the carrier offsets in the
 //! registry's records.
 
 pub(crate) mod carrier;
 pub(crate) mod datafile;
 pub(crate) mod helper;
+pub(crate) mod rebuild;
 
+use crate::capture::{Capture, PhaseError, check};
 use crate::log::log_warn;
-use crate::phases::{PhaseError, check};
-use crate::rebuild::LoadItem;
 use crate::registry::VHandle;
-use crate::runtime::Runtime;
+use crate::track::Tracking;
 use cuda::DriverHandle;
 use cuda_abi::{CUmemAccessDesc, CUmemLocation, access_flags, location_type};
 use protocol::record::{AllocationId, Phase};
+use rebuild::LoadItem;
 
 /// A shim-owned mapping of a whole allocation, for copying: unmapped and its range freed on
-/// drop, which happens under the device's context ([`Runtime::unmap_after_copy`]), or leaked
+/// drop, which happens under the device's context ([`Tracking::unmap_after_copy`]), or leaked
 /// while a copy may still use it.
 pub(crate) type TempMap<'a> = cuda::owned::Mapping<'a>;
 
@@ -67,10 +68,15 @@ pub(crate) trait ByteStore {
 
     /// Copies `items` (every allocation this process created, in handle order) into the store
     /// and records where each went. The phase becomes Saved when it succeeds.
-    fn save(&self, rt: &Runtime, items: Vec<SaveItem>) -> Result<Self::Outcome, PhaseError>;
+    fn save(
+        &self,
+        t: &Tracking,
+        c: &Capture,
+        items: Vec<SaveItem>,
+    ) -> Result<Self::Outcome, PhaseError>;
 
     /// Refuses a Load that must not read this store, before anything changes.
-    fn check_load(&self, _rt: &Runtime) -> Result<(), PhaseError> {
+    fn check_load(&self, _c: &Capture) -> Result<(), PhaseError> {
         Ok(())
     }
 
@@ -80,45 +86,57 @@ pub(crate) trait ByteStore {
     /// Fills the fresh allocations of a Load, mapped in `work`.
     fn fill(
         &self,
-        rt: &Runtime,
+        t: &Tracking,
+        c: &Capture,
         work: &[Mapped<'_, Self::Place>],
     ) -> Result<Self::Stats, PhaseError>;
 
     /// Whether a copy of this store may still be running (it could not be confirmed finished):
     /// its mappings and the fresh allocations of a failed Load are then kept.
-    fn in_doubt(&self, rt: &Runtime) -> bool;
+    fn in_doubt(&self, c: &Capture) -> bool;
 
     /// Load's answer from what the rebuild loaded (`None`: everything was loaded already).
-    fn loaded(&self, rt: &Runtime, rebuilt: Option<(u64, Self::Stats)>) -> Self::Outcome;
+    fn loaded(&self, c: &Capture, rebuilt: Option<(u64, Self::Stats)>) -> Self::Outcome;
 }
 
-impl Runtime {
+impl Capture {
     /// Save into `store` (Save, SaveKeepingContexts, SaveThroughHelper, SaveTo). The allocations
     /// stay live: Release lets them go.
-    pub(crate) fn save<S: ByteStore>(&self, store: &S) -> Result<S::Outcome, PhaseError> {
-        self.expect_phase(S::SAVE, &[Phase::Frozen])?;
-        let outcome = store.save(self, self.save_items())?;
-        self.set_phase(Phase::Saved);
+    pub(crate) fn save<S: ByteStore>(
+        &self,
+        t: &Tracking,
+        store: &S,
+    ) -> Result<S::Outcome, PhaseError> {
+        t.expect_phase(S::SAVE, &[Phase::Frozen])?;
+        let outcome = store.save(t, self, t.save_items())?;
+        t.set_phase(Phase::Saved);
         Ok(outcome)
     }
 
     /// Load from `store` (Load, LoadFrom): every released creation is made again, filled from
-    /// the store, mapped and published ([`Runtime::rebuild_creations`]).
-    pub(crate) fn load<S: ByteStore>(&self, store: &S) -> Result<S::Outcome, PhaseError> {
+    /// the store, mapped and published ([`Tracking::rebuild_creations`]).
+    pub(crate) fn load<S: ByteStore>(
+        &self,
+        t: &Tracking,
+        store: &S,
+    ) -> Result<S::Outcome, PhaseError> {
         store.check_load(self)?;
-        let rebuilt = self.rebuild_creations(
+        let rebuilt = t.rebuild_creations(
             S::LOAD,
             |item| store.place(item),
             |work| {
-                let filled = store.fill(self, &work);
-                self.unmap_after_copy(work, store.in_doubt(self));
+                let filled = store.fill(t, self, &work);
+                t.unmap_after_copy(work, store.in_doubt(self));
                 filled
             },
             || store.in_doubt(self),
         )?;
         Ok(store.loaded(self, rebuilt))
     }
+}
 
+/// The preparation every store shares: the items and their temporary mappings.
+impl Tracking {
     /// The allocations Save copies out, in handle order: the one place that says which.
     pub(crate) fn save_items(&self) -> Vec<SaveItem> {
         let reg = self.lock();
@@ -159,7 +177,7 @@ impl Runtime {
     ) -> Result<Vec<Mapped<'_, P>>, PhaseError> {
         let mut work = Vec::with_capacity(items.len());
         for (item, place) in items.iter().zip(places) {
-            let mapped = copy::enter(&self.tracking.real, item.device)
+            let mapped = copy::enter(&self.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.temp_map(item.real, item.size, item.device));
             match mapped {
@@ -189,7 +207,7 @@ impl Runtime {
         };
         check(
             || format!("a temporary mapping of {size} bytes"),
-            TempMap::whole(&self.tracking.real, real, size, &[desc], copy::log_cleanup),
+            TempMap::whole(&self.real, real, size, &[desc], copy::log_cleanup),
         )
     }
 
@@ -206,7 +224,7 @@ impl Runtime {
                 map.leak();
                 continue;
             }
-            match copy::enter(&self.tracking.real, device) {
+            match copy::enter(&self.real, device) {
                 Ok(_ctx) => drop(map),
                 Err(e) => {
                     log_warn!("temporary mapping kept: {e}");

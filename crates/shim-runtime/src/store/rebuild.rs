@@ -1,18 +1,17 @@
 //! Load's rebuild of this process's creations: each released one made again with its recorded
-//! properties and mapped temporarily for its store to fill ([`Runtime::rebuild_creations`]),
+//! properties and mapped temporarily for its store to fill ([`Tracking::rebuild_creations`]),
 //! then mapped at its recorded addresses with its recorded access, exported again into the export
 //! cache when it is shared, and published (the application's virtual handle names the new driver
 //! handle). Import and the multicast steps map what they rebuild the same way
-//! ([`Runtime::map_recorded`]).
+//! ([`Tracking::map_recorded`]).
 //!
 //! State: none of its own; it reads and writes the registry's records and the export cache.
 
+use super::TempMap;
+use crate::capture::{PhaseError, check};
 use crate::log::log_warn;
-use crate::phases::{PhaseError, check};
 use crate::registry::{Kind, Mapping, VHandle, driver_props};
-use crate::runtime::Runtime;
-use crate::store::TempMap;
-use crate::track::access_desc;
+use crate::track::{Tracking, access_desc};
 use cuda::DriverHandle;
 use cuda_abi::CUmemAccessDesc;
 use protocol::record::{AllocationId, Phase};
@@ -33,7 +32,7 @@ pub(crate) struct LoadItem {
     cached: bool,
 }
 
-impl Runtime {
+impl Tracking {
     /// Load and LoadFrom: recreates every released shared creation, fills the fresh ones with
     /// `fill` from where `source` says each one's bytes are (a carrier offset, an extent of a
     /// data file), then maps, exports and publishes them. `None` when everything was loaded
@@ -126,7 +125,7 @@ impl Runtime {
                     .into_iter()
                     .filter(|(_, m)| !m.mapped)
                     .collect();
-                let cached = self.tracking.exports.contains(&id);
+                let cached = self.exports.contains(&id);
                 if o.real.is_some() && unmapped.is_empty() && (cached || !shared) {
                     continue;
                 }
@@ -155,11 +154,11 @@ impl Runtime {
     /// A fresh allocation for a released `item`, mapped temporarily for the fill; released
     /// again when the temporary map fails.
     fn fresh_allocation(&self, item: &LoadItem) -> Result<(DriverHandle, TempMap<'_>), PhaseError> {
-        let _context = copy::enter(&self.tracking.real, item.device)?;
+        let _context = copy::enter(&self.real, item.device)?;
         let prop = driver_props(&item.props);
         let real = check(
             || format!("allocation {}", item.id),
-            self.tracking.real.mem_create(item.size, &prop, 0),
+            self.real.mem_create(item.size, &prop, 0),
         )?;
         match self.temp_map(real, item.size, item.device) {
             Ok(map) => Ok((real, map)),
@@ -181,7 +180,7 @@ impl Runtime {
         let mut loaded = 0;
         for (index, item) in items.iter().enumerate() {
             let Some(real) = item.real else { continue };
-            let published = copy::enter(&self.tracking.real, item.device)
+            let published = copy::enter(&self.real, item.device)
                 .map_err(PhaseError::from)
                 .and_then(|_ctx| self.publish_creation(item, real));
             if let Err(e) = published {
@@ -207,10 +206,10 @@ impl Runtime {
         if item.shared && !item.cached {
             let exported = check(
                 || format!("allocation {}", item.id),
-                self.tracking.real.mem_export_fd(real, 0),
+                self.real.mem_export_fd(real, 0),
             );
             match exported {
-                Ok(fd) => self.tracking.exports.insert(item.id, fd),
+                Ok(fd) => self.exports.insert(item.id, fd),
                 Err(e) => {
                     self.unmap_addresses(&mapped, &item.unmapped);
                     return Err(e);
@@ -235,10 +234,9 @@ impl Runtime {
         let mut done = Vec::new();
         for (address, m) in unmapped {
             // The recorded address range lies in a reservation the application kept.
-            let mapped =
-                self.tracking
-                    .real
-                    .mem_map(*address, m.size as usize, m.offset as usize, real, 0);
+            let mapped = self
+                .real
+                .mem_map(*address, m.size as usize, m.offset as usize, real, 0);
             if let Err(e) = check(|| format!("recorded mapping at {address:#x}"), mapped) {
                 self.unmap_addresses(&done, unmapped);
                 return Err(e);
@@ -246,10 +244,7 @@ impl Runtime {
             done.push(*address);
             if !m.access.is_empty() {
                 let descs: Vec<CUmemAccessDesc> = m.access.iter().map(access_desc).collect();
-                let granted = self
-                    .tracking
-                    .real
-                    .mem_set_access(*address, m.size as usize, &descs);
+                let granted = self.real.mem_set_access(*address, m.size as usize, &descs);
                 if let Err(e) = check(|| format!("mapping at {address:#x}"), granted) {
                     self.unmap_addresses(&done, unmapped);
                     return Err(e);
@@ -263,7 +258,7 @@ impl Runtime {
     /// the phase's own error is what the tool gets).
     fn unmap_addresses(&self, addresses: &[u64], all: &[(u64, Mapping)]) {
         for (address, m) in all.iter().filter(|(a, _)| addresses.contains(a)) {
-            if let Err(e) = self.tracking.real.mem_unmap(*address, m.size as usize) {
+            if let Err(e) = self.real.mem_unmap(*address, m.size as usize) {
                 log_warn!("mapping at {address:#x} not undone: {e}");
             }
         }
@@ -272,7 +267,7 @@ impl Runtime {
     /// Releases driver handles this phase made and never published (failure paths: logged).
     pub(crate) fn release_unpublished(&self, handles: impl IntoIterator<Item = DriverHandle>) {
         for real in handles {
-            if let Err(e) = self.tracking.real.mem_release(real) {
+            if let Err(e) = self.real.mem_release(real) {
                 log_warn!("an allocation this phase made was not released: {e}");
             }
         }
