@@ -8,7 +8,7 @@
 //! `/run`).
 //!
 //! A holding connection that ends (the tool exited or was killed; the kernel closes its socket
-//! either way) loses the lease, and the control worker then runs [`Runtime::lease_lost`] after
+//! either way) loses the lease, and the control worker then runs `Runtime::lease_lost` (server.rs) after
 //! whatever phase it is running: a capture that released nothing yet is undone (the process
 //! thaws itself, so a tool killed right after Freeze leaves nothing frozen), and one that released
 //! memory stays as it is for `cuinterpose resume`, which rebuilds it from the state file the
@@ -17,7 +17,45 @@
 //! restored by CRIU wakes with such connections).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Mutex, OnceLock};
+
+/// Identity reported by HELLO.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub shim_sha256: String,
+}
+
+/// The control server's state (`server.rs` serves it): the connections open, the capture lease
+/// and what HELLO reports.
+#[derive(Debug)]
+pub struct ServerState {
+    pub(crate) identity: OnceLock<Identity>,
+    pub(crate) driver_version: i32,
+    /// Connections open.
+    pub(crate) connections: AtomicUsize,
+    /// Of those, the ones that asked something else than GetFd (the tool, or anyone posing as it):
+    /// limited apart, so they can never take the peers' places (server.rs).
+    pub(crate) tool_connections: AtomicUsize,
+    /// Which tool connection holds the capture.
+    pub(crate) lease: Lease,
+    /// The numbering of connections (the lease names its holder by number).
+    pub(crate) next_connection: AtomicU64,
+}
+
+impl ServerState {
+    /// No connection yet, HELLO reporting `driver_version`.
+    pub fn new(driver_version: i32) -> ServerState {
+        ServerState {
+            identity: OnceLock::new(),
+            driver_version,
+            connections: AtomicUsize::new(0),
+            tool_connections: AtomicUsize::new(0),
+            lease: Lease::default(),
+            next_connection: AtomicU64::new(1),
+        }
+    }
+}
 
 /// The connection holding the capture, and a duplicate of its socket (to see whether its peer is
 /// gone). The connection thread gives the lease back before it closes its own descriptor.

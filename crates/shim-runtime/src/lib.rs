@@ -39,6 +39,7 @@ pub mod drain;
 pub mod exports;
 pub mod fdutil;
 pub mod gate;
+pub mod instance;
 pub mod ipc;
 pub mod lease;
 pub mod multicast;

@@ -23,8 +23,9 @@
 //! - All threads run with every signal blocked, so they never take a signal meant for the
 //!   application's own handlers or `sigwait` threads.
 
+use crate::lease::Identity;
 use crate::log::{log_debug, log_info, log_warn};
-use crate::runtime::{Identity, Runtime};
+use crate::runtime::Runtime;
 use crate::threads::spawn_quiet;
 use protocol::record::{AllocationId, Phase};
 use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
@@ -159,11 +160,12 @@ impl Runtime {
             shim_version: env!("CARGO_PKG_VERSION").to_string(),
             ns_pid: self.tracking.config.ns_pid,
             shim_sha256: self
+                .server
                 .identity
                 .get()
                 .map(|i| i.shim_sha256.clone())
                 .unwrap_or_default(),
-            driver_version: self.driver_version,
+            driver_version: self.server.driver_version,
             carrier_pinned_bytes,
             carrier_helper,
         }
@@ -171,7 +173,7 @@ impl Runtime {
 
     fn listen(self: Arc<Self>, mut listener: Listener, jobs: SyncSender<Work>) {
         // Hashed here, once, off the application's thread and outside any lock.
-        self.identity.get_or_init(|| Identity {
+        self.server.identity.get_or_init(|| Identity {
             shim_sha256: own_file_sha256(),
         });
         let mut failures = 0u32;
@@ -204,8 +206,8 @@ impl Runtime {
                     continue;
                 }
             };
-            if self.connections.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
-                self.connections.fetch_sub(1, Ordering::AcqRel);
+            if self.server.connections.fetch_add(1, Ordering::AcqRel) >= MAX_CONNECTIONS {
+                self.server.connections.fetch_sub(1, Ordering::AcqRel);
                 log_warn!("too many control connections; one refused");
                 refuse(
                     conn,
@@ -217,10 +219,10 @@ impl Runtime {
             let jobs = jobs.clone();
             let spawned = spawn_quiet("cuinterpose-conn", move || {
                 rt.converse(conn, jobs);
-                rt.connections.fetch_sub(1, Ordering::AcqRel);
+                rt.server.connections.fetch_sub(1, Ordering::AcqRel);
             });
             if let Err(e) = spawned {
-                self.connections.fetch_sub(1, Ordering::AcqRel);
+                self.server.connections.fetch_sub(1, Ordering::AcqRel);
                 log_warn!("cannot start a connection thread: {e}");
             }
         }
@@ -228,9 +230,9 @@ impl Runtime {
 
     /// Serves one connection; a capture lease it took is given back when it ends (lease.rs).
     fn converse(&self, conn: Connection, jobs: SyncSender<Work>) {
-        let connection = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let connection = self.server.next_connection.fetch_add(1, Ordering::Relaxed);
         self.serve_connection(conn, connection, &jobs);
-        self.lease.give_back(connection, || {
+        self.server.lease.give_back(connection, || {
             // Blocks while the queue is full: the worker finishes its phase first anyway.
             let _ = jobs.send(Work::LeaseLost);
         });
@@ -282,7 +284,8 @@ impl Runtime {
                 let admitted = if peer {
                     Some(Class::Peer)
                 } else {
-                    ToolSlot::take(&self.tool_connections).map(|slot| Class::Tool { _slot: slot })
+                    ToolSlot::take(&self.server.tool_connections)
+                        .map(|slot| Class::Tool { _slot: slot })
                 };
                 let Some(admitted) = admitted else {
                     log_warn!("too many tool connections; one refused");
@@ -360,7 +363,7 @@ impl Runtime {
         request: Request,
         file: Option<std::os::fd::OwnedFd>,
     ) -> Response {
-        match self.lease.take(connection, conn.as_fd()) {
+        match self.server.lease.take(connection, conn.as_fd()) {
             Err(message) => {
                 return Response::Error {
                     code: ErrorCode::Busy,
@@ -398,7 +401,7 @@ impl Runtime {
                 message: "the control worker is gone".into(),
             },
         };
-        if !self.in_capture() && self.lease.give_back(connection, || {}) {
+        if !self.in_capture() && self.server.lease.give_back(connection, || {}) {
             let _ = conn.set_timeout(Some(TOOL_IDLE));
         }
         response

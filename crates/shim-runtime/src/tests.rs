@@ -872,7 +872,7 @@ fn uid_probe_client() {
 
 /// The shim's fork child handler (crates/shim/src/process.rs registers the same).
 extern "C" fn fork_child() {
-    crate::runtime::fork_child();
+    crate::instance::fork_child();
 }
 
 #[test]
@@ -883,8 +883,8 @@ fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket
     let registered = unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
     assert_eq!(registered, 0);
     real.init(0).unwrap();
-    crate::runtime::start_after_init(&real);
-    let crate::runtime::Active::Running(rt) = crate::runtime::active() else {
+    crate::instance::start_after_init(&real);
+    let crate::instance::Active::Running(rt) = crate::instance::active() else {
         panic!("the global runtime did not start");
     };
     let path = rt.config().socket_of(rt.config().ns_pid);
@@ -894,7 +894,7 @@ fn a_child_forked_after_start_refuses_tracked_calls_and_leaves_the_parent_socket
     let child = unsafe { libc::fork() };
     assert!(child >= 0);
     if child == 0 {
-        let forked = matches!(crate::runtime::active(), crate::runtime::Active::Forked);
+        let forked = matches!(crate::instance::active(), crate::instance::Active::Forked);
         // SAFETY: ends the child without running the parent's exit handlers.
         unsafe { libc::_exit(if forked { 0 } else { 1 }) };
     }

@@ -20,8 +20,9 @@ use cuda::{DriverTable, ForeignPtr, VirtualHandle};
 use cuda_abi::{
     CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUresult, handle_type,
 };
+use shim_runtime::instance::{Active, active};
 use shim_runtime::owned_alloc::PointerValue;
-use shim_runtime::runtime::{Active, Runtime, active};
+use shim_runtime::runtime::Runtime;
 use shim_runtime::track::{ExportTo, Tracked};
 use std::os::fd::{BorrowedFd, IntoRawFd};
 
@@ -29,11 +30,11 @@ use std::os::fd::{BorrowedFd, IntoRawFd};
 /// Paths are absolute: [`hook!`] expands it inside `table.rs`.
 macro_rules! dispatch {
     ($real:ident . $pfn:ident ( $($arg:expr),* ), |$rt:ident| $tracked:expr) => {
-        match shim_runtime::runtime::active() {
-            shim_runtime::runtime::Active::Running($rt) => $tracked,
+        match shim_runtime::instance::active() {
+            shim_runtime::instance::Active::Running($rt) => $tracked,
             // SAFETY: the caller's arguments, unchanged, under the caller's contract.
-            shim_runtime::runtime::Active::Off => unsafe { ($real.$pfn)($($arg),*) },
-            shim_runtime::runtime::Active::Forked => cuda_abi::CUresult::ERROR_NOT_INITIALIZED,
+            shim_runtime::instance::Active::Off => unsafe { ($real.$pfn)($($arg),*) },
+            shim_runtime::instance::Active::Forked => cuda_abi::CUresult::ERROR_NOT_INITIALIZED,
         }
     };
 }
@@ -189,7 +190,7 @@ pub(crate) unsafe fn cuInit(real: &'static DriverTable, flags: c_uint) -> CUresu
     let r = unsafe { (real.cuInit)(flags) };
     if r.is_success() {
         crate::process::register_fork_handler();
-        if shim_runtime::runtime::start_after_init(real) {
+        if shim_runtime::instance::start_after_init(real) {
             crate::process::register_socket_removal();
         }
     }

@@ -11,11 +11,11 @@ static SOCKET_REMOVAL: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn fork_child() {
     // Only atomics there: the child has one thread and the parent's locks may be held.
-    shim_runtime::runtime::fork_child();
+    shim_runtime::instance::fork_child();
 }
 
 extern "C" fn remove_socket() {
-    shim_runtime::runtime::remove_socket_at_exit();
+    shim_runtime::instance::remove_socket_at_exit();
 }
 
 /// Registers the fork child handler once, before the runtime starts (so no child forked while it
