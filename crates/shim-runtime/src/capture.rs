@@ -63,7 +63,7 @@ pub struct Control {
     /// restored by CRIU still knows it).
     pub(crate) streamed: Option<DataFile>,
     /// The per-thread stack size of each device's context that Release set to zero, to put back
-    /// at Thaw ([`Runtime::shrink_stacks`]).
+    /// at Thaw (`Capture::shrink_stacks`, phases.rs).
     pub(crate) shrunk_stacks: Vec<(i32, usize)>,
     /// This cycle's Save went to the carrier helper: Load copies back from it.
     pub(crate) through_helper: bool,

@@ -17,6 +17,9 @@
 //! takes them back (`PROT_NONE`). The peer's device is known for primary contexts the application
 //! retained through the shim (the usual case: the runtime API's); for another peer the driver's
 //! answer stands and nothing is granted (logged).
+//!
+//! State: [`Contexts`], the primary context references and the peer grants. A context's teardown
+//! reaches the owned allocations and the IPC opens, which the runtime passes in.
 
 use crate::ipc::IpcOpens;
 use crate::log::{log_debug, log_warn};

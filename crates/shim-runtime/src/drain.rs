@@ -23,6 +23,9 @@
 //! Only active primary contexts are synchronised (`cuDevicePrimaryCtxGetState`: entering another
 //! device would make a context there); a driver without that entry falls back to the devices
 //! the process's records name.
+//!
+//! State: [`Drain`], the drain job: the submission gate it closes, when the gates closed and each
+//! device's synchronisation. The tracked-call gate and the phase are [`Tracking`]'s.
 
 use crate::capture::PhaseError;
 use crate::gate::SubmissionGate;

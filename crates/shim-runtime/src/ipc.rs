@@ -22,6 +22,9 @@
 //! devices granted access, so the calling context's device is always granted read-write; with the
 //! flag, the allocation's own device is granted too when it is another device of this process
 //! (the peer access the driver would enable lazily).
+//!
+//! State: [`IpcOpens`], the virtual handles opened here by base address; the imports and their
+//! mappings are [`Tracking`]'s, which its calls go through.
 
 use crate::log::log_warn;
 use crate::owned_alloc::OwnedAllocs;

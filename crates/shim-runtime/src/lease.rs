@@ -15,6 +15,9 @@
 //! tool published before the release. A holder whose socket has hung up while its connection
 //! thread has not yet noticed is treated as gone when another connection asks (a process
 //! restored by CRIU wakes with such connections).
+//!
+//! State: [`Lease`], inside [`ServerState`], the control server's state (with its connection
+//! counters and HELLO's identity).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize};

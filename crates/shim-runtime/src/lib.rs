@@ -15,13 +15,18 @@
 //! that DMA reads and writes while a copy runs) is the copy engine's, in the `cuinterpose-copy`
 //! crate ([`copy`]), with the unsafe code it needs.
 //!
-//! Layout: `registry` (pure bookkeeping), `track` (the tracked calls), `gate` (the two gates a
-//! capture closes: tracked calls and GPU submissions), `drain` (Hold, Drain, Admit), `lease` (one
-//! capture at a time, held by the tool's connection),
-//! `owned_alloc` (cuMemAlloc on owned VMM), `ipc` (legacy IPC of owned memory), `contexts` (their
-//! teardown with their context), `unowned` (device memory the shim does not own, counted), `exports`
-//! (the export cache), `fdutil` (tickets), `server` (control socket), `phases` (capture
-//! and rebuild), `config` (the environment, read once), `log` (re-exported from [`copy`]).
+//! Layout ([`runtime`] says which state each job owns): `runtime` (the composition of the jobs
+//! and the shim's entry points), `instance` (the process-global instance, its start, fork),
+//! `track` (the tracking job: the tracked calls over the `registry`, pure bookkeeping),
+//! `multicast` (multicast objects' calls and capture steps), `owned_alloc` (cuMemAlloc on owned
+//! VMM), `ipc` (legacy IPC of owned memory), `contexts` (their teardown with their context, peer
+//! grants), `unowned` (device memory the shim does not own, counted), `capture` (the capture's
+//! state and errors), `phases` (the capture phases), `store` (the byte stores Save and Load take,
+//! and Load's rebuild), `datafile`, `blockstore` and `digest` (streaming a data file), `drain`
+//! (Hold, Drain, Admit), `gate` (the two gates a capture closes), `lease` (the control server's
+//! state: one capture at a time, held by the tool's connection), `server` (control socket),
+//! `exports` (the export cache), `fdutil` (tickets), `threads`, `config` (the environment, read
+//! once), `log` (re-exported from [`copy`]).
 
 #![deny(unsafe_code)]
 #![cfg_attr(

@@ -12,6 +12,9 @@
 //! The team is the object's, shared by every holder, so completeness (`numDevices` devices added
 //! over the group) is a group-wide check the tool makes on the records (`control::group`); a
 //! process reports the devices IT added, by its local ordinals.
+//!
+//! State: none of its own. A multicast object is a record of the registry (`Kind::Multicast`), so
+//! its calls and capture steps are methods of [`Tracking`].
 
 use crate::capture::{PhaseError, check};
 use crate::log::log_warn;

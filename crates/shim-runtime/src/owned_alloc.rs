@@ -9,6 +9,10 @@
 //! What only this module knows is the size the application asked for, apart from the
 //! granularity-rounded backing: `cuMemGetAddressRange` answers with the requested size, as it does
 //! for native `cuMemAlloc` memory, and `cuMemFree` finds the whole reservation to undo.
+//!
+//! State: [`OwnedAllocs`], the owned allocations by base address; the allocations themselves are
+//! creations of [`Tracking`], which its calls go through. The runtime routes the calls that may
+//! concern another job's pointer (`cuMemFree`, the retain, pointer attributes, address ranges).
 
 use crate::log::log_warn;
 use crate::track::{Tracked, Tracking, device_access};

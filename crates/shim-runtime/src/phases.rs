@@ -41,6 +41,11 @@
 //!
 //! An importer that exports an imported allocation again hands out a ticket naming the ORIGINAL
 //! creator, so imports of imports are rebuilt from the creator, never through the middle process.
+//!
+//! State: none of its own here. The phases are methods of [`Capture`], whose state
+//! ([`crate::capture::Control`]) they keep between requests; they work on the registry through
+//! [`Tracking`] and close and open the gates through [`Drain`]. Where the bytes go is a byte store
+//! (`store/`).
 
 use crate::capture::{Capture, PhaseError, check};
 use crate::drain::Drain;
@@ -309,7 +314,7 @@ impl Capture {
         self.control().shrunk_stacks.extend(shrunk);
     }
 
-    /// Puts back the stack sizes [`Runtime::shrink_stacks`] set to zero (at the end of Import, and
+    /// Puts back the stack sizes [`Capture::shrink_stacks`] set to zero (at the end of Import, and
     /// in Thaw for what a rebuild without Import left).
     fn restore_stacks(&self, t: &Tracking) {
         let shrunk = std::mem::take(&mut self.control().shrunk_stacks);

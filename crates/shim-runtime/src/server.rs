@@ -22,6 +22,9 @@
 //!   an `Error` answer that says why.
 //! - All threads run with every signal blocked, so they never take a signal meant for the
 //!   application's own handlers or `sigwait` threads.
+//!
+//! State: the runtime's [`crate::lease::ServerState`] (connections, the capture lease, HELLO's
+//! identity); the phases it queues run on the runtime's jobs.
 
 use crate::lease::Identity;
 use crate::log::{log_debug, log_info, log_warn};

@@ -13,6 +13,10 @@
 //! `CUDA_ERROR_INVALID_HANDLE`; a creator that does not know the allocation (released it, or the
 //! ticket is stale) gives `CUDA_ERROR_NOT_FOUND`; a creator that refuses us (uid) gives
 //! `CUDA_ERROR_NOT_PERMITTED`. Each failure is logged once, as one line.
+//!
+//! State: [`Tracking`], the tracking job: the registry behind the state lock, the tracked-call
+//! gate, the export cache, the driver table and the runtime's [`Config`]. Every other job works
+//! on the registry through it.
 
 use crate::Real;
 use crate::config::Config;

@@ -639,8 +639,8 @@ impl Registry {
             blockers: self.blockers(),
             calls_in_flight,
             multicasts,
-            unowned: vec![], // counted outside the registry: Runtime::inspect fills it
-            gate: Default::default(), // the gate is the runtime's: Runtime::inspect fills it
+            unowned: vec![], // counted outside the registry: the runtime's inspect fills it
+            gate: Default::default(), // the gate is the runtime's: the runtime's inspect fills it
         }
     }
 }

@@ -330,7 +330,7 @@ fn helper_copy(
 }
 
 /// Load's fill when the carrier helper is gone: from this process's own descriptor of the
-/// helper's carrier ([`Control::helper_copy`]), mapped read-only and copied staged (nothing
+/// helper's carrier ([`crate::capture::Control::helper_copy`]), mapped read-only and copied staged (nothing
 /// is pinned in the application). Where it holds none, says exactly what is lost.
 fn load_from_own_copy(
     t: &Tracking,
