@@ -76,10 +76,13 @@ The report says which mode ran.
 
 --to-disk DIR: a ring group of --size bytes is checkpointed to DIR and restored (root and CRIU, as
 for `checkpoint`), every phase timed with its bytes; before it, DIR's own sequential write and read
-rates are measured with the I/Os the shims use for data files (8 MiB, 4 in flight, O_DIRECT where
-DIR takes it), and the save and load rates are given as shares of them (the load reads each data
-file once and checks its digests as it goes; H200 target: >= 80% each way, the digests adding
-<= 10%). Figures only: nothing here passes or fails on a time.";
+rates are measured with the I/Os the shims use for the checkpoint's block store (2 MiB block files
+under temporary names, one syncfs, the renames; as many threads as the group's shims run, O_DIRECT
+where DIR takes it), and the save and load rates are given as shares of them (the load reads each
+block once and checks its digest as it goes; targets: >= 90% each way on a disk, the digests adding
+<= 10%; from tmpfs, a warm checkpoint, load >= 40 GB/s and save >= 20 GB/s). Then a second
+checkpoint of the restored group after a tenth of its bytes changed, into the same block store.
+Figures only: nothing here passes or fails on a time.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = BENCH_HELP)]

@@ -1,7 +1,7 @@
 //! `cuinterpose bench --to-disk DIR`: the checkpoint and restore of a ring group to DIR, phase by
-//! phase, next to DIR's own sequential write and read rates measured here with the I/Os the shims
-//! use for data files (control::disk::measure_dir: the same I/O size, threads and `O_DIRECT`
-//! choice), with the ratios. Figures only: nothing here passes or fails on a time.
+//! phase, next to DIR's own write and read rates measured here with the I/Os the shims use for
+//! the checkpoint's block store (control::disk::measure_dir: 2 MiB block files, the same threads
+//! and `O_DIRECT` choice, one syncfs and the renames), with the ratios. Figures only: nothing here passes or fails on a time.
 
 use crate::demo::{Launched, Sharing, attach_ranks, launch_tree, ring, seed, verify_after};
 use crate::output::bytes;
@@ -79,7 +79,7 @@ pub fn disk_bench(
         .div_ceil(processes as u64)
         .next_multiple_of(super::bench::GRANULE);
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let dir_rate = disk::measure_dir(dir, per * processes as u64)
+    let dir_rate = disk::measure_dir(dir, per * processes as u64, processes)
         .with_context(|| format!("measuring {}", dir.display()))?;
     let env = Launcher::new(programs.clone(), true).context("bench environment")?;
     let listen = env.socket_dir().join("disk-bench");
@@ -221,7 +221,7 @@ pub fn print_disk(b: &DiskBench) {
     println!();
     println!(
         "to disk: {} ({} processes x {}), directory {} ({}): write {:.2} GB/s, read {:.2} GB/s \
-         ({} I/Os, {} in flight)",
+         (block files of {}, {} threads: the block store's I/Os)",
         bytes(b.bytes_per_process * b.processes as u64),
         b.processes,
         bytes(b.bytes_per_process),
@@ -233,8 +233,8 @@ pub fn print_disk(b: &DiskBench) {
         },
         b.dir_write_gb_per_s,
         b.dir_read_gb_per_s,
-        bytes(protocol::message::DATA_IO),
-        protocol::message::DATA_WORKERS
+        bytes(protocol::message::DATA_ALIGN),
+        b.dir_rate.threads
     );
     for (run, report) in [("checkpoint", &b.checkpoint), ("restore", &b.restore)] {
         println!("{run}: {:.1} ms", report.report.total_millis);

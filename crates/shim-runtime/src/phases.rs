@@ -306,10 +306,16 @@ impl Runtime {
             (Request::Load, _) => copied(self.load()),
             (Request::Import, _) => plain(self.import()),
             (Request::Thaw, _) => plain(self.thaw()),
-            (Request::SaveTo { store }, Some(file)) => streamed(self.save_to(file.as_fd(), store)),
-            (Request::LoadFrom { file: record }, Some(file)) => {
-                streamed(self.load_from(file.as_fd(), record))
+            (Request::SaveTo { store, workers }, Some(file)) => {
+                streamed(self.save_to(file.as_fd(), store, workers))
             }
+            (
+                Request::LoadFrom {
+                    file: record,
+                    workers,
+                },
+                Some(file),
+            ) => streamed(self.load_from(file.as_fd(), record, workers)),
             (Request::Multicast(step), _) => plain(self.multicast_step(step)),
             (other, _) => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request, or came without its descriptor"
