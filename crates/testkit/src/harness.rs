@@ -49,6 +49,14 @@ pub enum HarnessError {
     /// The native checkpoint API could not be used.
     #[error(transparent)]
     Native(#[from] ControlError),
+    /// The error probes' process (crate::probes) ended other than with its cases or by a probe.
+    #[error("{what}\n--- log ---\n{log}")]
+    Probes {
+        /// What went wrong.
+        what: String,
+        /// Its stderr.
+        log: String,
+    },
 }
 
 /// Which `libcuda.so.1` the workloads load.
@@ -109,6 +117,16 @@ impl Artifacts {
     /// `cuinterpose-workload`.
     pub fn workload(&self) -> Result<PathBuf, HarnessError> {
         let path = self.workload_path();
+        if path.exists() {
+            Ok(path)
+        } else {
+            Err(missing(path, BUILD_FIRST))
+        }
+    }
+
+    /// `cuinterpose-probe-errors` (crate::probes).
+    pub fn probe_errors(&self) -> Result<PathBuf, HarnessError> {
+        let path = self.dir.join(crate::probes::PROGRAM);
         if path.exists() {
             Ok(path)
         } else {

@@ -10,7 +10,8 @@ use std::path::Path;
 use cuda::DriverHandle;
 use cuda_abi::*;
 
-/// The raw entry points, for the error probes that call them with bad arguments.
+/// The raw entry points: the busy loops and kernels hold them, and the test kit's error probes call
+/// them with bad arguments.
 pub use cuda::DriverTable as Api;
 pub use cuda::{CudaError as CuError, LoadError, PINNED_CUDA_VERSION, Resolve};
 
@@ -52,7 +53,7 @@ impl Driver {
         })
     }
 
-    /// The resolved entry points, for the error probes that call them with bad arguments.
+    /// The resolved entry points.
     pub fn api(&self) -> &Api {
         self.loaded.table()
     }
