@@ -49,7 +49,8 @@ pub enum HarnessError {
     /// The native checkpoint API could not be used.
     #[error(transparent)]
     Native(#[from] ControlError),
-    /// The error probes' process (crate::probes) ended other than with its cases or by a probe.
+    /// The error probes' process (`cuinterpose-probe-errors`) ended other than with its cases or
+    /// by a probe.
     #[error("{what}\n--- log ---\n{log}")]
     Probes {
         /// What went wrong.
@@ -117,16 +118,6 @@ impl Artifacts {
     /// `cuinterpose-workload`.
     pub fn workload(&self) -> Result<PathBuf, HarnessError> {
         let path = self.workload_path();
-        if path.exists() {
-            Ok(path)
-        } else {
-            Err(missing(path, BUILD_FIRST))
-        }
-    }
-
-    /// `cuinterpose-probe-errors` (crate::probes).
-    pub fn probe_errors(&self) -> Result<PathBuf, HarnessError> {
-        let path = self.dir.join(crate::probes::PROGRAM);
         if path.exists() {
             Ok(path)
         } else {

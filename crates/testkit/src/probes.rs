@@ -22,7 +22,7 @@ use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use workload::driver::{self, Api, CuError, Driver};
-use workload::launch::io;
+use workload::launch::{LaunchError, io};
 
 use crate::harness::{HarnessError, TestEnv};
 
@@ -1009,7 +1009,15 @@ pub enum Ended {
 /// its shim setting, device 0, entry points through `dlsym`); stdout and stderr go to
 /// `<name>.json` and `<name>.log` in its log directory.
 pub fn run_process(env: &TestEnv, name: &str, skip: &[&str]) -> Result<Ended, HarnessError> {
-    let program = env.artifacts().probe_errors()?;
+    let program = env.artifacts().dir().join(PROGRAM);
+    if !program.exists() {
+        let hint = "build first: cargo build --workspace --all-targets";
+        return Err(LaunchError::Missing {
+            path: program,
+            hint,
+        }
+        .into());
+    }
     let file =
         |path: &Path| File::create(path).map_err(io(format!("cannot create {}", path.display())));
     let (out_path, log_path) = (
