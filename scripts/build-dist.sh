@@ -19,8 +19,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Every binary the release ships in bin/, in one place: the tool, the workload `demo` and `bench`
-# start (crates/workload), and the scenario list the GPU lane runs on both drivers (crates/testkit).
-RELEASE_BINARIES=(cuinterpose cuinterpose-workload cuinterpose-scenarios)
+# start (crates/workload), and the scenario list the GPU lane runs on both drivers with the process
+# its vmm-errors scenario starts (crates/testkit, test tooling the lane carries in dist/).
+RELEASE_BINARIES=(cuinterpose cuinterpose-workload cuinterpose-scenarios cuinterpose-probe-errors)
 # The crates that build them and the libraries.
 RELEASE_PACKAGES=(cuinterpose-cli cuinterpose-workload cuinterpose-testkit cuinterpose-shim fake-cuda)
 # The oldest glibc the release loads with (the oldest Rust supports); scripts/check-glibc.sh holds

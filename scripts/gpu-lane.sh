@@ -192,22 +192,35 @@ fi
 
 if wants bench || wants bench-all; then
     log "benchmarks"
-    # The default first (with the overhead figures), then the other carriers and the former default
-    # staging buffer size (8 MiB) for comparison. The pinned carrier shows cycle 1 (pinning) and the
-    # last cycle (carriers kept pinned) apart.
-    # (registered, 18 GB/s, and staged with 8 MiB buffers, 27 GB/s, were measured on 2026-12-03 and
-    # are left out to save device time: `scripts/gpu-lane.sh bench-all` runs them.)
-    variants=("staged" "pinned CUINTERPOSE_CARRIER=pinned" "helper")
-    wants bench-all && variants+=("registered CUINTERPOSE_CARRIER=registered" "staged-8M CUINTERPOSE_STAGING_CHUNK=8M")
+    # The default (`--carrier auto`, prepared ahead with `cuinterpose prepare`), with the overhead
+    # figures; the bench itself runs each carrier on a fresh group after it for comparison.
+    # bench-all adds the process's own carrier forced pinned, registered, and staged with 8 MiB
+    # buffers (18 and 27 GB/s on 2026-12-03).
+    variants=("auto")
+    wants bench-all && variants+=("pinned CUINTERPOSE_CARRIER=pinned" "registered CUINTERPOSE_CARRIER=registered" "staged-8M CUINTERPOSE_CARRIER=staged CUINTERPOSE_STAGING_CHUNK=8M")
     for variant in "${variants[@]}"; do
         read -r carrier settings <<<"$variant"
         extra=(--no-whole)  # the whole-process case runs in the step keep
-        [ "$carrier" = staged ] || extra+=(--no-overhead)
-        [ "$carrier" = helper ] && extra+=(--carrier helper)
+        case $carrier in
+            auto) ;;
+            helper) extra+=(--no-overhead --carrier helper) ;;
+            *) extra+=(--no-overhead --carrier process) ;;
+        esac
+        # The GPU memory the carrier helper holds (its context and DMA buffers), sampled while the
+        # bench runs: the helper is the tool's binary (`cuinterpose carrier-helper`), the only
+        # process of that name with a context.
+        ( while :; do nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader,nounits; sleep 0.5; done ) \
+            >"$logs/bench-$carrier.gpu-apps" 2>/dev/null &
+        sampler=$!
         # shellcheck disable=SC2086 # settings are VAR=value words
-        if env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
-            --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"; then
+        env $settings timeout 300 "$bin/cuinterpose" bench "${extra[@]}" \
+            --json-out "$logs/bench-$carrier.json" >"$logs/bench-$carrier.txt" 2>"$logs/bench-$carrier.err"
+        bench_status=$?
+        kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+        helper_mib=$(awk -F', *' '$2 ~ /\/cuinterpose$/ && $3 + 0 > max { max = $3 + 0 } END { print max + 0 }' "$logs/bench-$carrier.gpu-apps")
+        if [ "$bench_status" -eq 0 ]; then
             cat "$logs/bench-$carrier.txt"
+            [ "$helper_mib" -gt 0 ] && row "carrier helper's GPU memory ($carrier)" "-" "$helper_mib MiB at most (nvidia-smi, sampled every 0.5 s)" measured
             row "bench ($carrier carrier)" "-" "$(python3 - "$logs/bench-$carrier.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -219,6 +232,18 @@ for cy in ([cycles[0]] if len(cycles) > 1 else []) + [cycles[-1]]:
         cy["cycle"], cy["save"]["copy_gb_per_s"], cy["save"]["carrier_millis"], cy["load"]["copy_gb_per_s"],
         cy["suspend"]["total_millis"], cy["resume"]["total_millis"], cy["speedup_vs_native"]))
 line = "; ".join(parts) + "; native %.0f+%.0f ms" % (n["checkpoint_millis"], n["restore_millis"])
+ch = cycles[0]["suspend"].get("carrier")
+if ch:
+    line += "; carrier %s (%s), pinned host %d MiB, helper GPU %d MiB" % (ch["carrier"], ch["reason"], ch["pinned_host_bytes"] >> 20, ch["helper_gpu_bytes"] >> 20)
+p = r["capture"].get("prepared")
+if p:
+    line += "; prepared %d MiB ahead in %.0f ms" % (sum(x["pinned_bytes"] for x in p["processes"]) >> 20, p["total_millis"])
+for run in r["capture"].get("comparison", []):
+    if run.get("refused"):
+        line += "; [%s refused: %s]" % (run["carrier"], run["refused"])
+    else:
+        line += "; [%s: %s]" % (run["carrier"], ", ".join("cycle %d save %.1f load %.1f GB/s %.2fx native" % (
+            cy["cycle"], cy["save"]["copy_gb_per_s"], cy["load"]["copy_gb_per_s"], cy["speedup_vs_native"]) for cy in run["cycles"]))
 o = r.get("overhead")
 if o:
     line += "; overhead untracked %.3f tracked %.3f" % (o["untracked_ratio"], o["tracked_ratio"])
@@ -245,24 +270,30 @@ if wants disk; then
     fi
     # The bench group (8 GiB over two processes) to a directory on the machine's disk, next to the
     # directory's own sequential rates measured with the data files' I/Os.
-    bench_dir=$(mktemp -d /var/tmp/lane-bench-disk.XXXXXX)
+    # Then the same into tmpfs (/dev/shm): a warm checkpoint, the restore the page cache allows.
+    for where in disk tmpfs; do
+    if [ "$where" = disk ]; then bench_dir=$(mktemp -d /var/tmp/lane-bench-disk.XXXXXX); else bench_dir=$(mktemp -d /dev/shm/lane-bench-disk.XXXXXX); fi
     if timeout 300 "$bin/cuinterpose" bench --no-overhead --no-capture --no-whole --to-disk "$bench_dir" \
-            --json-out "$logs/bench-disk.json" >"$logs/bench-disk.txt" 2>"$logs/bench-disk.err"; then
-        cat "$logs/bench-disk.txt"
-        row "bench --to-disk" "-" "$(python3 - "$logs/bench-disk.json" <<'PY'
+            --json-out "$logs/bench-$where.json" >"$logs/bench-$where.txt" 2>"$logs/bench-$where.err"; then
+        cat "$logs/bench-$where.txt"
+        row "bench --to-disk ($where)" "-" "$(python3 - "$logs/bench-$where.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))["disk"]
 parts = ["dir write %.2f read %.2f GB/s (O_DIRECT %s)" % (d["dir_write_gb_per_s"], d["dir_read_gb_per_s"], d["dir_rate"].get("direct"))]
 parts += ["%s %s %.2f GB/s = %.0f%% of dir" % (r["run"], r["phase"], r["gb_per_s"], 100 * r["of_dir"]) for r in d["ratios"]]
 c = d["checkpoint"]
 parts.append("data %d MiB, zeros %d MiB, images %d MiB" % (c["data_bytes"] >> 20, c["zero_bytes"] >> 20, c["image_bytes"] >> 20))
+s = d["second"]
+parts.append("second checkpoint (%d MiB changed): written %d MiB, shared %d MiB, %.2fx the bytes, %.2fx the time of the first" % (
+    s["changed_bytes"] >> 20, s["report"]["data_bytes"] >> 20, s["report"]["shared_bytes"] >> 20, s["written_ratio"], s["time_ratio"]))
 print("; ".join(parts))
 PY
 )" measured
     else
-        row "bench --to-disk" "-" "$(tail -2 "$logs/bench-disk.err" | tr '\n\t' '  ')" FAIL
+        row "bench --to-disk ($where)" "-" "$(tail -2 "$logs/bench-$where.err" | tr '\n\t' '  ')" FAIL
     fi
     rm -rf "$bench_dir"
+    done
 fi
 
 if wants torch-disk; then

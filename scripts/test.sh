@@ -54,17 +54,29 @@ if cargo tree -p cuinterpose-shim -e normal --locked | grep serde_json; then
     exit 1
 fi
 
-step "the tool links no test tooling (neither cuinterpose-testkit nor the fake driver)"
+step "the shipped crates link no test tooling (the tool, demo and bench, the workload: neither cuinterpose-testkit, with its error probes, nor the fake driver)"
 # Package names only (a checkout's path may hold any word).
-if cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}' \
-    | grep -i -E 'testkit|testdriver|fake'; then
-    echo "test.sh: cuinterpose-cli depends on test tooling" >&2
+for package in cuinterpose-cli cuinterpose-demo cuinterpose-workload; do
+    # Listed first, so that a failing `cargo tree` stops the script instead of passing the check.
+    deps=$(cargo tree -p "$package" -e normal --locked --prefix none --format '{p}' | awk '{print $1}')
+    if grep -i -E 'testkit|testdriver|fake|probe' <<<"$deps"; then
+        echo "test.sh: $package depends on test tooling" >&2
+        exit 1
+    fi
+done
+
+step "the tool starts workloads only through demo and bench (cuinterpose-cli reaches cuinterpose-workload through cuinterpose-demo)"
+direct=$(cargo tree -p cuinterpose-cli -e normal --locked --depth 1 --prefix none --format '{p}' \
+    | awk 'NR > 1 {print $1}')
+if ! grep -q -x cuinterpose-demo <<<"$direct" || grep -x cuinterpose-workload <<<"$direct"; then
+    echo "test.sh: cuinterpose-cli must depend on cuinterpose-demo and not on cuinterpose-workload itself" >&2
     exit 1
 fi
 
 step "the tool links the copy engine, not the interposer's runtime (cuinterpose-shim-runtime)"
-if cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}' \
-    | grep -x 'cuinterpose-shim-runtime'; then
+# Listed first, as above, so that a failing `cargo tree` stops the script.
+deps=$(cargo tree -p cuinterpose-cli -e normal --locked --prefix none --format '{p}' | awk '{print $1}')
+if grep -x cuinterpose-shim-runtime <<<"$deps"; then
     echo "test.sh: cuinterpose-cli depends on cuinterpose-shim-runtime" >&2
     exit 1
 fi

@@ -6,7 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
-mod bench_disk;
+mod bench_tables;
 mod demo;
 mod docs;
 mod doctor;
@@ -310,8 +310,7 @@ struct CarrierHelperArgs {
 }
 
 /// `suspend --carrier` (and `bench --carrier`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum CarrierPlace {
     /// The fastest the machine allows (control::carrier_choice)
     Auto,
@@ -321,16 +320,22 @@ pub(crate) enum CarrierPlace {
     Helper,
 }
 
+impl From<CarrierPlace> for control::carrier_choice::Requested {
+    fn from(place: CarrierPlace) -> Self {
+        use control::carrier_choice::Requested;
+        match place {
+            CarrierPlace::Auto => Requested::Auto,
+            CarrierPlace::Process => Requested::Process,
+            CarrierPlace::Helper => Requested::Helper,
+        }
+    }
+}
+
 impl CarrierPlace {
     /// Sets what a suspend asks for, and how it starts the carrier helper (this program,
     /// loading `driver`) should it choose one.
     pub(crate) fn apply(self, options: &mut SuspendOptions) -> anyhow::Result<()> {
-        use control::carrier_choice::Requested;
-        options.carrier = match self {
-            CarrierPlace::Auto => Requested::Auto,
-            CarrierPlace::Process => Requested::Process,
-            CarrierPlace::Helper => Requested::Helper,
-        };
+        options.carrier = self.into();
         options.helper = Some(control::carrier_helper::HelperLaunch {
             program: std::env::current_exe()
                 .context("finding this program, to start the carrier helper")?,

@@ -18,24 +18,32 @@ fn one_process(env: &TestEnv) -> Tree {
     tree
 }
 
-/// The tool with `args`, its `RLIMIT_MEMLOCK` (soft and hard) set to `memlock` bytes.
+/// The tool with `args`, its `RLIMIT_MEMLOCK` (soft and hard) set to `memlock` bytes and without
+/// `CAP_IPC_LOCK` (with which the kernel applies no limit: the tests run as root).
 fn tool_memlock(env: &TestEnv, memlock: u64, args: &[String]) -> ToolRun {
-    tool_memlock_with(env, memlock, args, &[])
+    tool_memlock_with(env, memlock, args, &[], false)
 }
 
-/// [`tool_memlock`] with the environment `extra`.
+/// [`tool_memlock`] with the environment `extra`, keeping `CAP_IPC_LOCK` if `ipc_lock` (and the
+/// tool has it).
 fn tool_memlock_with(
     env: &TestEnv,
     memlock: u64,
     args: &[String],
     extra: &[(&str, &str)],
+    ipc_lock: bool,
 ) -> ToolRun {
-    // prlimit sets the limit on itself, then execs the tool, which inherits it.
+    // prlimit sets the limit on itself, then execs setpriv, which drops CAP_IPC_LOCK from the
+    // bounding set (root's exec then leaves it out of every set) and execs the tool; the tool
+    // inherits both.
     let mut command = env
         .command(std::path::Path::new("prlimit"), false)
         .expect("tool environment");
     command
         .arg(format!("--memlock={memlock}:{memlock}"))
+        .arg("--")
+        .args(["setpriv", "--bounding-set"])
+        .arg(if ipc_lock { "+ipc_lock" } else { "-ipc_lock" })
         .arg("--")
         .arg(tool_path(env))
         .args(args)
@@ -114,6 +122,29 @@ fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
         run.describe()
     );
     assert!(run.stdout.contains("carrier cost: "), "{}", run.describe());
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 13"]);
+}
+
+#[test]
+fn a_tool_with_cap_ipc_lock_is_not_held_to_the_memlock_limit() {
+    if !rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(rustix::thread::CapabilitySet::IPC_LOCK)
+    }) {
+        eprintln!("skipped: the tests run without CAP_IPC_LOCK (not as root)");
+        return;
+    }
+    let env = env();
+    let tree = one_process(&env);
+    let root = tree.root();
+    // The limit that makes the tool without the capability fall back (below) does not apply:
+    // the kernel lets a process with CAP_IPC_LOCK pin past RLIMIT_MEMLOCK, and the helper
+    // inherits the tool's capabilities.
+    let run = tool_memlock_with(&env, 1 << 20, &suspend_args(&env, root, &[]), &[], true);
+    let report = run.ok().json();
+    assert_eq!(report["carrier"]["carrier"], "helper", "{}", run.describe());
+    assert!(helper_socket(&env).exists(), "no helper was started");
     resume(&env, root).ok();
     ok(tree.w("a"), &["verify m 13"]);
 }
@@ -247,6 +278,7 @@ fn prepare_keeps_to_its_budget_and_pins_nothing_for_process_carriers() {
         8 << 20,
         &prepare_args(&env, root),
         &[("CUINTERPOSE_PIN_AHEAD_MIB", "2")],
+        false,
     );
     let prepared = run.ok().json();
     let process = &prepared["processes"][0];

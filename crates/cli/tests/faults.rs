@@ -806,8 +806,19 @@ fn every_ordinary_bad_input_gets_its_exit_code() {
             "from 2 to 64",
         ),
         (
-            vec!["demo", "--fake", "--sharing", "multicast", "--to-disk"],
+            vec![
+                "demo",
+                "--fake",
+                "--sharing",
+                "multicast",
+                "--allow-multicast",
+                "--to-disk",
+            ],
             "runs in place only",
+        ),
+        (
+            vec!["demo", "--fake", "--sharing", "multicast"],
+            "--allow-multicast",
         ),
         (
             vec!["carrier-helper", "--socket", &file_arg],

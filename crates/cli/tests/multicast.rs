@@ -304,6 +304,7 @@ fn demo_multicast_passes_on_the_fake_driver() {
             "demo",
             "--sharing",
             "multicast",
+            "--allow-multicast",
             "--processes",
             "3",
             "--size",

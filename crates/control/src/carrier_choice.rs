@@ -8,7 +8,8 @@
 //! - its context stays on every GPU while the application runs again, so each device must have
 //!   room for it beside what the group holds now ([`ToolConfig::helper_context_bytes`]);
 //! - it pins a carrier as large as the group's bytes, which `RLIMIT_MEMLOCK` must allow (the
-//!   helper inherits the tool's limit);
+//!   helper inherits the tool's limit and capabilities: with `CAP_IPC_LOCK`, as root has it, the
+//!   kernel applies no limit);
 //! - pinned pages cannot be reclaimed, so they may take at most half of the host's available
 //!   memory (a process carrier is pageable and can be swapped or reclaimed under pressure).
 //!
@@ -47,7 +48,8 @@ pub enum Requested {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Machine {
     /// The tool's soft `RLIMIT_MEMLOCK` in bytes, which a helper it starts inherits; `None`:
-    /// unlimited.
+    /// unlimited, or the tool has `CAP_IPC_LOCK` (which the helper inherits too), to which the
+    /// kernel applies no limit.
     pub memlock: Option<u64>,
     /// `MemAvailable` of `/proc/meminfo`.
     pub host_available: u64,
@@ -230,15 +232,29 @@ pub fn none_for_disk(machine: Machine) -> CarrierChoice {
     }
 }
 
-/// The tool's `RLIMIT_MEMLOCK` (soft) and the host's available memory; no devices.
+/// The tool's `RLIMIT_MEMLOCK` (soft, none with `CAP_IPC_LOCK`) and the host's available memory;
+/// no devices.
 pub fn host_facts() -> Machine {
-    let memlock = rustix::process::getrlimit(rustix::process::Resource::Memlock).current;
+    let memlock = if may_lock_unlimited() {
+        None
+    } else {
+        rustix::process::getrlimit(rustix::process::Resource::Memlock).current
+    };
     Machine {
         memlock,
         host_available: mem_available().unwrap_or(0),
         devices: Vec::new(),
         helper_running: false,
     }
+}
+
+/// Whether this process has `CAP_IPC_LOCK` in its effective set: the kernel then applies no
+/// `RLIMIT_MEMLOCK` to what it pins (root's case, where the default limit is only 8 MiB).
+fn may_lock_unlimited() -> bool {
+    rustix::thread::capabilities(None).is_ok_and(|caps| {
+        caps.effective
+            .contains(rustix::thread::CapabilitySet::IPC_LOCK)
+    })
 }
 
 /// `MemAvailable` of `/proc/meminfo`, in bytes.

@@ -105,12 +105,6 @@ impl Driver {
         Ok(Driver { loaded, version })
     }
 
-    /// Whether the library is the bundled fake driver (`cuda::Loaded::is_bundled_fake`): what
-    /// `cuinterpose demo --sharing multicast` requires before it makes any multicast call.
-    pub fn is_bundled_fake(&self) -> bool {
-        self.loaded.is_bundled_fake()
-    }
-
     fn table(&self) -> &DriverTable {
         self.loaded.table()
     }

@@ -79,8 +79,6 @@ pub struct Loaded {
     route: Resolve,
     /// The entries the route did not find (their calls return `CUDA_ERROR_NOT_FOUND`).
     missing: &'static [&'static str],
-    /// The library exports `fakeCudaUsage`, which only the bundled fake driver has.
-    fake: bool,
 }
 
 impl Loaded {
@@ -101,13 +99,6 @@ impl Loaded {
     /// `CUDA_ERROR_NOT_FOUND`).
     pub fn is_missing(&self, name: &str) -> bool {
         self.missing.contains(&name)
-    }
-
-    /// Whether the library is the bundled fake driver (`crates/fake-cuda`), told by a symbol no
-    /// real driver exports. What gates every multicast call a program of this project makes on
-    /// its own: multicast must never run on a real GPU here (docs/design.md, GPU rules).
-    pub fn is_bundled_fake(&self) -> bool {
-        self.fake
     }
 }
 
@@ -170,7 +161,6 @@ pub fn load(library: &OsStr, route: Resolve) -> Result<Loaded, LoadError> {
             unsafe { DriverTable::resolve(|entry| noted(entry, resolved(entry))) }
         }
     };
-    let fake = dlsym(c"fakeCudaUsage").is_some();
     let path = resolved_path(&lib, library.as_ref());
     // Never unloaded (module docs).
     std::mem::forget(lib);
@@ -179,7 +169,6 @@ pub fn load(library: &OsStr, route: Resolve) -> Result<Loaded, LoadError> {
         path: Box::leak(path.into_boxed_path()),
         route,
         missing: Vec::leak(missing),
-        fake,
     })
 }
 

@@ -9,14 +9,18 @@
 //!   `NVSHMEM_DISABLE_NVLS=1`: the lane exports them before it starts anything, every Python
 //!   script imports `lane_common` (which sets them) at module level before torch, nothing sets
 //!   them to another value, unsets them or starts a process with an environment of its own;
+//! - the lane never passes `--allow-multicast`, the demo's explicit leave to make multicast
+//!   objects, nor asks for `--sharing multicast`;
 //! - the programs the lane starts (`crates/testkit`: scenarios; `crates/workload`: the workload and
-//!   its launcher; `crates/cli`: demo, bench, run; `crates/control` is only checked for the
-//!   switches) call no multicast entry point except through the one gate: the workload's `mc-*`
-//!   commands ([`GATED`]), each of which first calls `self.fake_only(..)`, which refuses unless the
-//!   loaded library is the bundled fake (`is_bundled_fake()`: a symbol no real driver exports). A
-//!   multicast name anywhere else, or a function of that file that reaches one before the gate,
-//!   fails here; and they keep the switches (the workload's launcher, which testkit builds on, sets
-//!   them on every process it starts, nothing clears the environment).
+//!   its launcher; `crates/cli`: the tool; `crates/demo`: demo and bench; `crates/control` is only
+//!   checked for the switches) call no multicast entry point except through the one gate: the
+//!   workload's `mc-*` commands ([`GATED`]), each of which first calls `self.fake_only(..)`, which
+//!   refuses unless the loaded library is the bundled fake (`is_bundled_fake()`: a symbol no real
+//!   driver exports). A multicast name anywhere else, or a function of that file that reaches one
+//!   before the gate, fails here; the demo refuses its multicast run before any `mc-*` command
+//!   unless `--allow-multicast` was given; and they keep the switches (the workload's launcher,
+//!   which testkit builds on, sets them on every process it starts, nothing clears the
+//!   environment).
 //!
 //! The shim and its runtime are not scanned: they forward the application's own calls, and the
 //! application is one of the above.
@@ -35,7 +39,7 @@ const SWITCHES: [(&str, &str); 3] = [
 ];
 
 /// Names through which a script reaches multicast (case-sensitive substrings).
-const SCRIPT_APIS: [&str; 10] = [
+const SCRIPT_APIS: [&str; 11] = [
     "cuMulticast",
     "cudaMulticast",
     "_symmetric_memory",
@@ -46,6 +50,7 @@ const SCRIPT_APIS: [&str; 10] = [
     "WindowRegister",
     "--sharing multicast",
     "--sharing=multicast",
+    "--allow-multicast",
 ];
 
 /// Names through which Rust code reaches a multicast entry point: the symbol names (dlsym,
@@ -61,6 +66,9 @@ const RUST_APIS: [&str; 6] = [
 
 /// The one file of the lane's programs allowed to reach multicast, behind its gate.
 const GATED: &str = "crates/workload/src/server/exec/multicast.rs";
+
+/// The demo's runs: its multicast run sends the gated commands, behind a gate of its own.
+const DEMO: &str = "crates/demo/src/demo.rs";
 
 /// Whether `line` is a comment or an import (naming a type is not calling anything).
 fn inert(line: &str) -> bool {
@@ -134,22 +142,22 @@ fn gate_violations(source: &Source) -> Vec<String> {
 }
 
 /// The demo's multicast path (`cuinterpose demo --sharing multicast`) sends the workload's `mc-*`
-/// commands; the workload refuses them on a real driver, and the demo must refuse first, by the
-/// library: its gate (`!driver.is_bundled_fake()` followed by a `bail!`) comes before the first
-/// `mc-` command it names.
+/// commands; the workload refuses them on a real driver, and the demo must refuse first unless the
+/// user allowed multicast: its gate (`!options.allow_multicast` followed by a `bail!`) comes before
+/// the first `mc-` command it names.
 fn demo_gate_violations(source: &Source) -> Vec<String> {
     let text = &source.text;
     let Some(first_command) = text.find("\"mc-") else {
         return Vec::new();
     };
     let gate = text
-        .find("!driver.is_bundled_fake()")
+        .find("!options.allow_multicast")
         .filter(|&g| g < first_command && text[g..first_command].contains("bail!("));
     match gate {
         Some(_) => Vec::new(),
         None => vec![format!(
-            "{}: sends multicast commands without refusing first unless the driver is the bundled \
-             fake (`if multicast && !driver.is_bundled_fake() {{ bail!(..) }}`)",
+            "{}: sends multicast commands without refusing first unless --allow-multicast was \
+             given (`if .. && !options.allow_multicast {{ bail!(..) }}`)",
             source.name
         )],
     }
@@ -436,11 +444,12 @@ fn lane_scripts_never_reach_multicast_and_keep_the_switches() {
 
 #[test]
 fn lane_programs_call_no_multicast_and_keep_the_switches() {
-    // The scenarios, workloads, demo and bench: no multicast call, no switch dropped.
+    // The scenarios, workloads, the tool, demo and bench: no multicast call, no switch dropped.
     let sources = rust_sources(&[
         "crates/testkit/src",
         "crates/workload/src",
         "crates/cli/src",
+        "crates/demo/src",
     ]);
     assert!(
         sources.iter().any(|s| s.name.ends_with("scenarios.rs")),
@@ -451,10 +460,7 @@ fn lane_programs_call_no_multicast_and_keep_the_switches() {
         "crates/workload/src/server/exec.rs is gone"
     );
     let mut found = program_violations(&sources, true);
-    let demo = sources
-        .iter()
-        .find(|s| s.name == "crates/cli/src/demo.rs")
-        .expect("crates/cli/src/demo.rs");
+    let demo = sources.iter().find(|s| s.name == DEMO).expect(DEMO);
     found.extend(demo_gate_violations(demo));
     // The tool's library starts CRIU and test processes: it may name multicast (protocol,
     // refusals) but must not drop the switches.
@@ -539,6 +545,13 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
                 "\"$bin/cuinterpose\" demo --fake --sharing=multicast",
             )),
             "names multicast (--sharing=multicast)",
+        ),
+        (
+            "gpu-lane.sh",
+            Box::new(appended(
+                "\"$bin/cuinterpose\" demo --fake --allow-multicast",
+            )),
+            "names multicast (--allow-multicast)",
         ),
         (
             "gpu-lane.sh",
@@ -643,10 +656,10 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
         );
     }
     // The demo's gate: removed, or moved after the first multicast command, it is missed.
-    let demo = rust_sources(&["crates/cli/src"])
+    let demo = rust_sources(&["crates/demo/src"])
         .into_iter()
-        .find(|s| s.name == "crates/cli/src/demo.rs")
-        .expect("crates/cli/src/demo.rs");
+        .find(|s| s.name == DEMO)
+        .expect(DEMO);
     assert!(
         demo.text.contains("\"mc-create"),
         "the demo's multicast path is gone"
@@ -654,7 +667,7 @@ fn the_checks_find_faults_added_to_copies_of_the_scripts() {
     assert!(demo_gate_violations(&demo).is_empty());
     let ungated = Source {
         name: demo.name.clone(),
-        text: demo.text.replacen("!driver.is_bundled_fake()", "false", 1),
+        text: demo.text.replacen("!options.allow_multicast", "false", 1),
     };
     assert!(
         !demo_gate_violations(&ungated).is_empty(),

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -97,13 +97,15 @@ pub enum Request {
     /// the bytes Save would copy into the file on this frame's descriptor, which the tool opened
     /// for writing and left empty; or, with `store`, into the block store whose directory is the
     /// descriptor (one file per distinct 2 MiB block, named by its BLAKE3: [`block_path`]).
-    /// Answered with [`Response::Streamed`].
-    SaveTo { store: bool },
+    /// Answered with [`Response::Streamed`]. `workers` I/O threads stream it
+    /// ([`data_workers`]).
+    SaveTo { store: bool, workers: u16 },
     /// Load from the data file on this frame's descriptor instead of the carrier: `file` is what
     /// SaveTo answered (the manifest's record), and the bytes read must hash to its digest. When
     /// the record lists blocks ([`DataFile::blocks`]) the descriptor is the block store's
     /// directory, and each block read must hash to its name.
-    LoadFrom { file: DataFile },
+    /// `workers` I/O threads stream it ([`data_workers`]).
+    LoadFrom { file: DataFile, workers: u16 },
     /// Save for a cycle that skips the native checkpoint and restore (`suspend --keep-contexts`):
     /// as Save, and a shim whose carrier setting is `auto` copies through a pinned carrier, which
     /// no native restore will have to re-pin.
@@ -389,9 +391,23 @@ pub const DATA_ALIGN: u64 = 2 << 20;
 /// rate, a multiple of [`DATA_ALIGN`] so that I/Os start on block boundaries. Shared by the shims
 /// and by `cuinterpose bench --to-disk`, which measures a directory with the same I/Os.
 pub const DATA_IO: u64 = 8 << 20;
-/// I/Os in flight on one data file (one thread each): several keep a disk array's queue busy while
-/// one thread copies or hashes.
-pub const DATA_WORKERS: usize = 4;
+/// Fewest I/Os in flight on one data file (one thread each): several keep a disk array's queue
+/// busy while one thread copies or hashes.
+pub const MIN_DATA_WORKERS: u16 = 4;
+/// Most I/O threads of one process's data file.
+pub const MAX_DATA_WORKERS: u16 = 32;
+
+/// I/O threads for each of `processes` data files streamed at once on a machine of `cpus` CPUs:
+/// twice the CPUs shared out (a worker waits for its synchronous device copy about as long as it
+/// reads and hashes, so two per CPU keep every core busy), at least [`MIN_DATA_WORKERS`] and at
+/// most [`MAX_DATA_WORKERS`]. Where the files sit in memory (tmpfs, the page cache) reading and
+/// hashing are CPU work, and the rate grows with the threads up to the link's; on a disk, the
+/// threads are the queue depth. The tool sends it with SaveTo and LoadFrom, and `bench --to-disk`
+/// measures the directory with as many.
+pub fn data_workers(cpus: usize, processes: usize) -> u16 {
+    let share = (2 * cpus) / processes.max(1);
+    share.clamp(MIN_DATA_WORKERS as usize, MAX_DATA_WORKERS as usize) as u16
+}
 
 /// The carrier helper's socket in a control directory ([`Request::SaveThroughHelper`]).
 pub const CARRIER_HELPER_SOCKET: &str = "cuinterpose-carrier.sock";
@@ -621,4 +637,22 @@ fn decode_body<'a, T: Deserialize<'a>>(
         return Err(ProtocolError::TrailingBytes(rest.len()));
     }
     Ok(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_workers_share_twice_the_cpus_within_bounds() {
+        // The H100 machine: 16 CPUs; one process gets 32, a pair 16 each, eight 4 each.
+        assert_eq!(data_workers(16, 1), 32);
+        assert_eq!(data_workers(16, 2), 16);
+        assert_eq!(data_workers(16, 8), MIN_DATA_WORKERS);
+        // CI's 2 cores: never fewer than the disk's queue needs.
+        assert_eq!(data_workers(2, 1), MIN_DATA_WORKERS);
+        // A large host: never more threads than one file's stream can use.
+        assert_eq!(data_workers(256, 1), MAX_DATA_WORKERS);
+        assert_eq!(data_workers(8, 0), 16, "no processes counts as one");
+    }
 }

@@ -410,8 +410,20 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("import", Request::Import),
         ("thaw", Request::Thaw),
         ("multicast", Request::Multicast(MulticastStep::AddDevices)),
-        ("save_to", Request::SaveTo { store: true }),
-        ("load_from", Request::LoadFrom { file: data_file() }),
+        (
+            "save_to",
+            Request::SaveTo {
+                store: true,
+                workers: 8,
+            },
+        ),
+        (
+            "load_from",
+            Request::LoadFrom {
+                file: data_file(),
+                workers: 8,
+            },
+        ),
         ("save_keeping_contexts", Request::SaveKeepingContexts),
         (
             "save_through_helper",

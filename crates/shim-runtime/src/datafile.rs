@@ -4,7 +4,8 @@
 //!
 //! One file per process (the tool passes one descriptor per request, the only kind a frame
 //! carries), its allocations one after the other at multiples of [`DATA_ALIGN`] (2 MiB), as
-//! [`layout`] places them. Each of [`WORKERS`] threads takes the next unit of at most [`IO_SIZE`]
+//! [`layout`] places them. Each of the request's worker threads
+//! ([`protocol::message::data_workers`]: twice the CPUs shared out over the group) takes the next unit of at most [`IO_SIZE`]
 //! bytes in file order, copies it between the device and its own pinned buffer (synchronous
 //! copies: the buffer is reused at once), and writes or reads it at its offset with `pwrite` /
 //! `pread`, so several large aligned I/Os are in flight. `O_DIRECT` is used when the tool could
@@ -42,8 +43,6 @@ use std::time::Instant;
 pub const IO_SIZE: usize = protocol::message::DATA_IO as usize;
 // A unit is a whole BLAKE3 subtree (crate::digest), which TreeDigests::new asserts.
 const _: () = assert!(IO_SIZE.is_power_of_two() && IO_SIZE >= blake3::CHUNK_LEN);
-/// I/O threads per process ([`protocol::message::DATA_WORKERS`]).
-pub const WORKERS: usize = protocol::message::DATA_WORKERS;
 /// `O_DIRECT` alignment of lengths (the buffers are page-aligned pinned memory).
 const PAGE: usize = 4096;
 const BLOCK: usize = DATA_ALIGN as usize;
@@ -266,6 +265,8 @@ fn runs(unit: &Unit, zero: impl Fn(usize, usize) -> bool) -> Vec<(usize, usize, 
 struct Shared<'a> {
     real: &'a Real,
     file: BorrowedFd<'a>,
+    /// I/O threads ([`protocol::message::data_workers`], sent by the tool).
+    workers: usize,
     direct: Direct,
     units: Vec<Unit>,
     next: AtomicUsize,
@@ -292,14 +293,14 @@ impl Shared<'_> {
     }
 }
 
-/// Runs [`WORKERS`] threads over the units; each enters its units' device context as needed and
+/// Runs the stream's worker threads over the units; each enters its units' device context as needed and
 /// owns one pinned buffer of [`IO_SIZE`] bytes. `step` does one unit in the buffer, its digest
 /// included.
 fn run<F>(shared: &Shared<'_>, step: &F) -> u32
 where
     F: Fn(&Shared<'_>, &Unit, &mut [u8]) -> Result<(), DataFileError> + Sync,
 {
-    let workers = WORKERS.min(shared.units.len());
+    let workers = shared.workers.clamp(1, shared.units.len().max(1));
     let fail = |e: DataFileError| {
         shared.failed.store(true, Ordering::Release);
         shared
@@ -379,11 +380,13 @@ pub fn write(
     file: BorrowedFd<'_>,
     regions: &[Region],
     length: u64,
+    workers: usize,
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
     let shared = Shared {
         real,
         file,
+        workers,
         direct: Direct::of(file),
         units: units(regions),
         next: AtomicUsize::new(0),
@@ -477,6 +480,7 @@ pub fn read(
     file: BorrowedFd<'_>,
     regions: &[Region],
     record: &DataFile,
+    workers: usize,
 ) -> Result<StreamStats, DataFileError> {
     let start = Instant::now();
     if regions.is_empty() {
@@ -495,6 +499,7 @@ pub fn read(
     let shared = Shared {
         real,
         file,
+        workers,
         direct: Direct::of(file),
         units: units(regions),
         next: AtomicUsize::new(0),
@@ -573,10 +578,16 @@ pub fn read(
 
 /// The workers' state of a stream through a block store, besides [`Shared`] (whose file is the
 /// store's directory and whose tree digests are not used: each block has its own).
-fn new_shared<'a>(real: &'a Real, store: BorrowedFd<'a>, regions: &[Region]) -> Shared<'a> {
+fn new_shared<'a>(
+    real: &'a Real,
+    store: BorrowedFd<'a>,
+    regions: &[Region],
+    workers: usize,
+) -> Shared<'a> {
     Shared {
         real,
         file: store,
+        workers,
         direct: Direct::of(store),
         units: units(regions),
         next: AtomicUsize::new(0),
@@ -646,9 +657,10 @@ pub fn write_blocks(
     store: BorrowedFd<'_>,
     regions: &[Region],
     length: u64,
+    workers: usize,
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
-    let shared = new_shared(real, store, regions);
+    let shared = new_shared(real, store, regions, workers);
     let direct = blockstore::Direct::default();
     let batch = blockstore::Batch::new(store);
     let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
@@ -726,6 +738,7 @@ pub fn read_blocks(
     store: BorrowedFd<'_>,
     regions: &[Region],
     record: &DataFile,
+    workers: usize,
 ) -> Result<StreamStats, DataFileError> {
     let start = Instant::now();
     if regions.is_empty() {
@@ -751,7 +764,7 @@ pub fn read_blocks(
     }
     let by_index: std::collections::HashMap<u64, StoredBlock> =
         blocks.iter().map(|b| (b.index, *b)).collect();
-    let shared = new_shared(real, store, regions);
+    let shared = new_shared(real, store, regions, workers);
     let direct = blockstore::Direct::default();
     let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
         let mut at = 0;
@@ -838,6 +851,8 @@ mod tests {
     use std::os::fd::AsFd;
 
     const MIB: usize = 1 << 20;
+    /// The fewest a tool sends: several threads share the units, as in every stream.
+    const TEST_WORKERS: usize = protocol::message::MIN_DATA_WORKERS as usize;
 
     /// A mapped test-driver allocation of `len` bytes: a pattern, with the 2 MiB blocks listed in
     /// `zero` all zeros.
@@ -893,7 +908,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("gpu.data");
         let file = std::fs::File::create_new(&path).expect("create");
-        let (record, stats) = write(&real, file.as_fd(), &regions, length).expect("write");
+        let (record, stats) =
+            write(&real, file.as_fd(), &regions, length, TEST_WORKERS).expect("write");
         assert_eq!(record.zero_blocks, vec![1, 4, 5, 12]);
         let zero = 3 * BLOCK as u64 + (64 * 1024);
         assert_eq!(stats.zero_bytes, zero);
@@ -917,7 +933,7 @@ mod tests {
         real.memcpy_htod(a, &vec![0xee; a_len]).expect("wipe");
         real.memcpy_htod(b, &vec![0xee; b_len]).expect("wipe");
         let file = std::fs::File::open(&path).expect("open");
-        let read_stats = read(&real, file.as_fd(), &regions, &record).expect("read");
+        let read_stats = read(&real, file.as_fd(), &regions, &record, TEST_WORKERS).expect("read");
         assert_eq!(read_stats.zero_bytes, zero);
         assert_eq!(read_stats.file_bytes, stats.file_bytes);
         assert!(device(&real, a, a_len) == a_bytes, "first allocation back");
@@ -928,7 +944,8 @@ mod tests {
         bad[(20 * MIB) + 7] ^= 1;
         std::fs::write(&path, &bad).expect("corrupt");
         let file = std::fs::File::open(&path).expect("open");
-        let error = read(&real, file.as_fd(), &regions, &record).expect_err("corrupt");
+        let error =
+            read(&real, file.as_fd(), &regions, &record, TEST_WORKERS).expect_err("corrupt");
         assert!(
             matches!(error, DataFileError::Digest { id, .. } if id == ids[1]),
             "{error}"
@@ -936,7 +953,7 @@ mod tests {
         // Cut short: refused as truncated before anything is read.
         std::fs::write(&path, &on_disk[..12 * MIB]).expect("truncate");
         let file = std::fs::File::open(&path).expect("open");
-        let error = read(&real, file.as_fd(), &regions, &record).expect_err("short");
+        let error = read(&real, file.as_fd(), &regions, &record, TEST_WORKERS).expect_err("short");
         assert!(matches!(error, DataFileError::Truncated { .. }), "{error}");
     }
 
@@ -987,7 +1004,8 @@ mod tests {
             .collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let store = std::fs::File::open(dir.path()).expect("store");
-        let (record, stats) = write_blocks(&real, store.as_fd(), &regions, length).expect("write");
+        let (record, stats) =
+            write_blocks(&real, store.as_fd(), &regions, length, TEST_WORKERS).expect("write");
         // Blocks: a 0..4 (1 zero, 3 partial), b 4..8 (5 zero), c 8..10 (8 = a's block 0).
         assert_eq!(record.zero_blocks, vec![1, 5]);
         let digests = record.blocks.clone().expect("a block list");
@@ -1013,8 +1031,8 @@ mod tests {
         assert_eq!(std::fs::metadata(&partial).expect("stat").len(), 64 * 1024);
 
         // A second write of the same bytes writes nothing.
-        let (again, second) =
-            write_blocks(&real, store.as_fd(), &regions, length).expect("write again");
+        let (again, second) = write_blocks(&real, store.as_fd(), &regions, length, TEST_WORKERS)
+            .expect("write again");
         assert_eq!(again, record);
         assert_eq!(second.file_bytes, 0);
         assert_eq!(second.shared_bytes, stats.file_bytes + stats.shared_bytes);
@@ -1027,7 +1045,8 @@ mod tests {
         for (va, n) in [(a, len), (b, len), (c, 4 * MIB)] {
             real.memcpy_htod(va, &vec![0xee; n]).expect("wipe");
         }
-        let read = read_blocks(&real, store.as_fd(), &regions, &record).expect("read");
+        let read =
+            read_blocks(&real, store.as_fd(), &regions, &record, TEST_WORKERS).expect("read");
         assert_eq!(read.zero_bytes, 2 * BLOCK as u64);
         assert!(device(&real, a, len) == a_bytes, "first replica back");
         assert!(device(&real, b, len) == b_bytes, "second replica back");
@@ -1041,19 +1060,22 @@ mod tests {
         let mut bytes = std::fs::read(&shared).expect("read block");
         bytes[7] ^= 1;
         std::fs::write(&shared, &bytes).expect("corrupt");
-        let error = read_blocks(&real, store.as_fd(), &regions, &record).expect_err("corrupt");
+        let error = read_blocks(&real, store.as_fd(), &regions, &record, TEST_WORKERS)
+            .expect_err("corrupt");
         assert!(
             matches!(error, DataFileError::BlockDigest { .. }),
             "{error}"
         );
         // Missing: refused.
         std::fs::remove_file(&shared).expect("remove");
-        let error = read_blocks(&real, store.as_fd(), &regions, &record).expect_err("missing");
+        let error = read_blocks(&real, store.as_fd(), &regions, &record, TEST_WORKERS)
+            .expect_err("missing");
         assert!(matches!(error, DataFileError::Block(_)), "{error}");
         // A record whose extent digest is not of its block list: refused before reading.
         let mut edited = record.clone();
         edited.extents[2].blake3[0] ^= 1;
-        let error = read_blocks(&real, store.as_fd(), &regions, &edited).expect_err("edited");
+        let error =
+            read_blocks(&real, store.as_fd(), &regions, &edited, TEST_WORKERS).expect_err("edited");
         assert!(matches!(error, DataFileError::Digest { .. }), "{error}");
     }
 }

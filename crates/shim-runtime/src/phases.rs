@@ -129,12 +129,16 @@ impl Capture {
             (Request::Load, _) => copied(self.load_saved(t)),
             (Request::Import, _) => plain(self.import(t)),
             (Request::Thaw, _) => plain(self.thaw(t, drain)),
-            (Request::SaveTo { store }, Some(file)) => {
-                streamed(self.save(t, &DataFileStore::save_to(file.as_fd(), store)))
+            (Request::SaveTo { store, workers }, Some(file)) => {
+                streamed(self.save(t, &DataFileStore::save_to(file.as_fd(), store, workers)))
             }
-            (Request::LoadFrom { file: record }, Some(file)) => {
-                streamed(self.load(t, &DataFileStore::load_from(file.as_fd(), record)))
-            }
+            (
+                Request::LoadFrom {
+                    file: record,
+                    workers,
+                },
+                Some(file),
+            ) => streamed(self.load(t, &DataFileStore::load_from(file.as_fd(), record, workers))),
             (Request::Multicast(step), _) => plain(t.multicast_step(step)),
             (other, _) => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request, or came without its descriptor"

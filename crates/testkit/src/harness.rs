@@ -49,6 +49,15 @@ pub enum HarnessError {
     /// The native checkpoint API could not be used.
     #[error(transparent)]
     Native(#[from] ControlError),
+    /// The error probes' process (`cuinterpose-probe-errors`) ended other than with its cases or
+    /// by a probe.
+    #[error("{what}\n--- log ---\n{log}")]
+    Probes {
+        /// What went wrong.
+        what: String,
+        /// Its stderr.
+        log: String,
+    },
 }
 
 /// Which `libcuda.so.1` the workloads load.

@@ -8,6 +8,8 @@
 //! - [`runtime`]: real container runtimes (runc, Podman, containerd) over a locally made image.
 //! - [`cri`]: a client of the Kubernetes CRI (containerd's), to make pods as a kubelet does.
 //! - [`native`]: the driver's `cuCheckpointProcess*` API on another process's pid.
+//! - [`probes`]: the error probes, bad driver calls whose result codes the `vmm-errors` scenario
+//!   compares between drivers, run in a process of their own (binary `cuinterpose-probe-errors`).
 //! - [`scenarios`]: the scenario list that CI runs on the fake driver and the GPU lane on the real
 //!   one (binary `cuinterpose-scenarios`).
 //!
@@ -18,6 +20,7 @@ pub mod container;
 pub mod cri;
 pub mod harness;
 pub mod native;
+pub mod probes;
 pub mod runtime;
 pub mod scenarios;
 

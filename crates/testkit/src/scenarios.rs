@@ -8,7 +8,7 @@
 //!   result name (`restore=CUDA_ERROR_NOT_SUPPORTED unlock=CUDA_ERROR_ILLEGAL_STATE`), a workload
 //!   error kind (`b:verify-a0-32=mismatch`: process `b`, region `a0`, pattern seed 32), or
 //!   `hang>20s` for a native call still running at the limit (nothing after a hang is attempted);
-//! - `crash` for a `vmm-errors` probe that killed its workload (a signal), `exit:N` if it exited;
+//! - `crash` for a `vmm-errors` probe that killed its process (a signal), `exit:N` if it exited;
 //! - `skipped: WHY` when the machine cannot run the scenario (`device-remap` on one GPU);
 //! - `error: ...` when the scenario could not be set up at all.
 //!
@@ -30,8 +30,8 @@ use crate::harness::{
     Artifacts, DriverKind, Group, HarnessError, LaunchError, TestEnv, Workload, WorkloadOptions,
 };
 use crate::native::{self, Bounded, Driver, bounded};
+use crate::probes::{self, Ended, PROBES, last_running};
 use crate::reply::Reply;
-use crate::server::{PROBES, last_running};
 
 /// How scenarios run.
 #[derive(Debug, Clone)]
@@ -553,46 +553,36 @@ fn share_tree4(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
     Ok(single(ring_checks(&g)))
 }
 
-/// Every probe's result. A probe that kills the workload (the real driver dereferences some null
-/// pointers and dies of SIGSEGV) is found by the name the workload logged before running it; it
-/// is reported as `crash` and the others run again in a fresh workload that skips it.
+/// Every probe's result, each probe run in the probe process (crate::probes) as a workload would be
+/// started. A probe that kills its process (the real driver dereferences some null pointers and
+/// dies of SIGSEGV) is found by the name the process logged before running it; it is reported as
+/// `crash` and the others run again in a fresh process that skips it.
 fn vmm_errors(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
     let mut crashed: Vec<(String, String)> = Vec::new();
     for attempt in 1..=PROBES.len() + 1 {
-        let name = if attempt == 1 {
-            "w".to_owned()
-        } else {
-            format!("w{attempt}")
+        let name = format!("probe-errors-{attempt}");
+        let skip: Vec<&str> = crashed.iter().map(|(n, _)| n.as_str()).collect();
+        let (status, log) = match probes::run_process(&ctx.env, &name, &skip)? {
+            Ended::Answered(cases) => return Ok(probe_cases(&cases, &crashed)),
+            Ended::Died { status, log } => (status, log),
         };
-        let mut w = ctx.spawn(&name)?;
-        let line = if crashed.is_empty() {
-            "probe-errors".to_owned()
-        } else {
-            let names: Vec<&str> = crashed.iter().map(|(n, _)| n.as_str()).collect();
-            format!("probe-errors --skip {}", names.join(","))
-        };
-        let failure = match w.ok(&line) {
-            Ok(reply) => return probe_cases(&name, &line, &reply, &crashed),
-            Err(e) => e,
-        };
-        // Not a crash unless the process is gone and its log names a probe not yet skipped.
-        let Some(status) = w.wait_exit(Duration::from_secs(10))? else {
-            return Err(failure.into());
-        };
-        let log = std::fs::read_to_string(w.log_path()).unwrap_or_default();
+        // Not a crash unless its log names a probe not yet skipped.
         match last_running(&log) {
             Some(probe) if !crashed.iter().any(|(n, _)| n == probe) => {
                 crashed.push((probe.to_owned(), death(status)));
             }
-            _ => return Err(failure.into()),
+            _ => {
+                return Err(HarnessError::Probes {
+                    what: format!("{name} ended ({status}) without naming a new probe"),
+                    log,
+                });
+            }
         }
     }
-    Err(LaunchError::Field {
-        workload: "w".into(),
-        line: "probe-errors".into(),
-        field: "cases",
-    }
-    .into())
+    Err(HarnessError::Probes {
+        what: format!("every probe killed its process: {crashed:?}"),
+        log: String::new(),
+    })
 }
 
 /// `crash` for a death by signal (what a bad pointer does to the real driver), else `exit:N`.
@@ -605,23 +595,9 @@ fn death(status: std::process::ExitStatus) -> String {
     }
 }
 
-/// The cases of a `probe-errors` reply in probe order, with the probes that killed earlier
-/// workloads in their places.
-fn probe_cases(
-    workload: &str,
-    line: &str,
-    reply: &Reply,
-    crashed: &[(String, String)],
-) -> Result<Vec<Case>, HarnessError> {
-    let cases = reply
-        .data
-        .get("cases")
-        .and_then(|c| c.as_array())
-        .ok_or_else(|| LaunchError::Field {
-            workload: workload.into(),
-            line: line.into(),
-            field: "cases",
-        })?;
+/// The cases a probe process answered, in probe order, with the probes that killed earlier
+/// processes in their places.
+fn probe_cases(cases: &[serde_json::Value], crashed: &[(String, String)]) -> Vec<Case> {
     let answered: Vec<(&str, &str)> = cases
         .iter()
         .filter_map(|c| {
@@ -651,7 +627,7 @@ fn probe_cases(
             });
         }
     }
-    Ok(out)
+    out
 }
 
 fn checkpoint_roundtrip(ctx: &Ctx) -> Result<Vec<Case>, HarnessError> {
@@ -991,20 +967,17 @@ mod tests {
     }
 
     #[test]
-    fn probes_that_killed_a_workload_keep_their_place_as_crash() {
+    fn probes_that_killed_their_process_keep_their_place_as_crash() {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(death(std::process::ExitStatus::from_raw(11)), "crash");
         assert_eq!(death(std::process::ExitStatus::from_raw(3 << 8)), "exit:3");
         let (first, second, third) = (PROBES[0].name, PROBES[1].name, PROBES[2].name);
-        let reply = Reply::ok("probe-errors").with(
-            "cases",
-            json!([
-                {"case": first, "call": "x", "result": "CUDA_ERROR_INVALID_VALUE"},
-                {"case": third, "call": "x", "result": "CUDA_SUCCESS"},
-            ]),
-        );
+        let answered = [
+            json!({"case": first, "call": "x", "result": "CUDA_ERROR_INVALID_VALUE"}),
+            json!({"case": third, "call": "x", "result": "CUDA_SUCCESS"}),
+        ];
         let crashed = vec![(second.to_owned(), "crash".to_owned())];
-        let cases = probe_cases("w2", "probe-errors", &reply, &crashed).unwrap();
+        let cases = probe_cases(&answered, &crashed);
         let got: Vec<(Option<&str>, &str)> = cases
             .iter()
             .map(|c| (c.case.as_deref(), c.outcome.as_str()))

@@ -323,32 +323,6 @@ fn sharing_helpers_build_pair_and_ring() {
 }
 
 #[test]
-fn probe_errors_skips_probes_and_names_each_one_it_runs_in_the_log() {
-    use cuinterpose_testkit::server::{PROBES, last_running};
-    let env = env();
-    let w = env.spawn(WorkloadOptions::new("w")).unwrap();
-    let skipped = [PROBES[0].name, PROBES[PROBES.len() - 1].name];
-    let reply = w
-        .ok(&format!(
-            "probe-errors --skip {},{}",
-            skipped[0], skipped[1]
-        ))
-        .unwrap();
-    let cases: Vec<&str> = reply.data["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["case"].as_str().unwrap())
-        .collect();
-    assert_eq!(cases.len(), PROBES.len() - 2);
-    assert!(!cases.contains(&skipped[0]) && !cases.contains(&skipped[1]));
-    let log = std::fs::read_to_string(w.log_path()).unwrap();
-    assert_eq!(last_running(&log), Some(PROBES[PROBES.len() - 2].name));
-    w.expect("probe-errors --skip no.such-probe", "usage")
-        .unwrap();
-}
-
-#[test]
 fn uuid_names_the_device_of_an_ordinal() {
     let env = env();
     let w = env.spawn(WorkloadOptions::new("w")).unwrap();

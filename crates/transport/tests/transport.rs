@@ -921,10 +921,22 @@ fn the_data_file_rides_on_save_to_and_nowhere_else() {
         c.set_timeout(Some(TIMEOUT)).unwrap();
     }
     let file = tempfile::tempfile().unwrap();
-    tool.send_request_with(&Request::SaveTo { store: false }, Some(file.as_fd()))
-        .unwrap();
+    tool.send_request_with(
+        &Request::SaveTo {
+            store: false,
+            workers: 4,
+        },
+        Some(file.as_fd()),
+    )
+    .unwrap();
     let (request, got) = shim.recv_request_with_fd().unwrap();
-    assert_eq!(request, Request::SaveTo { store: false });
+    assert_eq!(
+        request,
+        Request::SaveTo {
+            store: false,
+            workers: 4
+        }
+    );
     let got = got.expect("the data file");
     let (ours, theirs) = (
         file.metadata().unwrap(),
@@ -933,7 +945,10 @@ fn the_data_file_rides_on_save_to_and_nowhere_else() {
     assert_eq!((ours.dev(), ours.ino()), (theirs.dev(), theirs.ino()));
 
     assert!(matches!(
-        tool.send_request(&Request::SaveTo { store: false }),
+        tool.send_request(&Request::SaveTo {
+            store: false,
+            workers: 4
+        }),
         Err(TransportError::MissingFd)
     ));
     assert!(matches!(

@@ -10,7 +10,8 @@ use std::path::Path;
 use cuda::DriverHandle;
 use cuda_abi::*;
 
-/// The raw entry points, for the error probes that call them with bad arguments.
+/// The raw entry points: the busy loops and kernels hold them, and the test kit's error probes call
+/// them with bad arguments.
 pub use cuda::DriverTable as Api;
 pub use cuda::{CudaError as CuError, LoadError, PINNED_CUDA_VERSION, Resolve};
 
@@ -18,6 +19,8 @@ pub use cuda::{CudaError as CuError, LoadError, PINNED_CUDA_VERSION, Resolve};
 #[derive(Debug)]
 pub struct Driver {
     loaded: cuda::Loaded,
+    /// The library exports `fakeCudaUsage` ([`exports_fake_usage`]).
+    bundled_fake: bool,
 }
 
 /// An application's allocation handle, as the workload holds it (virtual under the shim).
@@ -25,22 +28,40 @@ fn handle(h: CUmemGenericAllocationHandle) -> DriverHandle {
     DriverHandle::from_raw(h)
 }
 
+/// Whether the driver `library` (loaded already, by the same name) exports `fakeCudaUsage`, which
+/// only the bundled fake driver (crates/fake-cuda) has and no real driver does. Opened by the name
+/// the driver was loaded by, so that the handle is the driver's even under the shim (whose `cuInit`
+/// is what the driver's path resolves to there). The workload is test tooling: the tool and the
+/// driver layer know nothing of the fake.
+#[allow(unsafe_code)] // dlopen and dlsym of the library the driver was loaded from
+fn exports_fake_usage(library: &Path) -> bool {
+    // SAFETY: `cuda::load` loaded this library into the process already and never unloads it, so
+    // opening it again only takes another reference; no initialiser runs a second time.
+    let Ok(library) = (unsafe { libloading::Library::new(library) }) else {
+        return false;
+    };
+    // SAFETY: the symbol is only looked up, never called or read.
+    unsafe { library.get::<*mut core::ffi::c_void>(b"fakeCudaUsage\0") }.is_ok()
+}
+
 impl Driver {
     /// Opens `library` (a name the loader searches, or a path) and resolves every entry point.
     pub fn load(library: &Path, route: Resolve) -> Result<Driver, LoadError> {
         Ok(Driver {
             loaded: cuda::load(library.as_os_str(), route)?,
+            bundled_fake: exports_fake_usage(library),
         })
     }
 
-    /// The resolved entry points, for the error probes that call them with bad arguments.
+    /// The resolved entry points.
     pub fn api(&self) -> &Api {
         self.loaded.table()
     }
 
-    /// Whether the library is the bundled fake driver: the gate of every multicast command.
+    /// Whether the library is the bundled fake driver: the gate of every multicast command
+    /// (multicast must never run on a real GPU here: docs/design.md, GPU rules).
     pub fn is_bundled_fake(&self) -> bool {
-        self.loaded.is_bundled_fake()
+        self.bundled_fake
     }
 
     /// The library's file.
@@ -385,5 +406,13 @@ mod tests {
         let err = Driver::load(Path::new("/nonexistent/libcuda.so.1"), Resolve::Dlsym)
             .expect_err("must not load");
         assert!(matches!(err, LoadError::Open { .. }), "{err}");
+    }
+
+    #[test]
+    fn only_a_library_exporting_the_fakes_symbol_is_the_fake() {
+        // libc is in every process and exports no `fakeCudaUsage`; a library that does not load
+        // is not the fake either. (The fake itself passes: the multicast tests run through it.)
+        assert!(!exports_fake_usage(Path::new("libc.so.6")));
+        assert!(!exports_fake_usage(Path::new("/nonexistent/libcuda.so.1")));
     }
 }

@@ -235,14 +235,25 @@ impl DataFiles {
         if self.store.is_none() {
             std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
         }
+        let workers = workers_for(participants.len());
         let results = each_parallel(participants, |p| {
             let ns_pid = p.hello.ns_pid;
             let streamed = if let Some(store) = &self.store {
-                p.stream(&Request::SaveTo { store: true }, store.fd())?
+                p.stream(
+                    &Request::SaveTo {
+                        store: true,
+                        workers,
+                    },
+                    store.fd(),
+                )?
             } else {
                 let path = self.path(ns_pid);
                 let file = create(&path)?;
-                let streamed = p.stream(&Request::SaveTo { store: false }, file.as_fd())?;
+                let save = Request::SaveTo {
+                    store: false,
+                    workers,
+                };
+                let streamed = p.stream(&save, file.as_fd())?;
                 if streamed.file.extents.is_empty() {
                     drop(file);
                     std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
@@ -288,6 +299,7 @@ impl DataFiles {
         participants: &mut [Participant],
         progress: &dyn Progress,
     ) -> Result<(u64, f64), ControlError> {
+        let workers = workers_for(participants.len());
         let results = each_parallel(participants, |p| {
             let ns_pid = p.hello.ns_pid;
             let entry = self.lock().get(&ns_pid).cloned();
@@ -303,14 +315,15 @@ impl DataFiles {
             };
             let path = self.path(ns_pid);
             let record = entry.record().map_err(|e| damaged(&path, e))?;
+            let load = |file| Request::LoadFrom { file, workers };
             let streamed = match (&self.store, record.blocks.is_some()) {
-                (Some(store), true) => p.stream(&Request::LoadFrom { file: record }, store.fd())?,
+                (Some(store), true) => p.stream(&load(record), store.fd())?,
                 (None, true) => {
                     return Err(damaged(&path, "lists blocks, and there is no block store"));
                 }
                 (_, false) => {
                     let file = open(&path)?;
-                    p.stream(&Request::LoadFrom { file: record }, file.as_fd())?
+                    p.stream(&load(record), file.as_fd())?
                 }
             };
             lock_work(&self.loaded).add(&streamed.stats);
@@ -597,6 +610,13 @@ fn each_parallel(
     })
 }
 
+/// I/O threads of each of `processes` data files streamed at once on this machine
+/// ([`protocol::message::data_workers`] of the CPUs this tool may use).
+pub fn workers_for(processes: usize) -> u16 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    protocol::message::data_workers(cpus, processes)
+}
+
 /// Bytes moved and the slowest shim's milliseconds, or the first error.
 fn totals(results: Vec<Result<Streamed, ControlError>>) -> Result<(u64, f64), ControlError> {
     let mut bytes = 0;
@@ -607,132 +627,4 @@ fn totals(results: Vec<Result<Streamed, ControlError>>) -> Result<(u64, f64), Co
         slowest = slowest.max(r.result.micros);
     }
     Ok((bytes, slowest as f64 / 1e3))
-}
-
-/// A directory's own sequential rates, measured the way the shims stream data files.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct DirRate {
-    pub bytes: u64,
-    /// Whether the file was written and read with `O_DIRECT` (the choice a checkpoint makes).
-    pub direct: bool,
-    pub write_millis: f64,
-    pub read_millis: f64,
-}
-
-/// A buffer piece aligned for `O_DIRECT`; an I/O is a vector of them (at most `IOV_MAX`).
-#[derive(Clone, Copy)]
-#[repr(C, align(4096))]
-struct Piece([u8; 64 << 10]);
-
-/// Writes `bytes` (rounded up to [`DATA_IO`]) into a new file in `dir` and reads it back as a data
-/// file is streamed: [`DATA_IO`] I/Os at aligned offsets, [`DATA_WORKERS`] in flight, `O_DIRECT`
-/// where a data file would get it (with the same fallback), synced after writing; the file is
-/// removed. Buffered I/O (tmpfs) reads from the page cache.
-pub fn measure_dir(dir: &Path, bytes: u64) -> Result<DirRate, ControlError> {
-    use protocol::message::{DATA_IO, DATA_WORKERS};
-    let path = dir.join(format!(".cuinterpose-rate-{}", std::process::id()));
-    let units = bytes.div_ceil(DATA_IO).max(1);
-    let run = |write: bool, file: &File| -> Result<f64, ControlError> {
-        let next = std::sync::atomic::AtomicU64::new(0);
-        let start = std::time::Instant::now();
-        let results: Vec<Result<(), ControlError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..DATA_WORKERS)
-                .map(|_| {
-                    s.spawn(|| {
-                        let pieces = DATA_IO as usize / std::mem::size_of::<Piece>();
-                        let mut buffer = vec![Piece([0xa5; 64 << 10]); pieces];
-                        loop {
-                            let unit = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if unit >= units {
-                                return Ok(());
-                            }
-                            rate_io(file, &path, &mut buffer, unit * DATA_IO, write)?;
-                        }
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ControlError::Protocol {
-                            process: "tool".into(),
-                            message: "a rate thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
-        });
-        for r in results {
-            r?;
-        }
-        if write {
-            file.sync_all().map_err(|e| state_error(&path, e))?;
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e3)
-    };
-    let measured = (|| {
-        let file = create(&path)?;
-        let write_millis = run(true, &file)?;
-        drop(file);
-        let file = open(&path)?;
-        let direct =
-            rustix::fs::fcntl_getfl(&file).is_ok_and(|f| f.contains(rustix::fs::OFlags::DIRECT));
-        let read_millis = run(false, &file)?;
-        Ok(DirRate {
-            bytes: units * DATA_IO,
-            direct,
-            write_millis,
-            read_millis,
-        })
-    })();
-    let _ = std::fs::remove_file(&path);
-    measured
-}
-
-/// One I/O of the rate measurement; a direct I/O refused with `EINVAL` goes buffered, as a shim's.
-fn rate_io(
-    file: &File,
-    path: &Path,
-    buffer: &mut [Piece],
-    offset: u64,
-    write: bool,
-) -> Result<(), ControlError> {
-    use std::io::{IoSlice, IoSliceMut};
-    let expected = std::mem::size_of_val(buffer);
-    loop {
-        let done = if write {
-            let slices: Vec<IoSlice<'_>> = buffer.iter().map(|p| IoSlice::new(&p.0)).collect();
-            rustix::io::pwritev(file, &slices, offset)
-        } else {
-            let mut slices: Vec<IoSliceMut<'_>> = buffer
-                .iter_mut()
-                .map(|p| IoSliceMut::new(&mut p.0))
-                .collect();
-            rustix::io::preadv(file, &mut slices, offset)
-        };
-        match done {
-            Ok(n) if n == expected => return Ok(()),
-            Ok(n) => {
-                return Err(state_error(
-                    path,
-                    std::io::Error::other(format!("short I/O: {n} of {expected} bytes")),
-                ));
-            }
-            Err(rustix::io::Errno::INTR) => {}
-            Err(rustix::io::Errno::INVAL) => {
-                let flags = rustix::fs::fcntl_getfl(file)
-                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
-                if !flags.contains(rustix::fs::OFlags::DIRECT) {
-                    return Err(state_error(
-                        path,
-                        std::io::Error::from_raw_os_error(libc::EINVAL),
-                    ));
-                }
-                rustix::fs::fcntl_setfl(file, flags - rustix::fs::OFlags::DIRECT)
-                    .map_err(|e| state_error(path, std::io::Error::from(e)))?;
-            }
-            Err(e) => return Err(state_error(path, std::io::Error::from(e))),
-        }
-    }
 }

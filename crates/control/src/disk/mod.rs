@@ -10,7 +10,7 @@
 //!
 //! One module per job: what is refused before a dump ([`preflight`]), the dump ([`checkpoint`]),
 //! the image digests ([`digests`]), the manifest ([`manifest`]), the GPUs and the device map
-//! ([`devices`]), the restore ([`restore`]) and what an interrupted restore leaves ([`leftovers`]).
+//! ([`devices`]), a directory's own rates for `bench --to-disk` ([`rate`]), the restore ([`restore`]) and what an interrupted restore leaves ([`leftovers`]).
 
 mod checkpoint;
 mod datafiles;
@@ -19,15 +19,17 @@ mod digests;
 pub mod leftovers;
 mod manifest;
 mod preflight;
+mod rate;
 mod restore;
 pub mod signing;
 pub mod store;
 
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
-pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, DirRate, measure_dir, remove_record};
+pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, remove_record, workers_for};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use preflight::namespace_root;
+pub use rate::{DirRate, measure_dir};
 pub use restore::{RestoreOptions, restore};
 pub use signing::SIGNATURE_FILE;
 

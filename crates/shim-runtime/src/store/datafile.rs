@@ -14,11 +14,14 @@ use protocol::message::{DataFile as Record, Extent, StreamStats};
 use protocol::record::AllocationId;
 use std::os::fd::BorrowedFd;
 
-/// The data file `file`, or with `blocks` the block store whose directory `file` is.
+/// The data file `file`, or with `blocks` the block store whose directory `file` is, streamed by
+/// `workers` threads.
 #[derive(Debug)]
 pub(crate) struct DataFile<'f> {
     file: BorrowedFd<'f>,
     blocks: bool,
+    /// I/O threads ([`protocol::message::data_workers`], sent by the tool with the request).
+    workers: usize,
     /// At LoadFrom, the checkpoint's copy of SaveTo's answer, which must be the one this process
     /// kept; empty at SaveTo, which makes it.
     record: Record,
@@ -26,20 +29,22 @@ pub(crate) struct DataFile<'f> {
 
 impl<'f> DataFile<'f> {
     /// The store SaveTo writes: the data file `file`, or with `blocks` the block store whose
-    /// directory `file` is.
-    pub(crate) fn save_to(file: BorrowedFd<'f>, blocks: bool) -> DataFile<'f> {
+    /// directory `file` is, by `workers` threads.
+    pub(crate) fn save_to(file: BorrowedFd<'f>, blocks: bool, workers: u16) -> DataFile<'f> {
         DataFile {
             file,
             blocks,
+            workers: workers.into(),
             record: Record::default(),
         }
     }
 
-    /// The store LoadFrom reads: the file `file` that `record` describes.
-    pub(crate) fn load_from(file: BorrowedFd<'f>, record: Record) -> DataFile<'f> {
+    /// The store LoadFrom reads: the file `file` that `record` describes, by `workers` threads.
+    pub(crate) fn load_from(file: BorrowedFd<'f>, record: Record, workers: u16) -> DataFile<'f> {
         DataFile {
             file,
             blocks: record.blocks.is_some(),
+            workers: workers.into(),
             record,
         }
     }
@@ -64,9 +69,9 @@ impl ByteStore for DataFile<'_> {
         let regions = regions_of(&work);
         // Synchronous copies only: when `write` returns no copy can touch the mappings.
         let written = if self.blocks {
-            write_blocks(&t.real, self.file, &regions, length)
+            write_blocks(&t.real, self.file, &regions, length, self.workers)
         } else {
-            write(&t.real, self.file, &regions, length)
+            write(&t.real, self.file, &regions, length, self.workers)
         };
         t.unmap_after_copy(work, false);
         let (record, stats) = written?;
@@ -101,9 +106,9 @@ impl ByteStore for DataFile<'_> {
     ) -> Result<StreamStats, PhaseError> {
         let regions = regions_of(work);
         let read = if self.blocks {
-            read_blocks(&t.real, self.file, &regions, &self.record)
+            read_blocks(&t.real, self.file, &regions, &self.record, self.workers)
         } else {
-            read(&t.real, self.file, &regions, &self.record)
+            read(&t.real, self.file, &regions, &self.record, self.workers)
         };
         read.map_err(PhaseError::from)
     }

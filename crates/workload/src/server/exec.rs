@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cuda_abi::{CUmemAccessDesc, CUmemLocation, access_flags, granularity_flags, location_type};
 use serde_json::{Value, json};
 
-use super::{ServeOptions, Shared, probe};
+use super::{ServeOptions, Shared};
 use crate::driver::{self, CuError, Driver};
 use crate::grammar::{self, Args, UsageError, parse_int, parse_number, usage};
 use crate::pattern::Pattern;
@@ -82,10 +82,6 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("sync", "sync"),
     ("sleep", "sleep MS"),
     ("wait", "wait fd|ipc|file NAME [--timeout MS]"),
-    (
-        "probe-errors",
-        "probe-errors [--device D] [--skip NAME[,NAME...]]...",
-    ),
     ("exit", "exit [CODE]"),
     (
         "recv-fd",
@@ -331,7 +327,6 @@ impl<'a> Exec<'a> {
             }
             "sleep" => sleep(a),
             "wait" => self.wait(a),
-            "probe-errors" => self.probe_errors(a),
             "exit" => {
                 let code = exit_code(a)?;
                 *exit = Some(code);
@@ -361,26 +356,6 @@ impl<'a> Exec<'a> {
         Ok(Reply::ok("mem-info")
             .with("free", free)
             .with("total", total))
-    }
-
-    /// The deliberately bad driver calls of `probe.rs`, each case's answer (minus `--skip` ones).
-    fn probe_errors(&mut self, a: &Args) -> Outcome {
-        a.check(0, &["device", "skip"])?;
-        let device = self.device_opt(a)?;
-        let skip: Vec<&str> = a
-            .all("skip")
-            .into_iter()
-            .flat_map(|names| names.split(','))
-            .filter(|n| !n.is_empty())
-            .collect();
-        if let Some(unknown) = skip
-            .iter()
-            .find(|n| !probe::PROBES.iter().any(|p| p.name == **n))
-        {
-            return Err(usage(format!("probe-errors: no probe {unknown:?}")).into());
-        }
-        let cases = probe::run_all(self.driver, device, &skip);
-        Ok(Reply::ok("probe-errors").with("cases", Value::Array(cases)))
     }
 
     fn device_opt(&self, a: &Args) -> Result<i32, Fail> {

@@ -12,7 +12,6 @@
 //!   children of a tree root.
 
 mod exec;
-mod probe;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -32,7 +31,6 @@ use crate::reply::{Reply, kind};
 use crate::wire::{self, LineReader};
 
 pub use exec::COMMANDS;
-pub use probe::{PROBES, last_running};
 
 /// How long a connection may sit idle between lines before the workload closes it.
 const CONNECTION_IDLE: Duration = Duration::from_secs(60);

@@ -1,7 +1,8 @@
 //! The multicast commands (`mc-*`), for the fake-driver tests of the interposer's multicast
 //! support. Multicast must never run on a real GPU of this project (docs/design.md, GPU rules), so
 //! every command passes [`Exec::fake_only`] before anything else: on any driver but the bundled
-//! fake (told by the library, [`Driver::is_bundled_fake`]) it is refused and nothing is called.
+//! fake (told by a symbol only it exports, [`Driver::is_bundled_fake`]) it is refused and nothing
+//! is called.
 //! `tests/no_multicast_on_gpu.rs` (fake-cuda) checks that every function of this file that names
 //! a multicast entry point calls the gate first, and that nothing outside this file names one.
 //!

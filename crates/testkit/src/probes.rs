@@ -1,6 +1,9 @@
-//! `probe-errors`: a fixed list of bad VMM (and legacy IPC) calls, each set up on valid objects,
+//! The error probes: a fixed list of bad VMM (and legacy IPC) calls, each set up on valid objects,
 //! made once, and torn down, so that the driver's result code for every error path can be compared
-//! between the fake driver and the real one (and with and without the shim).
+//! between the fake driver and the real one (and with and without the shim). Test tooling only:
+//! they run in a process of their own, `cuinterpose-probe-errors` ([`PROGRAM`], built from
+//! `src/bin/`), which the `vmm-errors` scenario starts ([`run_process`]) as it starts workloads;
+//! the shipped workload has none of them.
 //!
 //! No probe copies to or from a bad address: on a real GPU a faulting copy could leave a sticky
 //! error in the context and spoil every later probe.
@@ -13,7 +16,15 @@ use core::ptr;
 use cuda_abi::*;
 use serde_json::{Value, json};
 
-use crate::driver::{self, Api, CuError, Driver};
+use std::fs::File;
+use std::path::Path;
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use workload::driver::{self, Api, CuError, Driver};
+use workload::launch::{LaunchError, io};
+
+use crate::harness::{HarnessError, TestEnv};
 
 /// Context of one probe run.
 struct P<'a> {
@@ -924,7 +935,7 @@ fn import_result(p: &P, r: Result<u64, CuError>) -> CUresult {
 ///
 /// Each probe's name goes to stderr (`probe-errors: running NAME`, flushed) before it runs: a real
 /// driver may kill the process on a bad pointer (SIGSEGV), and the scenario reads the last name
-/// from the workload's log to tell which probe did it, then runs the rest in a fresh process.
+/// from the process's log to tell which probe did it, then runs the rest in a fresh process.
 pub fn run_all(d: &Driver, device: i32, skip: &[&str]) -> Vec<Value> {
     let prop = driver::device_prop(device, handle_type::POSIX_FILE_DESCRIPTOR);
     let g = d
@@ -969,6 +980,94 @@ pub fn last_running(log: &str) -> Option<&str> {
         .rev()
         .find_map(|line| line.strip_prefix(RUNNING))
         .map(str::trim_end)
+}
+
+/// The program that runs the probes, beside the workload (`target/<profile>/`, the release's
+/// `bin/`): `cuinterpose-probe-errors [--device D] [--skip NAME[,NAME...]]...`, one JSON object
+/// `{"cases": [...]}` ([`run_all`]) on stdout, each probe's name on stderr before it runs.
+pub const PROGRAM: &str = "cuinterpose-probe-errors";
+
+/// How long one probe process may run, as long as a workload command may.
+const PROBE_TIMEOUT: Duration = workload::launch::COMMAND_TIMEOUT;
+
+/// How a probe process ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It ran the probes it was given: one JSON object per probe ([`run_all`]).
+    Answered(Vec<Value>),
+    /// It died (a real driver kills it on some bad pointers) or failed: how, and its stderr, whose
+    /// last [`RUNNING`] line names the probe it was running.
+    Died {
+        /// Its exit status.
+        status: ExitStatus,
+        /// Its stderr.
+        log: String,
+    },
+}
+
+/// Runs every probe but `skip` in a fresh process of `env`, as `env` starts a workload (its driver,
+/// its shim setting, device 0, entry points through `dlsym`); stdout and stderr go to
+/// `<name>.json` and `<name>.log` in its log directory.
+pub fn run_process(env: &TestEnv, name: &str, skip: &[&str]) -> Result<Ended, HarnessError> {
+    let program = env.artifacts().dir().join(PROGRAM);
+    if !program.exists() {
+        let hint = "build first: cargo build --workspace --all-targets";
+        return Err(LaunchError::Missing {
+            path: program,
+            hint,
+        }
+        .into());
+    }
+    let file =
+        |path: &Path| File::create(path).map_err(io(format!("cannot create {}", path.display())));
+    let (out_path, log_path) = (
+        env.log_dir().join(format!("{name}.json")),
+        env.log_dir().join(format!("{name}.log")),
+    );
+    let mut cmd = env.command(&program, env.shim())?;
+    if !skip.is_empty() {
+        cmd.arg("--skip").arg(skip.join(","));
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(file(&out_path)?)
+        .stderr(file(&log_path)?);
+    let mut child = cmd
+        .spawn()
+        .map_err(io(format!("cannot start {}", program.display())))?;
+    let status = wait(&mut child, PROBE_TIMEOUT)
+        .map_err(io(format!("waiting for {} ({name})", program.display())))?;
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    if !status.success() {
+        return Ok(Ended::Died { status, log });
+    }
+    let out = std::fs::read_to_string(&out_path)
+        .map_err(io(format!("cannot read {}", out_path.display())))?;
+    let cases = serde_json::from_str::<Value>(&out)
+        .ok()
+        .and_then(|reply| reply.get("cases").and_then(Value::as_array).cloned());
+    cases.map(Ended::Answered).ok_or(HarnessError::Probes {
+        what: format!("{} ({name}) printed no cases: {out:?}", program.display()),
+        log,
+    })
+}
+
+/// `child`'s exit status; killed (and a `TimedOut` error) if it runs past `timeout`.
+fn wait(child: &mut Child, timeout: Duration) -> std::io::Result<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("still running after {} s, killed", timeout.as_secs()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]
