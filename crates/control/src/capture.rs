@@ -16,7 +16,8 @@
 
 use crate::config::ToolConfig;
 use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
-use crate::native::{Driver, ProcessState};
+use crate::native::{Driver, NativeCheckpoint, ProcessState};
+use crate::procfs::{Proc, Procs};
 use crate::{ControlError, Refusal};
 use protocol::state::{CarrierInfo, GroupState, ParticipantState, SuspendMode};
 use protocol::{MulticastStep, Phase, ProcessRecord, Request};
@@ -381,13 +382,14 @@ fn thaw_all(group: &mut Group) -> Vec<ControlError> {
 /// released yet).
 fn roll_back(
     group: &mut Group,
+    procs: &dyn Procs,
     clock: &mut Clock<'_>,
     failure: ControlError,
     rollback: &dyn Fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
 ) -> ControlError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
-        let gone = crate::procfs::exited(p.info.host_pid);
+        let gone = procs.exited(p.info.host_pid);
         if gone {
             lost.push(p.info.label());
         }
@@ -452,6 +454,14 @@ pub(crate) fn lock_tree(root: u32) -> Result<crate::runlock::RunLock, ControlErr
     crate::runlock::RunLock::processes(&tree)
 }
 
+/// What a capture drives besides the shims: the driver's checkpoint calls (none for a
+/// keep-contexts suspend, which makes no native call) and `/proc` (who exited half way).
+#[derive(Clone, Copy)]
+pub(crate) struct Host<'a> {
+    pub(crate) native: Option<&'a dyn NativeCheckpoint>,
+    pub(crate) procs: &'a dyn Procs,
+}
+
 /// Everything of a suspend up to and including the native checkpoint of every process: on success
 /// the group is connected, every process is checkpointed natively, and `state_path` holds the
 /// topology, and the result says which carrier the bytes went through; on failure the workload
@@ -462,7 +472,6 @@ pub(crate) fn capture(
     clock: &mut Clock<'_>,
     bytes: Bytes<'_>,
 ) -> Result<(Group, Vec<Snapshot>, crate::carrier_choice::CarrierChoice), ControlError> {
-    let progress = clock.progress;
     let mut need = 0;
     let mut group = clock.time("inspect", None, || {
         let mut group = Group::discover(options.root, options.config.answer_timeout)?;
@@ -480,25 +489,116 @@ pub(crate) fn capture(
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
-    let mut choice = match bytes {
-        Bytes::Carriers => choose_carrier(options, &group, driver.as_ref(), need)?,
+    let mut choice = carrier_for(options, &group, driver.as_ref(), need, bytes)?;
+    let host = Host {
+        native: driver.as_ref().map(|d| d as &dyn NativeCheckpoint),
+        procs: &Proc,
+    };
+    let captured = capture_group(
+        &mut group,
+        host,
+        options,
+        state_path,
+        clock,
+        bytes,
+        &mut choice,
+    )?;
+    Ok((group, captured, choice))
+}
+
+/// The carrier of a capture (none for one to disk: the shims stream to data files), with the
+/// carrier helper of every control directory of the group answering, or started, before
+/// anything changes.
+fn carrier_for(
+    options: &SuspendOptions,
+    group: &Group,
+    driver: Option<&Driver>,
+    need: u64,
+    bytes: Bytes<'_>,
+) -> Result<crate::carrier_choice::CarrierChoice, ControlError> {
+    let choice = match bytes {
+        Bytes::Carriers => choose_carrier(options, group, driver, need)?,
         Bytes::Files(_) => {
             crate::carrier_choice::none_for_disk(crate::carrier_choice::host_facts())
         }
     };
-    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
-    // The carrier helper of every control directory of the group answers, or is started, before
-    // anything changes.
-    if let (Some(launch), true) = (&options.helper, through_helper) {
-        for dir in control_dirs(&group) {
+    if let (Some(launch), crate::carrier_choice::Carrier::Helper) =
+        (&options.helper, choice.carrier)
+    {
+        for dir in control_dirs(group) {
             crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
                 source: Box::new(e),
             })?;
         }
     }
+    Ok(choice)
+}
 
-    // Hold, drain, freeze (crate::drain): a failure here opens every gate again and changes
-    // nothing else.
+/// The capture of a connected group that passed its checks: hold, drain and freeze, the state
+/// file, save and release, the native lock and checkpoint. Every failure is rolled back (the
+/// state file removed with it) or says why it could not be; returns the frozen records.
+fn capture_group(
+    group: &mut Group,
+    host: Host<'_>,
+    options: &SuspendOptions,
+    state_path: &Path,
+    clock: &mut Clock<'_>,
+    bytes: Bytes<'_>,
+    choice: &mut crate::carrier_choice::CarrierChoice,
+) -> Result<Vec<Snapshot>, ControlError> {
+    let captured = freeze(group, host, options, clock)?;
+    let saved_bytes = saved_bytes(&captured);
+    // The topology is published before anything is released: a tool killed from here on leaves a
+    // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
+    // same in every phase).
+    let dir_existed = state_path.parent().is_none_or(Path::exists);
+    let published = clock.time("state", None, || {
+        write_state(state_path, &captured, options.mode).map(|()| ((), 0, 0.0))
+    });
+    // What a rollback removes: the state file, and its directory when this run made it.
+    let unpublish = || {
+        let _ = std::fs::remove_file(state_path);
+        if !dir_existed && let Some(dir) = state_path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    };
+    if let Err(e) = published {
+        unpublish();
+        return Err(roll_back(group, host.procs, clock, e, &thaw_only));
+    }
+
+    // Save and release: from here until the native lock, failures are rolled back.
+    let destructive = save_and_release(group, clock, options, bytes, choice, saved_bytes).and_then(
+        |()| match host.native {
+            Some(native) => clock.time("native-checkpoint", None, || {
+                native_checkpoint(native, group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
+            }),
+            // The shims hold their gate closed from the freeze on, so the application's tracked
+            // calls block as in a native suspend; contexts, modules and streams stay where they
+            // are.
+            None => Ok(()),
+        },
+    );
+    if let Err(e) = destructive {
+        let error = roll_back(group, host.procs, clock, e, &|g, c| rebuild(g, c, bytes));
+        // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
+        if matches!(error, ControlError::RolledBack { .. }) {
+            unpublish();
+        }
+        return Err(error);
+    }
+    Ok(captured)
+}
+
+/// Hold, drain, freeze (crate::drain), then the frozen records, checked: a failure opens every
+/// gate again and changes nothing else.
+fn freeze(
+    group: &mut Group,
+    host: Host<'_>,
+    options: &SuspendOptions,
+    clock: &mut Clock<'_>,
+) -> Result<Vec<Snapshot>, ControlError> {
+    let progress = clock.progress;
     let freeze = Request::Freeze {
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
     };
@@ -520,61 +620,24 @@ pub(crate) fn capture(
             }
         })
     });
-    let captured = match frozen {
-        Ok(frozen) => frozen,
+    match frozen {
+        Ok(frozen) => {
+            clock.drained = drained;
+            Ok(frozen)
+        }
         // Another run holds a process: ours are opened again, the other run's left to it.
         Err(e @ ControlError::AnotherRun { .. }) => {
-            let _ = thaw_all(&mut group);
-            return Err(e);
+            let _ = thaw_all(group);
+            Err(e)
         }
         // A context that holds a sticky error: nothing was frozen or released, so a refusal once
         // every gate is open again.
         Err(e @ ControlError::StickyError { .. }) => {
-            let _ = thaw_all(&mut group);
-            return Err(e);
+            let _ = thaw_all(group);
+            Err(e)
         }
-        Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
-    };
-    clock.drained = drained;
-    let saved_bytes = saved_bytes(&captured);
-    // The topology is published before anything is released: a tool killed from here on leaves a
-    // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
-    // same in every phase).
-    let dir_existed = state_path.parent().is_none_or(Path::exists);
-    let published = clock.time("state", None, || {
-        write_state(state_path, &captured, options.mode).map(|()| ((), 0, 0.0))
-    });
-    // What a rollback removes: the state file, and its directory when this run made it.
-    let unpublish = || {
-        let _ = std::fs::remove_file(state_path);
-        if !dir_existed && let Some(dir) = state_path.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    };
-    if let Err(e) = published {
-        unpublish();
-        return Err(roll_back(&mut group, clock, e, &thaw_only));
+        Err(e) => Err(roll_back(group, host.procs, clock, e, &thaw_only)),
     }
-
-    // Save and release: from here until the native lock, failures are rolled back.
-    let destructive = save_and_release(&mut group, clock, options, bytes, &mut choice, saved_bytes)
-        .and_then(|()| match &driver {
-            Some(driver) => clock.time("native-checkpoint", None, || {
-                native_checkpoint(driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
-            }),
-            // The shims hold their gate closed from the freeze on, so the application's tracked calls
-            // block as in a native suspend; contexts, modules and streams stay where they are.
-            None => Ok(()),
-        });
-    if let Err(e) = destructive {
-        let error = roll_back(&mut group, clock, e, &|g, c| rebuild(g, c, bytes));
-        // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
-        if matches!(error, ControlError::RolledBack { .. }) {
-            unpublish();
-        }
-        return Err(error);
-    }
-    Ok((group, captured, choice))
 }
 
 /// Save and Release in every process, then a check that each still answers and holds no memory
@@ -852,7 +915,7 @@ fn saved_bytes(snapshots: &[Snapshot]) -> u64 {
 /// Locks every process, then checkpoints each. On a failure it brings back what it changed (restore
 /// and unlock) before returning the error, so the caller can roll the shims back.
 fn native_checkpoint(
-    driver: &Driver,
+    driver: &dyn NativeCheckpoint,
     group: &Group,
     lock_timeout_ms: u32,
 ) -> Result<(), ControlError> {
@@ -904,7 +967,7 @@ fn split<E>(pids: &[(u32, String)], results: Vec<Result<(), E>>) -> (Vec<u32>, O
 use crate::parallel::for_each as for_each_parallel;
 
 /// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
-fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
+fn undo_native(driver: &dyn NativeCheckpoint, checkpointed: &[u32], locked: &[u32]) {
     for_each_parallel(checkpointed, |&pid| {
         if let Err(e) = driver.restore(pid, &[]) {
             tracing::error!(pid, error = %e, "native restore while undoing a failed checkpoint");
@@ -1416,8 +1479,8 @@ pub fn match_participants(
 }
 
 /// Native restore of every process (remapping GPUs as asked), then unlock of every process.
-pub fn native_restore(
-    driver: &Driver,
+pub(crate) fn native_restore(
+    driver: &dyn NativeCheckpoint,
     group: &Group,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
 ) -> Result<(), ControlError> {
@@ -1433,7 +1496,7 @@ pub fn native_restore(
 
 /// Native unlock of every process given, all at once; the first failure in their order.
 pub(crate) fn unlock_all(
-    driver: &Driver,
+    driver: &dyn NativeCheckpoint,
     participants: &[&Participant],
 ) -> Result<(), ControlError> {
     let unlocked = for_each_parallel(participants, |p| driver.unlock(p.info.host_pid));
@@ -1448,7 +1511,7 @@ pub(crate) fn unlock_all(
 /// was killed, or that failed to roll back, before its native lock released shared memory
 /// without ever locking). Refuses nothing it does not understand: a FAILED process is reported.
 fn native_resume(
-    driver: &Driver,
+    driver: &dyn NativeCheckpoint,
     group: &Group,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
 ) -> Result<(), ControlError> {
@@ -1597,5 +1660,456 @@ pub fn record_difference(
         Some("multicast objects")
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::carrier_choice::{host_facts, none_for_disk};
+    use crate::fakes::{self, Exited, Log, Native, Shim};
+    use protocol::ErrorCode;
+
+    /// What a capture of scripted shims did: its result, and where its state file was to go.
+    struct Captured {
+        result: Result<Vec<Snapshot>, ControlError>,
+        state: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    fn options() -> SuspendOptions {
+        SuspendOptions::new(100, &ToolConfig::default())
+    }
+
+    fn capture_of(
+        shims: Vec<Shim>,
+        native: Option<&Native>,
+        exited: &[u32],
+        options: &SuspendOptions,
+    ) -> Captured {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state").join(STATE_FILE);
+        let mut group = fakes::group(shims);
+        let procs = Exited(exited.to_vec());
+        let host = Host {
+            native: native.map(|n| n as &dyn NativeCheckpoint),
+            procs: &procs,
+        };
+        let mut clock = Clock::new(&Quiet);
+        let mut choice = none_for_disk(host_facts());
+        let result = capture_group(
+            &mut group,
+            host,
+            options,
+            &state,
+            &mut clock,
+            Bytes::Carriers,
+            &mut choice,
+        );
+        Captured {
+            result,
+            state,
+            _dir: dir,
+        }
+    }
+
+    fn shims(log: &Log, pids: &[u32]) -> Vec<Shim> {
+        pids.iter().map(|&pid| Shim::new(pid, log)).collect()
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    const FROZEN: [&str; 4] = ["Hold", "Drain", "Freeze", "Inspect"];
+    /// The rebuild a rollback sends after a release: load, import, the four multicast steps,
+    /// thaw.
+    const REBUILT: [&str; 7] = [
+        "Load",
+        "Import",
+        "Multicast",
+        "Multicast",
+        "Multicast",
+        "Multicast",
+        "Thaw",
+    ];
+
+    fn then(first: &[&str], rest: &[&str]) -> Vec<String> {
+        strings(&[first, rest].concat())
+    }
+
+    #[test]
+    fn a_capture_freezes_publishes_saves_releases_then_locks_and_checkpoints_everyone() {
+        let log = Log::default();
+        let native = Native::new(&log);
+        let run = capture_of(shims(&log, &[100, 101]), Some(&native), &[], &options());
+        let captured = run.result.unwrap();
+        assert_eq!(captured.len(), 2);
+        for pid in [100, 101] {
+            assert_eq!(
+                log.shim(pid),
+                then(&FROZEN, &["Save", "Release", "Inspect"])
+            );
+            assert_eq!(native.state_of(pid), ProcessState::Checkpointed);
+        }
+        // Every lock before any checkpoint: no process runs against memory another saves.
+        let native_calls: Vec<String> = log
+            .entries()
+            .into_iter()
+            .filter(|e| e.starts_with("native"))
+            .collect();
+        assert!(native_calls[..2].iter().all(|c| c.contains("lock")));
+        assert!(native_calls[2..].iter().all(|c| c.contains("checkpoint")));
+        let state = read_state(&run.state).unwrap();
+        assert_eq!(state.participants.len(), 2);
+        assert_eq!(state.mode, SuspendMode::Native);
+    }
+
+    #[test]
+    fn a_keep_contexts_capture_saves_keeping_contexts_and_makes_no_native_call() {
+        let log = Log::default();
+        let options = SuspendOptions {
+            mode: SuspendMode::KeepContexts,
+            ..options()
+        };
+        let run = capture_of(shims(&log, &[100]), None, &[], &options);
+        run.result.unwrap();
+        assert_eq!(
+            log.shim(100),
+            then(&FROZEN, &["SaveKeepingContexts", "Release", "Inspect"])
+        );
+        assert!(log.native().is_empty());
+        assert_eq!(
+            read_state(&run.state).unwrap().mode,
+            SuspendMode::KeepContexts
+        );
+    }
+
+    #[test]
+    fn a_process_refusing_the_freeze_has_every_gate_opened_and_nothing_released() {
+        let log = Log::default();
+        let native = Native::new(&log);
+        let refusing = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log).refusing("Freeze", ErrorCode::WrongPhase),
+        ];
+        let run = capture_of(refusing, Some(&native), &[], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        assert!(
+            matches!(&**failure, ControlError::Step { step: "freeze", process, .. } if process == "pid 101 (w)"),
+            "{failure}"
+        );
+        for pid in [100, 101] {
+            assert_eq!(log.shim(pid), strings(&["Hold", "Drain", "Freeze", "Thaw"]));
+        }
+        assert!(log.native().is_empty());
+        assert!(!run.state.exists());
+        assert!(error.workload_untouched());
+    }
+
+    #[test]
+    fn a_group_not_drained_in_time_is_reopened_and_the_refusal_names_the_busy_process() {
+        let log = Log::default();
+        let options = SuspendOptions {
+            freeze_timeout: Duration::from_millis(60),
+            ..options()
+        };
+        let group = vec![Shim::new(100, &log), Shim::new(101, &log).busy()];
+        let run = capture_of(group, Some(&Native::new(&log)), &[], &options);
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        let ControlError::NotDrained { busy, .. } = &**failure else {
+            panic!("{failure}");
+        };
+        assert_eq!(busy.len(), 1);
+        assert!(busy[0].starts_with("pid 101 (w)"), "{busy:?}");
+        for pid in [100, 101] {
+            let requests = log.shim(pid);
+            assert_eq!(requests.first().map(String::as_str), Some("Hold"));
+            assert_eq!(requests.last().map(String::as_str), Some("Thaw"));
+            assert!(
+                !requests
+                    .iter()
+                    .any(|r| ["Freeze", "Save", "Release"].contains(&r.as_str())),
+                "{requests:?}"
+            );
+        }
+        assert!(log.native().is_empty());
+        assert!(!run.state.exists());
+    }
+
+    #[test]
+    fn another_run_or_a_sticky_error_reopens_the_gates_and_is_not_called_a_rollback() {
+        for (request, code) in [("Hold", ErrorCode::Busy), ("Drain", ErrorCode::Sticky)] {
+            let log = Log::default();
+            let group = vec![
+                Shim::new(100, &log),
+                Shim::new(101, &log).refusing(request, code),
+            ];
+            let run = capture_of(group, Some(&Native::new(&log)), &[], &options());
+            let error = run.result.unwrap_err();
+            match code {
+                ErrorCode::Busy => assert!(
+                    matches!(&error, ControlError::AnotherRun { process, .. } if process == "pid 101 (w)"),
+                    "{error}"
+                ),
+                _ => assert!(
+                    matches!(&error, ControlError::StickyError { process, .. } if process == "pid 101 (w)"),
+                    "{error}"
+                ),
+            }
+            for pid in [100, 101] {
+                assert_eq!(log.shim(pid).last().map(String::as_str), Some("Thaw"));
+                assert!(!log.shim(pid).contains(&"Freeze".to_string()));
+            }
+            assert!(!run.state.exists());
+        }
+    }
+
+    #[test]
+    fn a_state_file_that_cannot_be_written_reopens_the_gates_before_anything_is_released() {
+        let log = Log::default();
+        let mut group = fakes::group(shims(&log, &[100]));
+        let dir = tempfile::tempdir().unwrap();
+        // The state directory's place is taken by a file.
+        let blocked = dir.path().join("state");
+        std::fs::write(&blocked, b"").unwrap();
+        let host = Host {
+            native: None,
+            procs: &Exited::default(),
+        };
+        let mut choice = none_for_disk(host_facts());
+        let error = capture_group(
+            &mut group,
+            host,
+            &options(),
+            &blocked.join(STATE_FILE),
+            &mut Clock::new(&Quiet),
+            Bytes::Carriers,
+            &mut choice,
+        )
+        .unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        assert!(
+            matches!(&**failure, ControlError::State { .. }),
+            "{failure}"
+        );
+        assert_eq!(log.shim(100), then(&FROZEN, &["Thaw"]));
+        assert!(blocked.is_file());
+    }
+
+    #[test]
+    fn a_release_failing_mid_group_rebuilds_everyone_and_removes_the_state_file() {
+        let log = Log::default();
+        let native = Native::new(&log);
+        let group = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log).refusing("Release", ErrorCode::Driver),
+            Shim::new(102, &log),
+        ];
+        let run = capture_of(group, Some(&native), &[], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        assert!(
+            matches!(&**failure, ControlError::Step { step: "release", process, .. } if process == "pid 101 (w)"),
+            "{failure}"
+        );
+        for pid in [100, 101, 102] {
+            assert_eq!(
+                log.shim(pid),
+                then(&FROZEN, &[&["Save", "Release"], &REBUILT[..]].concat())
+            );
+        }
+        assert!(
+            log.native().is_empty(),
+            "no native step after a failed release"
+        );
+        assert!(!run.state.exists());
+        assert!(
+            !run.state.parent().unwrap().exists(),
+            "the directory it made goes too"
+        );
+    }
+
+    #[test]
+    fn a_failed_rollback_names_each_failure_and_keeps_the_state_file_for_resume() {
+        let log = Log::default();
+        let group = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log)
+                .refusing("Release", ErrorCode::Driver)
+                .refusing("Load", ErrorCode::Driver),
+        ];
+        let run = capture_of(group, Some(&Native::new(&log)), &[], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RollbackFailed { failure, rollback } = &error else {
+            panic!("{error}");
+        };
+        assert!(matches!(
+            &**failure,
+            ControlError::Step {
+                step: "release",
+                ..
+            }
+        ));
+        assert_eq!(rollback.len(), 1);
+        assert!(
+            matches!(&rollback[0], ControlError::Step { step: "load", process, .. } if process == "pid 101 (w)"),
+            "{}",
+            rollback[0]
+        );
+        // The rest of the rebuild still went to everyone.
+        for pid in [100, 101] {
+            assert_eq!(
+                log.shim(pid),
+                then(&FROZEN, &[&["Save", "Release"], &REBUILT[..]].concat())
+            );
+        }
+        assert!(run.state.exists());
+        assert!(!error.workload_untouched());
+        assert!(error.to_string().contains("rollback also failed"));
+    }
+
+    #[test]
+    fn a_participant_that_exited_is_left_out_of_the_rollback_and_named() {
+        let log = Log::default();
+        let group = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log).refusing("Release", ErrorCode::Peer),
+            Shim::new(102, &log),
+        ];
+        let run = capture_of(group, Some(&Native::new(&log)), &[101], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        let ControlError::ParticipantsExited { processes, .. } = &**failure else {
+            panic!("{failure}");
+        };
+        assert_eq!(processes, &strings(&["pid 101 (w)"]));
+        assert_eq!(log.shim(101), then(&FROZEN, &["Save", "Release"]));
+        for pid in [100, 102] {
+            assert_eq!(
+                log.shim(pid),
+                then(&FROZEN, &[&["Save", "Release"], &REBUILT[..]].concat())
+            );
+        }
+    }
+
+    #[test]
+    fn a_native_lock_failing_unlocks_the_locked_and_rebuilds_the_shims() {
+        let log = Log::default();
+        let native = Native::new(&log).failing("lock", 101);
+        let run = capture_of(shims(&log, &[100, 101]), Some(&native), &[], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        assert!(
+            matches!(&**failure, ControlError::Step { step: "native lock", process, .. } if process == "pid 101 (w)"),
+            "{failure}"
+        );
+        assert_eq!(
+            log.native(),
+            strings(&["lock 100", "lock 101", "unlock 100"])
+        );
+        for pid in [100, 101] {
+            assert_eq!(native.state_of(pid), ProcessState::Running);
+            assert_eq!(
+                log.shim(pid),
+                then(
+                    &FROZEN,
+                    &[&["Save", "Release", "Inspect"], &REBUILT[..]].concat()
+                )
+            );
+        }
+        assert!(!run.state.exists());
+    }
+
+    #[test]
+    fn a_native_checkpoint_failing_restores_the_checkpointed_and_unlocks_everyone() {
+        let log = Log::default();
+        let native = Native::new(&log).failing("checkpoint", 101);
+        let run = capture_of(shims(&log, &[100, 101]), Some(&native), &[], &options());
+        let error = run.result.unwrap_err();
+        assert!(matches!(&error, ControlError::RolledBack { .. }), "{error}");
+        assert_eq!(
+            log.native(),
+            strings(&[
+                "checkpoint 100",
+                "checkpoint 101",
+                "lock 100",
+                "lock 101",
+                "restore 100",
+                "unlock 100",
+                "unlock 101"
+            ])
+        );
+        // The restore came before the unlocks.
+        let order = log.entries();
+        let at = |call: &str| order.iter().position(|e| e == call).unwrap();
+        assert!(at("native restore 100") < at("native unlock 100"));
+        for pid in [100, 101] {
+            assert_eq!(native.state_of(pid), ProcessState::Running);
+            assert_eq!(log.shim(pid).last().map(String::as_str), Some("Thaw"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod resume_tests {
+    use super::*;
+    use crate::fakes::{self, Log, Native, Shim};
+
+    #[test]
+    fn a_resume_takes_each_process_from_the_native_state_it_finds() {
+        let log = Log::default();
+        let native = Native::new(&log)
+            .with_state(101, ProcessState::Locked)
+            .with_state(102, ProcessState::Checkpointed);
+        let group = fakes::group((100..103).map(|pid| Shim::new(pid, &log)).collect());
+        native_resume(&native, &group, &[]).unwrap();
+        // The running one is only asked; the locked one unlocked; the checkpointed one restored,
+        // then unlocked.
+        assert_eq!(
+            log.native(),
+            [
+                "restore 102",
+                "state 100",
+                "state 101",
+                "state 102",
+                "unlock 101",
+                "unlock 102"
+            ]
+        );
+        for pid in 100..103 {
+            assert_eq!(native.state_of(pid), ProcessState::Running);
+        }
+    }
+
+    #[test]
+    fn a_resume_refuses_a_process_the_driver_reports_failed_before_restoring_any() {
+        let log = Log::default();
+        let native = Native::new(&log)
+            .with_state(100, ProcessState::Checkpointed)
+            .with_state(101, ProcessState::Failed);
+        let group = fakes::group(vec![Shim::new(100, &log), Shim::new(101, &log)]);
+        let error = native_resume(&native, &group, &[]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "native restore failed for pid 101 (w): protocol error: the driver reports the \
+             process as Failed"
+        );
+        assert_eq!(log.native(), ["state 100", "state 101"]);
+        assert_eq!(native.state_of(100), ProcessState::Checkpointed);
     }
 }

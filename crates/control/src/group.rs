@@ -9,15 +9,42 @@ use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
-use transport::Connection;
+use transport::{Connection, TransportError};
+
+/// The wire to one shim: the seam in front of its control socket. [`Connection`] is the real one;
+/// the unit tests of the capture and rebuild put scripted shims behind it.
+pub(crate) trait ShimLink: Send + Sync + std::fmt::Debug {
+    /// Sends `request` (with a descriptor, for SaveTo and LoadFrom) and returns the answer.
+    fn call_with(
+        &mut self,
+        request: &Request,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Option<OwnedFd>), TransportError>;
+    fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), TransportError>;
+}
+
+impl ShimLink for Connection {
+    fn call_with(
+        &mut self,
+        request: &Request,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Option<OwnedFd>), TransportError> {
+        Connection::call_with(self, request, file)
+    }
+
+    fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), TransportError> {
+        Connection::set_timeout(self, timeout)
+    }
+}
 
 /// A connected participant: one CUDA process with the shim.
 #[derive(Debug)]
 pub struct Participant {
     pub info: ProcessInfo,
     pub hello: HelloReply,
-    connection: Connection,
+    connection: Box<dyn ShimLink>,
     /// When the connection last carried a request, and the timeout set on it: a shim closes a
     /// tool connection idle for long (shim-runtime's server), so one idle for
     /// [`RECONNECT_AFTER`] is made again before the next request.
@@ -60,15 +87,30 @@ impl Participant {
             Response::Hello(hello) => hello,
             other => return Err(unexpected(&info, &request, other)),
         };
-        Ok(Participant {
+        Ok(Participant::over(
             info,
             hello,
-            connection,
+            Box::new(connection),
+            timeout,
+        ))
+    }
+
+    /// A participant that greeted the tool over `link`.
+    pub(crate) fn over(
+        info: ProcessInfo,
+        hello: HelloReply,
+        link: Box<dyn ShimLink>,
+        timeout: Duration,
+    ) -> Participant {
+        Participant {
+            info,
+            hello,
+            connection: link,
             last_used: Instant::now(),
             timeout: Some(timeout),
             connect_timeout: timeout,
             capturing: false,
-        })
+        }
     }
 
     /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
@@ -77,7 +119,7 @@ impl Participant {
         if !matches!(request, Request::Hello { .. } | Request::Inspect) {
             self.capturing = true;
         }
-        let answer = call(&mut self.connection, &self.info, request);
+        let answer = call(self.connection.as_mut(), &self.info, request);
         self.last_used = Instant::now();
         if matches!(request, Request::Thaw) && answer.is_ok() {
             // Out of the capture: the shim gave the lease back.
@@ -134,11 +176,11 @@ impl Participant {
     pub fn stream(
         &mut self,
         request: &Request,
-        file: std::os::fd::BorrowedFd<'_>,
+        file: BorrowedFd<'_>,
     ) -> Result<Streamed, ControlError> {
         self.reconnect_if_idle()?;
         self.capturing = true;
-        let answer = call_with(&mut self.connection, &self.info, request, Some(file));
+        let answer = call_with(self.connection.as_mut(), &self.info, request, Some(file));
         self.last_used = Instant::now();
         match answer? {
             Response::Streamed {
@@ -191,7 +233,7 @@ pub struct Streamed {
 }
 
 fn call(
-    connection: &mut Connection,
+    connection: &mut dyn ShimLink,
     info: &ProcessInfo,
     request: &Request,
 ) -> Result<Response, ControlError> {
@@ -199,10 +241,10 @@ fn call(
 }
 
 fn call_with(
-    connection: &mut Connection,
+    connection: &mut dyn ShimLink,
     info: &ProcessInfo,
     request: &Request,
-    file: Option<std::os::fd::BorrowedFd<'_>>,
+    file: Option<BorrowedFd<'_>>,
 ) -> Result<Response, ControlError> {
     let (response, fd) =
         connection

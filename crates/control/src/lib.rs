@@ -18,6 +18,8 @@ pub mod disk;
 pub mod doctor;
 pub mod drain;
 pub mod end;
+#[cfg(test)]
+mod fakes;
 pub mod group;
 pub mod launch;
 pub mod layout;
