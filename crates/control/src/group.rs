@@ -2,8 +2,8 @@
 //! their records, and the whole-group checks that decide whether capture is safe. Everything here
 //! is read-only: a refusal changes nothing in the workload.
 
-use crate::ControlError;
 use crate::discovery::{self, ProcessInfo};
+use crate::{ControlError, Refusal};
 use protocol::message::DrainReport;
 use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
@@ -139,7 +139,7 @@ impl Participant {
         Ok(())
     }
 
-    /// Hold, Drain or Admit (crate::drain): how the process's drain stands.
+    /// Hold, Drain or Admit (drain.rs): how the process's drain stands.
     pub fn drain_request(&mut self, request: &Request) -> Result<DrainReport, ControlError> {
         match self.request(request)? {
             Response::Drain(report) => Ok(report),
@@ -273,19 +273,6 @@ fn unexpected(info: &ProcessInfo, request: &Request, response: Response) -> Cont
     ControlError::Protocol {
         process: info.label(),
         message: format!("answered {request:?} with {response:?}"),
-    }
-}
-
-/// Why the tool will not capture a group: the process and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Refusal {
-    pub process: String,
-    pub reason: String,
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.process, self.reason)
     }
 }
 
@@ -751,22 +738,15 @@ pub struct InspectReport {
     /// The suspension in progress, when a state file for this root is where `resume` looks for
     /// it: how the group was suspended (the shims know their phase, not the mode).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub suspended: Option<Suspension>,
+    pub suspended: Option<crate::statefile::Suspension>,
     /// The carrier helpers holding bytes of the group (`suspend --carrier helper`), and their
     /// health.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub carrier_helpers: Vec<crate::carrier_helper::HelperStatus>,
     /// Suspended: the carrier the suspension used and what it holds; running: the one a plain
-    /// `suspend` would choose now, and why (crate::carrier_choice::for_inspect).
+    /// `suspend` would choose now, and why (`carrier_choice::for_inspect`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
-}
-
-/// A suspended group's state file and the mode it records.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Suspension {
-    pub state_file: std::path::PathBuf,
-    pub mode: protocol::state::SuspendMode,
+    pub carrier: Option<crate::carrier_policy::CarrierChoice>,
 }
 
 /// One process of the tree and what the tool could learn from it.
@@ -855,8 +835,12 @@ pub fn inspect(
     refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
     let multicasts = multicast_topology(&snapshots);
-    let suspended = crate::capture::suspended_state(root, state_dir);
-    let carrier_helpers = crate::carrier_helper::statuses(&snapshots);
+    let suspended = crate::statefile::suspended_state(root, state_dir);
+    let carrier_helpers = crate::carrier_helper::statuses(
+        snapshots
+            .iter()
+            .map(|s| (&s.info, s.hello.carrier_helper.as_ref())),
+    );
     Ok(InspectReport {
         root,
         processes,

@@ -4,19 +4,20 @@ use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
-use super::preflight::namespace_root;
 use super::preflight::{
     check_new_dir, container_of, has_terminal, replaced_mappings, tree_sockets,
 };
-use super::{
-    CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
-};
-use crate::ControlError;
-use crate::capture::{self, Bytes, Clock, Progress, Report, SuspendOptions};
+use super::{CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu};
+use crate::container::namespace_root;
 use crate::criu;
 use crate::discovery;
 use crate::group::{Group, Snapshot};
+use crate::group_capture::{self, SuspendOptions};
 use crate::native::Driver;
+use crate::phases::{Bytes, finish_rebuild};
+use crate::progress::{Clock, Progress, Report, summarize};
+use crate::statefile::{self, check_state_dir, default_state_dir, remove_state};
+use crate::{ControlError, refuse, state_error};
 use protocol::manifest::{self, CriuInfo, CriuPlacement, Manifest};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -42,7 +43,7 @@ pub fn checkpoint(
     let _dir_lock = crate::runlock::RunLock::directory(dir)?;
     // The state lives in the group's own state directory until the checkpoint is complete: a
     // checkpoint that fails or is killed half way leaves it where `cuinterpose resume` looks.
-    let work_state = capture::check_state_dir(&capture::default_state_dir(root))?;
+    let work_state = check_state_dir(&default_state_dir(root))?;
     check_new_dir(dir)?;
     let surveyed = survey(root, &tree, &criu)?;
     let images = dir.join(IMAGES_DIR);
@@ -64,7 +65,7 @@ pub fn checkpoint(
     };
     let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
     let files = DataFiles::new(dir, &work_state, store);
-    let captured = capture::capture(
+    let captured = group_capture::capture(
         &capture_options,
         &work_state,
         &mut clock,
@@ -132,7 +133,7 @@ pub fn checkpoint(
                 // failed, since they hold the only copy of the group's shared bytes.
                 files.remove();
                 super::datafiles::remove_record(&work_state);
-                capture::remove_state(&work_state);
+                remove_state(&work_state);
                 drop(store_lock.take());
                 collect_after_failure(&files);
             }
@@ -166,12 +167,12 @@ pub fn checkpoint(
     }
     // The checkpoint holds its own copy; the group's is of no use any more.
     super::datafiles::remove_record(&work_state);
-    capture::remove_state(&work_state);
+    remove_state(&work_state);
     let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
     Ok(DiskReport {
         report: Report {
             drained: clock.drained,
-            participants: capture::summarize(&captured),
+            participants: summarize(&captured),
             phases: clock.phases,
             saved_bytes: manifest.bytes.saved,
             state_file: state_path,
@@ -262,7 +263,7 @@ impl Written<'_> {
             Ok(((), image_bytes, 0.0))
         })?;
         let state_bytes =
-            transport::files::read_bounded(self.work_state, capture::STATE_FILE_LIMIT)
+            transport::files::read_bounded(self.work_state, statefile::STATE_FILE_LIMIT)
                 .map_err(|e| state_error(self.work_state, e))?;
         transport::files::write_atomically(self.state_path, &state_bytes)
             .map_err(|e| state_error(self.state_path, e))?;
@@ -427,10 +428,10 @@ fn resume_in_place(
 ) -> Result<(), ControlError> {
     let mut group = Group::discover(options.root, options.config.answer_timeout)?;
     clock.time("native-restore", None, || {
-        capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
+        crate::native_steps::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
     })?;
-    let state = capture::state_of(captured, options.mode);
-    capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)).map(|_| ())
+    let state = group_capture::state_of(captured, options.mode);
+    finish_rebuild(&mut group, &state, clock, Bytes::Files(files)).map(|_| ())
 }
 
 /// Name of the marker of an incomplete checkpoint: written before anything else, removed once the

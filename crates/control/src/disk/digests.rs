@@ -1,10 +1,11 @@
 //! The digest list of a checkpoint's CRIU images: written after the dump, checked before a
 //! restore (CRIU itself does not notice a truncated or edited page image).
 
-use super::{IMAGES_DIR, damaged, state_error};
+use super::{IMAGES_DIR, damaged};
 use crate::ControlError;
-use crate::capture::Progress;
 use crate::criu;
+use crate::progress::Progress;
+use crate::state_error;
 use std::path::Path;
 
 /// Name of the image digest list in a checkpoint directory: `b3sum` format
@@ -215,8 +216,8 @@ mod tests {
     fn a_changed_byte_in_the_big_image_is_refused_by_name() {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
-        let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
-        verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+        let list = digest_images(&images, &crate::progress::Quiet).expect("digest");
+        verify_images(dir.path(), list.as_bytes(), &crate::progress::Quiet)
             .expect("intact checkpoint verifies");
         let mut big = std::fs::OpenOptions::new()
             .write(true)
@@ -224,7 +225,7 @@ mod tests {
             .expect("open");
         big.seek(SeekFrom::Start(3)).expect("seek");
         big.write_all(b"x").expect("write");
-        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::progress::Quiet)
             .expect_err("damage refused")
             .to_string();
         assert!(

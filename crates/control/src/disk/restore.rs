@@ -5,14 +5,17 @@ use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::{check_complete, decode_manifest};
-use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
-use crate::capture::{self, Bytes, Clock, Progress, Report};
+use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu};
 use crate::container::Container;
 use crate::criu::{self, Criu};
 use crate::discovery;
 use crate::group::Group;
 use crate::namespaces::Target;
 use crate::native::Driver;
+use crate::phases::{Bytes, finish_rebuild, match_participants};
+use crate::progress::{Clock, ParticipantSummary, Progress, Report};
+use crate::refuse;
+use crate::statefile::{self, captured_label};
 use crate::{ControlError, Refusal};
 use protocol::manifest::{self, CriuPlacement, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
@@ -91,7 +94,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         crate::safefs::real_dir(&path).map_err(|e| damaged(&path, e))?;
     }
     let state_path = dir.join(&manifest.state.file);
-    let state_bytes = crate::safefs::read_regular(&state_path, capture::STATE_FILE_LIMIT)
+    let state_bytes = crate::safefs::read_regular(&state_path, statefile::STATE_FILE_LIMIT)
         .map_err(|e| damaged(&state_path, e))?;
     let state = manifest
         .verify_state(&state_bytes)
@@ -470,7 +473,7 @@ fn restore_into(
     files: &DataFiles,
     work_dir: &Path,
     clock: &mut Clock<'_>,
-) -> Result<(u32, Vec<capture::ParticipantSummary>, u64), ControlError> {
+) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
     let images = options.dir.join(IMAGES_DIR);
     let image_bytes = criu::directory_bytes(&images);
     let root = clock.time("criu-restore", Some(image_bytes), || {
@@ -575,9 +578,9 @@ fn host_root(container: &Container, inside: u32, work_dir: &Path) -> Result<u32,
         ),
         source: Box::new(e),
     })?;
-    let pid_file = work_dir.join(super::leftovers::CRIU_PID_FILE);
+    let pid_file = work_dir.join(criu::CRIU_PID_FILE);
     transport::files::write_atomically(&pid_file, format!("{root}\n").as_bytes())
-        .map_err(|e| super::state_error(&pid_file, e))?;
+        .map_err(|e| crate::state_error(&pid_file, e))?;
     Ok(root)
 }
 
@@ -596,7 +599,7 @@ fn restore_stopped_tree(
     for (captured, result) in state.participants.iter().zip(restored) {
         result.map_err(|e| ControlError::Step {
             step: "native restore",
-            process: capture::captured_label(captured),
+            process: captured_label(captured),
             source: Box::new(e),
         })?;
     }
@@ -612,9 +615,9 @@ fn rebuild_restored(
     verified: &Verified,
     files: &DataFiles,
     clock: &mut Clock<'_>,
-) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
+) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
     // The restored tree is a group like any other from here: no other run may act on it.
-    let _lock = capture::lock_tree(root)?;
+    let _lock = crate::group_capture::lock_tree(root)?;
     // CRIU left the tree stopped (crate::restore_thread says why), so its shims cannot answer
     // yet: host PIDs are found in /proc (namespace PIDs are what CRIU kept).
     let mut state = verified.state.clone();
@@ -636,8 +639,8 @@ fn rebuild_restored(
     }
     // Where this restore got is recorded as for a suspended group: a restore killed from here on
     // is finished by `cuinterpose resume --pid <restored root>`.
-    let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
-    capture::write_state_of(&state_path, &state)?;
+    let state_path = statefile::default_state_dir(root).join(statefile::STATE_FILE);
+    statefile::write_state_of(&state_path, &state)?;
     files.write_record(&state_path)?;
     let rebuilt = clock
         .time("native-restore", None, || {
@@ -645,7 +648,7 @@ fn rebuild_restored(
         })
         .and_then(|()| {
             let mut group = Group::discover(root, verified.answer_timeout)?;
-            let lost = capture::match_participants(&mut group, &state)?;
+            let lost = match_participants(&mut group, &state)?;
             if let Some(gone) = lost.first() {
                 return Err(refuse(
                     &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
@@ -653,11 +656,11 @@ fn rebuild_restored(
                 ));
             }
             let participants: Vec<_> = group.participants.iter().collect();
-            capture::unlock_all(&verified.driver, &participants)?;
-            capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files))
+            crate::native_steps::unlock_all(&verified.driver, &participants)?;
+            finish_rebuild(&mut group, &state, clock, Bytes::Files(files))
         });
     // Done, or the tree is killed by the caller: the record has no use either way.
     super::datafiles::remove_record(&state_path);
-    capture::remove_state(&state_path);
+    statefile::remove_state(&state_path);
     rebuilt
 }
