@@ -37,18 +37,8 @@ pub fn checkpoint(
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
     let dir = &options.dir;
-    let Begun {
-        criu,
-        root,
-        surveyed,
-        work_state,
-        images,
-        state_path,
-        dir_existed,
-        store,
-        _locks,
-    } = begin(options)?;
-
+    let mut begun = begin(options)?;
+    let (root, work_state) = (begun.root, &begun.work_state);
     let mut clock = Clock::new(progress);
     // CRIU can only dump a process whose driver state was checkpointed natively.
     let capture_options = SuspendOptions {
@@ -56,12 +46,13 @@ pub fn checkpoint(
         mode: protocol::state::SuspendMode::Native,
         ..options.capture.clone()
     };
+    let store = begun.store.take();
     let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
-    let files = DataFiles::new(dir, &work_state, store);
+    let files = DataFiles::new(dir, work_state, store);
     let (group, captured, carrier) = capture_into(
         &capture_options,
-        (dir, dir_existed),
-        &work_state,
+        (dir, begun.dir_existed),
+        work_state,
         &files,
         &mut store_lock,
         &mut clock,
@@ -74,9 +65,9 @@ pub fn checkpoint(
 
     let tree = Tree {
         root,
-        criu: &criu,
-        surveyed: &surveyed,
-        images: &images,
+        criu: &begun.criu,
+        surveyed: &begun.surveyed,
+        images: &begun.images,
         options: &capture_options,
         captured: &captured,
         driver: &driver,
@@ -85,8 +76,8 @@ pub fn checkpoint(
     let written = Written {
         tree: &tree,
         dir,
-        work_state: &work_state,
-        state_path: &state_path,
+        work_state,
+        state_path: &begun.state_path,
         gpus: &gpus,
         signing_key: &options.capture.config.signing_key,
     };
@@ -95,7 +86,7 @@ pub fn checkpoint(
         &mut clock,
         options.leave_running,
         |clock, link_remaps| written.publish(clock, link_remaps),
-        |link_remaps| remove_unpublished(dir, &state_path, link_remaps),
+        |link_remaps| remove_unpublished(dir, &begun.state_path, link_remaps),
     );
     let (manifest, image_bytes) = match done {
         Ok(done) => done,
@@ -104,8 +95,8 @@ pub fn checkpoint(
                 // Loaded back: the data files have no use any more. Kept when the rollback
                 // failed, since they hold the only copy of the group's shared bytes.
                 files.remove();
-                super::datafiles::remove_record(&work_state);
-                remove_state(&work_state);
+                super::datafiles::remove_record(work_state);
+                remove_state(work_state);
                 drop(store_lock.take());
                 collect_after_failure(&files);
             }
@@ -114,27 +105,26 @@ pub fn checkpoint(
         Err(Dumping::Complete(e)) => return Err(e),
     };
     // The checkpoint holds its own copy; the group's is of no use any more.
-    super::datafiles::remove_record(&work_state);
-    remove_state(&work_state);
+    super::datafiles::remove_record(work_state);
+    remove_state(work_state);
     let report = Report {
         drained: clock.drained,
         participants: summarize(&captured),
         phases: clock.phases,
         saved_bytes: manifest.bytes.saved,
-        state_file: state_path,
+        state_file: begun.state_path.clone(),
         total_millis: start.elapsed().as_secs_f64() * 1e3,
         lost: Vec::new(),
         not_rebuilt: Vec::new(),
         carrier: Some(carrier),
     };
+    let files_and_bytes = (&files, &manifest, image_bytes);
     Ok(disk_report(
         report,
         dir,
         root,
-        surveyed,
-        &manifest,
-        image_bytes,
-        &files,
+        begun.surveyed,
+        files_and_bytes,
     ))
 }
 
@@ -166,9 +156,7 @@ fn disk_report(
     dir: &Path,
     root: u32,
     surveyed: Surveyed,
-    manifest: &Manifest,
-    image_bytes: u64,
-    files: &DataFiles,
+    (files, manifest, image_bytes): (&DataFiles, &Manifest, u64),
 ) -> DiskReport {
     let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
     DiskReport {
