@@ -209,6 +209,10 @@ pub enum ControlError {
         processes: Vec<String>,
         waited: std::time::Duration,
     },
+    /// A worker thread of a fan-out (crate::parallel) panicked: a bug of the tool, named by the
+    /// step it ran; the other workers' results stand.
+    #[error("a {step} thread panicked")]
+    Panicked { step: &'static str },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {
         failure: Box<ControlError>,
@@ -225,8 +229,6 @@ pub enum FileError {
     Transport(#[from] transport::TransportError),
     #[error(transparent)]
     Decode(#[from] protocol::ProtocolError),
-    #[error("a digest thread panicked")]
-    DigestThreadPanicked,
 }
 
 /// Why the tool will not capture a group: the process and the reason.

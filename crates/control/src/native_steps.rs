@@ -5,6 +5,7 @@
 use crate::ControlError;
 use crate::group::{Group, Participant};
 use crate::native::{NativeCheckpoint, ProcessState};
+use crate::parallel::for_each;
 use crate::phases::step_error;
 
 /// Locks every process, then checkpoints each. On a failure it brings back what it changed (restore
@@ -25,7 +26,9 @@ pub(crate) fn native_checkpoint(
     // (measured on r580), so a group pays it once, not once per process.
     let (locked, failed) = split(
         &pids,
-        for_each_parallel(&pids, |&(pid, _)| driver.lock(pid, lock_timeout_ms)),
+        for_each("native lock", &pids, |&(pid, _)| {
+            driver.lock(pid, lock_timeout_ms)
+        }),
     );
     if let Some((label, e)) = failed {
         undo_native(driver, &[], &locked);
@@ -35,7 +38,9 @@ pub(crate) fn native_checkpoint(
     // checkpoints go in parallel (each is the driver moving one process's private memory).
     let (checkpointed, failed) = split(
         &pids,
-        for_each_parallel(&pids, |&(pid, _)| driver.checkpoint(pid)),
+        for_each("native checkpoint", &pids, |&(pid, _)| {
+            driver.checkpoint(pid)
+        }),
     );
     if let Some((label, e)) = failed {
         undo_native(driver, &checkpointed, &locked);
@@ -59,20 +64,22 @@ fn split<E>(pids: &[(u32, String)], results: Vec<Result<(), E>>) -> (Vec<u32>, O
     (succeeded, failed)
 }
 
-use crate::parallel::for_each as for_each_parallel;
-
 /// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
 fn undo_native(driver: &dyn NativeCheckpoint, checkpointed: &[u32], locked: &[u32]) {
-    for_each_parallel(checkpointed, |&pid| {
-        if let Err(e) = driver.restore(pid, &[]) {
+    let restored = for_each("native restore", checkpointed, |&pid| {
+        driver.restore(pid, &[])
+    });
+    for (pid, result) in checkpointed.iter().zip(restored) {
+        if let Err(e) = result {
             tracing::error!(pid, error = %e, "native restore while undoing a failed checkpoint");
         }
-    });
-    for_each_parallel(locked, |&pid| {
-        if let Err(e) = driver.unlock(pid) {
+    }
+    let unlocked = for_each("native unlock", locked, |&pid| driver.unlock(pid));
+    for (pid, result) in locked.iter().zip(unlocked) {
+        if let Err(e) = result {
             tracing::error!(pid, error = %e, "native unlock while undoing a failed checkpoint");
         }
-    });
+    }
 }
 
 /// Native restore of every process (remapping GPUs as asked), then unlock of every process.
@@ -81,7 +88,7 @@ pub(crate) fn native_restore(
     group: &Group,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
 ) -> Result<(), ControlError> {
-    let restored = for_each_parallel(&group.participants, |p| {
+    let restored = for_each("native restore", &group.participants, |p| {
         driver.restore(p.info.host_pid, gpu_pairs)
     });
     for (p, result) in group.participants.iter().zip(restored) {
@@ -96,7 +103,9 @@ pub(crate) fn unlock_all(
     driver: &dyn NativeCheckpoint,
     participants: &[&Participant],
 ) -> Result<(), ControlError> {
-    let unlocked = for_each_parallel(participants, |p| driver.unlock(p.info.host_pid));
+    let unlocked = for_each("native unlock", participants, |p| {
+        driver.unlock(p.info.host_pid)
+    });
     for (p, result) in participants.iter().zip(unlocked) {
         result.map_err(|e| step_error("native unlock", &p.info.label(), e))?;
     }
@@ -140,7 +149,9 @@ pub(crate) fn native_resume(
     }
     // The restores go in parallel, as the checkpoints did; a failed one leaves the others
     // restored and locked, which a `resume` run again finds and finishes.
-    let restored = for_each_parallel(&to_restore, |p| driver.restore(p.info.host_pid, gpu_pairs));
+    let restored = for_each("native restore", &to_restore, |p| {
+        driver.restore(p.info.host_pid, gpu_pairs)
+    });
     for (p, result) in to_restore.iter().zip(restored) {
         result.map_err(|e| step_error("native restore", &p.info.label(), e))?;
     }

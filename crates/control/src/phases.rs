@@ -5,6 +5,7 @@
 //! restore.
 
 use crate::group::{Group, Participant, PhaseResult, Snapshot};
+use crate::parallel::for_each_mut;
 use crate::procfs::Procs;
 use crate::progress::{Clock, ParticipantSummary, Progress, summarize};
 use crate::statefile::captured_label;
@@ -19,33 +20,15 @@ pub(crate) fn phase_all(
     request: &Request,
     progress: &dyn Progress,
 ) -> Result<(Vec<PhaseResult>, u64, f64), ControlError> {
-    let results: Vec<Result<PhaseResult, ControlError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = participants
-            .iter_mut()
-            .map(|p| {
-                scope.spawn(move || {
-                    let result = p
-                        .phase(request)
-                        .map_err(|e| step_error(step, &p.info.label(), e));
-                    if let Ok(r) = &result {
-                        progress.advance(r.bytes);
-                        progress.participant_done(step, &p.info.label(), r);
-                    }
-                    result
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ControlError::Protocol {
-                        process: "tool".into(),
-                        message: format!("a {step} thread panicked"),
-                    })
-                })
-            })
-            .collect()
+    let results = for_each_mut(step, participants.iter_mut().collect(), |p| {
+        let result = p
+            .phase(request)
+            .map_err(|e| step_error(step, &p.info.label(), e));
+        if let Ok(r) = &result {
+            progress.advance(r.bytes);
+            progress.participant_done(step, &p.info.label(), r);
+        }
+        result
     });
     let mut done = Vec::new();
     let mut first_error = None;

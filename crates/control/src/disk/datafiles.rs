@@ -302,22 +302,8 @@ impl DataFiles {
     /// holds there). Read-only.
     pub fn verify(&self, progress: &dyn Progress) -> Result<u64, ControlError> {
         let entries = self.entries();
-        let results: Vec<Result<u64, ControlError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = entries
-                .iter()
-                .map(|entry| s.spawn(move || self.verify_one(entry, progress)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ControlError::Protocol {
-                            process: "tool".into(),
-                            message: "a data file check panicked".into(),
-                        })
-                    })
-                })
-                .collect()
+        let results = crate::parallel::for_each("data file check", &entries, |entry| {
+            self.verify_one(entry, progress)
         });
         let mut total = 0;
         for r in results {
@@ -573,31 +559,12 @@ fn each_parallel(
     participants: &mut [Participant],
     f: impl Fn(&mut Participant) -> Result<Streamed, ControlError> + Sync,
 ) -> Vec<Result<Streamed, ControlError>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = participants
-            .iter_mut()
-            .map(|p| {
-                let f = &f;
-                s.spawn(move || {
-                    f(p).map_err(|e| ControlError::Step {
-                        step: "data file",
-                        process: p.info.label(),
-                        source: Box::new(e),
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ControlError::Protocol {
-                        process: "tool".into(),
-                        message: "a data file thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+    crate::parallel::for_each_mut("data file", participants.iter_mut().collect(), |p| {
+        f(p).map_err(|e| ControlError::Step {
+            step: "data file",
+            process: p.info.label(),
+            source: Box::new(e),
+        })
     })
 }
 
@@ -639,33 +606,17 @@ pub fn measure_dir(dir: &Path, bytes: u64) -> Result<DirRate, ControlError> {
     let run = |write: bool, file: &File| -> Result<f64, ControlError> {
         let next = std::sync::atomic::AtomicU64::new(0);
         let start = std::time::Instant::now();
-        let results: Vec<Result<(), ControlError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..DATA_WORKERS)
-                .map(|_| {
-                    s.spawn(|| {
-                        let pieces = DATA_IO as usize / std::mem::size_of::<Piece>();
-                        let mut buffer = vec![Piece([0xa5; 64 << 10]); pieces];
-                        loop {
-                            let unit = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if unit >= units {
-                                return Ok(());
-                            }
-                            rate_io(file, &path, &mut buffer, unit * DATA_IO, write)?;
-                        }
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ControlError::Protocol {
-                            process: "tool".into(),
-                            message: "a rate thread panicked".into(),
-                        })
-                    })
-                })
-                .collect()
+        let workers: Vec<usize> = (0..DATA_WORKERS).collect();
+        let results = crate::parallel::for_each("rate", &workers, |_| {
+            let pieces = DATA_IO as usize / std::mem::size_of::<Piece>();
+            let mut buffer = vec![Piece([0xa5; 64 << 10]); pieces];
+            loop {
+                let unit = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if unit >= units {
+                    return Ok(());
+                }
+                rate_io(file, &path, &mut buffer, unit * DATA_IO, write)?;
+            }
         });
         for r in results {
             r?;

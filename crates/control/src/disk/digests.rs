@@ -64,38 +64,26 @@ pub(super) fn digest_images(
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(small.len().max(1));
-    let mut hashed: Vec<Option<Result<String, ControlError>>> =
-        (0..small.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let small = &small;
-                scope.spawn(move || {
-                    (t..small.len())
-                        .step_by(threads)
-                        .map(|i| {
-                            let (name, bytes) = small[i];
-                            let digest = file_blake3(&images.join(name));
-                            progress.advance(*bytes);
-                            (i, digest)
-                        })
-                        .collect::<Vec<_>>()
-                })
+    // Each worker hashes every `threads`-th file; the digests are taken in the files' order, so
+    // the first error is the first file's.
+    let workers: Vec<usize> = (0..threads).collect();
+    let mut hashed = Vec::with_capacity(small.len());
+    for worker in crate::parallel::for_each("digest", &workers, |&t| {
+        Ok((t..small.len())
+            .step_by(threads)
+            .map(|i| {
+                let (name, bytes) = small[i];
+                let digest = file_blake3(&images.join(name));
+                progress.advance(*bytes);
+                (i, digest)
             })
-            .collect();
-        for handle in handles {
-            for (i, digest) in handle.join().unwrap_or_default() {
-                if let Some(slot) = hashed.get_mut(i) {
-                    *slot = Some(digest);
-                }
-            }
-        }
-    });
-    for ((name, _), digest) in small.iter().zip(hashed) {
-        // A slot left empty is a thread that panicked.
-        let digest = digest
-            .unwrap_or_else(|| Err(state_error(images, crate::FileError::DigestThreadPanicked)))?;
-        digests.insert(name, digest);
+            .collect::<Vec<_>>())
+    }) {
+        hashed.extend(worker?);
+    }
+    hashed.sort_by_key(|(i, _)| *i);
+    for (i, digest) in hashed {
+        digests.insert(small[i].0.as_str(), digest?);
     }
     let mut list = String::new();
     for (name, digest) in digests {

@@ -593,7 +593,7 @@ fn restore_stopped_tree(
     state: &GroupState,
 ) -> Result<(), ControlError> {
     let pids: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
-    let restored = crate::parallel::for_each(&pids, |&pid| {
+    let restored = crate::parallel::for_each("native restore", &pids, |&pid| {
         crate::restore_thread::restore_stopped(&verified.driver, pid, &verified.gpu_pairs)
     });
     for (captured, result) in state.participants.iter().zip(restored) {
