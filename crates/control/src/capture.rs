@@ -252,7 +252,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
-    let lost = match_participants(&mut group, &state)?;
+    let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
     if !lost.is_empty() && !options.allow_lost {
         return Err(ControlError::Refused(
             lost.iter()

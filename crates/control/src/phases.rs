@@ -344,6 +344,7 @@ pub fn record_difference(
 pub(crate) fn match_participants(
     group: &mut Group,
     state: &GroupState,
+    procs: &dyn Procs,
 ) -> Result<Vec<ParticipantState>, ControlError> {
     let mut refusals = Vec::new();
     let mut lost = Vec::new();
@@ -353,7 +354,7 @@ pub(crate) fn match_participants(
             .iter()
             .any(|p| p.info.host_pid == captured.host_pid)
         {
-            if crate::procfs::exited(captured.host_pid) {
+            if procs.exited(captured.host_pid) {
                 lost.push(captured.clone());
             } else {
                 refusals.push(Refusal {
@@ -396,5 +397,121 @@ pub(crate) fn match_participants(
         Ok(lost)
     } else {
         Err(ControlError::Refused(refusals))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{self, Exited, Log, Shim};
+    use crate::group_capture::state_of;
+    use crate::progress::Quiet;
+    use protocol::{Blocker, ErrorCode};
+
+    /// The state a capture of `pids` (all frozen, nothing shared) would have written.
+    fn captured(log: &Log, pids: &[u32]) -> GroupState {
+        let mut group = fakes::group(pids.iter().map(|&pid| Shim::new(pid, log)).collect());
+        state_of(&group.snapshot().unwrap(), SuspendMode::Native)
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_rebuild_loads_imports_verifies_then_thaws_and_skips_multicast_steps_without_objects() {
+        let log = Log::default();
+        let state = captured(&Log::default(), &[100, 101]);
+        let mut group = fakes::group(vec![Shim::new(100, &log), Shim::new(101, &log)]);
+        let mut clock = Clock::new(&Quiet);
+        let (summary, _) = finish_rebuild(&mut group, &state, &mut clock, Bytes::Carriers).unwrap();
+        assert_eq!(summary.len(), 2);
+        for pid in [100, 101] {
+            assert_eq!(
+                log.shim(pid),
+                strings(&["Load", "Import", "Inspect", "Thaw"])
+            );
+        }
+        let phases: Vec<&str> = clock.phases.iter().map(|p| p.name).collect();
+        assert_eq!(phases, ["load", "import", "verify", "thaw"]);
+    }
+
+    #[test]
+    fn a_rebuilt_group_that_differs_from_the_captured_one_is_left_frozen() {
+        let log = Log::default();
+        let mut state = captured(&Log::default(), &[100, 101]);
+        state.participants[1]
+            .record
+            .blockers
+            .push(Blocker::LegacyIpcExport { address: 0x1000 });
+        let mut group = fakes::group(vec![Shim::new(100, &log), Shim::new(101, &log)]);
+        let error = finish_rebuild(&mut group, &state, &mut Clock::new(&Quiet), Bytes::Carriers)
+            .unwrap_err();
+        let ControlError::VerifyFailed(refusals) = &error else {
+            panic!("{error}");
+        };
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(refusals[0].process, "pid 101 (w)");
+        assert_eq!(
+            refusals[0].reason,
+            "rebuilt blockers differ from the captured ones"
+        );
+        for pid in [100, 101] {
+            assert_eq!(
+                log.shim(pid),
+                strings(&["Load", "Import", "Inspect"]),
+                "no Thaw"
+            );
+        }
+    }
+
+    #[test]
+    fn a_load_failing_in_one_process_stops_the_rebuild_before_any_import() {
+        let log = Log::default();
+        let state = captured(&Log::default(), &[100, 101]);
+        let mut group = fakes::group(vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log).refusing("Load", ErrorCode::Driver),
+        ]);
+        let error = finish_rebuild(&mut group, &state, &mut Clock::new(&Quiet), Bytes::Carriers)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "load failed for pid 101 (w): shim reported Driver: Load refused"
+        );
+        for pid in [100, 101] {
+            assert_eq!(log.shim(pid), strings(&["Load"]));
+        }
+    }
+
+    #[test]
+    fn the_live_group_must_be_the_captured_one_and_the_exited_are_returned_as_lost() {
+        let log = Log::default();
+        // Captured: 100, 101 (exited since) and 102 (alive, but no longer in the group).
+        let state = captured(&Log::default(), &[100, 101, 102]);
+        // Live: 100, and 103, which the capture did not see.
+        let mut group = fakes::group(vec![Shim::new(100, &log), Shim::new(103, &log)]);
+        let error = match_participants(&mut group, &state, &Exited(vec![101])).unwrap_err();
+        let ControlError::Refused(refusals) = &error else {
+            panic!("{error}");
+        };
+        let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            reasons,
+            [
+                "pid 102: was captured but is not part of the group now",
+                "pid 100 (w): is running, not suspended",
+                "pid 103 (w): uses CUDA but was not part of the captured group",
+            ]
+        );
+        // Frozen now, and 102 gone too: the exited ones are the caller's to judge.
+        let log = Log::default();
+        let mut group = fakes::group(vec![Shim::new(100, &log)]);
+        group.participants[0]
+            .phase(&Request::Freeze { timeout_ms: 0 })
+            .unwrap();
+        let lost = match_participants(&mut group, &state, &Exited(vec![101, 102])).unwrap();
+        let lost: Vec<u32> = lost.iter().map(|p| p.host_pid).collect();
+        assert_eq!(lost, [101, 102]);
     }
 }
