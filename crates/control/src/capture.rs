@@ -1,18 +1,17 @@
-//! Suspend and resume in place: the capture phases of docs/design.md driven over every
-//! participant, the native lock and checkpoint around them, and the rebuild after native restore.
+//! Suspend, resume and prepare in place: the verbs over the capture of crate::group_capture and
+//! the rebuild of crate::phases.
 //!
 //! Order of a suspend: discover → inspect (read-only, whole-group checks) → freeze → inspect again
 //! (frozen, nothing in flight) → state file → save → release → inspect (all released) → native lock
-//! of every process → native checkpoint of each. Resume: native restore and unlock of each process
-//! that needs it → load (creators) → import (importers) → verify (records equal the captured
-//! ones) → thaw.
+//! of every process → native checkpoint of each (crate::group_capture, which also rolls a failure
+//! back). Resume: native restore and unlock of each process that needs it → load (creators) →
+//! import (importers) → verify (records equal the captured ones) → thaw.
 //!
-//! Up to the native lock every failure is rolled back with the resume code (load, import, thaw), so
-//! the workload keeps running; participants that exited are left out of the rollback and named.
-//! After the lock, the step and the process are named and the tool still tries to bring every
-//! process back. The state file exists from before the first destructive step, so `resume` also
-//! recovers a group whose tool was killed at any step: it takes each process from the native state
-//! it finds (checkpointed, locked, or still running) and rebuilds what its shim released.
+//! The state file exists from before the first destructive step, so `resume` also recovers a
+//! group whose tool was killed at any step: it takes each process from the native state it finds
+//! (checkpointed, locked, or still running) and rebuilds what its shim released.
+//!
+//! The types of the reports and options are re-exported here, where the tool's callers take them.
 
 pub use crate::group_capture::SuspendOptions;
 pub use crate::phases::record_difference;
