@@ -853,3 +853,113 @@ pub fn inspect(
         carrier: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{self, Log, Shim};
+    use protocol::{AllocationProps, AllocationRecord, ImportRecord};
+
+    fn snapshots(pids: &[u32]) -> Vec<Snapshot> {
+        let log = Log::default();
+        let mut group = fakes::group(pids.iter().map(|&pid| Shim::new(pid, &log)).collect());
+        group.snapshot().unwrap()
+    }
+
+    fn reasons(refusals: &[Refusal]) -> Vec<String> {
+        refusals.iter().map(ToString::to_string).collect()
+    }
+
+    const PROPS: AllocationProps = AllocationProps {
+        allocation_type: 1,
+        requested_handle_types: 1,
+        location_type: 1,
+        location_id: 0,
+        compression_type: 0,
+        gpu_direct_rdma_capable: 0,
+        usage: 0,
+    };
+    const ID: AllocationId = AllocationId([7; 16]);
+
+    fn import_from(creator_ns_pid: u32) -> ImportRecord {
+        ImportRecord {
+            id: ID,
+            creator_ns_pid,
+            size: 1 << 20,
+            props: PROPS,
+            live_handles: 1,
+        }
+    }
+
+    #[test]
+    fn a_group_in_the_expected_phase_with_nothing_in_flight_passes() {
+        assert!(check_group(&snapshots(&[100, 101]), Phase::Running).is_empty());
+    }
+
+    #[test]
+    fn each_process_in_another_phase_or_with_calls_in_flight_or_a_blocker_is_named() {
+        let mut group = snapshots(&[100, 101, 102]);
+        group[0].record.phase = Phase::Saved;
+        group[1].record.calls_in_flight = 2;
+        group[2]
+            .record
+            .blockers
+            .push(Blocker::LegacyIpcExport { address: 0x1000 });
+        let refusals = check_group(&group, Phase::Running);
+        let reasons = reasons(&refusals);
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert_eq!(
+            reasons[0],
+            "pid 100 (w): is in phase Saved, expected Running"
+        );
+        assert_eq!(
+            reasons[1],
+            "pid 101 (w): has 2 tracked CUDA call(s) in flight"
+        );
+        assert!(reasons[2].starts_with("pid 102 (w): "));
+        assert!(
+            reasons[2].ends_with("(PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"),
+            "{}",
+            reasons[2]
+        );
+    }
+
+    #[test]
+    fn an_import_needs_its_creator_in_the_group_and_exporting_it() {
+        let mut group = snapshots(&[100, 101]);
+        // From a process outside the group.
+        group[1].record.imports.push(import_from(9));
+        assert_eq!(
+            reasons(&check_group(&group, Phase::Running)),
+            [
+                "pid 101 (w): imports allocation 070707070707 from ns pid 9, which is not part of this group"
+            ]
+        );
+        // From 100, which created it but never exported it.
+        group[1].record.imports = vec![import_from(100)];
+        group[0].record.allocations.push(AllocationRecord {
+            id: ID,
+            size: 1 << 20,
+            props: PROPS,
+            shared: false,
+            live_handles: 1,
+        });
+        assert_eq!(
+            reasons(&check_group(&group, Phase::Running)),
+            [
+                "pid 101 (w): imports allocation 070707070707 that its creator pid 100 (w) does not report as exported"
+            ]
+        );
+        // Exported: the group may be captured.
+        group[0].record.allocations[0].shared = true;
+        assert!(check_group(&group, Phase::Running).is_empty());
+    }
+
+    #[test]
+    fn an_import_from_a_process_that_could_not_be_read_is_not_refused_twice() {
+        let mut group = snapshots(&[100]);
+        group[0].record.imports.push(import_from(9));
+        let unread = HashSet::from([(1, 9)]);
+        assert!(check_group_except(&group, Phase::Running, &unread).is_empty());
+    }
+}
