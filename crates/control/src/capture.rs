@@ -446,3 +446,83 @@ fn depends_on_lost(state: &GroupState, lost: &[ParticipantState]) -> Vec<String>
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{self, Log, Shim};
+    use crate::group_capture::state_of;
+    use protocol::{AllocationId, AllocationProps, ImportRecord, MulticastRecord};
+
+    /// The state of a capture of `pids` (nothing shared yet).
+    fn captured(pids: &[u32]) -> GroupState {
+        let log = Log::default();
+        let mut group = fakes::group(pids.iter().map(|&pid| Shim::new(pid, &log)).collect());
+        state_of(&group.snapshot().unwrap(), SuspendMode::Native)
+    }
+
+    fn multicast(creator_ns_pid: u32, devices: Vec<i32>) -> MulticastRecord {
+        MulticastRecord {
+            id: AllocationId([3; 16]),
+            creator_ns_pid,
+            size: 2 << 20,
+            num_devices: 2,
+            handle_types: 1,
+            flags: 0,
+            granularity: 2 << 20,
+            shared: true,
+            devices,
+            bindings: Vec::new(),
+            live_handles: 1,
+        }
+    }
+
+    #[test]
+    fn allow_lost_refuses_a_survivor_holding_a_multicast_object_a_lost_process_made_or_joined() {
+        // 100 made the object and added device 0; 101 imported it and added device 1.
+        let mut state = captured(&[100, 101, 102]);
+        state.participants[0].record.multicasts = vec![multicast(100, vec![0])];
+        state.participants[1].record.multicasts = vec![multicast(100, vec![1])];
+        // 101 is lost: the object cannot be made again without its device.
+        let lost = vec![state.participants[1].clone()];
+        let refusals = multicast_needs_lost(&state, &lost);
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(refusals[0].process, "pid 100");
+        assert!(
+            refusals[0]
+                .reason
+                .starts_with("holds multicast object 030303030303 with pid 101, which has exited"),
+            "{}",
+            refusals[0].reason
+        );
+        // 102 is lost instead, holding nothing of it: no refusal.
+        let lost = vec![state.participants[2].clone()];
+        assert!(multicast_needs_lost(&state, &lost).is_empty());
+    }
+
+    #[test]
+    fn allow_lost_names_each_import_whose_creator_is_lost_as_left_unmapped() {
+        let mut state = captured(&[100, 101]);
+        state.participants[1].record.imports = vec![ImportRecord {
+            id: AllocationId([5; 16]),
+            creator_ns_pid: 100,
+            size: 1 << 20,
+            props: AllocationProps {
+                allocation_type: 1,
+                requested_handle_types: 1,
+                location_type: 1,
+                location_id: 0,
+                compression_type: 0,
+                gpu_direct_rdma_capable: 0,
+                usage: 0,
+            },
+            live_handles: 1,
+        }];
+        let lost = vec![state.participants[0].clone()];
+        assert_eq!(
+            depends_on_lost(&state, &lost),
+            ["pid 101: import of allocation 050505050505 created by pid 100 (left unmapped)"]
+        );
+        assert!(depends_on_lost(&state, &[]).is_empty());
+    }
+}

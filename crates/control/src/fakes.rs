@@ -73,6 +73,8 @@ pub(crate) struct Shim {
     refuses: Vec<(&'static str, ErrorCode)>,
     /// Whether a Drain finds it at rest (a job that never stops is not).
     drains: bool,
+    /// Tracked calls its records show in flight once it is frozen (a shim that froze badly).
+    in_flight_when_frozen: u32,
 }
 
 impl Shim {
@@ -83,6 +85,7 @@ impl Shim {
             log: log.clone(),
             refuses: Vec::new(),
             drains: true,
+            in_flight_when_frozen: 0,
         }
     }
 
@@ -98,6 +101,12 @@ impl Shim {
         self
     }
 
+    /// Its records show a tracked call in flight once it is frozen.
+    pub(crate) fn in_flight_when_frozen(mut self) -> Shim {
+        self.in_flight_when_frozen = 1;
+        self
+    }
+
     fn record(&self) -> ProcessRecord {
         ProcessRecord {
             ns_pid: self.pid,
@@ -107,7 +116,10 @@ impl Shim {
             mappings: Vec::new(),
             reservations: Vec::new(),
             blockers: Vec::new(),
-            calls_in_flight: 0,
+            calls_in_flight: match self.phase {
+                Phase::Frozen => self.in_flight_when_frozen,
+                _ => 0,
+            },
             multicasts: Vec::new(),
             unowned: Vec::new(),
             gate: GateRecord::default(),

@@ -581,6 +581,33 @@ mod tests {
     }
 
     #[test]
+    fn a_process_with_calls_in_flight_once_frozen_is_refused_and_every_gate_opened() {
+        let log = Log::default();
+        let group = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log).in_flight_when_frozen(),
+        ];
+        let run = capture_of(group, Some(&Native::new(&log)), &[], &options());
+        let error = run.result.unwrap_err();
+        let ControlError::RolledBack { failure } = &error else {
+            panic!("{error}");
+        };
+        let ControlError::Refused(refusals) = &**failure else {
+            panic!("{failure}");
+        };
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(
+            refusals[0].to_string(),
+            "pid 101 (w): has 1 tracked CUDA call(s) in flight"
+        );
+        for pid in [100, 101] {
+            assert_eq!(log.shim(pid), then(&FROZEN, &["Thaw"]));
+        }
+        assert!(log.native().is_empty());
+        assert!(!run.state.exists());
+    }
+
+    #[test]
     fn a_group_not_drained_in_time_is_reopened_and_the_refusal_names_the_busy_process() {
         let log = Log::default();
         let options = SuspendOptions {
