@@ -187,31 +187,37 @@ impl ShimLink for Shim {
     }
 }
 
+/// A CUDA process with the shim, as discovery describes it.
+pub(crate) fn cuda_process(pid: u32) -> ProcessInfo {
+    ProcessInfo {
+        host_pid: pid,
+        ns_pid: pid,
+        pid_namespace: 1,
+        command: "w".into(),
+        driver: Some("libcuda.so.1".into()),
+        shim: Some("libcuinterpose.so".into()),
+        control_socket: None,
+    }
+}
+
+/// A participant connected to `shim`, as `info`.
+fn participant(info: ProcessInfo, shim: Shim) -> Participant {
+    let hello = HelloReply {
+        shim_version: crate::VERSION.into(),
+        ns_pid: info.ns_pid,
+        shim_sha256: "0".repeat(64),
+        driver_version: 13000,
+        carrier_pinned_bytes: 0,
+        carrier_helper: None,
+    };
+    Participant::over(info, hello, Box::new(shim), Duration::from_secs(5))
+}
+
 /// A group of scripted shims under root `shims[0]`'s pid.
 pub(crate) fn group(shims: Vec<Shim>) -> Group {
     let participants: Vec<Participant> = shims
         .into_iter()
-        .map(|shim| {
-            let pid = shim.pid;
-            let info = ProcessInfo {
-                host_pid: pid,
-                ns_pid: pid,
-                pid_namespace: 1,
-                command: "w".into(),
-                driver: Some("libcuda.so.1".into()),
-                shim: Some("libcuinterpose.so".into()),
-                control_socket: None,
-            };
-            let hello = HelloReply {
-                shim_version: crate::VERSION.into(),
-                ns_pid: pid,
-                shim_sha256: "0".repeat(64),
-                driver_version: 13000,
-                carrier_pinned_bytes: 0,
-                carrier_helper: None,
-            };
-            Participant::over(info, hello, Box::new(shim), Duration::from_secs(5))
-        })
+        .map(|shim| participant(cuda_process(shim.pid), shim))
         .collect();
     Group {
         root: participants[0].info.host_pid,
@@ -318,6 +324,61 @@ impl NativeCheckpoint for Native {
         let state = self.state_of(pid);
         self.step("state", pid, state, state)?;
         Ok(state)
+    }
+}
+
+/// A process tree as discovery sees it: each process, its state letter in `/proc/<pid>/stat`
+/// (`None`: gone), and whether its shim answers.
+#[derive(Debug, Default)]
+pub(crate) struct Machine {
+    pub(crate) processes: Vec<(ProcessInfo, Option<char>, bool)>,
+    pub(crate) log: Log,
+}
+
+impl Procs for Machine {
+    fn stat(&self, pid: u32) -> Option<Stat> {
+        let (_, state, _) = self.processes.iter().find(|(p, _, _)| p.host_pid == pid)?;
+        state.map(|state| Stat {
+            state,
+            ppid: 1,
+            tty_nr: 0,
+            num_threads: 1,
+            start_time: 1,
+        })
+    }
+}
+
+impl crate::group::Processes for Machine {
+    fn tree(&self, _root: u32) -> Result<Vec<u32>, ControlError> {
+        Ok(self.processes.iter().map(|(p, _, _)| p.host_pid).collect())
+    }
+
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
+        match self.processes.iter().find(|(p, _, _)| p.host_pid == pid) {
+            Some((info, Some(_), _)) => Ok(info.clone()),
+            _ => Err(ControlError::Proc {
+                pid,
+                path: crate::procfs::path(pid, "maps"),
+                source: std::io::ErrorKind::NotFound.into(),
+            }),
+        }
+    }
+
+    fn connect(&self, info: ProcessInfo, _timeout: Duration) -> Result<Participant, ControlError> {
+        self.log.push(format!("{} Hello", info.host_pid));
+        let answers = self
+            .processes
+            .iter()
+            .any(|(p, _, answers)| p.host_pid == info.host_pid && *answers);
+        if answers {
+            let shim = Shim::new(info.host_pid, &self.log);
+            Ok(participant(info, shim))
+        } else {
+            Err(ControlError::Participant {
+                process: info.label(),
+                source: TransportError::Timeout,
+            })
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! is read-only: a refusal changes nothing in the workload.
 
 use crate::discovery::{self, ProcessInfo};
+use crate::procfs::{Proc, Procs};
 use crate::{ControlError, Refusal};
 use protocol::message::DrainReport;
 use protocol::{
@@ -318,18 +319,53 @@ impl From<&HelloReply> for HelloReplyView {
     }
 }
 
+/// What discovery reads of the machine: the processes of a tree and what each one is (`/proc`),
+/// and the shims' control sockets. The seam in front of both, so that every refusal of
+/// discovery is unit-tested with a scripted machine; [`Proc`] is the real one.
+pub(crate) trait Processes: Procs {
+    /// The process tree under `root` (crate::discovery::process_tree).
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError>;
+    /// What `pid` is (crate::discovery::describe).
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError>;
+    /// Connects to the shim of `info` ([`Participant::connect`]).
+    fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError>;
+}
+
+impl Processes for Proc {
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError> {
+        discovery::process_tree(root)
+    }
+
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
+        discovery::describe(pid)
+    }
+
+    fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError> {
+        Participant::connect(info, timeout)
+    }
+}
+
 impl Group {
     /// Finds every CUDA process under `root` and connects to each shim. Fails closed, naming every
     /// CUDA process that lacks the shim or does not answer.
     pub fn discover(root: u32, timeout: Duration) -> Result<Group, ControlError> {
+        Group::discover_in(&Proc, root, timeout)
+    }
+
+    /// [`Group::discover`] on `machine`.
+    pub(crate) fn discover_in(
+        machine: &dyn Processes,
+        root: u32,
+        timeout: Duration,
+    ) -> Result<Group, ControlError> {
         let mut refusals = Vec::new();
         let mut participants = Vec::new();
         let mut others = Vec::new();
-        for pid in discovery::process_tree(root)? {
-            let info = match discovery::describe(pid) {
+        for pid in machine.tree(root)? {
+            let info = match machine.describe(pid) {
                 Ok(info) => info,
                 // Gone while we looked: not part of the group any more.
-                Err(ControlError::Proc { .. }) if crate::procfs::stat(pid).is_none() => {
+                Err(ControlError::Proc { .. }) if machine.stat(pid).is_none() => {
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -350,19 +386,20 @@ impl Group {
                 continue;
             }
             // A stopped process cannot answer: named as what it is, without waiting for it.
-            if let Some(reason) = stopped_reason(pid) {
+            if let Some(reason) = stopped_reason(machine, pid) {
                 refusals.push(Refusal {
                     process: info.label(),
                     reason,
                 });
                 continue;
             }
-            match Participant::connect(info.clone(), timeout) {
+            match machine.connect(info.clone(), timeout) {
                 Ok(p) => participants.push(p),
                 Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
                 Err(e) => refusals.push(Refusal {
                     process: info.label(),
-                    reason: stopped_reason(pid).unwrap_or_else(|| no_answer_reason(e, timeout)),
+                    reason: stopped_reason(machine, pid)
+                        .unwrap_or_else(|| no_answer_reason(e, timeout)),
                 }),
             }
         }
@@ -396,8 +433,8 @@ impl Group {
 
 /// Why a process stopped by a signal or a tracer (state `T` or `t`) cannot take part, or `None`
 /// when it is not stopped.
-fn stopped_reason(pid: u32) -> Option<String> {
-    let stat = crate::procfs::stat(pid)?;
+fn stopped_reason(procs: &dyn Procs, pid: u32) -> Option<String> {
+    let stat = procs.stat(pid)?;
     stat.stopped().then(|| {
         format!(
             "is stopped (state {}: SIGSTOP, a debugger, or a checkpoint whose dump was interrupted): \
@@ -792,7 +829,7 @@ pub fn inspect(
             });
             "shim loaded, runtime off".to_string()
         } else {
-            if let Some(reason) = stopped_reason(pid) {
+            if let Some(reason) = stopped_reason(&Proc, pid) {
                 refusals.push(Refusal {
                     process: info.label(),
                     reason,
@@ -857,7 +894,7 @@ pub fn inspect(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fakes::{self, Log, Shim};
+    use crate::fakes::{self, Log, Machine, Shim, cuda_process};
     use protocol::{AllocationProps, AllocationRecord, ImportRecord};
 
     fn snapshots(pids: &[u32]) -> Vec<Snapshot> {
@@ -961,5 +998,81 @@ mod tests {
         group[0].record.imports.push(import_from(9));
         let unread = HashSet::from([(1, 9)]);
         assert!(check_group_except(&group, Phase::Running, &unread).is_empty());
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+
+    fn machine(processes: Vec<(ProcessInfo, Option<char>, bool)>) -> Machine {
+        Machine {
+            processes,
+            ..Machine::default()
+        }
+    }
+
+    fn without_cuda(pid: u32) -> ProcessInfo {
+        ProcessInfo {
+            driver: None,
+            shim: None,
+            ..cuda_process(pid)
+        }
+    }
+
+    #[test]
+    fn the_cuda_processes_are_connected_the_others_listed_and_the_gone_skipped() {
+        let machine = machine(vec![
+            (without_cuda(100), Some('S'), false),
+            (cuda_process(101), Some('S'), true),
+            // Gone while discovery looked.
+            (cuda_process(102), None, true),
+            (cuda_process(103), Some('R'), true),
+        ]);
+        let group = Group::discover_in(&machine, 100, TIMEOUT).unwrap();
+        let pids: Vec<u32> = group.participants.iter().map(|p| p.info.host_pid).collect();
+        assert_eq!(pids, [101, 103]);
+        assert_eq!(group.others.len(), 1);
+        assert_eq!(machine.log.entries(), ["101 Hello", "103 Hello"]);
+    }
+
+    #[test]
+    fn every_process_that_cannot_take_part_is_refused_at_once_and_the_rest_still_asked() {
+        let no_shim = ProcessInfo {
+            shim: None,
+            ..cuda_process(101)
+        };
+        let machine = machine(vec![
+            (without_cuda(100), Some('S'), false),
+            (no_shim, Some('S'), false),
+            (cuda_process(102), Some('T'), true),
+            (cuda_process(103), Some('S'), false),
+            (cuda_process(104), Some('S'), true),
+        ]);
+        let error = Group::discover_in(&machine, 100, TIMEOUT).unwrap_err();
+        let ControlError::Refused(refusals) = &error else {
+            panic!("{error}");
+        };
+        let processes: Vec<&str> = refusals.iter().map(|r| r.process.as_str()).collect();
+        assert_eq!(processes, ["pid 101 (w)", "pid 102 (w)", "pid 103 (w)"]);
+        assert_eq!(
+            refusals[0].reason,
+            "uses CUDA (libcuda.so.1) but does not have libcuinterpose.so loaded; start it with \
+             `cuinterpose run`"
+        );
+        assert!(refusals[1].reason.starts_with("is stopped (state T: "));
+        assert_eq!(
+            refusals[2].reason,
+            "does not answer on its control socket (no reply within 2s)"
+        );
+        // A stopped process is not waited for; the others are all asked.
+        assert_eq!(machine.log.entries(), ["103 Hello", "104 Hello"]);
+    }
+
+    #[test]
+    fn a_tree_without_a_cuda_process_is_no_group() {
+        let machine = machine(vec![(without_cuda(100), Some('S'), false)]);
+        let error = Group::discover_in(&machine, 100, TIMEOUT).unwrap_err();
+        assert!(
+            matches!(error, ControlError::NoCudaProcesses(100)),
+            "{error}"
+        );
     }
 }
