@@ -1,6 +1,7 @@
-//! The capture of a group, shared by `suspend` (capture.rs) and `checkpoint` (disk/checkpoint.rs): discover
-//! and check the group, choose the carrier, then hold, drain and freeze, publish the state file,
-//! save and release, and lock and checkpoint every process natively.
+//! The capture of a group, shared by `suspend` (capture.rs) and `checkpoint`
+//! (disk/checkpoint.rs): discover and check the group, choose the carrier, then hold, drain and
+//! freeze, publish the state file, save and release, and lock and checkpoint every process
+//! natively.
 //!
 //! Up to the native lock every failure is rolled back with the resume code (load, import, thaw), so
 //! the workload keeps running; participants that exited are left out of the rollback and named.
