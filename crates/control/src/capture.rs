@@ -1,423 +1,37 @@
-//! Suspend and resume in place: the capture phases of docs/design.md driven over every
-//! participant, the native lock and checkpoint around them, and the rebuild after native restore.
+//! Suspend, resume and prepare in place: the verbs over the capture of crate::group_capture and
+//! the rebuild of crate::phases.
 //!
 //! Order of a suspend: discover → inspect (read-only, whole-group checks) → freeze → inspect again
 //! (frozen, nothing in flight) → state file → save → release → inspect (all released) → native lock
-//! of every process → native checkpoint of each. Resume: native restore and unlock of each process
-//! that needs it → load (creators) → import (importers) → verify (records equal the captured
-//! ones) → thaw.
+//! of every process → native checkpoint of each (crate::group_capture, which also rolls a failure
+//! back). Resume: native restore and unlock of each process that needs it → load (creators) →
+//! import (importers) → verify (records equal the captured ones) → thaw.
 //!
-//! Up to the native lock every failure is rolled back with the resume code (load, import, thaw), so
-//! the workload keeps running; participants that exited are left out of the rollback and named.
-//! After the lock, the step and the process are named and the tool still tries to bring every
-//! process back. The state file exists from before the first destructive step, so `resume` also
-//! recovers a group whose tool was killed at any step: it takes each process from the native state
-//! it finds (checkpointed, locked, or still running) and rebuilds what its shim released.
+//! The state file exists from before the first destructive step, so `resume` also recovers a
+//! group whose tool was killed at any step: it takes each process from the native state it finds
+//! (checkpointed, locked, or still running) and rebuilds what its shim released.
+//!
+//! The types of the reports and options are re-exported here, where the tool's callers take them.
+
+pub use crate::group_capture::SuspendOptions;
+pub use crate::phases::record_difference;
+pub use crate::progress::{ParticipantSummary, PhaseTiming, Progress, Quiet, Report};
 
 use crate::config::ToolConfig;
-use crate::group::{Group, Participant, PhaseResult, Snapshot, check_group};
-use crate::native::{Driver, ProcessState};
+use crate::group::{Group, Participant, Snapshot, check_group};
+use crate::group_capture::{capture, choose_carrier, control_dirs, lock_tree, saved_bytes};
+use crate::native::Driver;
+use crate::native_steps::native_resume;
+use crate::phases::{Bytes, FileBytes, finish_rebuild, match_participants, step_error};
+use crate::progress::{Clock, millis_since, summarize};
+use crate::statefile::{
+    captured_label, check_state_dir, default_state_dir, find_state_in, read_state, remove_state,
+};
 use crate::{ControlError, Refusal};
-use protocol::state::{CarrierInfo, GroupState, ParticipantState, SuspendMode};
-use protocol::{MulticastStep, Phase, ProcessRecord, Request};
+use protocol::Phase;
+use protocol::state::{GroupState, ParticipantState, SuspendMode};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// Name of the topology file in a state directory.
-pub const STATE_FILE: &str = "cuinterpose.state";
-/// Largest state file the tool reads back.
-pub const STATE_FILE_LIMIT: u64 = protocol::state::MAX_STATE_FILE_LEN;
-
-/// Where a suspended group's state lives unless `--state-dir` says otherwise.
-pub fn default_state_dir(root: u32) -> PathBuf {
-    std::env::temp_dir().join(format!("cuinterpose-suspended-{root}"))
-}
-
-/// Receives progress of long phases (the CLI draws bars on a terminal).
-pub trait Progress: Sync {
-    /// A phase starts; `total_bytes` is known for the phases that move bytes.
-    fn phase_started(&self, _name: &'static str, _total_bytes: Option<u64>) {}
-    /// Bytes moved by one participant.
-    fn advance(&self, _bytes: u64) {}
-    /// One participant finished a phase request (`step`): what its shim reported, with the copy
-    /// statistics of Save and Load (the benchmark reads them here).
-    fn participant_done(&self, _step: &'static str, _process: &str, _result: &PhaseResult) {}
-    fn phase_finished(&self, _timing: &PhaseTiming) {}
-}
-
-/// Progress that goes nowhere.
-#[derive(Debug, Default)]
-pub struct Quiet;
-impl Progress for Quiet {}
-
-/// How long a phase took over the whole group, and what it moved.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct PhaseTiming {
-    pub name: &'static str,
-    pub millis: f64,
-    pub bytes: u64,
-    /// Longest time a single shim spent in it (the group's phases run in parallel).
-    pub slowest_shim_millis: f64,
-}
-
-impl PhaseTiming {
-    /// Bytes per second over the phase's wall time, when it moved bytes.
-    pub fn gigabytes_per_second(&self) -> Option<f64> {
-        (self.bytes > 0 && self.millis > 0.0).then(|| self.bytes as f64 / self.millis / 1e6)
-    }
-}
-
-/// Options of a suspend.
-#[derive(Debug, Clone)]
-pub struct SuspendOptions {
-    pub root: u32,
-    pub state_dir: PathBuf,
-    /// Time the shims get to drain tracked calls in flight.
-    pub freeze_timeout: Duration,
-    /// `cuCheckpointProcessLock` timeout.
-    pub lock_timeout_ms: u32,
-    /// The driver library the tool loads (`None`: `libcuda.so.1` from the search path).
-    pub driver: Option<PathBuf>,
-    /// The tool's settings (the answer timeout; CRIU for a checkpoint to disk).
-    pub config: ToolConfig,
-    /// Whether the native lock and checkpoint follow the release (`KeepContexts`: they do not,
-    /// and the contexts stay resident). A checkpoint to disk always captures `Native`.
-    pub mode: SuspendMode,
-    /// `--carrier`: the carrier asked for (crate::carrier_choice).
-    pub carrier: crate::carrier_choice::Requested,
-    /// How a carrier helper is started where none runs; `None`: this caller cannot start one, so
-    /// `auto` keeps each process's own carrier and `helper` is refused.
-    pub helper: Option<crate::carrier_helper::HelperLaunch>,
-}
-
-impl SuspendOptions {
-    pub fn new(root: u32, config: &ToolConfig) -> SuspendOptions {
-        SuspendOptions {
-            root,
-            state_dir: default_state_dir(root),
-            freeze_timeout: Duration::from_secs(30),
-            lock_timeout_ms: 10_000,
-            driver: None,
-            config: config.clone(),
-            mode: SuspendMode::Native,
-            carrier: crate::carrier_choice::Requested::Auto,
-            helper: None,
-        }
-    }
-}
-
-/// One participant in a report.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ParticipantSummary {
-    pub host_pid: u32,
-    pub ns_pid: u32,
-    pub command: String,
-    /// Allocations it created (shared or private): what its carrier holds.
-    pub created: usize,
-    /// Of those, the ones it shares (exported).
-    pub created_shared: usize,
-    pub imported: usize,
-    /// Bytes of its creations saved to the carrier.
-    pub saved_bytes: u64,
-}
-
-/// What a suspend or resume did.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Report {
-    pub participants: Vec<ParticipantSummary>,
-    pub phases: Vec<PhaseTiming>,
-    /// Bytes of the allocations the shims created, shared or private, saved to (or loaded from)
-    /// host carriers.
-    pub saved_bytes: u64,
-    pub state_file: PathBuf,
-    pub total_millis: f64,
-    /// Captured processes that had exited and were left out (`resume --allow-lost`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub lost: Vec<String>,
-    /// What could not be rebuilt because its creator is among `lost`: imports left unmapped.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub not_rebuilt: Vec<String>,
-    /// When each process was drained, from the hold (a capture; empty for a rebuild).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub drained: Vec<crate::drain::Drained>,
-    /// The carrier the capture used, why, and what it holds (a capture; none for a rebuild).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
-}
-
-pub(crate) fn summarize(snapshots: &[Snapshot]) -> Vec<ParticipantSummary> {
-    snapshots
-        .iter()
-        .map(|s| {
-            let created = &s.record.allocations;
-            ParticipantSummary {
-                host_pid: s.info.host_pid,
-                ns_pid: s.info.ns_pid,
-                command: s.info.command.clone(),
-                created: created.len(),
-                created_shared: created.iter().filter(|a| a.shared).count(),
-                imported: s.record.imports.len(),
-                saved_bytes: created.iter().map(|a| a.size).sum(),
-            }
-        })
-        .collect()
-}
-
-/// Records the phases of one run.
-pub(crate) struct Clock<'a> {
-    progress: &'a dyn Progress,
-    pub(crate) phases: Vec<PhaseTiming>,
-    /// When each process was drained, from the hold (a capture's first step).
-    pub(crate) drained: Vec<crate::drain::Drained>,
-}
-
-impl<'a> Clock<'a> {
-    /// Where the phases report the bytes they move, for the phases timed outside this module.
-    pub(crate) fn progress(&self) -> &'a dyn Progress {
-        self.progress
-    }
-
-    pub(crate) fn new(progress: &'a dyn Progress) -> Clock<'a> {
-        Clock {
-            progress,
-            phases: Vec::new(),
-            drained: Vec::new(),
-        }
-    }
-
-    /// Times `step`, which returns the bytes it moved and the slowest shim's time.
-    pub(crate) fn time<T>(
-        &mut self,
-        name: &'static str,
-        total_bytes: Option<u64>,
-        step: impl FnOnce() -> Result<(T, u64, f64), ControlError>,
-    ) -> Result<T, ControlError> {
-        self.progress.phase_started(name, total_bytes);
-        let start = Instant::now();
-        let (value, bytes, slowest_shim_millis) = step()?;
-        let timing = PhaseTiming {
-            name,
-            millis: millis_since(start),
-            bytes,
-            slowest_shim_millis,
-        };
-        self.progress.phase_finished(&timing);
-        self.phases.push(timing);
-        Ok(value)
-    }
-}
-
-fn millis_since(start: Instant) -> f64 {
-    start.elapsed().as_secs_f64() * 1e3
-}
-
-/// Sends `request` to every participant at once (one thread each) and waits for all.
-fn phase_all(
-    participants: &mut [Participant],
-    step: &'static str,
-    request: &Request,
-    progress: &dyn Progress,
-) -> Result<(Vec<PhaseResult>, u64, f64), ControlError> {
-    let results: Vec<Result<PhaseResult, ControlError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = participants
-            .iter_mut()
-            .map(|p| {
-                scope.spawn(move || {
-                    let result = p
-                        .phase(request)
-                        .map_err(|e| step_error(step, &p.info.label(), e));
-                    if let Ok(r) = &result {
-                        progress.advance(r.bytes);
-                        progress.participant_done(step, &p.info.label(), r);
-                    }
-                    result
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ControlError::Protocol {
-                        process: "tool".into(),
-                        message: format!("a {step} thread panicked"),
-                    })
-                })
-            })
-            .collect()
-    });
-    let mut done = Vec::new();
-    let mut first_error = None;
-    for result in results {
-        match result {
-            Ok(r) => done.push(r),
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let bytes = done.iter().map(|r| r.bytes).sum();
-    let slowest = done.iter().map(|r| r.micros).max().unwrap_or(0) as f64 / 1e3;
-    Ok((done, bytes, slowest))
-}
-
-fn step_error(step: &'static str, process: &str, source: ControlError) -> ControlError {
-    ControlError::Step {
-        step,
-        process: process.to_string(),
-        source: Box::new(source),
-    }
-}
-
-/// Where a capture's Save puts the shared bytes, and so where a rebuild loads them from.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Bytes<'a> {
-    /// The shims' host carriers (Save, Load): a suspend in place.
-    Carriers,
-    /// Data files the shims stream (SaveTo, LoadFrom): a checkpoint to disk.
-    Files(&'a crate::disk::DataFiles),
-}
-
-/// Save (or SaveTo) to every participant: bytes moved and the slowest shim's milliseconds.
-/// `mode` tells the shims whether a native checkpoint follows (their `auto` carrier pins only
-/// for a cycle that skips it).
-/// Save (or SaveTo) to every participant; with carriers, also what the carriers cost the Save.
-fn save_all(
-    participants: &mut [Participant],
-    bytes: Bytes<'_>,
-    mode: SuspendMode,
-    through_helper: bool,
-    progress: &dyn Progress,
-) -> Result<(u64, f64, Option<crate::carrier_choice::SaveCarriers>), ControlError> {
-    match bytes {
-        Bytes::Carriers => {
-            let save = match (mode, through_helper) {
-                (_, true) => Request::SaveThroughHelper {
-                    native_follows: mode == SuspendMode::Native,
-                },
-                (SuspendMode::Native, false) => Request::Save,
-                (SuspendMode::KeepContexts, false) => Request::SaveKeepingContexts,
-            };
-            phase_all(participants, "save", &save, progress).map(|(results, b, s)| {
-                let moved: Vec<_> = results
-                    .iter()
-                    .filter_map(|r| r.stats.as_ref())
-                    .filter(|st| st.bytes > 0)
-                    .collect();
-                let carriers = crate::carrier_choice::SaveCarriers {
-                    carrier_millis: moved.iter().map(|st| st.carrier_micros).max().unwrap_or(0)
-                        as f64
-                        / 1e3,
-                    carriers_reused: moved.iter().all(|st| st.carrier_reused),
-                };
-                (b, s, Some(carriers))
-            })
-        }
-        Bytes::Files(files) => files
-            .save_all(participants, progress)
-            .map(|(b, s)| (b, s, None)),
-    }
-}
-
-/// Load (or LoadFrom) to every participant.
-fn load_all(
-    participants: &mut [Participant],
-    bytes: Bytes<'_>,
-    progress: &dyn Progress,
-) -> Result<(u64, f64), ControlError> {
-    match bytes {
-        Bytes::Carriers => {
-            phase_all(participants, "load", &Request::Load, progress).map(|(_, b, s)| (b, s))
-        }
-        Bytes::Files(files) => files.load_all(participants, progress),
-    }
-}
-
-/// Sends the rebuild (load, import, the multicast steps, thaw) to every participant: the rollback
-/// of a capture that failed before the native lock. Returns every error it met.
-fn rebuild(group: &mut Group, clock: &mut Clock<'_>, bytes: Bytes<'_>) -> Vec<ControlError> {
-    let mut errors = Vec::new();
-    if let Err(e) = clock.time("load", None, || {
-        load_all(&mut group.participants, bytes, clock.progress).map(|(b, s)| ((), b, s))
-    }) {
-        errors.push(e);
-    }
-    let multicast = MulticastStep::ALL.map(|step| (step.name(), Request::Multicast(step)));
-    for (name, request) in std::iter::once(("import", Request::Import)).chain(multicast) {
-        if let Err(e) = clock.time(name, None, || {
-            phase_all(&mut group.participants, name, &request, clock.progress)
-                .map(|(_, bytes, slowest)| ((), bytes, slowest))
-        }) {
-            errors.push(e);
-        }
-    }
-    errors.extend(thaw_all(group));
-    errors
-}
-
-/// Thaw to every participant; a process whose capture another run holds is that run's to
-/// thaw, not an error of ours.
-fn thaw_all(group: &mut Group) -> Vec<ControlError> {
-    group
-        .participants
-        .iter_mut()
-        .filter_map(|p| match p.phase(&Request::Thaw) {
-            Ok(_)
-            | Err(ControlError::Shim {
-                code: protocol::ErrorCode::Busy,
-                ..
-            }) => None,
-            Err(e) => Some(step_error("thaw", &p.info.label(), e)),
-        })
-        .collect()
-}
-
-/// Rolls back a capture that failed before the native lock: participants that exited are left
-/// out (nothing of theirs can be rebuilt, and waiting for them would fail every survivor's
-/// report), the survivors get `rollback` (the rebuild, or only a thaw when nothing was
-/// released yet).
-fn roll_back(
-    group: &mut Group,
-    clock: &mut Clock<'_>,
-    failure: ControlError,
-    rollback: &dyn Fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
-) -> ControlError {
-    let mut lost = Vec::new();
-    group.participants.retain(|p| {
-        let gone = crate::procfs::exited(p.info.host_pid);
-        if gone {
-            lost.push(p.info.label());
-        }
-        !gone
-    });
-    let failure = if lost.is_empty() {
-        failure
-    } else {
-        tracing::error!(processes = %lost.join(", "), "participants exited during the capture");
-        ControlError::ParticipantsExited {
-            processes: lost,
-            failure: Box::new(failure),
-        }
-    };
-    let errors = rollback(group, clock);
-    if errors.is_empty() {
-        ControlError::RolledBack {
-            failure: Box::new(failure),
-        }
-    } else {
-        ControlError::RollbackFailed {
-            failure: Box::new(failure),
-            rollback: errors,
-        }
-    }
-}
-
-fn thaw_only(group: &mut Group, _clock: &mut Clock<'_>) -> Vec<ControlError> {
-    thaw_all(group)
-}
 
 /// Suspends the group under `options.root` in place: afterwards its processes hold no GPU memory
 /// and stay alive, and `cuinterpose.state` in the state directory describes what to rebuild.
@@ -444,190 +58,11 @@ pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Repo
     })
 }
 
-/// Takes this run's lock on every process of the tree under `root` (crate::runlock): the first
-/// thing every command that changes a group does, so a second run is refused before it reads or
-/// changes anything.
-pub(crate) fn lock_tree(root: u32) -> Result<crate::runlock::RunLock, ControlError> {
-    let tree = crate::discovery::process_tree(root)?;
-    crate::runlock::RunLock::processes(&tree)
-}
-
-/// Everything of a suspend up to and including the native checkpoint of every process: on success
-/// the group is connected, every process is checkpointed natively, and `state_path` holds the
-/// topology, and the result says which carrier the bytes went through; on failure the workload
-/// was rolled back (or the error says it could not be).
-pub(crate) fn capture(
-    options: &SuspendOptions,
-    state_path: &Path,
-    clock: &mut Clock<'_>,
-    bytes: Bytes<'_>,
-) -> Result<(Group, Vec<Snapshot>, crate::carrier_choice::CarrierChoice), ControlError> {
-    let progress = clock.progress;
-    let mut need = 0;
-    let mut group = clock.time("inspect", None, || {
-        let mut group = Group::discover(options.root, options.config.answer_timeout)?;
-        let snapshots = group.snapshot()?;
-        let refusals = check_group(&snapshots, Phase::Running);
-        if !refusals.is_empty() {
-            return Err(ControlError::Refused(refusals));
-        }
-        need = saved_bytes(&snapshots);
-        Ok((group, 0, 0.0))
-    })?;
-    // Load the driver before anything changes: without a checkpoint API nothing may start. The
-    // keep mode makes no native call, so it needs none.
-    let driver = match options.mode {
-        SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
-        SuspendMode::KeepContexts => None,
-    };
-    let mut choice = match bytes {
-        Bytes::Carriers => choose_carrier(options, &group, driver.as_ref(), need)?,
-        Bytes::Files(_) => {
-            crate::carrier_choice::none_for_disk(crate::carrier_choice::host_facts())
-        }
-    };
-    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
-    // The carrier helper of every control directory of the group answers, or is started, before
-    // anything changes.
-    if let (Some(launch), true) = (&options.helper, through_helper) {
-        for dir in control_dirs(&group) {
-            crate::carrier_helper::ensure(dir, launch).map_err(|e| ControlError::Unchanged {
-                source: Box::new(e),
-            })?;
-        }
-    }
-
-    // Hold, drain, freeze (crate::drain): a failure here opens every gate again and changes
-    // nothing else.
-    let freeze = Request::Freeze {
-        timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
-    };
-    let mut drained = Vec::new();
-    let frozen = clock.time("freeze", None, || {
-        let timeout = options.freeze_timeout + options.config.answer_timeout;
-        for p in &mut group.participants {
-            p.set_timeout(Some(timeout))?;
-        }
-        drained =
-            crate::drain::drain_group(group.participants.as_mut_slice(), options.freeze_timeout)?;
-        phase_all(&mut group.participants, "freeze", &freeze, progress).and_then(|_| {
-            let snapshots = group.snapshot()?;
-            let refusals = check_group(&snapshots, Phase::Frozen);
-            if refusals.is_empty() {
-                Ok((snapshots, 0, 0.0))
-            } else {
-                Err(ControlError::Refused(refusals))
-            }
-        })
-    });
-    let captured = match frozen {
-        Ok(frozen) => frozen,
-        // Another run holds a process: ours are opened again, the other run's left to it.
-        Err(e @ ControlError::AnotherRun { .. }) => {
-            let _ = thaw_all(&mut group);
-            return Err(e);
-        }
-        // A context that holds a sticky error: nothing was frozen or released, so a refusal once
-        // every gate is open again.
-        Err(e @ ControlError::StickyError { .. }) => {
-            let _ = thaw_all(&mut group);
-            return Err(e);
-        }
-        Err(e) => return Err(roll_back(&mut group, clock, e, &thaw_only)),
-    };
-    clock.drained = drained;
-    let saved_bytes = saved_bytes(&captured);
-    // The topology is published before anything is released: a tool killed from here on leaves a
-    // state file from which `cuinterpose resume` rebuilds the group (the shims' records are the
-    // same in every phase).
-    let dir_existed = state_path.parent().is_none_or(Path::exists);
-    let published = clock.time("state", None, || {
-        write_state(state_path, &captured, options.mode).map(|()| ((), 0, 0.0))
-    });
-    // What a rollback removes: the state file, and its directory when this run made it.
-    let unpublish = || {
-        let _ = std::fs::remove_file(state_path);
-        if !dir_existed && let Some(dir) = state_path.parent() {
-            let _ = std::fs::remove_dir(dir);
-        }
-    };
-    if let Err(e) = published {
-        unpublish();
-        return Err(roll_back(&mut group, clock, e, &thaw_only));
-    }
-
-    // Save and release: from here until the native lock, failures are rolled back.
-    let destructive = save_and_release(&mut group, clock, options, bytes, &mut choice, saved_bytes)
-        .and_then(|()| match &driver {
-            Some(driver) => clock.time("native-checkpoint", None, || {
-                native_checkpoint(driver, &group, options.lock_timeout_ms).map(|()| ((), 0, 0.0))
-            }),
-            // The shims hold their gate closed from the freeze on, so the application's tracked calls
-            // block as in a native suspend; contexts, modules and streams stay where they are.
-            None => Ok(()),
-        });
-    if let Err(e) = destructive {
-        let error = roll_back(&mut group, clock, e, &|g, c| rebuild(g, c, bytes));
-        // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
-        if matches!(error, ControlError::RolledBack { .. }) {
-            unpublish();
-        }
-        return Err(error);
-    }
-    Ok((group, captured, choice))
-}
-
-/// Save and Release in every process, then a check that each still answers and holds no memory
-/// the shims own (the native checkpoint may start). The carriers the save used go into `choice`.
-fn save_and_release(
-    group: &mut Group,
-    clock: &mut Clock<'_>,
-    options: &SuspendOptions,
-    bytes: Bytes<'_>,
-    choice: &mut crate::carrier_choice::CarrierChoice,
-    saved_bytes: u64,
-) -> Result<(), ControlError> {
-    let progress = clock.progress;
-    let through_helper = choice.carrier == crate::carrier_choice::Carrier::Helper;
-    for p in &mut group.participants {
-        // Copies of many GiB take as long as they take; a dead shim still fails the socket at
-        // once.
-        p.set_timeout(None)?;
-    }
-    choice.save = clock.time("save", Some(saved_bytes), || {
-        save_all(
-            &mut group.participants,
-            bytes,
-            options.mode,
-            through_helper,
-            progress,
-        )
-        .map(|(b, s, carriers)| (carriers, b, s))
-    })?;
-    clock.time("release", None, || {
-        phase_all(
-            &mut group.participants,
-            "release",
-            &Request::Release,
-            progress,
-        )
-        .map(|(_, b, s)| ((), b, s))
-    })?;
-    // Everyone still answers and holds no memory the shims own: the native checkpoint may start.
-    let released = group.snapshot()?;
-    let refusals = check_group(&released, Phase::Released);
-    if refusals.is_empty() {
-        Ok(())
-    } else {
-        Err(ControlError::Refused(refusals))
-    }
-}
-
 /// What `cuinterpose prepare` did: the carrier a suspend will use, and per process what was pinned
 /// ahead of it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct PrepareReport {
-    pub carrier: crate::carrier_choice::CarrierChoice,
+    pub carrier: crate::carrier_policy::CarrierChoice,
     /// `CUINTERPOSE_PIN_AHEAD_MIB` in bytes (`None`: no budget beyond the carrier choice's own
     /// limits).
     pub budget_bytes: Option<u64>,
@@ -683,7 +118,7 @@ pub fn prepare(
         total_millis: 0.0,
     };
     let launch = match (&options.helper, report.carrier.carrier) {
-        (Some(launch), crate::carrier_choice::Carrier::Helper) => launch,
+        (Some(launch), crate::carrier_policy::Carrier::Helper) => launch,
         _ => {
             report.nothing_to_pin = Some(
                 "each process's own carrier: a plain cycle stages through small buffers, so \
@@ -741,18 +176,6 @@ pub fn prepare(
     Ok(report)
 }
 
-/// The control directories of the group's shims, each once.
-fn control_dirs(group: &Group) -> Vec<&Path> {
-    let mut dirs: Vec<&Path> = group
-        .participants
-        .iter()
-        .filter_map(|p| p.info.control_socket.as_deref()?.parent())
-        .collect();
-    dirs.sort_unstable();
-    dirs.dedup();
-    dirs
-}
-
 /// Host memory the group's carriers hold pinned after its Save, as each shim's HELLO says now
 /// (a connection's HELLO is from before the Save): its own pinned carrier, and the helper's carrier
 /// of what it saved there (the helper pins all of it, in 256 MiB pieces). A process that does not
@@ -766,285 +189,6 @@ fn pinned_after_save(snapshots: &[Snapshot], timeout: std::time::Duration) -> u6
                 + p.hello.carrier_helper.as_ref().map_or(0, |h| h.held_bytes)
         })
         .sum()
-}
-
-/// The carrier of this suspend (crate::carrier_choice), from what the machine allows now; a
-/// carrier asked for that the machine cannot hold is refused, nothing changed.
-fn choose_carrier(
-    options: &SuspendOptions,
-    group: &Group,
-    driver: Option<&Driver>,
-    need: u64,
-) -> Result<crate::carrier_choice::CarrierChoice, ControlError> {
-    use crate::carrier_choice::{Requested, choose, device_rooms, host_facts};
-    let mut machine = host_facts();
-    let requested = match (options.carrier, &options.helper) {
-        // Nothing here can start a helper: every process keeps its own carrier.
-        (Requested::Auto, None) => Requested::Process,
-        (requested, _) => requested,
-    };
-    let helper_possible = requested == Requested::Helper
-        || (requested == Requested::Auto && options.mode == SuspendMode::Native);
-    if helper_possible {
-        let dirs = control_dirs(group);
-        machine.helper_running = !dirs.is_empty()
-            && dirs.iter().all(|dir| {
-                std::os::unix::net::UnixStream::connect(
-                    dir.join(protocol::message::CARRIER_HELPER_SOCKET),
-                )
-                .is_ok()
-            });
-        // Where auto falls back for want of pinning anyway, the devices are not asked: on a GPU
-        // each answer costs the tool a context on that device.
-        let falls_back = requested == Requested::Auto
-            && crate::carrier_choice::no_pinning(&machine, need).is_some();
-        if !machine.helper_running && !falls_back {
-            // Room for the helper's context on every device, as the driver reports it now (the
-            // group still holds all its memory).
-            let loaded;
-            let driver = match driver {
-                Some(d) => d,
-                None => {
-                    loaded = Driver::load(options.driver.as_deref())?;
-                    &loaded
-                }
-            };
-            machine.devices = device_rooms(driver)?;
-        }
-    }
-    let mut choice = choose(
-        requested,
-        options.mode,
-        need,
-        machine,
-        options.config.helper_context_bytes,
-    )
-    .map_err(|reason| ControlError::CarrierRefused {
-        carrier: "helper",
-        reason,
-    })?;
-    if options.carrier == Requested::Auto {
-        choice.requested = Requested::Auto;
-        if options.helper.is_none() {
-            choice.reason = "each process's own carrier: this caller cannot start a carrier \
-                             helper"
-                .into();
-        }
-    }
-    if requested == Requested::Helper && options.helper.is_none() {
-        return Err(ControlError::CarrierRefused {
-            carrier: "helper",
-            reason: "this caller cannot start a carrier helper".into(),
-        });
-    }
-    Ok(choice)
-}
-
-/// Bytes of every allocation the shims created, shared or private: what Save copies.
-fn saved_bytes(snapshots: &[Snapshot]) -> u64 {
-    snapshots
-        .iter()
-        .flat_map(|s| &s.record.allocations)
-        .map(|a| a.size)
-        .sum()
-}
-
-/// Locks every process, then checkpoints each. On a failure it brings back what it changed (restore
-/// and unlock) before returning the error, so the caller can roll the shims back.
-fn native_checkpoint(
-    driver: &Driver,
-    group: &Group,
-    lock_timeout_ms: u32,
-) -> Result<(), ControlError> {
-    let pids: Vec<(u32, String)> = group
-        .participants
-        .iter()
-        .map(|p| (p.info.host_pid, p.info.label()))
-        .collect();
-    // Every process is frozen by its shim (no tracked call in flight, contexts synchronised), so
-    // the locks go in parallel too: no process can be waiting on work of another. Each native
-    // step costs a few hundred milliseconds per process even with nearly no memory left to it
-    // (measured on r580), so a group pays it once, not once per process.
-    let (locked, failed) = split(
-        &pids,
-        for_each_parallel(&pids, |&(pid, _)| driver.lock(pid, lock_timeout_ms)),
-    );
-    if let Some((label, e)) = failed {
-        undo_native(driver, &[], &locked);
-        return Err(step_error("native lock", label, e));
-    }
-    // Every process is locked, so nothing runs against memory the others are saving: the
-    // checkpoints go in parallel (each is the driver moving one process's private memory).
-    let (checkpointed, failed) = split(
-        &pids,
-        for_each_parallel(&pids, |&(pid, _)| driver.checkpoint(pid)),
-    );
-    if let Some((label, e)) = failed {
-        undo_native(driver, &checkpointed, &locked);
-        return Err(step_error("native checkpoint", label, e));
-    }
-    Ok(())
-}
-
-/// The pids whose step succeeded, and the first failure in their order with its process's label.
-fn split<E>(pids: &[(u32, String)], results: Vec<Result<(), E>>) -> (Vec<u32>, Option<(&str, E)>) {
-    let mut succeeded = Vec::new();
-    let mut failed = None;
-    for ((pid, label), result) in pids.iter().zip(results) {
-        match result {
-            Ok(()) => succeeded.push(*pid),
-            Err(e) => {
-                failed.get_or_insert((label.as_str(), e));
-            }
-        }
-    }
-    (succeeded, failed)
-}
-
-use crate::parallel::for_each as for_each_parallel;
-
-/// Best effort after a failed native step: restore the checkpointed processes, unlock the locked.
-fn undo_native(driver: &Driver, checkpointed: &[u32], locked: &[u32]) {
-    for_each_parallel(checkpointed, |&pid| {
-        if let Err(e) = driver.restore(pid, &[]) {
-            tracing::error!(pid, error = %e, "native restore while undoing a failed checkpoint");
-        }
-    });
-    for_each_parallel(locked, |&pid| {
-        if let Err(e) = driver.unlock(pid) {
-            tracing::error!(pid, error = %e, "native unlock while undoing a failed checkpoint");
-        }
-    });
-}
-
-/// Checks, changing nothing (a refused run leaves no directory behind), that `dir` can take the
-/// state of a new capture: no state file in it yet, and a directory (or one that can be made)
-/// this run can write. Returns the state file's path.
-pub(crate) fn check_state_dir(dir: &Path) -> Result<PathBuf, ControlError> {
-    let path = dir.join(STATE_FILE);
-    if path.exists() {
-        // Nothing was touched yet: a refusal, like every other reason not to start.
-        return Err(ControlError::Refused(vec![Refusal {
-            process: path.display().to_string(),
-            reason:
-                "already holds a suspended group; resume it first or choose another --state-dir"
-                    .into(),
-        }]));
-    }
-    // The nearest directory that exists must be writable; a file on the way is refused.
-    let mut existing = dir;
-    let problem = loop {
-        match std::fs::metadata(existing) {
-            Ok(m) if m.is_dir() => {
-                break rustix::fs::access(existing, rustix::fs::Access::WRITE_OK)
-                    .err()
-                    .map(|e| format!("{} cannot be written: {e}", existing.display()));
-            }
-            Ok(_) => break Some(format!("{} is not a directory", existing.display())),
-            Err(_) => match existing.parent() {
-                Some(parent) if !parent.as_os_str().is_empty() => existing = parent,
-                _ => break None,
-            },
-        }
-    };
-    match problem {
-        None => Ok(path),
-        Some(reason) => Err(ControlError::Refused(vec![Refusal {
-            process: format!("--state-dir {}", dir.display()),
-            reason,
-        }])),
-    }
-}
-
-/// Removes a state file that is of no use any more, and its directory when nothing else is in it.
-pub(crate) fn remove_state(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %path.display(), error = %e, "removing a state file");
-    }
-    if let Some(dir) = path.parent() {
-        let _ = std::fs::remove_dir(dir);
-    }
-}
-
-/// The captured topology, published atomically (its directory made first, mode 0700: the records
-/// describe the application's memory layout).
-fn write_state(path: &Path, snapshots: &[Snapshot], mode: SuspendMode) -> Result<(), ControlError> {
-    write_state_of(path, &state_of(snapshots, mode))
-}
-
-/// [`write_state`] of a state at hand.
-pub(crate) fn write_state_of(path: &Path, state: &GroupState) -> Result<(), ControlError> {
-    if let Some(dir) = path.parent() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| ControlError::State {
-                path: dir.to_path_buf(),
-                source: e.into(),
-            })?;
-    }
-    transport::files::write_atomically(path, &protocol::state::encode(state)).map_err(|e| {
-        ControlError::State {
-            path: path.to_path_buf(),
-            source: e.into(),
-        }
-    })
-}
-
-/// The state a set of snapshots describes.
-pub(crate) fn state_of(snapshots: &[Snapshot], mode: SuspendMode) -> GroupState {
-    GroupState {
-        created_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
-        tool_version: crate::VERSION.to_string(),
-        mode,
-        participants: snapshots
-            .iter()
-            .map(|s| ParticipantState {
-                host_pid: s.info.host_pid,
-                ns_pid: s.info.ns_pid,
-                shim_sha256: s.hello.shim_sha256.clone(),
-                carriers: s
-                    .record
-                    .allocations
-                    .iter()
-                    .map(|a| CarrierInfo {
-                        id: a.id,
-                        bytes: a.size,
-                    })
-                    .collect(),
-                record: s.record.clone(),
-            })
-            .collect(),
-    }
-}
-
-/// Reads and decodes a state file.
-pub fn read_state(path: &Path) -> Result<GroupState, ControlError> {
-    let bytes = transport::files::read_bounded(path, STATE_FILE_LIMIT).map_err(|e| {
-        ControlError::State {
-            path: path.to_path_buf(),
-            source: e.into(),
-        }
-    })?;
-    protocol::state::decode(&bytes).map_err(|e| match e {
-        // Another tool's state: read before anything changes, so a refusal (docs/design.md,
-        // "Versions").
-        protocol::ProtocolError::VersionMismatch { .. } => ControlError::Refused(vec![Refusal {
-            process: format!("state file {}", path.display()),
-            reason: format!("{e}: resume with the tool that suspended the group"),
-        }]),
-        e => ControlError::State {
-            path: path.to_path_buf(),
-            source: e.into(),
-        },
-    })
 }
 
 /// Options of a resume.
@@ -1107,7 +251,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok(((state, group), 0, 0.0))
     })?;
-    let lost = match_participants(&mut group, &state)?;
+    let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
     if !lost.is_empty() && !options.allow_lost {
         return Err(ControlError::Refused(
             lost.iter()
@@ -1141,7 +285,9 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     // A checkpoint or restore killed while the shared bytes were only in its data files left
     // a record of them beside the state file.
     let files = crate::disk::DataFiles::recorded(&state_path).map_err(unchanged)?;
-    let bytes = files.as_ref().map_or(Bytes::Carriers, Bytes::Files);
+    let bytes = files
+        .as_ref()
+        .map_or(Bytes::Carriers, |f| Bytes::Files(f as &dyn FileBytes));
     let (participants, saved_bytes) = finish_rebuild(&mut group, &state, &mut clock, bytes)?;
     crate::disk::remove_record(&state_path);
     std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
@@ -1165,15 +311,6 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     })
 }
 
-/// A captured process as the state file names it.
-pub(crate) fn captured_label(p: &ParticipantState) -> String {
-    if p.host_pid == p.ns_pid {
-        format!("pid {}", p.host_pid)
-    } else {
-        format!("pid {} [ns pid {}]", p.host_pid, p.ns_pid)
-    }
-}
-
 /// A failure before anything changed, as a refusal's exit code says (the cause kept).
 fn unchanged(error: ControlError) -> ControlError {
     ControlError::Unchanged {
@@ -1186,50 +323,6 @@ fn unchanged(error: ControlError) -> ControlError {
 /// keeps the state until its directory is complete). A refusal when there is none.
 fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
     find_state_in(options.root, &options.state_dir)
-}
-
-/// [`find_state`] for `root` and a state directory (`end` looks where `resume` does).
-pub(crate) fn find_state_in(root: u32, state_dir: &Path) -> Result<PathBuf, ControlError> {
-    if let Some(found) = state_candidates(root, state_dir)
-        .into_iter()
-        .find(|p| p.exists())
-    {
-        return Ok(found);
-    }
-    Err(ControlError::Refused(vec![Refusal {
-        process: format!("pid {root}"),
-        reason: format!(
-            "no suspended group: {} does not exist (resumed already, or suspended with another \
-             --state-dir)",
-            state_dir.join(STATE_FILE).display()
-        ),
-    }]))
-}
-
-/// Where resume looks for the state file of `root`, in order.
-fn state_candidates(root: u32, state_dir: &Path) -> Vec<PathBuf> {
-    let mut candidates = vec![state_dir.join(STATE_FILE)];
-    if state_dir == default_state_dir(root)
-        && let Ok(init) = crate::disk::namespace_root(root)
-        && init != root
-    {
-        candidates.push(default_state_dir(init).join(STATE_FILE));
-    }
-    candidates
-}
-
-/// The suspension `resume --pid root [--state-dir]` would take up, read for `inspect`: `None`
-/// when there is no state file there or it cannot be read (inspect reports, it does not judge).
-pub fn suspended_state(root: u32, state_dir: Option<&Path>) -> Option<crate::group::Suspension> {
-    let dir = state_dir.map_or_else(|| default_state_dir(root), Path::to_path_buf);
-    let path = state_candidates(root, &dir)
-        .into_iter()
-        .find(|p| p.exists())?;
-    let state = read_state(&path).ok()?;
-    Some(crate::group::Suspension {
-        state_file: path,
-        mode: state.mode,
-    })
 }
 
 /// Continues the stopped processes of the group (SIGCONT): what a CRIU dump that did not finish,
@@ -1354,248 +447,82 @@ fn depends_on_lost(state: &GroupState, lost: &[ParticipantState]) -> Vec<String>
     out
 }
 
-/// Checks that the live group is the captured one, participant for participant, none running.
-/// Returns the captured participants that have exited (the caller decides whether to go on
-/// without them); a captured process still alive but not in the group is refused.
-pub fn match_participants(
-    group: &mut Group,
-    state: &GroupState,
-) -> Result<Vec<ParticipantState>, ControlError> {
-    let mut refusals = Vec::new();
-    let mut lost = Vec::new();
-    for captured in &state.participants {
-        if !group
-            .participants
-            .iter()
-            .any(|p| p.info.host_pid == captured.host_pid)
-        {
-            if crate::procfs::exited(captured.host_pid) {
-                lost.push(captured.clone());
-            } else {
-                refusals.push(Refusal {
-                    process: captured_label(captured),
-                    reason: "was captured but is not part of the group now".into(),
-                });
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{self, Log, Shim};
+    use crate::group_capture::state_of;
+    use protocol::{AllocationId, AllocationProps, ImportRecord, MulticastRecord};
+
+    /// The state of a capture of `pids` (nothing shared yet).
+    fn captured(pids: &[u32]) -> GroupState {
+        let log = Log::default();
+        let mut group = fakes::group(pids.iter().map(|&pid| Shim::new(pid, &log)).collect());
+        state_of(&group.snapshot().unwrap(), SuspendMode::Native)
+    }
+
+    fn multicast(creator_ns_pid: u32, devices: Vec<i32>) -> MulticastRecord {
+        MulticastRecord {
+            id: AllocationId([3; 16]),
+            creator_ns_pid,
+            size: 2 << 20,
+            num_devices: 2,
+            handle_types: 1,
+            flags: 0,
+            granularity: 2 << 20,
+            shared: true,
+            devices,
+            bindings: Vec::new(),
+            live_handles: 1,
         }
     }
-    for p in &mut group.participants {
-        match state
-            .participants
-            .iter()
-            .find(|c| c.host_pid == p.info.host_pid)
-        {
-            None => refusals.push(Refusal {
-                process: p.info.label(),
-                reason: "uses CUDA but was not part of the captured group".into(),
-            }),
-            Some(captured) => {
-                let record = p.inspect()?;
-                // Any phase of a capture is resumable (Load and Import rebuild exactly what is
-                // not live, Thaw ends it); Running means there is nothing to resume.
-                if record.phase == Phase::Running {
-                    refusals.push(Refusal {
-                        process: p.info.label(),
-                        reason: "is running, not suspended".into(),
-                    });
-                }
-                if p.hello.shim_sha256 != captured.shim_sha256 {
-                    refusals.push(Refusal {
-                        process: p.info.label(),
-                        reason: "runs a different libcuinterpose.so than the one captured".into(),
-                    });
-                }
-            }
-        }
-    }
-    if refusals.is_empty() {
-        Ok(lost)
-    } else {
-        Err(ControlError::Refused(refusals))
-    }
-}
 
-/// Native restore of every process (remapping GPUs as asked), then unlock of every process.
-pub fn native_restore(
-    driver: &Driver,
-    group: &Group,
-    gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
-) -> Result<(), ControlError> {
-    let restored = for_each_parallel(&group.participants, |p| {
-        driver.restore(p.info.host_pid, gpu_pairs)
-    });
-    for (p, result) in group.participants.iter().zip(restored) {
-        result.map_err(|e| step_error("native restore", &p.info.label(), e))?;
+    #[test]
+    fn allow_lost_refuses_a_survivor_holding_a_multicast_object_a_lost_process_made_or_joined() {
+        // 100 made the object and added device 0; 101 imported it and added device 1.
+        let mut state = captured(&[100, 101, 102]);
+        state.participants[0].record.multicasts = vec![multicast(100, vec![0])];
+        state.participants[1].record.multicasts = vec![multicast(100, vec![1])];
+        // 101 is lost: the object cannot be made again without its device.
+        let lost = vec![state.participants[1].clone()];
+        let refusals = multicast_needs_lost(&state, &lost);
+        assert_eq!(refusals.len(), 1);
+        assert_eq!(refusals[0].process, "pid 100");
+        assert!(
+            refusals[0]
+                .reason
+                .starts_with("holds multicast object 030303030303 with pid 101, which has exited"),
+            "{}",
+            refusals[0].reason
+        );
+        // 102 is lost instead, holding nothing of it: no refusal.
+        let lost = vec![state.participants[2].clone()];
+        assert!(multicast_needs_lost(&state, &lost).is_empty());
     }
-    let participants: Vec<&Participant> = group.participants.iter().collect();
-    unlock_all(driver, &participants)
-}
 
-/// Native unlock of every process given, all at once; the first failure in their order.
-pub(crate) fn unlock_all(
-    driver: &Driver,
-    participants: &[&Participant],
-) -> Result<(), ControlError> {
-    let unlocked = for_each_parallel(participants, |p| driver.unlock(p.info.host_pid));
-    for (p, result) in participants.iter().zip(unlocked) {
-        result.map_err(|e| step_error("native unlock", &p.info.label(), e))?;
-    }
-    Ok(())
-}
-
-/// Brings every participant back to native RUNNING from wherever a suspend left it: restore and
-/// unlock a checkpointed process, unlock a locked one, leave a running one alone (a capture that
-/// was killed, or that failed to roll back, before its native lock released shared memory
-/// without ever locking). Refuses nothing it does not understand: a FAILED process is reported.
-fn native_resume(
-    driver: &Driver,
-    group: &Group,
-    gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
-) -> Result<(), ControlError> {
-    let mut to_restore = Vec::new();
-    let mut to_unlock = Vec::new();
-    for p in &group.participants {
-        let label = p.info.label();
-        let pid = p.info.host_pid;
-        match driver
-            .state(pid)
-            .map_err(|e| step_error("native state", &label, e))?
-        {
-            ProcessState::Running => {
-                tracing::info!(pid, "natively running: released before the native lock");
-            }
-            ProcessState::Locked => to_unlock.push(p),
-            ProcessState::Checkpointed => to_restore.push(p),
-            state => {
-                return Err(step_error(
-                    "native restore",
-                    &label,
-                    ControlError::Protocol {
-                        process: label.clone(),
-                        message: format!("the driver reports the process as {state:?}"),
-                    },
-                ));
-            }
-        }
-    }
-    // The restores go in parallel, as the checkpoints did; a failed one leaves the others
-    // restored and locked, which a `resume` run again finds and finishes.
-    let restored = for_each_parallel(&to_restore, |p| driver.restore(p.info.host_pid, gpu_pairs));
-    for (p, result) in to_restore.iter().zip(restored) {
-        result.map_err(|e| step_error("native restore", &p.info.label(), e))?;
-    }
-    to_unlock.extend(to_restore);
-    unlock_all(driver, &to_unlock)
-}
-
-/// Load, import, the multicast steps, verify and thaw: the rebuild half of resume and restore.
-/// Returns the participants' summary and the bytes loaded from carriers.
-pub(crate) fn finish_rebuild(
-    group: &mut Group,
-    state: &GroupState,
-    clock: &mut Clock<'_>,
-    bytes: Bytes<'_>,
-) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
-    let total: u64 = state
-        .participants
-        .iter()
-        .flat_map(|p| &p.carriers)
-        .map(|c| c.bytes)
-        .sum();
-    let progress = clock.progress;
-    // Copies of many GiB take as long as they take (private memory included: a whole process's);
-    // a dead shim still fails the socket at once.
-    for p in &mut group.participants {
-        p.set_timeout(None)?;
-    }
-    // Creators first, everywhere, so that every importer finds its allocation exported again.
-    clock.time("load", Some(total), || {
-        load_all(&mut group.participants, bytes, progress).map(|(b, s)| ((), b, s))
-    })?;
-    clock.time("import", None, || {
-        phase_all(
-            &mut group.participants,
-            "import",
-            &Request::Import,
-            progress,
-        )
-        .map(|(_, b, s)| ((), b, s))
-    })?;
-    // The multicast objects, in four group-wide steps: each done by everyone before the next
-    // (skipped, and absent from the report, for a group that holds none).
-    let multicast = state
-        .participants
-        .iter()
-        .any(|p| !p.record.multicasts.is_empty());
-    for step in MulticastStep::ALL.into_iter().filter(|_| multicast) {
-        clock.time(step.name(), None, || {
-            phase_all(
-                &mut group.participants,
-                step.name(),
-                &Request::Multicast(step),
-                progress,
-            )
-            .map(|(_, b, s)| ((), b, s))
-        })?;
-    }
-    let snapshots = clock.time("verify", None, || {
-        let snapshots = group.snapshot()?;
-        let refusals = verify(&snapshots, state);
-        if refusals.is_empty() {
-            Ok((snapshots, 0, 0.0))
-        } else {
-            Err(ControlError::VerifyFailed(refusals))
-        }
-    })?;
-    clock.time("thaw", None, || {
-        let errors = thaw_all(group);
-        match errors.into_iter().next() {
-            None => Ok(((), 0, 0.0)),
-            Some(e) => Err(e),
-        }
-    })?;
-    Ok((summarize(&snapshots), total))
-}
-
-/// Differences between the rebuilt records and the captured ones, per process.
-fn verify(snapshots: &[Snapshot], state: &GroupState) -> Vec<Refusal> {
-    let mut differences = Vec::new();
-    for s in snapshots {
-        let Some(captured) = state
-            .participants
-            .iter()
-            .find(|c| c.host_pid == s.info.host_pid)
-        else {
-            continue;
-        };
-        if let Some(what) = record_difference(&captured.record, &s.record) {
-            differences.push(Refusal {
-                process: s.info.label(),
-                reason: format!("rebuilt {what} differ from the captured ones"),
-            });
-        }
-    }
-    differences
-}
-
-/// Which part of a rebuilt record differs from the captured one (phase and calls in flight aside).
-pub fn record_difference(
-    captured: &ProcessRecord,
-    rebuilt: &ProcessRecord,
-) -> Option<&'static str> {
-    if captured.allocations != rebuilt.allocations {
-        Some("allocations")
-    } else if captured.imports != rebuilt.imports {
-        Some("imports")
-    } else if captured.mappings != rebuilt.mappings {
-        Some("mappings")
-    } else if captured.reservations != rebuilt.reservations {
-        Some("reservations")
-    } else if captured.blockers != rebuilt.blockers {
-        Some("blockers")
-    } else if captured.multicasts != rebuilt.multicasts {
-        Some("multicast objects")
-    } else {
-        None
+    #[test]
+    fn allow_lost_names_each_import_whose_creator_is_lost_as_left_unmapped() {
+        let mut state = captured(&[100, 101]);
+        state.participants[1].record.imports = vec![ImportRecord {
+            id: AllocationId([5; 16]),
+            creator_ns_pid: 100,
+            size: 1 << 20,
+            props: AllocationProps {
+                allocation_type: 1,
+                requested_handle_types: 1,
+                location_type: 1,
+                location_id: 0,
+                compression_type: 0,
+                gpu_direct_rdma_capable: 0,
+                usage: 0,
+            },
+            live_handles: 1,
+        }];
+        let lost = vec![state.participants[0].clone()];
+        assert_eq!(
+            depends_on_lost(&state, &lost),
+            ["pid 101: import of allocation 050505050505 created by pid 100 (left unmapped)"]
+        );
+        assert!(depends_on_lost(&state, &[]).is_empty());
     }
 }

@@ -10,7 +10,9 @@
 //! their carriers back).
 
 use crate::ControlError;
+use crate::discovery::ProcessInfo;
 use protocol::message::CARRIER_HELPER_SOCKET;
+use protocol::message::HelperHold;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -144,17 +146,17 @@ impl HelperClient {
     }
 }
 
-/// The carrier helpers the shims of `snapshots` saved through in the cycle in progress, with
-/// their health.
-pub fn statuses(snapshots: &[crate::group::Snapshot]) -> Vec<HelperStatus> {
+/// The carrier helpers the shims given (each process with the hold its HELLO reports) saved
+/// through in the cycle in progress, with their health.
+pub fn statuses<'a>(
+    shims: impl IntoIterator<Item = (&'a ProcessInfo, Option<&'a HelperHold>)>,
+) -> Vec<HelperStatus> {
     use std::os::unix::fs::MetadataExt;
     // With the socket file's identity, where it still exists.
     let mut out: Vec<(Option<(u64, u64)>, HelperStatus)> = Vec::new();
-    for s in snapshots {
-        let (Some(hold), Some(dir)) = (
-            &s.hello.carrier_helper,
-            s.info.control_socket.as_deref().and_then(Path::parent),
-        ) else {
+    for (info, hold) in shims {
+        let (Some(hold), Some(dir)) = (hold, info.control_socket.as_deref().and_then(Path::parent))
+        else {
             continue;
         };
         let socket = dir.join(CARRIER_HELPER_SOCKET);
@@ -162,7 +164,7 @@ pub fn statuses(snapshots: &[crate::group::Snapshot]) -> Vec<HelperStatus> {
         // socket file.
         let file = std::fs::metadata(&socket).ok().map(|m| (m.dev(), m.ino()));
         let client = HelperClient {
-            process: s.info.label(),
+            process: info.label(),
             allocations: hold.allocations,
             bytes: hold.bytes,
             held_bytes: hold.held_bytes,

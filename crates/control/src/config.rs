@@ -84,10 +84,10 @@ pub struct ToolConfig {
     pub answer_timeout: Duration,
     /// Where the run locks go; `None`: `locks/` in the user's private directory.
     pub lock_dir: Option<PathBuf>,
-    /// The key file checkpoints are signed and verified with (crate::disk::signing).
+    /// The key file checkpoints are signed and verified with (disk/signing.rs).
     pub signing_key: PathBuf,
     /// Free GPU memory each device needs for `--carrier auto` to choose the carrier helper
-    /// (crate::carrier_choice).
+    /// (carrier_policy.rs).
     pub helper_context_bytes: u64,
     /// The most host memory `cuinterpose prepare` pins ahead (`None`: no budget of its own).
     pub pin_ahead_budget: Option<u64>,

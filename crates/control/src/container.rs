@@ -1,7 +1,7 @@
 //! A tree in a container (a root directory and mount namespace other than the tool's, as a pod's
 //! containers have after `pivot_root`), and CRIU run inside that container.
 //!
-//! CRIU restores a tree over the root of the mount namespace it runs in (`--root /`, crate::criu),
+//! CRIU restores a tree over the root of the mount namespace it runs in (`--root /`, criu/mod.rs),
 //! and takes the tree's own mount namespace as a slave copy of that one. Run from the tool's mount
 //! namespace, a tree from a container would come back over the tool's root filesystem, not its
 //! own. So for such a tree CRIU runs where the container's root is `/`: the CRIU child enters the
@@ -18,7 +18,7 @@
 //! a PID namespace below CRIU's, whose root is that namespace's init, which is what CRIU dumps and
 //! restores. Nothing of the tool's filesystem is reachable by path in there: the CRIU binary, its
 //! loader and libraries, the images and the work directory are opened here and passed as inherited
-//! descriptors (`/proc/self/fd/N`, crate::criu).
+//! descriptors (`/proc/self/fd/N`, criu/mod.rs).
 //!
 //! The tree can also be the container's own init (an ordinary pod's process, which has no
 //! `CAP_SYS_ADMIN` to make a PID namespace of its own). CRIU cannot enter that PID namespace:
@@ -38,8 +38,8 @@
 
 #![allow(unsafe_code)] // CommandExt::pre_exec: the setns(2) before CRIU's exec
 
-use crate::ControlError;
-use crate::disk::refuse;
+use crate::refuse;
+use crate::{ControlError, Refusal};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
@@ -223,7 +223,7 @@ impl Container {
     /// Descriptor `fd` (0, 1 or 2) of the container's process when it is a pipe (a runtime's
     /// pipe to its monitor, as runc and Podman give a container's stdio without a terminal),
     /// opened again through `/proc` with the same access: the restored tree's own end of its
-    /// stdio pipe is replaced by it (`--inherit-fd`, crate::criu), so its output goes where the
+    /// stdio pipe is replaced by it (`--inherit-fd`, criu/mod.rs), so its output goes where the
     /// container's goes. `None` when it is no pipe (a file, a terminal: CRIU's own pipe stays).
     pub fn stdio_pipe(&self, fd: u32) -> Option<OwnedFd> {
         let link = std::fs::read_link(crate::procfs::path(self.pid, &format!("fd/{fd}"))).ok()?;
@@ -315,7 +315,7 @@ impl Container {
     ///
     /// `setns` into a PID namespace applies to the children created afterwards, and the thread
     /// that calls it can never go back to its own namespace: so a thread of its own enters it,
-    /// spawns CRIU and waits for it (the parent-death signal of crate::launch::die_with_parent is
+    /// spawns CRIU and waits for it (the parent-death signal of `launch::die_with_parent` is
     /// tied to that thread, which lives until CRIU has exited). The mount namespace is entered
     /// in the child, single-threaded after the fork as `setns` of a mount namespace requires.
     ///
@@ -644,6 +644,47 @@ fn inherit_fds(fds: &[OwnedFd]) -> std::io::Result<()> {
         rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
     }
     Ok(())
+}
+
+/// The init of the workload's PID namespace: `root` itself, or its only descendant that is one.
+/// When `root` is the init of a container (its root directory not the tool's) with one such
+/// descendant, that one: the workload of `cuinterpose run --pid-namespace` in the container,
+/// whose launcher is the container's init (the module docs say why CRIU needs it so).
+pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
+    // Pid 0, a pid past the kernel's limit or one that exited: no such process (exit 3), not an
+    // error reading /proc.
+    if root == 0 || !crate::procfs::path(root, "stat").exists() {
+        return Err(ControlError::NoSuchProcess(root));
+    }
+    let info = crate::discovery::describe(root)?;
+    let inits = || -> Result<Vec<u32>, ControlError> {
+        Ok(crate::discovery::process_tree(root)?
+            .into_iter()
+            .skip(1)
+            // A zombie (a restored tree's root the container's init has not reaped) is no init.
+            .filter(|&pid| !crate::procfs::exited(pid))
+            .filter_map(|pid| crate::discovery::describe(pid).ok())
+            .filter(|p| p.ns_pid == 1 && p.pid_namespace != info.pid_namespace)
+            .map(|p| p.host_pid)
+            .collect())
+    };
+    if info.ns_pid == 1 {
+        if root_dir(Some(root))? != root_dir(None)?
+            && let [init] = inits()?.as_slice()
+        {
+            return Ok(*init);
+        }
+        return Ok(root);
+    }
+    match inits()?.as_slice() {
+        [init] => Ok(*init),
+        _ => Err(ControlError::Refused(vec![Refusal {
+            process: info.label(),
+            reason: "checkpoint to disk needs the workload as the root of its own PID namespace \
+                     (start it with `cuinterpose run --pid-namespace`)"
+                .into(),
+        }])),
+    }
 }
 
 #[cfg(test)]

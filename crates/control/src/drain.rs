@@ -81,7 +81,7 @@ impl Members for [Participant] {
             .filter(|(_, chosen)| **chosen)
             .map(|(p, _)| p)
             .collect();
-        crate::parallel::for_each_mut(targets, |p| p.drain_request(request))
+        crate::parallel::for_each_mut("drain", targets, |p| p.drain_request(request))
     }
 }
 

@@ -11,9 +11,12 @@
 //! exited, or the PID was reused) is not touched: only the state is removed.
 
 use crate::ControlError;
-use crate::capture::{captured_label, lock_tree, read_state, remove_state};
 use crate::config::ToolConfig;
 use crate::discovery;
+use crate::group_capture::lock_tree;
+use crate::statefile::{
+    captured_label, default_state_dir, find_state_in, read_state, remove_state,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -32,7 +35,7 @@ impl EndOptions {
     pub fn new(root: u32, config: &ToolConfig) -> EndOptions {
         EndOptions {
             root,
-            state_dir: crate::capture::default_state_dir(root),
+            state_dir: default_state_dir(root),
             config: config.clone(),
         }
     }
@@ -57,7 +60,7 @@ const EXIT_WAIT: Duration = Duration::from_secs(30);
 /// removes its state (and a checkpoint's record of data files beside it).
 pub fn end(options: &EndOptions) -> Result<EndReport, ControlError> {
     let _lock = lock_tree(options.root)?;
-    let state_path = crate::capture::find_state_in(options.root, &options.state_dir)?;
+    let state_path = find_state_in(options.root, &options.state_dir)?;
     let state = read_state(&state_path)?;
     let ours = discovery::pid_namespace(std::process::id());
     let mut victims: Vec<(u32, String)> = Vec::new();
@@ -101,7 +104,7 @@ pub fn end(options: &EndOptions) -> Result<EndReport, ControlError> {
         path: state_path.clone(),
         source: e,
     })?;
-    if options.state_dir == crate::capture::default_state_dir(options.root) {
+    if options.state_dir == default_state_dir(options.root) {
         remove_state(&state_path);
     }
     Ok(EndReport {

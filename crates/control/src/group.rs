@@ -2,22 +2,50 @@
 //! their records, and the whole-group checks that decide whether capture is safe. Everything here
 //! is read-only: a refusal changes nothing in the workload.
 
-use crate::ControlError;
 use crate::discovery::{self, ProcessInfo};
+use crate::procfs::{Proc, Procs};
+use crate::{ControlError, Refusal};
 use protocol::message::DrainReport;
 use protocol::{
     AllocationId, Backing, Blocker, HelloReply, Phase, ProcessRecord, Request, Response,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::{Duration, Instant};
-use transport::Connection;
+use transport::{Connection, TransportError};
+
+/// The wire to one shim: the seam in front of its control socket. [`Connection`] is the real one;
+/// the unit tests of the capture and rebuild put scripted shims behind it.
+pub(crate) trait ShimLink: Send + Sync + std::fmt::Debug {
+    /// Sends `request` (with a descriptor, for SaveTo and LoadFrom) and returns the answer.
+    fn call_with(
+        &mut self,
+        request: &Request,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Option<OwnedFd>), TransportError>;
+    fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), TransportError>;
+}
+
+impl ShimLink for Connection {
+    fn call_with(
+        &mut self,
+        request: &Request,
+        file: Option<BorrowedFd<'_>>,
+    ) -> Result<(Response, Option<OwnedFd>), TransportError> {
+        Connection::call_with(self, request, file)
+    }
+
+    fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), TransportError> {
+        Connection::set_timeout(self, timeout)
+    }
+}
 
 /// A connected participant: one CUDA process with the shim.
 #[derive(Debug)]
 pub struct Participant {
     pub info: ProcessInfo,
     pub hello: HelloReply,
-    connection: Connection,
+    connection: Box<dyn ShimLink>,
     /// When the connection last carried a request, and the timeout set on it: a shim closes a
     /// tool connection idle for long (shim-runtime's server), so one idle for
     /// [`RECONNECT_AFTER`] is made again before the next request.
@@ -60,15 +88,30 @@ impl Participant {
             Response::Hello(hello) => hello,
             other => return Err(unexpected(&info, &request, other)),
         };
-        Ok(Participant {
+        Ok(Participant::over(
             info,
             hello,
-            connection,
+            Box::new(connection),
+            timeout,
+        ))
+    }
+
+    /// A participant that greeted the tool over `link`.
+    pub(crate) fn over(
+        info: ProcessInfo,
+        hello: HelloReply,
+        link: Box<dyn ShimLink>,
+        timeout: Duration,
+    ) -> Participant {
+        Participant {
+            info,
+            hello,
+            connection: link,
             last_used: Instant::now(),
             timeout: Some(timeout),
             connect_timeout: timeout,
             capturing: false,
-        })
+        }
     }
 
     /// Sends one request and returns the answer; a shim's Error is returned as [`ControlError::Shim`].
@@ -77,7 +120,7 @@ impl Participant {
         if !matches!(request, Request::Hello { .. } | Request::Inspect) {
             self.capturing = true;
         }
-        let answer = call(&mut self.connection, &self.info, request);
+        let answer = call(self.connection.as_mut(), &self.info, request);
         self.last_used = Instant::now();
         if matches!(request, Request::Thaw) && answer.is_ok() {
             // Out of the capture: the shim gave the lease back.
@@ -97,7 +140,7 @@ impl Participant {
         Ok(())
     }
 
-    /// Hold, Drain or Admit (crate::drain): how the process's drain stands.
+    /// Hold, Drain or Admit (drain.rs): how the process's drain stands.
     pub fn drain_request(&mut self, request: &Request) -> Result<DrainReport, ControlError> {
         match self.request(request)? {
             Response::Drain(report) => Ok(report),
@@ -134,11 +177,11 @@ impl Participant {
     pub fn stream(
         &mut self,
         request: &Request,
-        file: std::os::fd::BorrowedFd<'_>,
+        file: BorrowedFd<'_>,
     ) -> Result<Streamed, ControlError> {
         self.reconnect_if_idle()?;
         self.capturing = true;
-        let answer = call_with(&mut self.connection, &self.info, request, Some(file));
+        let answer = call_with(self.connection.as_mut(), &self.info, request, Some(file));
         self.last_used = Instant::now();
         match answer? {
             Response::Streamed {
@@ -191,7 +234,7 @@ pub struct Streamed {
 }
 
 fn call(
-    connection: &mut Connection,
+    connection: &mut dyn ShimLink,
     info: &ProcessInfo,
     request: &Request,
 ) -> Result<Response, ControlError> {
@@ -199,10 +242,10 @@ fn call(
 }
 
 fn call_with(
-    connection: &mut Connection,
+    connection: &mut dyn ShimLink,
     info: &ProcessInfo,
     request: &Request,
-    file: Option<std::os::fd::BorrowedFd<'_>>,
+    file: Option<BorrowedFd<'_>>,
 ) -> Result<Response, ControlError> {
     let (response, fd) =
         connection
@@ -231,19 +274,6 @@ fn unexpected(info: &ProcessInfo, request: &Request, response: Response) -> Cont
     ControlError::Protocol {
         process: info.label(),
         message: format!("answered {request:?} with {response:?}"),
-    }
-}
-
-/// Why the tool will not capture a group: the process and the reason.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Refusal {
-    pub process: String,
-    pub reason: String,
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.process, self.reason)
     }
 }
 
@@ -289,18 +319,53 @@ impl From<&HelloReply> for HelloReplyView {
     }
 }
 
+/// What discovery reads of the machine: the processes of a tree and what each one is (`/proc`),
+/// and the shims' control sockets. The seam in front of both, so that every refusal of
+/// discovery is unit-tested with a scripted machine; [`Proc`] is the real one.
+pub(crate) trait Processes: Procs {
+    /// The process tree under `root` (crate::discovery::process_tree).
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError>;
+    /// What `pid` is (crate::discovery::describe).
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError>;
+    /// Connects to the shim of `info` ([`Participant::connect`]).
+    fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError>;
+}
+
+impl Processes for Proc {
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError> {
+        discovery::process_tree(root)
+    }
+
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
+        discovery::describe(pid)
+    }
+
+    fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError> {
+        Participant::connect(info, timeout)
+    }
+}
+
 impl Group {
     /// Finds every CUDA process under `root` and connects to each shim. Fails closed, naming every
     /// CUDA process that lacks the shim or does not answer.
     pub fn discover(root: u32, timeout: Duration) -> Result<Group, ControlError> {
+        Group::discover_in(&Proc, root, timeout)
+    }
+
+    /// [`Group::discover`] on `machine`.
+    pub(crate) fn discover_in(
+        machine: &dyn Processes,
+        root: u32,
+        timeout: Duration,
+    ) -> Result<Group, ControlError> {
         let mut refusals = Vec::new();
         let mut participants = Vec::new();
         let mut others = Vec::new();
-        for pid in discovery::process_tree(root)? {
-            let info = match discovery::describe(pid) {
+        for pid in machine.tree(root)? {
+            let info = match machine.describe(pid) {
                 Ok(info) => info,
                 // Gone while we looked: not part of the group any more.
-                Err(ControlError::Proc { .. }) if crate::procfs::stat(pid).is_none() => {
+                Err(ControlError::Proc { .. }) if machine.stat(pid).is_none() => {
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -321,19 +386,20 @@ impl Group {
                 continue;
             }
             // A stopped process cannot answer: named as what it is, without waiting for it.
-            if let Some(reason) = stopped_reason(pid) {
+            if let Some(reason) = stopped_reason(machine, pid) {
                 refusals.push(Refusal {
                     process: info.label(),
                     reason,
                 });
                 continue;
             }
-            match Participant::connect(info.clone(), timeout) {
+            match machine.connect(info.clone(), timeout) {
                 Ok(p) => participants.push(p),
                 Err(ControlError::Refused(mut r)) => refusals.append(&mut r),
                 Err(e) => refusals.push(Refusal {
                     process: info.label(),
-                    reason: stopped_reason(pid).unwrap_or_else(|| no_answer_reason(e, timeout)),
+                    reason: stopped_reason(machine, pid)
+                        .unwrap_or_else(|| no_answer_reason(e, timeout)),
                 }),
             }
         }
@@ -367,8 +433,8 @@ impl Group {
 
 /// Why a process stopped by a signal or a tracer (state `T` or `t`) cannot take part, or `None`
 /// when it is not stopped.
-fn stopped_reason(pid: u32) -> Option<String> {
-    let stat = crate::procfs::stat(pid)?;
+fn stopped_reason(procs: &dyn Procs, pid: u32) -> Option<String> {
+    let stat = procs.stat(pid)?;
     stat.stopped().then(|| {
         format!(
             "is stopped (state {}: SIGSTOP, a debugger, or a checkpoint whose dump was interrupted): \
@@ -709,22 +775,15 @@ pub struct InspectReport {
     /// The suspension in progress, when a state file for this root is where `resume` looks for
     /// it: how the group was suspended (the shims know their phase, not the mode).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub suspended: Option<Suspension>,
+    pub suspended: Option<crate::statefile::Suspension>,
     /// The carrier helpers holding bytes of the group (`suspend --carrier helper`), and their
     /// health.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub carrier_helpers: Vec<crate::carrier_helper::HelperStatus>,
     /// Suspended: the carrier the suspension used and what it holds; running: the one a plain
-    /// `suspend` would choose now, and why (crate::carrier_choice::for_inspect).
+    /// `suspend` would choose now, and why (`carrier_choice::for_inspect`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub carrier: Option<crate::carrier_choice::CarrierChoice>,
-}
-
-/// A suspended group's state file and the mode it records.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Suspension {
-    pub state_file: std::path::PathBuf,
-    pub mode: protocol::state::SuspendMode,
+    pub carrier: Option<crate::carrier_policy::CarrierChoice>,
 }
 
 /// One process of the tree and what the tool could learn from it.
@@ -770,7 +829,7 @@ pub fn inspect(
             });
             "shim loaded, runtime off".to_string()
         } else {
-            if let Some(reason) = stopped_reason(pid) {
+            if let Some(reason) = stopped_reason(&Proc, pid) {
                 refusals.push(Refusal {
                     process: info.label(),
                     reason,
@@ -813,8 +872,12 @@ pub fn inspect(
     refusals.extend(check_group_except(&snapshots, Phase::Running, &unread));
     let shared = topology(&snapshots);
     let multicasts = multicast_topology(&snapshots);
-    let suspended = crate::capture::suspended_state(root, state_dir);
-    let carrier_helpers = crate::carrier_helper::statuses(&snapshots);
+    let suspended = crate::statefile::suspended_state(root, state_dir);
+    let carrier_helpers = crate::carrier_helper::statuses(
+        snapshots
+            .iter()
+            .map(|s| (&s.info, s.hello.carrier_helper.as_ref())),
+    );
     Ok(InspectReport {
         root,
         processes,
@@ -826,4 +889,190 @@ pub fn inspect(
         carrier_helpers,
         carrier: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fakes::{self, Log, Machine, Shim, cuda_process};
+    use protocol::{AllocationProps, AllocationRecord, ImportRecord};
+
+    fn snapshots(pids: &[u32]) -> Vec<Snapshot> {
+        let log = Log::default();
+        let mut group = fakes::group(pids.iter().map(|&pid| Shim::new(pid, &log)).collect());
+        group.snapshot().unwrap()
+    }
+
+    fn reasons(refusals: &[Refusal]) -> Vec<String> {
+        refusals.iter().map(ToString::to_string).collect()
+    }
+
+    const PROPS: AllocationProps = AllocationProps {
+        allocation_type: 1,
+        requested_handle_types: 1,
+        location_type: 1,
+        location_id: 0,
+        compression_type: 0,
+        gpu_direct_rdma_capable: 0,
+        usage: 0,
+    };
+    const ID: AllocationId = AllocationId([7; 16]);
+
+    fn import_from(creator_ns_pid: u32) -> ImportRecord {
+        ImportRecord {
+            id: ID,
+            creator_ns_pid,
+            size: 1 << 20,
+            props: PROPS,
+            live_handles: 1,
+        }
+    }
+
+    #[test]
+    fn a_group_in_the_expected_phase_with_nothing_in_flight_passes() {
+        assert!(check_group(&snapshots(&[100, 101]), Phase::Running).is_empty());
+    }
+
+    #[test]
+    fn each_process_in_another_phase_or_with_calls_in_flight_or_a_blocker_is_named() {
+        let mut group = snapshots(&[100, 101, 102]);
+        group[0].record.phase = Phase::Saved;
+        group[1].record.calls_in_flight = 2;
+        group[2]
+            .record
+            .blockers
+            .push(Blocker::LegacyIpcExport { address: 0x1000 });
+        let refusals = check_group(&group, Phase::Running);
+        let reasons = reasons(&refusals);
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert_eq!(
+            reasons[0],
+            "pid 100 (w): is in phase Saved, expected Running"
+        );
+        assert_eq!(
+            reasons[1],
+            "pid 101 (w): has 2 tracked CUDA call(s) in flight"
+        );
+        assert!(reasons[2].starts_with("pid 102 (w): "));
+        assert!(
+            reasons[2].ends_with("(PyTorch: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"),
+            "{}",
+            reasons[2]
+        );
+    }
+
+    #[test]
+    fn an_import_needs_its_creator_in_the_group_and_exporting_it() {
+        let mut group = snapshots(&[100, 101]);
+        // From a process outside the group.
+        group[1].record.imports.push(import_from(9));
+        assert_eq!(
+            reasons(&check_group(&group, Phase::Running)),
+            [
+                "pid 101 (w): imports allocation 070707070707 from ns pid 9, which is not part of this group"
+            ]
+        );
+        // From 100, which created it but never exported it.
+        group[1].record.imports = vec![import_from(100)];
+        group[0].record.allocations.push(AllocationRecord {
+            id: ID,
+            size: 1 << 20,
+            props: PROPS,
+            shared: false,
+            live_handles: 1,
+        });
+        assert_eq!(
+            reasons(&check_group(&group, Phase::Running)),
+            [
+                "pid 101 (w): imports allocation 070707070707 that its creator pid 100 (w) does not report as exported"
+            ]
+        );
+        // Exported: the group may be captured.
+        group[0].record.allocations[0].shared = true;
+        assert!(check_group(&group, Phase::Running).is_empty());
+    }
+
+    #[test]
+    fn an_import_from_a_process_that_could_not_be_read_is_not_refused_twice() {
+        let mut group = snapshots(&[100]);
+        group[0].record.imports.push(import_from(9));
+        let unread = HashSet::from([(1, 9)]);
+        assert!(check_group_except(&group, Phase::Running, &unread).is_empty());
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+
+    fn machine(processes: Vec<(ProcessInfo, Option<char>, bool)>) -> Machine {
+        Machine {
+            processes,
+            ..Machine::default()
+        }
+    }
+
+    fn without_cuda(pid: u32) -> ProcessInfo {
+        ProcessInfo {
+            driver: None,
+            shim: None,
+            ..cuda_process(pid)
+        }
+    }
+
+    #[test]
+    fn the_cuda_processes_are_connected_the_others_listed_and_the_gone_skipped() {
+        let machine = machine(vec![
+            (without_cuda(100), Some('S'), false),
+            (cuda_process(101), Some('S'), true),
+            // Gone while discovery looked.
+            (cuda_process(102), None, true),
+            (cuda_process(103), Some('R'), true),
+        ]);
+        let group = Group::discover_in(&machine, 100, TIMEOUT).unwrap();
+        let pids: Vec<u32> = group.participants.iter().map(|p| p.info.host_pid).collect();
+        assert_eq!(pids, [101, 103]);
+        assert_eq!(group.others.len(), 1);
+        assert_eq!(machine.log.entries(), ["101 Hello", "103 Hello"]);
+    }
+
+    #[test]
+    fn every_process_that_cannot_take_part_is_refused_at_once_and_the_rest_still_asked() {
+        let no_shim = ProcessInfo {
+            shim: None,
+            ..cuda_process(101)
+        };
+        let machine = machine(vec![
+            (without_cuda(100), Some('S'), false),
+            (no_shim, Some('S'), false),
+            (cuda_process(102), Some('T'), true),
+            (cuda_process(103), Some('S'), false),
+            (cuda_process(104), Some('S'), true),
+        ]);
+        let error = Group::discover_in(&machine, 100, TIMEOUT).unwrap_err();
+        let ControlError::Refused(refusals) = &error else {
+            panic!("{error}");
+        };
+        let processes: Vec<&str> = refusals.iter().map(|r| r.process.as_str()).collect();
+        assert_eq!(processes, ["pid 101 (w)", "pid 102 (w)", "pid 103 (w)"]);
+        assert_eq!(
+            refusals[0].reason,
+            "uses CUDA (libcuda.so.1) but does not have libcuinterpose.so loaded; start it with \
+             `cuinterpose run`"
+        );
+        assert!(refusals[1].reason.starts_with("is stopped (state T: "));
+        assert_eq!(
+            refusals[2].reason,
+            "does not answer on its control socket (no reply within 2s)"
+        );
+        // A stopped process is not waited for; the others are all asked.
+        assert_eq!(machine.log.entries(), ["103 Hello", "104 Hello"]);
+    }
+
+    #[test]
+    fn a_tree_without_a_cuda_process_is_no_group() {
+        let machine = machine(vec![(without_cuda(100), Some('S'), false)]);
+        let error = Group::discover_in(&machine, 100, TIMEOUT).unwrap_err();
+        assert!(
+            matches!(error, ControlError::NoCudaProcesses(100)),
+            "{error}"
+        );
+    }
 }

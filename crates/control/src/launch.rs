@@ -201,7 +201,7 @@ pub fn die_with_parent(command: &mut Command) {
             return Err(std::io::Error::last_os_error());
         }
         // The parent may have died before the prctl: then nothing would deliver the signal.
-        // A child spawned into a container's PID namespace (crate::container) sees its parent,
+        // A child spawned into a container's PID namespace (container.rs) sees its parent,
         // which is outside that namespace, as 0; orphaned, it would see the namespace's reaper.
         // SAFETY: a system call without arguments.
         let ppid = unsafe { libc::getppid() };

@@ -9,33 +9,41 @@
 pub mod capture;
 pub mod carrier_choice;
 pub mod carrier_helper;
+pub mod carrier_policy;
 pub mod config;
 pub mod container;
 pub mod criu;
-pub mod discard;
 pub mod discovery;
 pub mod disk;
 pub mod doctor;
 pub mod drain;
 pub mod end;
+#[cfg(test)]
+mod fakes;
 pub mod group;
+mod group_capture;
 pub mod launch;
 pub mod layout;
 pub mod namespaces;
 pub mod native;
+mod native_steps;
 mod parallel;
+mod phases;
 pub mod procfs;
+pub mod progress;
 pub mod remaps;
 pub mod restore_thread;
 pub mod runlock;
 pub mod runtimes;
 pub mod safefs;
+pub mod statefile;
 pub mod tcp;
 
-pub use group::{Group, Refusal};
+pub use disk::discard;
+pub use group::Group;
 
 use cuda_abi::CUresult;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The tool's version, sent in HELLO.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -201,6 +209,10 @@ pub enum ControlError {
         processes: Vec<String>,
         waited: std::time::Duration,
     },
+    /// A worker thread of a fan-out (crate::parallel) panicked: a bug of the tool, named by the
+    /// step it ran; the other workers' results stand.
+    #[error("a {step} thread panicked")]
+    Panicked { step: &'static str },
     #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
     RollbackFailed {
         failure: Box<ControlError>,
@@ -217,8 +229,35 @@ pub enum FileError {
     Transport(#[from] transport::TransportError),
     #[error(transparent)]
     Decode(#[from] protocol::ProtocolError),
-    #[error("a digest thread panicked")]
-    DigestThreadPanicked,
+}
+
+/// Why the tool will not capture a group: the process and the reason.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Refusal {
+    pub process: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.process, self.reason)
+    }
+}
+
+/// A file or directory of the tool's state that could not be used.
+pub(crate) fn state_error(path: &Path, e: impl Into<FileError>) -> ControlError {
+    ControlError::State {
+        path: path.to_path_buf(),
+        source: e.into(),
+    }
+}
+
+/// A refusal of one thing, the workload unchanged.
+pub(crate) fn refuse(process: &str, reason: String) -> ControlError {
+    ControlError::Refused(vec![Refusal {
+        process: process.to_string(),
+        reason,
+    }])
 }
 
 /// `source`'s message without a leading `process: `: a step's error names the process already,

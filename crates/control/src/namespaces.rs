@@ -12,7 +12,7 @@
 //! below those of the CRIU that restores them: the tool's, or a container's (crate::container).
 
 use crate::ControlError;
-use crate::disk::refuse;
+use crate::refuse;
 use protocol::manifest::SharedNamespace;
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -35,6 +35,21 @@ impl From<u32> for ProcessState {
     }
 }
 
+/// The driver's checkpoint calls on other processes: the seam in front of [`Driver`], so that the
+/// orchestration around them (a group's lock and checkpoint and their undo, the restores of a
+/// resume) is unit-tested with a scripted driver.
+pub trait NativeCheckpoint: Sync {
+    fn lock(&self, pid: u32, timeout_ms: u32) -> Result<(), ControlError>;
+    fn checkpoint(&self, pid: u32) -> Result<(), ControlError>;
+    /// Restores a checkpointed process, remapping GPUs by UUID where `pairs` says so.
+    fn restore(&self, pid: u32, pairs: &[(CUuuid, CUuuid)]) -> Result<(), ControlError>;
+    /// The thread of `pid` that carries out its restore, as the driver names it (the process's
+    /// own PID namespace or this one: restore_thread.rs takes either).
+    fn restore_thread(&self, pid: u32) -> Result<u32, ControlError>;
+    fn unlock(&self, pid: u32) -> Result<(), ControlError>;
+    fn state(&self, pid: u32) -> Result<ProcessState, ControlError>;
+}
+
 /// The loaded driver.
 #[derive(Debug)]
 pub struct Driver {
@@ -139,7 +154,7 @@ impl Driver {
     }
 
     /// The thread of `pid` that carries out its restore, as the driver names it (the process's
-    /// own PID namespace or this one: [`crate::restore_thread`] takes either).
+    /// own PID namespace or this one: restore_thread.rs takes either).
     pub fn restore_thread(&self, pid: u32) -> Result<u32, ControlError> {
         let tid = self
             .table()
@@ -192,6 +207,32 @@ impl Driver {
         let _context =
             PrimaryContext::enter(self.table(), device, cleanup_failed).map_err(driver_error)?;
         self.table().mem_get_info().map_err(driver_error)
+    }
+}
+
+impl NativeCheckpoint for Driver {
+    fn lock(&self, pid: u32, timeout_ms: u32) -> Result<(), ControlError> {
+        Driver::lock(self, pid, timeout_ms)
+    }
+
+    fn checkpoint(&self, pid: u32) -> Result<(), ControlError> {
+        Driver::checkpoint(self, pid)
+    }
+
+    fn restore(&self, pid: u32, pairs: &[(CUuuid, CUuuid)]) -> Result<(), ControlError> {
+        Driver::restore(self, pid, pairs)
+    }
+
+    fn restore_thread(&self, pid: u32) -> Result<u32, ControlError> {
+        Driver::restore_thread(self, pid)
+    }
+
+    fn unlock(&self, pid: u32) -> Result<(), ControlError> {
+        Driver::unlock(self, pid)
+    }
+
+    fn state(&self, pid: u32) -> Result<ProcessState, ControlError> {
+        Driver::state(self, pid)
     }
 }
 

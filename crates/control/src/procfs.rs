@@ -86,6 +86,28 @@ pub fn exited(pid: u32) -> bool {
     stat(pid).is_none_or(|s| s.exited())
 }
 
+/// What the capture and rebuild read of the group's processes in `/proc`: the seam in front of
+/// it, so that their handling of a process that exits or stops half way is unit-tested.
+pub trait Procs: Sync {
+    /// [`stat`] of `pid`.
+    fn stat(&self, pid: u32) -> Option<Stat>;
+
+    /// [`exited`] of `pid`.
+    fn exited(&self, pid: u32) -> bool {
+        self.stat(pid).is_none_or(|s| s.exited())
+    }
+}
+
+/// The real `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Proc;
+
+impl Procs for Proc {
+    fn stat(&self, pid: u32) -> Option<Stat> {
+        stat(pid)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -218,7 +218,7 @@ pub fn discard(remaps: &[LinkRemap]) -> Result<(), ControlError> {
 /// Checks that [`discard`] may delete what `remap` names: both names are what the tool writes
 /// (`LinkRemap::is_well_formed`), the kept file, if there, is a regular file, and its directory is
 /// reached without a symbolic link (one would send the deletion into another directory). Copies
-/// are the checkpoint directory's own files, checked with it (crate::discard).
+/// are the checkpoint directory's own files, checked with it (disk/discard.rs).
 pub fn check_discardable(remap: &LinkRemap) -> Result<(), ControlError> {
     if remap.is_copy() {
         return Ok(());

@@ -14,7 +14,7 @@
 //! tracees, and the group stop holds them.
 
 use crate::ControlError;
-use crate::native::{Driver, ProcessState};
+use crate::native::{NativeCheckpoint, ProcessState};
 use cuda_abi::CUuuid;
 use nix::sys::ptrace;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -28,7 +28,7 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// must be stopped (state `T`). Returns the native state it is left in (`Locked` after a
 /// restore; whatever it was otherwise, untouched).
 pub fn restore_stopped(
-    driver: &Driver,
+    driver: &dyn NativeCheckpoint,
     pid: u32,
     pairs: &[(CUuuid, CUuuid)],
 ) -> Result<ProcessState, ControlError> {

@@ -118,7 +118,7 @@ fn lock_error(path: &Path, e: impl Into<crate::FileError>) -> ControlError {
 }
 
 /// One name per checkpoint directory, however it is spelled (its real path, hashed): the name of
-/// its lock and of what a restore of it keeps beside the locks (crate::disk::leftovers).
+/// its lock and of what a restore of it keeps beside the locks (disk/leftovers.rs).
 pub fn directory_key(dir: &Path) -> String {
     let digest = protocol::manifest::sha256_hex(absolute(dir).as_os_str().as_encoded_bytes());
     digest.get(..32).unwrap_or(&digest).to_string()

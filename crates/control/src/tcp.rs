@@ -11,8 +11,8 @@
 //! the socket inodes of its descriptors.
 
 use crate::ControlError;
+use crate::Refusal;
 use crate::discovery;
-use crate::group::Refusal;
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 

@@ -104,6 +104,12 @@ fn mount_args(placement: &CriuPlacement, restore: bool) -> Vec<OsString> {
         .collect()
 }
 
+/// The file CRIU writes the restored root's pid to (`--pidfile`), in the work directory.
+pub(crate) const CRIU_PID_FILE: &str = "restore.pid";
+/// The file CRIU run inside a container writes the restored root's pid to, as the container sees
+/// it; the restore writes the host pid to [`CRIU_PID_FILE`] once it has found it.
+pub(crate) const CRIU_INSIDE_PID_FILE: &str = "restore.pid.inside";
+
 /// A CRIU binary that answered `--version`.
 #[derive(Debug, Clone)]
 pub struct Criu {
@@ -305,12 +311,12 @@ impl Criu {
         (inside, placement): (Option<&Container>, &CriuPlacement),
     ) -> Result<u32, CriuError> {
         // In a container's PID namespace the PID CRIU writes is the container's, which no reader
-        // of the work directory may take for a host PID (crate::disk::leftovers kills the tree
+        // of the work directory may take for a host PID (disk/leftovers.rs kills the tree
         // it names): it gets a name of its own, and the caller writes the host PID under the
         // usual one.
         let name = match inside {
-            Some(c) if c.enters_pid_namespace() => crate::disk::leftovers::CRIU_INSIDE_PID_FILE,
-            _ => crate::disk::leftovers::CRIU_PID_FILE,
+            Some(c) if c.enters_pid_namespace() => CRIU_INSIDE_PID_FILE,
+            _ => CRIU_PID_FILE,
         };
         let pid_file = work_dir.join(name);
         let mut run = self.invocation("restore", images, inside)?;

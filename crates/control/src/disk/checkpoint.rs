@@ -4,20 +4,22 @@ use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_list;
 use super::digests::{IMAGE_DIGESTS, digest_images};
 use super::manifest::build_manifest;
-use super::preflight::namespace_root;
 use super::preflight::{
     check_new_dir, container_of, has_terminal, replaced_mappings, tree_sockets,
 };
-use super::{
-    CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu, refuse, state_error,
-};
-use crate::ControlError;
-use crate::capture::{self, Bytes, Clock, Progress, Report, SuspendOptions};
+use super::{CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu};
+use crate::carrier_policy::CarrierChoice;
+use crate::container::namespace_root;
 use crate::criu;
 use crate::discovery;
 use crate::group::{Group, Snapshot};
+use crate::group_capture::{self, SuspendOptions};
 use crate::native::Driver;
-use protocol::manifest::{self, CriuInfo, CriuPlacement, Manifest};
+use crate::phases::{Bytes, finish_rebuild};
+use crate::progress::{Clock, Progress, Report, summarize};
+use crate::statefile::{self, check_state_dir, default_state_dir, remove_state};
+use crate::{ControlError, refuse, state_error};
+use protocol::manifest::{self, CriuInfo, CriuPlacement, LinkRemap, Manifest};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -34,15 +36,174 @@ pub fn checkpoint(
     progress: &dyn Progress,
 ) -> Result<DiskReport, ControlError> {
     let start = Instant::now();
+    let dir = &options.dir;
+    let mut begun = begin(options)?;
+    let (root, work_state) = (begun.root, &begun.work_state);
+    let mut clock = Clock::new(progress);
+    // CRIU can only dump a process whose driver state was checkpointed natively.
+    let capture_options = SuspendOptions {
+        root,
+        mode: protocol::state::SuspendMode::Native,
+        ..options.capture.clone()
+    };
+    let store = begun.store.take();
+    let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
+    let files = DataFiles::new(dir, work_state, store);
+    let (group, captured, carrier) = capture_into(
+        &capture_options,
+        (dir, begun.dir_existed),
+        work_state,
+        &files,
+        &mut store_lock,
+        &mut clock,
+    )?;
+    let driver = Driver::load(capture_options.driver.as_deref())?;
+    let gpus = gpu_list(&driver)?;
+    // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
+    // to the shims go first (the shims keep none of their own between requests).
+    drop(group);
+
+    let tree = Tree {
+        root,
+        criu: &begun.criu,
+        surveyed: &begun.surveyed,
+        images: &begun.images,
+        options: &capture_options,
+        captured: &captured,
+        driver: &driver,
+        files: &files,
+    };
+    let written = Written {
+        tree: &tree,
+        dir,
+        work_state,
+        state_path: &begun.state_path,
+        gpus: &gpus,
+        signing_key: &options.capture.config.signing_key,
+    };
+    let done = dump_and_publish(
+        &tree,
+        &mut clock,
+        options.leave_running,
+        |clock, link_remaps| written.publish(clock, link_remaps),
+        |link_remaps| remove_unpublished(dir, &begun.state_path, link_remaps),
+    );
+    let (manifest, image_bytes) = match done {
+        Ok(done) => done,
+        Err(Dumping::Unpublished(e)) => {
+            if matches!(e, ControlError::RolledBack { .. }) {
+                // Loaded back: the data files have no use any more. Kept when the rollback
+                // failed, since they hold the only copy of the group's shared bytes.
+                files.remove();
+                super::datafiles::remove_record(work_state);
+                remove_state(work_state);
+                drop(store_lock.take());
+                collect_after_failure(&files);
+            }
+            return Err(e);
+        }
+        Err(Dumping::Complete(e)) => return Err(e),
+    };
+    // The checkpoint holds its own copy; the group's is of no use any more.
+    super::datafiles::remove_record(work_state);
+    remove_state(work_state);
+    let report = Report {
+        drained: clock.drained,
+        participants: summarize(&captured),
+        phases: clock.phases,
+        saved_bytes: manifest.bytes.saved,
+        state_file: begun.state_path.clone(),
+        total_millis: start.elapsed().as_secs_f64() * 1e3,
+        lost: Vec::new(),
+        not_rebuilt: Vec::new(),
+        carrier: Some(carrier),
+    };
+    let files_and_bytes = (&files, &manifest, image_bytes);
+    Ok(disk_report(
+        report,
+        dir,
+        root,
+        begun.surveyed,
+        files_and_bytes,
+    ))
+}
+
+/// The capture, its bytes streamed into `files`. A failure was rolled back (or says why not)
+/// before anything was dumped: what this run wrote goes, so a full disk leaves the directory
+/// (`dir`, and whether it existed before) as it found it.
+fn capture_into(
+    options: &SuspendOptions,
+    (dir, dir_existed): (&Path, bool),
+    work_state: &Path,
+    files: &DataFiles,
+    store_lock: &mut Option<super::store::StoreLock>,
+    clock: &mut Clock<'_>,
+) -> Result<(Group, Vec<Snapshot>, CarrierChoice), ControlError> {
+    let captured = group_capture::capture(options, work_state, clock, Bytes::Files(files));
+    if captured.is_err() {
+        super::datafiles::remove_record(work_state);
+        files.remove();
+        remove_started(dir, dir_existed);
+        drop(store_lock.take());
+        collect_after_failure(files);
+    }
+    captured
+}
+
+/// The report of a complete checkpoint.
+fn disk_report(
+    report: Report,
+    dir: &Path,
+    root: u32,
+    surveyed: Surveyed,
+    (files, manifest, image_bytes): (&DataFiles, &Manifest, u64),
+) -> DiskReport {
+    let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
+    DiskReport {
+        report,
+        dir: dir.to_path_buf(),
+        image_bytes,
+        data_bytes,
+        shared_bytes,
+        zero_bytes,
+        root,
+        shared_namespaces: surveyed.namespaces.namespaces,
+        placement: surveyed.placement,
+        digest_share: files.digest_share(Streaming::Save),
+    }
+}
+
+/// What a checkpoint holds once everything CRIU cannot handle was refused and its directory is
+/// begun.
+struct Begun {
+    criu: criu::Criu,
+    /// The init of the workload's PID namespace: the root CRIU dumps.
+    root: u32,
+    surveyed: Surveyed,
+    /// The group's state file while the checkpoint is not complete.
+    work_state: PathBuf,
+    images: PathBuf,
+    /// The state file's place in the checkpoint.
+    state_path: PathBuf,
+    dir_existed: bool,
+    store: Option<super::store::BlockStore>,
+    /// The run locks of the tree and of the directory, held to the end of the checkpoint.
+    _locks: (crate::runlock::RunLock, crate::runlock::RunLock),
+}
+
+/// Everything before the capture: CRIU found, the tree locked and surveyed, the state directory
+/// and the checkpoint directory checked, the block store opened, and the directory begun with
+/// its marker.
+fn begin(options: &CheckpointOptions) -> Result<Begun, ControlError> {
     let criu = locate_criu(options.criu.as_deref(), &options.capture.config)?;
     let root = namespace_root(options.capture.root)?;
     let dir = &options.dir;
     let tree = discovery::process_tree(root)?;
-    let _tree_lock = crate::runlock::RunLock::processes(&tree)?;
-    let _dir_lock = crate::runlock::RunLock::directory(dir)?;
+    let tree_lock = crate::runlock::RunLock::processes(&tree)?;
+    let dir_lock = crate::runlock::RunLock::directory(dir)?;
     // The state lives in the group's own state directory until the checkpoint is complete: a
     // checkpoint that fails or is killed half way leaves it where `cuinterpose resume` looks.
-    let work_state = capture::check_state_dir(&capture::default_state_dir(root))?;
+    let work_state = check_state_dir(&default_state_dir(root))?;
     check_new_dir(dir)?;
     let surveyed = survey(root, &tree, &criu)?;
     let images = dir.join(IMAGES_DIR);
@@ -53,142 +214,16 @@ pub fn checkpoint(
     std::fs::create_dir_all(dir).map_err(|e| state_error(dir, e))?;
     write_marker(dir, &[])?;
     std::fs::create_dir_all(&images).map_err(|e| state_error(&images, e))?;
-    let state_path = dir.join(protocol::state::STATE_FILE_NAME);
-
-    let mut clock = Clock::new(progress);
-    // CRIU can only dump a process whose driver state was checkpointed natively.
-    let capture_options = SuspendOptions {
+    Ok(Begun {
+        criu,
         root,
-        mode: protocol::state::SuspendMode::Native,
-        ..options.capture.clone()
-    };
-    let mut store_lock = store.as_ref().map(|s| s.lock_shared()).transpose()?;
-    let files = DataFiles::new(dir, &work_state, store);
-    let captured = capture::capture(
-        &capture_options,
-        &work_state,
-        &mut clock,
-        Bytes::Files(&files),
-    );
-    let (group, captured, carrier) = match captured {
-        Ok(c) => c,
-        Err(e) => {
-            // Rolled back (or said why not) before anything was dumped: what this run wrote goes,
-            // so a full disk leaves the directory as it found it.
-            super::datafiles::remove_record(&work_state);
-            files.remove();
-            remove_started(dir, dir_existed);
-            drop(store_lock.take());
-            collect_after_failure(&files);
-            return Err(e);
-        }
-    };
-    let driver = Driver::load(capture_options.driver.as_deref())?;
-    let gpus = gpu_list(&driver)?;
-    // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
-    // to the shims go first (the shims keep none of their own between requests).
-    drop(group);
-
-    // CRIU leaves the dumped tree stopped (criu::Criu::dump); the tool ends it only once the
-    // checkpoint is complete on disk: until then any failure (CRIU's, or reading its images, or
-    // writing the digests or the manifest) can still be rolled back and the workload runs on.
-    let dumped = clock.time("criu-dump", None, || {
-        criu.dump(
-            surveyed.criu_pid,
-            &images,
-            surveyed.tcp_established,
-            &surveyed.namespaces.dump_args(),
-            (surveyed.container.as_ref(), &surveyed.placement),
-        )
-        .map_err(ControlError::Criu)?;
-        Ok(((), criu::directory_bytes(&images), 0.0))
-    });
-    let mut link_remaps = Vec::new();
-    let published = dumped.and_then(|()| {
-        let written = Written {
-            dir,
-            root,
-            work_state: &work_state,
-            state_path: &state_path,
-            criu: &criu,
-            surveyed: &surveyed,
-            captured: &captured,
-            gpus: &gpus,
-            driver: &driver,
-            files: &files,
-            signing_key: &options.capture.config.signing_key,
-        };
-        written.publish(&mut clock, &mut link_remaps)
-    });
-    let (manifest, image_bytes) = match published {
-        Ok(done) => done,
-        Err(e) => {
-            remove_unpublished(dir, &state_path, &link_remaps);
-            let rollback = continue_dumped(root).and_then(|()| {
-                resume_in_place(&capture_options, &captured, &driver, &files, &mut clock)
-            });
-            if rollback.is_ok() {
-                // Loaded back: the data files have no use any more. Kept when the rollback
-                // failed, since they hold the only copy of the group's shared bytes.
-                files.remove();
-                super::datafiles::remove_record(&work_state);
-                capture::remove_state(&work_state);
-                drop(store_lock.take());
-                collect_after_failure(&files);
-            }
-            return Err(match rollback {
-                Ok(()) => ControlError::RolledBack {
-                    failure: Box::new(e),
-                },
-                Err(r) => ControlError::RollbackFailed {
-                    failure: Box::new(e),
-                    rollback: vec![r],
-                },
-            });
-        }
-    };
-
-    if options.leave_running {
-        // The link remaps stay: the checkpoint is restored through them once this tree is gone.
-        continue_dumped(root)?;
-        resume_in_place(&capture_options, &captured, &driver, &files, &mut clock)?;
-    } else {
-        // What CRIU does after a dump without --leave-running; the checkpoint is complete.
-        clock.time("stop", None, || {
-            crate::launch::kill_tree(root, KILL_TIMEOUT)
-                .map(|()| ((), 0, 0.0))
-                .map_err(|e| ControlError::Step {
-                    step: "stopping the dumped tree (the checkpoint is complete)",
-                    process: format!("pid {root}"),
-                    source: Box::new(e.into()),
-                })
-        })?;
-    }
-    // The checkpoint holds its own copy; the group's is of no use any more.
-    super::datafiles::remove_record(&work_state);
-    capture::remove_state(&work_state);
-    let (data_bytes, shared_bytes, zero_bytes) = data_totals(&manifest.data_files);
-    Ok(DiskReport {
-        report: Report {
-            drained: clock.drained,
-            participants: capture::summarize(&captured),
-            phases: clock.phases,
-            saved_bytes: manifest.bytes.saved,
-            state_file: state_path,
-            total_millis: start.elapsed().as_secs_f64() * 1e3,
-            lost: Vec::new(),
-            not_rebuilt: Vec::new(),
-            carrier: Some(carrier),
-        },
-        dir: dir.clone(),
-        image_bytes,
-        data_bytes,
-        shared_bytes,
-        zero_bytes,
-        root,
-        shared_namespaces: surveyed.namespaces.namespaces,
-        placement: surveyed.placement,
-        digest_share: files.digest_share(Streaming::Save),
+        surveyed,
+        work_state,
+        images,
+        state_path: dir.join(protocol::state::STATE_FILE_NAME),
+        dir_existed,
+        store,
+        _locks: (tree_lock, dir_lock),
     })
 }
 
@@ -221,18 +256,13 @@ fn remove_unpublished(
 
 /// What a checkpoint writes once CRIU has dumped the tree, and from what.
 struct Written<'a> {
+    tree: &'a Tree<'a>,
     dir: &'a PathBuf,
-    root: u32,
     /// The group's state file while the checkpoint is not complete.
     work_state: &'a Path,
     /// The state file's place in the checkpoint.
     state_path: &'a Path,
-    criu: &'a criu::Criu,
-    surveyed: &'a Surveyed,
-    captured: &'a [Snapshot],
     gpus: &'a [protocol::manifest::GpuInfo],
-    driver: &'a Driver,
-    files: &'a DataFiles,
     signing_key: &'a Path,
 }
 
@@ -247,11 +277,11 @@ impl Written<'_> {
         link_remaps: &mut Vec<protocol::manifest::LinkRemap>,
     ) -> Result<(Manifest, u64), ControlError> {
         let (dir, images) = (self.dir, self.dir.join(IMAGES_DIR));
-        let placement = &self.surveyed.placement;
+        let placement = &self.tree.surveyed.placement;
         let links = criu::images::link_remaps(&images).map_err(ControlError::Criu)?;
         // A tree in a container keeps them in its own filesystems: copied into the checkpoint.
         let copy_into = placement.in_container().then_some(dir.as_path());
-        *link_remaps = crate::remaps::take_over(self.root, &links, copy_into)?;
+        *link_remaps = crate::remaps::take_over(self.tree.root, &links, copy_into)?;
         write_marker(dir, link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);
         let progress = clock.progress();
@@ -262,29 +292,29 @@ impl Written<'_> {
             Ok(((), image_bytes, 0.0))
         })?;
         let state_bytes =
-            transport::files::read_bounded(self.work_state, capture::STATE_FILE_LIMIT)
+            transport::files::read_bounded(self.work_state, statefile::STATE_FILE_LIMIT)
                 .map_err(|e| state_error(self.work_state, e))?;
         transport::files::write_atomically(self.state_path, &state_bytes)
             .map_err(|e| state_error(self.state_path, e))?;
         let criu_info = CriuInfo {
-            version: self.criu.version().to_string(),
+            version: self.tree.criu.version().to_string(),
             image_bytes,
             link_remaps: link_remaps.clone(),
-            tcp_established: self.surveyed.tcp_established,
-            shared_namespaces: self.surveyed.namespaces.namespaces.clone(),
+            tcp_established: self.tree.surveyed.tcp_established,
+            shared_namespaces: self.tree.surveyed.namespaces.namespaces.clone(),
             placement: placement.clone(),
         };
         let manifest = build_manifest(
-            self.captured,
-            &self.surveyed.sockets,
+            self.tree.captured,
+            &self.tree.surveyed.sockets,
             self.gpus,
-            self.driver,
+            self.tree.driver,
             criu_info,
             clock,
             self.state_path,
         )?;
         let manifest = Manifest {
-            data_files: self.files.entries(),
+            data_files: self.tree.files.entries(),
             ..manifest
         };
         transport::files::write_atomically(
@@ -294,7 +324,7 @@ impl Written<'_> {
         .map_err(|e| state_error(dir, e))?;
         super::signing::sign(dir, self.signing_key)?;
         // The manifest references the blocks now.
-        self.files.remove_pending();
+        self.tree.files.remove_pending();
         let marker = dir.join(INCOMPLETE_MARKER);
         std::fs::remove_file(&marker).map_err(|e| state_error(&marker, e))?;
         Ok((manifest, image_bytes))
@@ -408,13 +438,128 @@ fn collect_after_failure(files: &DataFiles) {
     }
 }
 
-/// Continues the tree CRIU left stopped after its dump, so the shims can answer again.
-fn continue_dumped(root: u32) -> Result<(), ControlError> {
-    crate::launch::continue_tree(root).map_err(|e| ControlError::Step {
-        step: "continuing the dumped tree",
-        process: format!("pid {root}"),
-        source: Box::new(e.into()),
-    })
+/// What a checkpoint does to the tree once its capture is done: the seam between the checkpoint's
+/// order of steps and CRIU, the tree's processes and the shims, so that the rollback of a failed
+/// dump is unit-tested ([`dump_and_publish`]).
+trait Dumped {
+    /// CRIU's dump of the tree, which leaves it stopped.
+    fn dump(&self, clock: &mut Clock<'_>) -> Result<(), ControlError>;
+    /// Continues the stopped tree, so that its shims answer again.
+    fn continue_tree(&self) -> Result<(), ControlError>;
+    /// Native restore and the rebuild in place, from the data files.
+    fn resume_in_place(&self, clock: &mut Clock<'_>) -> Result<(), ControlError>;
+    /// Ends the dumped tree (what CRIU does after a dump without `--leave-running`).
+    fn end(&self, clock: &mut Clock<'_>) -> Result<(), ControlError>;
+}
+
+/// The tree under a checkpoint, as it really is.
+struct Tree<'a> {
+    root: u32,
+    criu: &'a criu::Criu,
+    surveyed: &'a Surveyed,
+    images: &'a Path,
+    options: &'a SuspendOptions,
+    captured: &'a [Snapshot],
+    driver: &'a Driver,
+    files: &'a DataFiles,
+}
+
+impl Dumped for Tree<'_> {
+    fn dump(&self, clock: &mut Clock<'_>) -> Result<(), ControlError> {
+        let surveyed = self.surveyed;
+        clock.time("criu-dump", None, || {
+            self.criu
+                .dump(
+                    surveyed.criu_pid,
+                    self.images,
+                    surveyed.tcp_established,
+                    &surveyed.namespaces.dump_args(),
+                    (surveyed.container.as_ref(), &surveyed.placement),
+                )
+                .map_err(ControlError::Criu)?;
+            Ok(((), criu::directory_bytes(self.images), 0.0))
+        })
+    }
+
+    fn continue_tree(&self) -> Result<(), ControlError> {
+        crate::launch::continue_tree(self.root).map_err(|e| ControlError::Step {
+            step: "continuing the dumped tree",
+            process: format!("pid {}", self.root),
+            source: Box::new(e.into()),
+        })
+    }
+
+    fn resume_in_place(&self, clock: &mut Clock<'_>) -> Result<(), ControlError> {
+        resume_in_place(self.options, self.captured, self.driver, self.files, clock)
+    }
+
+    fn end(&self, clock: &mut Clock<'_>) -> Result<(), ControlError> {
+        clock.time("stop", None, || {
+            crate::launch::kill_tree(self.root, KILL_TIMEOUT)
+                .map(|()| ((), 0, 0.0))
+                .map_err(|e| ControlError::Step {
+                    step: "stopping the dumped tree (the checkpoint is complete)",
+                    process: format!("pid {}", self.root),
+                    source: Box::new(e.into()),
+                })
+        })
+    }
+}
+
+/// How [`dump_and_publish`] failed.
+#[derive(Debug)]
+enum Dumping {
+    /// Before the checkpoint was complete: the tree was continued and rebuilt in place
+    /// ([`ControlError::RolledBack`]), or the error says why it could not be.
+    Unpublished(ControlError),
+    /// After: the checkpoint is complete on disk, the tree could not be continued and rebuilt
+    /// (`--leave-running`) or ended.
+    Complete(ControlError),
+}
+
+/// The dump and what follows it: CRIU dumps the tree (which it leaves stopped) and `publish`
+/// writes the checkpoint, listing the link remaps it took over; then the tree is ended, or with
+/// `leave_running` continued and rebuilt in place. Until the checkpoint is complete any failure
+/// (CRIU's, or reading its images, or writing the digests or the manifest) is rolled back:
+/// `unpublish` removes what was written, the tree is continued and rebuilt in place, and the
+/// workload runs on.
+fn dump_and_publish<T>(
+    tree: &dyn Dumped,
+    clock: &mut Clock<'_>,
+    leave_running: bool,
+    publish: impl FnOnce(&mut Clock<'_>, &mut Vec<LinkRemap>) -> Result<T, ControlError>,
+    unpublish: impl FnOnce(&[LinkRemap]),
+) -> Result<T, Dumping> {
+    let mut link_remaps = Vec::new();
+    let published = tree
+        .dump(clock)
+        .and_then(|()| publish(clock, &mut link_remaps));
+    let done = match published {
+        Ok(done) => done,
+        Err(e) => {
+            unpublish(&link_remaps);
+            let rollback = tree
+                .continue_tree()
+                .and_then(|()| tree.resume_in_place(clock));
+            return Err(Dumping::Unpublished(match rollback {
+                Ok(()) => ControlError::RolledBack {
+                    failure: Box::new(e),
+                },
+                Err(r) => ControlError::RollbackFailed {
+                    failure: Box::new(e),
+                    rollback: vec![r],
+                },
+            }));
+        }
+    };
+    let after = if leave_running {
+        // The link remaps stay: the checkpoint is restored through them once this tree is gone.
+        tree.continue_tree()
+            .and_then(|()| tree.resume_in_place(clock))
+    } else {
+        tree.end(clock)
+    };
+    after.map(|()| done).map_err(Dumping::Complete)
 }
 
 /// After a dump with `--leave-running` (or a failed one): native restore and rebuild in place.
@@ -427,10 +572,10 @@ fn resume_in_place(
 ) -> Result<(), ControlError> {
     let mut group = Group::discover(options.root, options.config.answer_timeout)?;
     clock.time("native-restore", None, || {
-        capture::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
+        crate::native_steps::native_restore(driver, &group, &[]).map(|()| ((), 0, 0.0))
     })?;
-    let state = capture::state_of(captured, options.mode);
-    capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files)).map(|_| ())
+    let state = group_capture::state_of(captured, options.mode);
+    finish_rebuild(&mut group, &state, clock, Bytes::Files(files)).map(|_| ())
 }
 
 /// Name of the marker of an incomplete checkpoint: written before anything else, removed once the
@@ -446,4 +591,163 @@ fn write_marker(
     let text =
         serde_json::to_vec(remaps).map_err(|e| state_error(&path, std::io::Error::other(e)))?;
     transport::files::write_atomically(&path, &text).map_err(|e| state_error(&path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::Quiet;
+    use std::cell::RefCell;
+
+    /// A tree whose steps succeed except the ones named, and that logs each step it was asked.
+    #[derive(Default)]
+    struct Scripted {
+        fails: Vec<&'static str>,
+        log: RefCell<Vec<&'static str>>,
+    }
+
+    impl Scripted {
+        fn failing(steps: &[&'static str]) -> Scripted {
+            Scripted {
+                fails: steps.to_vec(),
+                ..Scripted::default()
+            }
+        }
+
+        fn step(&self, name: &'static str) -> Result<(), ControlError> {
+            self.log.borrow_mut().push(name);
+            if self.fails.contains(&name) {
+                Err(ControlError::Protocol {
+                    process: "pid 7".into(),
+                    message: format!("{name} failed"),
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl Dumped for Scripted {
+        fn dump(&self, _clock: &mut Clock<'_>) -> Result<(), ControlError> {
+            self.step("dump")
+        }
+        fn continue_tree(&self) -> Result<(), ControlError> {
+            self.step("continue")
+        }
+        fn resume_in_place(&self, _clock: &mut Clock<'_>) -> Result<(), ControlError> {
+            self.step("resume in place")
+        }
+        fn end(&self, _clock: &mut Clock<'_>) -> Result<(), ControlError> {
+            self.step("end")
+        }
+    }
+
+    /// What a run of [`dump_and_publish`] did: its result, the steps it asked of the tree (with
+    /// `publish` and `unpublish` among them), and the link remaps `unpublish` was given.
+    fn run(
+        tree: &Scripted,
+        leave_running: bool,
+        publish_fails: bool,
+    ) -> (Result<u32, Dumping>, Vec<&'static str>, Vec<LinkRemap>) {
+        let unpublished = RefCell::new(Vec::new());
+        let result = dump_and_publish(
+            tree,
+            &mut Clock::new(&Quiet),
+            leave_running,
+            |_, remaps| {
+                tree.log.borrow_mut().push("publish");
+                // Taken over before the failure: unpublish must get them.
+                remaps.push(LinkRemap {
+                    link: "/dev/shm/link_remap.1".into(),
+                    kept_as: "/dev/shm/link_remap.1.cuinterpose-0123456789abcdef".into(),
+                });
+                if publish_fails {
+                    Err(ControlError::Protocol {
+                        process: "tool".into(),
+                        message: "manifest not written".into(),
+                    })
+                } else {
+                    Ok(7)
+                }
+            },
+            |remaps| {
+                tree.log.borrow_mut().push("unpublish");
+                unpublished.borrow_mut().extend_from_slice(remaps);
+            },
+        );
+        (result, tree.log.take(), unpublished.take())
+    }
+
+    #[test]
+    fn a_failed_dump_continues_the_tree_and_rebuilds_it_in_place() {
+        let tree = Scripted::failing(&["dump"]);
+        let (result, steps, _) = run(&tree, false, false);
+        assert_eq!(
+            steps,
+            ["dump", "unpublish", "continue", "resume in place"],
+            "nothing published, nothing ended"
+        );
+        let Err(Dumping::Unpublished(ControlError::RolledBack { failure })) = result else {
+            panic!("{result:?}");
+        };
+        assert_eq!(failure.to_string(), "pid 7: protocol error: dump failed");
+    }
+
+    #[test]
+    fn a_checkpoint_not_published_is_unpublished_with_its_link_remaps_then_rolled_back() {
+        let tree = Scripted::default();
+        let (result, steps, unpublished) = run(&tree, false, true);
+        assert_eq!(
+            steps,
+            [
+                "dump",
+                "publish",
+                "unpublish",
+                "continue",
+                "resume in place"
+            ]
+        );
+        assert_eq!(unpublished.len(), 1);
+        assert!(matches!(
+            result,
+            Err(Dumping::Unpublished(ControlError::RolledBack { .. }))
+        ));
+    }
+
+    #[test]
+    fn a_rollback_that_fails_is_reported_with_the_failure_it_undid() {
+        for failing in ["continue", "resume in place"] {
+            let tree = Scripted::failing(&["dump", failing]);
+            let (result, steps, _) = run(&tree, false, false);
+            let Err(Dumping::Unpublished(ControlError::RollbackFailed { failure, rollback })) =
+                result
+            else {
+                panic!("{result:?}");
+            };
+            assert!(failure.to_string().ends_with("dump failed"));
+            assert_eq!(rollback.len(), 1);
+            assert!(
+                rollback[0]
+                    .to_string()
+                    .ends_with(&format!("{failing} failed"))
+            );
+            // A tree that could not be continued is not rebuilt.
+            assert_eq!(steps.last(), Some(&failing));
+        }
+    }
+
+    #[test]
+    fn a_complete_checkpoint_ends_the_tree_or_with_leave_running_rebuilds_it() {
+        let (result, steps, _) = run(&Scripted::default(), false, false);
+        assert!(matches!(result, Ok(7)));
+        assert_eq!(steps, ["dump", "publish", "end"]);
+        let (result, steps, _) = run(&Scripted::default(), true, false);
+        assert!(matches!(result, Ok(7)));
+        assert_eq!(steps, ["dump", "publish", "continue", "resume in place"]);
+        // Complete on disk: a failure after it is no rollback, and nothing is unpublished.
+        let (result, steps, unpublished) = run(&Scripted::failing(&["end"]), false, false);
+        assert!(matches!(result, Err(Dumping::Complete(_))), "{result:?}");
+        assert_eq!(steps, ["dump", "publish", "end"]);
+        assert!(unpublished.is_empty());
+    }
 }

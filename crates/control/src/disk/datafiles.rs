@@ -13,11 +13,13 @@
 //! filesystem takes it (tmpfs refuses it at open), which keeps the page cache from holding a
 //! second copy of GPU memory and lets the disk run at its streaming rate.
 
+use super::damaged;
 use super::store::{BlockStore, PENDING_BLOCKS};
-use super::{damaged, state_error};
 use crate::ControlError;
-use crate::capture::Progress;
 use crate::group::{Participant, Streamed};
+use crate::phases::FileBytes;
+use crate::progress::Progress;
+use crate::state_error;
 use protocol::Request;
 use protocol::manifest::{DataFileEntry, data_file_name};
 use protocol::message::DATA_ALIGN;
@@ -224,115 +226,6 @@ impl DataFiles {
         }
     }
 
-    /// SaveTo to every participant at once, each into a new file of its own. A participant
-    /// that creates nothing shared gets a file too (its shim answers with no extents), which is
-    /// then removed: the manifest lists only files that hold bytes.
-    pub fn save_all(
-        &self,
-        participants: &mut [Participant],
-        progress: &dyn Progress,
-    ) -> Result<(u64, f64), ControlError> {
-        if self.store.is_none() {
-            std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
-        }
-        let workers = workers_for(participants.len());
-        let results = each_parallel(participants, |p| {
-            let ns_pid = p.hello.ns_pid;
-            let streamed = if let Some(store) = &self.store {
-                p.stream(
-                    &Request::SaveTo {
-                        store: true,
-                        workers,
-                    },
-                    store.fd(),
-                )?
-            } else {
-                let path = self.path(ns_pid);
-                let file = create(&path)?;
-                let save = Request::SaveTo {
-                    store: false,
-                    workers,
-                };
-                let streamed = p.stream(&save, file.as_fd())?;
-                if streamed.file.extents.is_empty() {
-                    drop(file);
-                    std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
-                }
-                streamed
-            };
-            lock_work(&self.saved).add(&streamed.stats);
-            report(progress, "save", p, &streamed);
-            if !streamed.file.extents.is_empty() {
-                let entry = DataFileEntry::new(
-                    ns_pid,
-                    streamed.stats.file_bytes,
-                    streamed.stats.shared_bytes,
-                    &streamed.file,
-                );
-                self.lock().insert(ns_pid, entry);
-            }
-            Ok(streamed)
-        });
-        let done = totals(results)?;
-        if let Some(store) = &self.store {
-            store.sync()?;
-            // Before Release: a checkpoint killed from here on needs these blocks (`resume`
-            // loads them back), and a collection finds no manifest that references them yet.
-            let pending = self.pending_path();
-            let bytes = serde_json::to_vec(&self.entries())
-                .map_err(|e| state_error(&pending, std::io::Error::other(e)))?;
-            transport::files::write_atomically(&pending, &bytes)
-                .map_err(|e| state_error(&pending, e))?;
-        }
-        // Before Release: from here on the bytes may be only in these files.
-        if let Some(path) = &self.record {
-            self.write_record_to(path)?;
-        }
-        Ok(done)
-    }
-
-    /// The rebuild's first step for a group saved into these files: LoadFrom to every
-    /// participant whose SaveTo wrote a file, Load to the others (the carrier path, which finds
-    /// nothing to load where nothing was released).
-    pub fn load_all(
-        &self,
-        participants: &mut [Participant],
-        progress: &dyn Progress,
-    ) -> Result<(u64, f64), ControlError> {
-        let workers = workers_for(participants.len());
-        let results = each_parallel(participants, |p| {
-            let ns_pid = p.hello.ns_pid;
-            let entry = self.lock().get(&ns_pid).cloned();
-            let Some(entry) = entry else {
-                let r = p.phase(&Request::Load)?;
-                progress.advance(r.bytes);
-                progress.participant_done("load", &p.info.label(), &r);
-                return Ok(Streamed {
-                    result: r,
-                    stats: Default::default(),
-                    file: Default::default(),
-                });
-            };
-            let path = self.path(ns_pid);
-            let record = entry.record().map_err(|e| damaged(&path, e))?;
-            let load = |file| Request::LoadFrom { file, workers };
-            let streamed = match (&self.store, record.blocks.is_some()) {
-                (Some(store), true) => p.stream(&load(record), store.fd())?,
-                (None, true) => {
-                    return Err(damaged(&path, "lists blocks, and there is no block store"));
-                }
-                (_, false) => {
-                    let file = open(&path)?;
-                    p.stream(&load(record), file.as_fd())?
-                }
-            };
-            lock_work(&self.loaded).add(&streamed.stats);
-            report(progress, "load", p, &streamed);
-            Ok(streamed)
-        });
-        totals(results)
-    }
-
     /// Checks that every listed data file is present, of its recorded length, with a record that
     /// reads. Read-only, and cheap: what a restore checks of the data before anything changes
     /// when the digests are left to the load (each shim hashes the bytes it reads and fails the
@@ -409,22 +302,8 @@ impl DataFiles {
     /// holds there). Read-only.
     pub fn verify(&self, progress: &dyn Progress) -> Result<u64, ControlError> {
         let entries = self.entries();
-        let results: Vec<Result<u64, ControlError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = entries
-                .iter()
-                .map(|entry| s.spawn(move || self.verify_one(entry, progress)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(ControlError::Protocol {
-                            process: "tool".into(),
-                            message: "a data file check panicked".into(),
-                        })
-                    })
-                })
-                .collect()
+        let results = crate::parallel::for_each("data file check", &entries, |entry| {
+            self.verify_one(entry, progress)
         });
         let mut total = 0;
         for r in results {
@@ -525,6 +404,117 @@ impl DataFiles {
     }
 }
 
+impl FileBytes for DataFiles {
+    /// SaveTo to every participant at once, each into a new file of its own. A participant
+    /// that creates nothing shared gets a file too (its shim answers with no extents), which is
+    /// then removed: the manifest lists only files that hold bytes.
+    fn save_all(
+        &self,
+        participants: &mut [Participant],
+        progress: &dyn Progress,
+    ) -> Result<(u64, f64), ControlError> {
+        if self.store.is_none() {
+            std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
+        }
+        let workers = workers_for(participants.len());
+        let results = each_parallel(participants, |p| {
+            let ns_pid = p.hello.ns_pid;
+            let streamed = if let Some(store) = &self.store {
+                p.stream(
+                    &Request::SaveTo {
+                        store: true,
+                        workers,
+                    },
+                    store.fd(),
+                )?
+            } else {
+                let path = self.path(ns_pid);
+                let file = create(&path)?;
+                let save = Request::SaveTo {
+                    store: false,
+                    workers,
+                };
+                let streamed = p.stream(&save, file.as_fd())?;
+                if streamed.file.extents.is_empty() {
+                    drop(file);
+                    std::fs::remove_file(&path).map_err(|e| state_error(&path, e))?;
+                }
+                streamed
+            };
+            lock_work(&self.saved).add(&streamed.stats);
+            report(progress, "save", p, &streamed);
+            if !streamed.file.extents.is_empty() {
+                let entry = DataFileEntry::new(
+                    ns_pid,
+                    streamed.stats.file_bytes,
+                    streamed.stats.shared_bytes,
+                    &streamed.file,
+                );
+                self.lock().insert(ns_pid, entry);
+            }
+            Ok(streamed)
+        });
+        let done = totals(results)?;
+        if let Some(store) = &self.store {
+            store.sync()?;
+            // Before Release: a checkpoint killed from here on needs these blocks (`resume`
+            // loads them back), and a collection finds no manifest that references them yet.
+            let pending = self.pending_path();
+            let bytes = serde_json::to_vec(&self.entries())
+                .map_err(|e| state_error(&pending, std::io::Error::other(e)))?;
+            transport::files::write_atomically(&pending, &bytes)
+                .map_err(|e| state_error(&pending, e))?;
+        }
+        // Before Release: from here on the bytes may be only in these files.
+        if let Some(path) = &self.record {
+            self.write_record_to(path)?;
+        }
+        Ok(done)
+    }
+
+    /// The rebuild's first step for a group saved into these files: LoadFrom to every
+    /// participant whose SaveTo wrote a file, Load to the others (the carrier path, which finds
+    /// nothing to load where nothing was released).
+    fn load_all(
+        &self,
+        participants: &mut [Participant],
+        progress: &dyn Progress,
+    ) -> Result<(u64, f64), ControlError> {
+        let workers = workers_for(participants.len());
+        let results = each_parallel(participants, |p| {
+            let ns_pid = p.hello.ns_pid;
+            let entry = self.lock().get(&ns_pid).cloned();
+            let Some(entry) = entry else {
+                let r = p.phase(&Request::Load)?;
+                progress.advance(r.bytes);
+                progress.participant_done("load", &p.info.label(), &r);
+                return Ok(Streamed {
+                    result: r,
+                    stats: Default::default(),
+                    file: Default::default(),
+                });
+            };
+            let path = self.path(ns_pid);
+            let record = entry.record().map_err(|e| damaged(&path, e))?;
+            let load = |file| Request::LoadFrom { file, workers };
+            let streamed = match (&self.store, record.blocks.is_some()) {
+                (Some(store), true) => p.stream(&load(record), store.fd())?,
+                (None, true) => {
+                    return Err(damaged(&path, "lists blocks, and there is no block store"));
+                }
+                (_, false) => {
+                    let file = open(&path)?;
+                    p.stream(&load(record), file.as_fd())?
+                }
+            };
+            lock_work(&self.loaded).add(&streamed.stats);
+            report(progress, "load", p, &streamed);
+            Ok(streamed)
+        });
+        totals(results)
+    }
+}
+
 fn hex(digest: &[u8; 32]) -> String {
     protocol::message::block_name(digest)
 }
@@ -582,31 +572,12 @@ fn each_parallel(
     participants: &mut [Participant],
     f: impl Fn(&mut Participant) -> Result<Streamed, ControlError> + Sync,
 ) -> Vec<Result<Streamed, ControlError>> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = participants
-            .iter_mut()
-            .map(|p| {
-                let f = &f;
-                s.spawn(move || {
-                    f(p).map_err(|e| ControlError::Step {
-                        step: "data file",
-                        process: p.info.label(),
-                        source: Box::new(e),
-                    })
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(ControlError::Protocol {
-                        process: "tool".into(),
-                        message: "a data file thread panicked".into(),
-                    })
-                })
-            })
-            .collect()
+    crate::parallel::for_each_mut("data file", participants.iter_mut().collect(), |p| {
+        f(p).map_err(|e| ControlError::Step {
+            step: "data file",
+            process: p.info.label(),
+            source: Box::new(e),
+        })
     })
 }
 

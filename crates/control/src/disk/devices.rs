@@ -1,9 +1,9 @@
 //! The GPUs of a checkpoint: the list recorded at checkpoint, and the native restore's pairs from
 //! `--device-map` checked against the recorded and the present GPUs.
 
-use super::refuse;
 use crate::ControlError;
 use crate::native::{self, Driver};
+use crate::refuse;
 use protocol::manifest::{GpuInfo, Manifest};
 
 pub(super) fn gpu_list(driver: &Driver) -> Result<Vec<GpuInfo>, ControlError> {

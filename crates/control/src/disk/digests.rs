@@ -1,10 +1,11 @@
 //! The digest list of a checkpoint's CRIU images: written after the dump, checked before a
 //! restore (CRIU itself does not notice a truncated or edited page image).
 
-use super::{IMAGES_DIR, damaged, state_error};
+use super::{IMAGES_DIR, damaged};
 use crate::ControlError;
-use crate::capture::Progress;
 use crate::criu;
+use crate::progress::Progress;
+use crate::state_error;
 use std::path::Path;
 
 /// Name of the image digest list in a checkpoint directory: `b3sum` format
@@ -63,38 +64,26 @@ pub(super) fn digest_images(
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(small.len().max(1));
-    let mut hashed: Vec<Option<Result<String, ControlError>>> =
-        (0..small.len()).map(|_| None).collect();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let small = &small;
-                scope.spawn(move || {
-                    (t..small.len())
-                        .step_by(threads)
-                        .map(|i| {
-                            let (name, bytes) = small[i];
-                            let digest = file_blake3(&images.join(name));
-                            progress.advance(*bytes);
-                            (i, digest)
-                        })
-                        .collect::<Vec<_>>()
-                })
+    // Each worker hashes every `threads`-th file; the digests are taken in the files' order, so
+    // the first error is the first file's.
+    let workers: Vec<usize> = (0..threads).collect();
+    let mut hashed = Vec::with_capacity(small.len());
+    for worker in crate::parallel::for_each("digest", &workers, |&t| {
+        Ok((t..small.len())
+            .step_by(threads)
+            .map(|i| {
+                let (name, bytes) = small[i];
+                let digest = file_blake3(&images.join(name));
+                progress.advance(*bytes);
+                (i, digest)
             })
-            .collect();
-        for handle in handles {
-            for (i, digest) in handle.join().unwrap_or_default() {
-                if let Some(slot) = hashed.get_mut(i) {
-                    *slot = Some(digest);
-                }
-            }
-        }
-    });
-    for ((name, _), digest) in small.iter().zip(hashed) {
-        // A slot left empty is a thread that panicked.
-        let digest = digest
-            .unwrap_or_else(|| Err(state_error(images, crate::FileError::DigestThreadPanicked)))?;
-        digests.insert(name, digest);
+            .collect::<Vec<_>>())
+    }) {
+        hashed.extend(worker?);
+    }
+    hashed.sort_by_key(|(i, _)| *i);
+    for (i, digest) in hashed {
+        digests.insert(small[i].0.as_str(), digest?);
     }
     let mut list = String::new();
     for (name, digest) in digests {
@@ -215,8 +204,8 @@ mod tests {
     fn a_changed_byte_in_the_big_image_is_refused_by_name() {
         let dir = checkpoint_dir();
         let images = dir.path().join(IMAGES_DIR);
-        let list = digest_images(&images, &crate::capture::Quiet).expect("digest");
-        verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+        let list = digest_images(&images, &crate::progress::Quiet).expect("digest");
+        verify_images(dir.path(), list.as_bytes(), &crate::progress::Quiet)
             .expect("intact checkpoint verifies");
         let mut big = std::fs::OpenOptions::new()
             .write(true)
@@ -224,7 +213,7 @@ mod tests {
             .expect("open");
         big.seek(SeekFrom::Start(3)).expect("seek");
         big.write_all(b"x").expect("write");
-        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::capture::Quiet)
+        let refusal = verify_images(dir.path(), list.as_bytes(), &crate::progress::Quiet)
             .expect_err("damage refused")
             .to_string();
         assert!(

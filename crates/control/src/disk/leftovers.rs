@@ -11,15 +11,13 @@
 //! a tree CRIU finished, which `resume --pid <root>` brings back (the restore recorded it as a
 //! suspended group) or `restore --cleanup` kills.
 
-use super::{KILL_TIMEOUT, state_error};
-use crate::{ControlError, Refusal, capture, procfs, runlock};
+use super::KILL_TIMEOUT;
+use crate::criu::CRIU_PID_FILE;
+use crate::state_error;
+use crate::statefile::{STATE_FILE, default_state_dir, remove_state};
+use crate::{ControlError, Refusal, procfs, runlock};
 use std::path::{Path, PathBuf};
 
-/// The file CRIU writes the restored root's pid to (`--pidfile`), in the work directory.
-pub(crate) const CRIU_PID_FILE: &str = "restore.pid";
-/// The file CRIU run inside a container writes the restored root's pid to, as the container sees
-/// it; the restore writes the host pid to [`CRIU_PID_FILE`] once it has found it.
-pub(crate) const CRIU_INSIDE_PID_FILE: &str = "restore.pid.inside";
 /// The tool run that made the work directory: `<pid> <start time in clock ticks after boot>`.
 const TOOL_RECORD: &str = "tool";
 
@@ -143,9 +141,9 @@ pub fn cleanup(dir: &Path) -> Result<CleanupReport, ControlError> {
             process: format!("the restored tree (root pid {root})"),
             source: Box::new(source.into()),
         })?;
-        let state = capture::default_state_dir(root).join(capture::STATE_FILE);
+        let state = default_state_dir(root).join(STATE_FILE);
         super::datafiles::remove_record(&state);
-        capture::remove_state(&state);
+        remove_state(&state);
         report.killed_root = Some(root);
     }
     remove(&leftover.work_dir)?;

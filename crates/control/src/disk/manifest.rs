@@ -1,10 +1,12 @@
 //! The manifest of a checkpoint to disk: built after the dump, read back by restore and discard.
 
-use super::{damaged, state_error};
+use super::damaged;
 use crate::ControlError;
-use crate::capture::{self, Clock};
 use crate::group::Snapshot;
 use crate::native::Driver;
+use crate::progress::Clock;
+use crate::state_error;
+use crate::statefile;
 use protocol::manifest::{
     self, ByteCounts, CriuInfo, GpuInfo, Manifest, ManifestParticipant, Role, ShimIdentity,
     StateFileRef,
@@ -20,7 +22,7 @@ pub(super) fn build_manifest(
     clock: &Clock<'_>,
     state_path: &Path,
 ) -> Result<Manifest, ControlError> {
-    let state_bytes = transport::files::read_bounded(state_path, capture::STATE_FILE_LIMIT)
+    let state_bytes = transport::files::read_bounded(state_path, statefile::STATE_FILE_LIMIT)
         .map_err(|e| state_error(state_path, e))?;
     let first = captured.first().ok_or(ControlError::NoCudaProcesses(0))?;
     // Every allocation the shims created, shared or private, went through a carrier.

@@ -16,6 +16,7 @@ mod checkpoint;
 mod datafiles;
 mod devices;
 mod digests;
+pub mod discard;
 pub mod leftovers;
 mod manifest;
 mod preflight;
@@ -24,18 +25,19 @@ mod restore;
 pub mod signing;
 pub mod store;
 
+pub use crate::container::namespace_root;
 pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
 pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, remove_record, workers_for};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
-pub use preflight::namespace_root;
 pub use rate::{DirRate, measure_dir};
 pub use restore::{RestoreOptions, restore};
 pub use signing::SIGNATURE_FILE;
 
-use crate::capture::{Report, SuspendOptions};
 use crate::criu::Criu;
-use crate::{ControlError, Refusal};
+use crate::group_capture::SuspendOptions;
+use crate::progress::Report;
+use crate::{ControlError, refuse};
 use std::path::{Path, PathBuf};
 
 /// Sub-directory of CRIU's images in a checkpoint directory.
@@ -79,20 +81,6 @@ pub struct DiskReport {
     /// The share of the shims' data-file worker time the digests took (the save at a checkpoint,
     /// the load at a restore; `DataFiles::digest_share`); `None` when no bytes were streamed.
     pub digest_share: Option<f64>,
-}
-
-pub(crate) fn state_error(path: &Path, e: impl Into<crate::FileError>) -> ControlError {
-    ControlError::State {
-        path: path.to_path_buf(),
-        source: e.into(),
-    }
-}
-
-pub(crate) fn refuse(process: &str, reason: String) -> ControlError {
-    ControlError::Refused(vec![Refusal {
-        process: process.to_string(),
-        reason,
-    }])
 }
 
 /// A checkpoint directory that cannot be restored: a refusal, since nothing was changed yet.

@@ -2,52 +2,11 @@
 //! its own PID namespace, a used directory, a controlling terminal, a tree over more than one root
 //! filesystem or outside any container's namespaces, a large deleted mapping.
 
-use super::refuse;
 use crate::container::{self, Container};
 use crate::discovery;
+use crate::refuse;
 use crate::{ControlError, Refusal};
 use std::path::Path;
-
-/// The init of the workload's PID namespace: `root` itself, or its only descendant that is one.
-/// When `root` is the init of a container (its root directory not the tool's) with one such
-/// descendant, that one: the workload of `cuinterpose run --pid-namespace` in the container,
-/// whose launcher is the container's init (crate::container says why CRIU needs it so).
-pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
-    // Pid 0, a pid past the kernel's limit or one that exited: no such process (exit 3), not an
-    // error reading /proc.
-    if root == 0 || !crate::procfs::path(root, "stat").exists() {
-        return Err(ControlError::NoSuchProcess(root));
-    }
-    let info = discovery::describe(root)?;
-    let inits = || -> Result<Vec<u32>, ControlError> {
-        Ok(discovery::process_tree(root)?
-            .into_iter()
-            .skip(1)
-            // A zombie (a restored tree's root the container's init has not reaped) is no init.
-            .filter(|&pid| !crate::procfs::exited(pid))
-            .filter_map(|pid| discovery::describe(pid).ok())
-            .filter(|p| p.ns_pid == 1 && p.pid_namespace != info.pid_namespace)
-            .map(|p| p.host_pid)
-            .collect())
-    };
-    if info.ns_pid == 1 {
-        if container::root_dir(Some(root))? != container::root_dir(None)?
-            && let [init] = inits()?.as_slice()
-        {
-            return Ok(*init);
-        }
-        return Ok(root);
-    }
-    match inits()?.as_slice() {
-        [init] => Ok(*init),
-        _ => Err(ControlError::Refused(vec![Refusal {
-            process: info.label(),
-            reason: "checkpoint to disk needs the workload as the root of its own PID namespace \
-                     (start it with `cuinterpose run --pid-namespace`)"
-                .into(),
-        }])),
-    }
-}
 
 /// Checks that `dir` can take a new checkpoint: absent or empty, so that images of an earlier dump
 /// can never mix with the new ones.
@@ -57,7 +16,7 @@ pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
 /// writing it.
 pub(super) fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
     if dir.join(super::INCOMPLETE_MARKER).exists() {
-        let removed = crate::discard::discard_unlocked(dir)?;
+        let removed = super::discard::discard_unlocked(dir)?;
         tracing::warn!(dir = %removed.dir.display(), "removed an incomplete checkpoint");
     }
     match std::fs::read_dir(dir) {

@@ -8,8 +8,8 @@
 //! restore does.
 
 use super::datafiles::workers_for;
-use super::state_error;
 use crate::ControlError;
+use crate::state_error;
 use protocol::message::DATA_ALIGN;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
@@ -94,7 +94,7 @@ impl Scratch<'_> {
     ) -> Result<(), ControlError> {
         let next = AtomicU64::new(0);
         let threads: Vec<usize> = (0..self.threads).collect();
-        crate::parallel::for_each(&threads, |_| {
+        crate::parallel::for_each("directory rate", &threads, |_| {
             let mut buffer = vec![Piece([0xa5; 64 << 10]); PIECES];
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);

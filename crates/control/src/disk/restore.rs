@@ -5,14 +5,17 @@ use super::datafiles::{DataFiles, Streaming};
 use super::devices::gpu_pairs;
 use super::digests::verify_images;
 use super::manifest::{check_complete, decode_manifest};
-use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu, refuse};
-use crate::capture::{self, Bytes, Clock, Progress, Report};
+use super::{DiskReport, IMAGES_DIR, KILL_TIMEOUT, damaged, locate_criu};
 use crate::container::Container;
 use crate::criu::{self, Criu};
 use crate::discovery;
 use crate::group::Group;
 use crate::namespaces::Target;
 use crate::native::Driver;
+use crate::phases::{Bytes, finish_rebuild, match_participants};
+use crate::progress::{Clock, ParticipantSummary, Progress, Report};
+use crate::refuse;
+use crate::statefile::{self, captured_label};
 use crate::{ControlError, Refusal};
 use protocol::manifest::{self, CriuPlacement, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
@@ -91,7 +94,7 @@ fn verify_checkpoint(options: &RestoreOptions) -> Result<Verified, ControlError>
         crate::safefs::real_dir(&path).map_err(|e| damaged(&path, e))?;
     }
     let state_path = dir.join(&manifest.state.file);
-    let state_bytes = crate::safefs::read_regular(&state_path, capture::STATE_FILE_LIMIT)
+    let state_bytes = crate::safefs::read_regular(&state_path, statefile::STATE_FILE_LIMIT)
         .map_err(|e| damaged(&state_path, e))?;
     let state = manifest
         .verify_state(&state_bytes)
@@ -470,53 +473,118 @@ fn restore_into(
     files: &DataFiles,
     work_dir: &Path,
     clock: &mut Clock<'_>,
-) -> Result<(u32, Vec<capture::ParticipantSummary>, u64), ControlError> {
-    let images = options.dir.join(IMAGES_DIR);
-    let image_bytes = criu::directory_bytes(&images);
-    let root = clock.time("criu-restore", Some(image_bytes), || {
-        // Under CRIU's names only while CRIU runs (crate::remaps).
-        let into = verified.container.as_ref().map(Container::pid);
-        let _linked = crate::remaps::link_for_restore(link_remaps, &options.dir, into)?;
-        let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
-        let (namespaces, inherit) = match verified.namespaces.as_ref() {
-            Some(target) => target.restore_args().map_err(|e| {
-                refuse(
-                    &format!("--namespaces-of {}", options.namespaces_of.unwrap_or(0)),
-                    format!("its namespaces cannot be passed to CRIU: {e}"),
-                )
-            })?,
-            None => (Vec::new(), Vec::new()),
-        };
-        let inside = verified.container.as_ref();
-        let placement =
-            (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
-        let restored = verified.criu.restore(
-            &images,
-            work_dir,
-            tcp,
-            (&namespaces, inherit),
-            (inside, placement),
-        );
-        if inside.is_none() {
-            remove_cr_tmpfs_left(work_dir);
-        }
-        let pid = restored.map_err(ControlError::Criu)?;
-        let root = match inside {
-            Some(container) if container.enters_pid_namespace() => {
-                host_root(container, pid, work_dir)?
-            }
-            _ => pid,
-        };
-        Ok((root, image_bytes, 0.0))
-    })?;
-    // From here on a failure must not leave a half-restored tree running.
-    let rebuilt = match verified.namespaces.as_ref().map(|t| t.check_joined(root)) {
-        Some(Err(reason)) => Err(refuse("the restored tree", reason)),
-        _ => rebuild_restored(root, verified, files, clock),
+) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+    let tree = NewTree {
+        options,
+        verified,
+        link_remaps,
+        files,
+        work_dir,
     };
-    match rebuilt {
+    restore_then_rebuild(&tree, clock)
+}
+
+/// What a restore does to the tree it brings back: the seam between the restore's order of steps
+/// and CRIU, the restored processes and the shims, so that its undo is unit-tested
+/// ([`restore_then_rebuild`]).
+trait Restoring {
+    /// CRIU's restore of the tree (left stopped); the restored root's host PID.
+    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, ControlError>;
+    /// Everything after CRIU: native restore, the rebuild, verify and thaw.
+    fn rebuild(
+        &self,
+        root: u32,
+        clock: &mut Clock<'_>,
+    ) -> Result<(Vec<ParticipantSummary>, u64), ControlError>;
+    /// Kills the restored tree.
+    fn kill(&self, root: u32) -> Result<(), ControlError>;
+}
+
+/// The tree a restore brings back, as it really is.
+struct NewTree<'a> {
+    options: &'a RestoreOptions,
+    verified: &'a Verified,
+    link_remaps: &'a [LinkRemap],
+    files: &'a DataFiles,
+    work_dir: &'a Path,
+}
+
+impl Restoring for NewTree<'_> {
+    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, ControlError> {
+        let (options, verified, link_remaps, work_dir) =
+            (self.options, self.verified, self.link_remaps, self.work_dir);
+        let images = options.dir.join(IMAGES_DIR);
+        let image_bytes = criu::directory_bytes(&images);
+        clock.time("criu-restore", Some(image_bytes), || {
+            // Under CRIU's names only while CRIU runs (crate::remaps).
+            let into = verified.container.as_ref().map(Container::pid);
+            let _linked = crate::remaps::link_for_restore(link_remaps, &options.dir, into)?;
+            let tcp = (verified.manifest.criu.as_ref()).is_some_and(|c| c.tcp_established);
+            let (namespaces, inherit) = match verified.namespaces.as_ref() {
+                Some(target) => target.restore_args().map_err(|e| {
+                    refuse(
+                        &format!("--namespaces-of {}", options.namespaces_of.unwrap_or(0)),
+                        format!("its namespaces cannot be passed to CRIU: {e}"),
+                    )
+                })?,
+                None => (Vec::new(), Vec::new()),
+            };
+            let inside = verified.container.as_ref();
+            let placement =
+                (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
+            let restored = verified.criu.restore(
+                &images,
+                work_dir,
+                tcp,
+                (&namespaces, inherit),
+                (inside, placement),
+            );
+            if inside.is_none() {
+                remove_cr_tmpfs_left(work_dir);
+            }
+            let pid = restored.map_err(ControlError::Criu)?;
+            let root = match inside {
+                Some(container) if container.enters_pid_namespace() => {
+                    host_root(container, pid, work_dir)?
+                }
+                _ => pid,
+            };
+            Ok((root, image_bytes, 0.0))
+        })
+    }
+
+    fn rebuild(
+        &self,
+        root: u32,
+        clock: &mut Clock<'_>,
+    ) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
+        match self
+            .verified
+            .namespaces
+            .as_ref()
+            .map(|t| t.check_joined(root))
+        {
+            Some(Err(reason)) => Err(refuse("the restored tree", reason)),
+            _ => rebuild_restored(root, self.verified, self.files, clock),
+        }
+    }
+
+    fn kill(&self, root: u32) -> Result<(), ControlError> {
+        crate::launch::kill_tree(root, KILL_TIMEOUT).map_err(ControlError::from)
+    }
+}
+
+/// CRIU's restore, then the rebuild. A CRIU that fails ends what it restored itself; a failure
+/// after it kills the restored tree, so that nothing half-restored is left running, and the
+/// error says whether that worked.
+fn restore_then_rebuild(
+    tree: &dyn Restoring,
+    clock: &mut Clock<'_>,
+) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+    let root = tree.criu_restore(clock)?;
+    match tree.rebuild(root, clock) {
         Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
-        Err(e) => Err(match crate::launch::kill_tree(root, KILL_TIMEOUT) {
+        Err(e) => Err(match tree.kill(root) {
             Ok(()) => ControlError::RestoreUndone {
                 root,
                 failure: Box::new(e),
@@ -575,9 +643,9 @@ fn host_root(container: &Container, inside: u32, work_dir: &Path) -> Result<u32,
         ),
         source: Box::new(e),
     })?;
-    let pid_file = work_dir.join(super::leftovers::CRIU_PID_FILE);
+    let pid_file = work_dir.join(criu::CRIU_PID_FILE);
     transport::files::write_atomically(&pid_file, format!("{root}\n").as_bytes())
-        .map_err(|e| super::state_error(&pid_file, e))?;
+        .map_err(|e| crate::state_error(&pid_file, e))?;
     Ok(root)
 }
 
@@ -590,13 +658,13 @@ fn restore_stopped_tree(
     state: &GroupState,
 ) -> Result<(), ControlError> {
     let pids: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
-    let restored = crate::parallel::for_each(&pids, |&pid| {
+    let restored = crate::parallel::for_each("native restore", &pids, |&pid| {
         crate::restore_thread::restore_stopped(&verified.driver, pid, &verified.gpu_pairs)
     });
     for (captured, result) in state.participants.iter().zip(restored) {
         result.map_err(|e| ControlError::Step {
             step: "native restore",
-            process: capture::captured_label(captured),
+            process: captured_label(captured),
             source: Box::new(e),
         })?;
     }
@@ -612,9 +680,9 @@ fn rebuild_restored(
     verified: &Verified,
     files: &DataFiles,
     clock: &mut Clock<'_>,
-) -> Result<(Vec<capture::ParticipantSummary>, u64), ControlError> {
+) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
     // The restored tree is a group like any other from here: no other run may act on it.
-    let _lock = capture::lock_tree(root)?;
+    let _lock = crate::group_capture::lock_tree(root)?;
     // CRIU left the tree stopped (crate::restore_thread says why), so its shims cannot answer
     // yet: host PIDs are found in /proc (namespace PIDs are what CRIU kept).
     let mut state = verified.state.clone();
@@ -636,8 +704,8 @@ fn rebuild_restored(
     }
     // Where this restore got is recorded as for a suspended group: a restore killed from here on
     // is finished by `cuinterpose resume --pid <restored root>`.
-    let state_path = capture::default_state_dir(root).join(capture::STATE_FILE);
-    capture::write_state_of(&state_path, &state)?;
+    let state_path = statefile::default_state_dir(root).join(statefile::STATE_FILE);
+    statefile::write_state_of(&state_path, &state)?;
     files.write_record(&state_path)?;
     let rebuilt = clock
         .time("native-restore", None, || {
@@ -645,7 +713,7 @@ fn rebuild_restored(
         })
         .and_then(|()| {
             let mut group = Group::discover(root, verified.answer_timeout)?;
-            let lost = capture::match_participants(&mut group, &state)?;
+            let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
             if let Some(gone) = lost.first() {
                 return Err(refuse(
                     &format!("pid {} [ns pid {}]", gone.host_pid, gone.ns_pid),
@@ -653,11 +721,108 @@ fn rebuild_restored(
                 ));
             }
             let participants: Vec<_> = group.participants.iter().collect();
-            capture::unlock_all(&verified.driver, &participants)?;
-            capture::finish_rebuild(&mut group, &state, clock, Bytes::Files(files))
+            crate::native_steps::unlock_all(&verified.driver, &participants)?;
+            finish_rebuild(&mut group, &state, clock, Bytes::Files(files))
         });
     // Done, or the tree is killed by the caller: the record has no use either way.
     super::datafiles::remove_record(&state_path);
-    capture::remove_state(&state_path);
+    statefile::remove_state(&state_path);
     rebuilt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::progress::Quiet;
+    use std::cell::RefCell;
+
+    /// A restore whose steps succeed except the ones named, logging each step it was asked.
+    #[derive(Default)]
+    struct Scripted {
+        fails: Vec<&'static str>,
+        log: RefCell<Vec<String>>,
+    }
+
+    impl Scripted {
+        fn failing(steps: &[&'static str]) -> Scripted {
+            Scripted {
+                fails: steps.to_vec(),
+                ..Scripted::default()
+            }
+        }
+
+        fn step(&self, name: &'static str, root: Option<u32>) -> Result<(), ControlError> {
+            let entry = root.map_or(name.to_string(), |r| format!("{name} {r}"));
+            self.log.borrow_mut().push(entry);
+            if self.fails.contains(&name) {
+                Err(ControlError::Protocol {
+                    process: "pid 42".into(),
+                    message: format!("{name} failed"),
+                })
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    impl Restoring for Scripted {
+        fn criu_restore(&self, _clock: &mut Clock<'_>) -> Result<u32, ControlError> {
+            self.step("criu restore", None).map(|()| 42)
+        }
+        fn rebuild(
+            &self,
+            root: u32,
+            _clock: &mut Clock<'_>,
+        ) -> Result<(Vec<ParticipantSummary>, u64), ControlError> {
+            self.step("rebuild", Some(root)).map(|()| (Vec::new(), 7))
+        }
+        fn kill(&self, root: u32) -> Result<(), ControlError> {
+            self.step("kill", Some(root))
+        }
+    }
+
+    fn run(tree: &Scripted) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+        restore_then_rebuild(tree, &mut Clock::new(&Quiet))
+    }
+
+    #[test]
+    fn a_restore_rebuilds_the_tree_criu_brought_back() {
+        let tree = Scripted::default();
+        let (root, _, bytes) = run(&tree).unwrap();
+        assert_eq!((root, bytes), (42, 7));
+        assert_eq!(tree.log.take(), ["criu restore", "rebuild 42"]);
+    }
+
+    #[test]
+    fn a_failed_criu_restore_kills_nothing_criu_ends_what_it_restored() {
+        let tree = Scripted::failing(&["criu restore"]);
+        let error = run(&tree).unwrap_err();
+        assert_eq!(tree.log.take(), ["criu restore"]);
+        assert!(matches!(error, ControlError::Protocol { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_rebuild_that_fails_kills_the_restored_tree_and_says_so() {
+        let tree = Scripted::failing(&["rebuild"]);
+        let error = run(&tree).unwrap_err();
+        assert_eq!(tree.log.take(), ["criu restore", "rebuild 42", "kill 42"]);
+        let ControlError::RestoreUndone { root: 42, failure } = &error else {
+            panic!("{error}");
+        };
+        assert!(failure.to_string().ends_with("rebuild failed"));
+        assert!(error.workload_untouched());
+    }
+
+    #[test]
+    fn a_tree_that_cannot_be_killed_is_named_as_needing_attention() {
+        let tree = Scripted::failing(&["rebuild", "kill"]);
+        let error = run(&tree).unwrap_err();
+        assert_eq!(tree.log.take(), ["criu restore", "rebuild 42", "kill 42"]);
+        assert!(!error.workload_untouched());
+        assert_eq!(
+            error.to_string(),
+            "restore (killing the restored processes failed too: they need attention) failed for \
+             the restored tree (root pid 42): pid 42: protocol error: rebuild failed"
+        );
+    }
 }

@@ -12,9 +12,10 @@
 //! finds none makes one with a random key, in a directory only its user can enter. Nodes that
 //! restore each other's checkpoints share one key file.
 
-use super::{IMAGE_DIGESTS, damaged, refuse, state_error};
+use super::{IMAGE_DIGESTS, damaged};
 use crate::ControlError;
 use crate::safefs;
+use crate::{refuse, state_error};
 use protocol::manifest::MANIFEST_FILE_NAME;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};

@@ -15,8 +15,9 @@
 //! and it deletes only regular files inside the store named like a block (or a block's
 //! temporary name), never following a symbolic link.
 
-use super::{damaged, state_error};
+use super::damaged;
 use crate::ControlError;
+use crate::state_error;
 use protocol::manifest::BLOCK_STORE_DIR;
 use protocol::message::{StoredBlock, block_name, block_path};
 use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags};

@@ -428,36 +428,97 @@ async fn checkpoint(
     context: &Context,
     pod: &PodInfo,
 ) -> Result<(), AgentError> {
-    let name = object.name_any();
-    if !pod.opted_in() {
-        let message = format!(
-            "pod {} does not carry the label {OPT_IN_LABEL}={OPT_IN_VALUE}: cuinterpose did not shape it",
-            pod.name
-        );
-        return refuse(api, object, context, message).await;
-    }
-    let container = match pod.container(object.spec.container_name.as_deref()) {
-        Ok(c) if c.shaped => c.clone(),
-        Ok(c) => {
-            let message = format!(
-                "container {:?} of pod {} was not shaped by cuinterpose",
-                c.name, pod.name
-            );
-            return refuse(api, object, context, message).await;
-        }
+    let (container, root) = match checkpoint_target(context, pod, object) {
+        Ok(target) => target,
         Err(message) => return refuse(api, object, context, message).await,
     };
-    let root =
-        match context
-            .procfs
-            .container_root(&container.name, &pod.uid, container.id.as_deref())
-        {
-            Ok(root) => root,
-            Err(e) => return refuse(api, object, context, e.to_string()).await,
-        };
     let dir = location(object, namespace);
+    let mut status = start_checkpoint(api, object, context, pod, &container, root, &dir).await?;
 
-    // The finalizer goes on before any file is written, so that no deletion can leave files behind.
+    let tool = context.tool.clone();
+    let leave_running = object.spec.leave_running.unwrap_or(true);
+    let run_dir = dir.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        if let Some(parent) = run_dir.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| tool::ToolFailure {
+                failure: Failure::Refused,
+                message: format!("creating {}: {e}", parent.display()),
+            })?;
+        }
+        tool::checkpoint(&tool, root, &run_dir, leave_running)
+    })
+    .await?;
+
+    status
+        .conditions
+        .retain(|c| c.type_ != condition::IN_PROGRESS);
+    match result {
+        Ok(report) => {
+            let message = format!(
+                "checkpointed container {:?} of pod {} to {} in {:.0} ms ({} bytes of images){}",
+                container.name,
+                pod.name,
+                dir.display(),
+                report.total_millis,
+                report.image_bytes,
+                if leave_running {
+                    "; the workload keeps running"
+                } else {
+                    "; the workload was ended"
+                }
+            );
+            status.checkpointed_containers = vec![CheckpointedContainer {
+                name: container.name.clone(),
+                root_pid: root,
+            }];
+            checkpoint_done(api, object, context, status, &report, message).await
+        }
+        Err(failure) => checkpoint_failed(api, object, context, status, failure).await,
+    }
+}
+
+/// The container of the pod a checkpoint is for, and its root process; why not, a refusal's
+/// message (a pod cuinterpose did not shape, a container it did not, no root process).
+fn checkpoint_target(
+    context: &Context,
+    pod: &PodInfo,
+    object: &Checkpoint,
+) -> Result<(PodContainer, u32), String> {
+    if !pod.opted_in() {
+        return Err(format!(
+            "pod {} does not carry the label {OPT_IN_LABEL}={OPT_IN_VALUE}: cuinterpose did not shape it",
+            pod.name
+        ));
+    }
+    let container = match pod.container(object.spec.container_name.as_deref())? {
+        c if c.shaped => c.clone(),
+        c => {
+            return Err(format!(
+                "container {:?} of pod {} was not shaped by cuinterpose",
+                c.name, pod.name
+            ));
+        }
+    };
+    let root = context
+        .procfs
+        .container_root(&container.name, &pod.uid, container.id.as_deref())
+        .map_err(|e| e.to_string())?;
+    Ok((container, root))
+}
+
+/// What goes before a checkpoint writes anything: the finalizer (so that no deletion can leave
+/// files behind), the node, the location and the in-progress condition in the status, and the
+/// Started event. Returns the status, to be completed with the outcome.
+async fn start_checkpoint(
+    api: &Api<Checkpoint>,
+    object: &Checkpoint,
+    context: &Context,
+    pod: &PodInfo,
+    container: &PodContainer,
+    root: u32,
+    dir: &std::path::Path,
+) -> Result<CheckpointStatus, AgentError> {
+    let name = object.name_any();
     if !object.finalizers().iter().any(|f| f == FINALIZER) {
         let patch = serde_json::json!({"metadata": {"finalizers": [FINALIZER]}});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -490,88 +551,72 @@ async fn checkpoint(
         ),
     )
     .await;
+    Ok(status)
+}
 
-    let tool = context.tool.clone();
-    let leave_running = object.spec.leave_running.unwrap_or(true);
-    let run_dir = dir.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        if let Some(parent) = run_dir.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| tool::ToolFailure {
-                failure: Failure::Refused,
-                message: format!("creating {}: {e}", parent.display()),
-            })?;
-        }
-        tool::checkpoint(&tool, root, &run_dir, leave_running)
-    })
-    .await?;
-
-    status
-        .conditions
-        .retain(|c| c.type_ != condition::IN_PROGRESS);
-    match result {
-        Ok(report) => {
-            status.phases = report
-                .phases
-                .iter()
-                .map(|p| PhaseTiming {
-                    name: p.name.clone(),
-                    millis: p.millis,
-                    bytes: p.bytes,
-                })
-                .collect();
-            status.image_bytes = Some(report.image_bytes);
-            status.checkpointed_containers = vec![CheckpointedContainer {
-                name: container.name.clone(),
-                root_pid: root,
-            }];
-            let message = format!(
-                "checkpointed container {:?} of pod {} to {} in {:.0} ms ({} bytes of images){}",
-                container.name,
-                pod.name,
-                dir.display(),
-                report.total_millis,
-                report.image_bytes,
-                if leave_running {
-                    "; the workload keeps running"
-                } else {
-                    "; the workload was ended"
-                }
-            );
-            set_condition(
-                &mut status,
-                condition(
-                    condition::COMPLETED,
-                    message.clone(),
-                    object.metadata.generation,
-                ),
-            );
-            write_status(api, &name, &status).await?;
-            event(
-                context,
-                object,
-                EventType::Normal,
-                condition::COMPLETED,
-                message,
-            )
-            .await;
-            if let Some(keep) = object.spec.keep {
-                retain(api, object, keep).await?;
-            }
-        }
-        Err(failure) => {
-            let type_ = match failure.failure {
-                Failure::Refused => condition::REFUSED,
-                Failure::RolledBack => condition::ROLLED_BACK,
-                Failure::NeedsAttention => condition::NEEDS_ATTENTION,
-            };
-            set_condition(
-                &mut status,
-                condition(type_, failure.message.clone(), object.metadata.generation),
-            );
-            write_status(api, &name, &status).await?;
-            event(context, object, EventType::Warning, type_, failure.message).await;
-        }
+/// A checkpoint that completed: its phases, image bytes and the Completed condition in the status,
+/// the Completed event, then the oldest checkpoints beyond `keep` deleted.
+async fn checkpoint_done(
+    api: &Api<Checkpoint>,
+    object: &Checkpoint,
+    context: &Context,
+    mut status: CheckpointStatus,
+    report: &tool::ToolReport,
+    message: String,
+) -> Result<(), AgentError> {
+    status.phases = report
+        .phases
+        .iter()
+        .map(|p| PhaseTiming {
+            name: p.name.clone(),
+            millis: p.millis,
+            bytes: p.bytes,
+        })
+        .collect();
+    status.image_bytes = Some(report.image_bytes);
+    set_condition(
+        &mut status,
+        condition(
+            condition::COMPLETED,
+            message.clone(),
+            object.metadata.generation,
+        ),
+    );
+    write_status(api, &object.name_any(), &status).await?;
+    event(
+        context,
+        object,
+        EventType::Normal,
+        condition::COMPLETED,
+        message,
+    )
+    .await;
+    if let Some(keep) = object.spec.keep {
+        retain(api, object, keep).await?;
     }
+    Ok(())
+}
+
+/// A checkpoint that failed: the condition its failure names (refused, rolled back, needs
+/// attention) in the status, and a Warning event.
+async fn checkpoint_failed(
+    api: &Api<Checkpoint>,
+    object: &Checkpoint,
+    context: &Context,
+    mut status: CheckpointStatus,
+    failure: tool::ToolFailure,
+) -> Result<(), AgentError> {
+    let type_ = match failure.failure {
+        Failure::Refused => condition::REFUSED,
+        Failure::RolledBack => condition::ROLLED_BACK,
+        Failure::NeedsAttention => condition::NEEDS_ATTENTION,
+    };
+    set_condition(
+        &mut status,
+        condition(type_, failure.message.clone(), object.metadata.generation),
+    );
+    write_status(api, &object.name_any(), &status).await?;
+    event(context, object, EventType::Warning, type_, failure.message).await;
     Ok(())
 }
 

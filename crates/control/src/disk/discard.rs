@@ -19,14 +19,14 @@
 //! Anything else is a refusal that removes nothing. The manifest (or the marker) goes last, so a
 //! discard that failed part way can be run again.
 //!
-//! Then the block store beside the directory (crate::disk::store) is collected: the blocks no
+//! Then the block store beside the directory (super::store) is collected: the blocks no
 //! other checkpoint there references are deleted, under the store's exclusive lock, so never one a
 //! running checkpoint has written or referenced. The store is checked (a directory, not a
 //! symbolic link) before anything is deleted, and only regular files named like blocks inside it
 //! are deleted.
 
-use crate::disk::store::{BlockStore, Collected, PENDING_BLOCKS};
-use crate::disk::{
+use super::store::{BlockStore, Collected, PENDING_BLOCKS};
+use super::{
     DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, SIGNATURE_FILE, read_manifest,
 };
 use crate::safefs;
