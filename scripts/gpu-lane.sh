@@ -284,8 +284,8 @@ parts += ["%s %s %.2f GB/s = %.0f%% of dir" % (r["run"], r["phase"], r["gb_per_s
 c = d["checkpoint"]
 parts.append("data %d MiB, zeros %d MiB, images %d MiB" % (c["data_bytes"] >> 20, c["zero_bytes"] >> 20, c["image_bytes"] >> 20))
 s = d["second"]
-parts.append("second checkpoint (%d MiB changed): written %d MiB, shared %d MiB, %.2fx the bytes, %.2fx the time of the first" % (
-    s["changed_bytes"] >> 20, s["report"]["data_bytes"] >> 20, s["report"]["shared_bytes"] >> 20, s["written_ratio"], s["time_ratio"]))
+parts.append("second checkpoint (%d MiB changed): written %d MiB, shared %d MiB, %.2fx the bytes, save %.2fx the first's (whole, left running: %.2fx)" % (
+    s["changed_bytes"] >> 20, s["report"]["data_bytes"] >> 20, s["report"]["shared_bytes"] >> 20, s["written_ratio"], s.get("save_ratio", 0), s["time_ratio"]))
 print("; ".join(parts))
 PY
 )" measured

@@ -340,13 +340,15 @@ pub fn print_disk(b: &DiskBench) {
     let s = &b.second;
     println!(
         "second checkpoint, {} changed: {} written, {} shared, {} elided, {:.1} ms \
-         (written {:.0}% of the first's, time {:.0}% of the first's)",
+         (written {:.0}% of the first's, save {:.0}% of the first's; the whole checkpoint {:.0}%: \
+         it leaves the group running, rebuilt in place from the store)",
         bytes(s.changed_bytes),
         bytes(s.report.data_bytes),
         bytes(s.report.shared_bytes),
         bytes(s.report.zero_bytes),
         s.report.report.total_millis,
         s.written_ratio * 100.0,
+        s.save_ratio * 100.0,
         s.time_ratio * 100.0
     );
     for r in &b.ratios {
