@@ -17,6 +17,7 @@ mod run;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::discard::DiscardError;
 use control::disk;
 use control::end::EndError;
 use control::runtimes::ContainerRef;
@@ -421,7 +422,12 @@ fn exit_for(error: &anyhow::Error) -> Exit {
     let class = error
         .downcast_ref::<ControlError>()
         .map(ControlError::class)
-        .or_else(|| error.downcast_ref::<EndError>().map(EndError::class));
+        .or_else(|| error.downcast_ref::<EndError>().map(EndError::class))
+        .or_else(|| {
+            error
+                .downcast_ref::<DiscardError>()
+                .map(DiscardError::class)
+        });
     match class {
         Some(ErrorClass::Refused) => Exit::Refused,
         Some(ErrorClass::RolledBack) => Exit::RolledBack,
@@ -733,6 +739,14 @@ mod exit_tests {
             Exit::NeedsAttention
         );
         assert_eq!(exit(ControlError::Panicked { step: "dump" }), Exit::Error);
+        let locked = DiscardError::NothingRemoved(ControlError::AnotherRun {
+            process: "checkpoint /c".into(),
+            message: "held".into(),
+        });
+        assert_eq!(
+            exit_for(&anyhow::Error::new(locked).context("discarding")),
+            Exit::Refused
+        );
         let alive = EndError::NotEnded {
             processes: vec!["pid 7".into()],
             waited: Duration::from_secs(30),
