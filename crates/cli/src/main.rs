@@ -16,10 +16,12 @@ mod run;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use control::ControlError;
 use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::discard::DiscardError;
 use control::disk;
+use control::end::EndError;
 use control::runtimes::ContainerRef;
+use control::{ControlError, ErrorClass};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -416,33 +418,21 @@ fn exit_for(error: &anyhow::Error) -> Exit {
     if error.downcast_ref::<Usage>().is_some() {
         return Exit::Usage;
     }
-    match error.downcast_ref::<ControlError>() {
-        // Nothing was changed: a refusal, a process or driver that is not there, a state file
-        // that cannot be read.
-        Some(
-            ControlError::Refused(_)
-            | ControlError::NoCudaProcesses(_)
-            | ControlError::NoSuchProcess(_)
-            | ControlError::Container { .. }
-            | ControlError::Unchanged { .. }
-            | ControlError::CarrierRefused { .. }
-            | ControlError::AnotherRun { .. }
-            | ControlError::StickyError { .. }
-            | ControlError::DriverLoad { .. }
-            | ControlError::DriverSymbol { .. },
-        ) => Exit::Refused,
-        Some(
-            ControlError::RolledBack { .. }
-            | ControlError::RestoreUndone { .. }
-            | ControlError::CriuRestoreFailed { .. },
-        ) => Exit::RolledBack,
-        Some(
-            ControlError::RollbackFailed { .. }
-            | ControlError::NotEnded { .. }
-            | ControlError::Step { .. }
-            | ControlError::VerifyFailed(_),
-        ) => Exit::NeedsAttention,
-        _ => Exit::Error,
+    // Each operation's own error type classifies itself; the verbs' context is looked through.
+    let class = error
+        .downcast_ref::<ControlError>()
+        .map(ControlError::class)
+        .or_else(|| error.downcast_ref::<EndError>().map(EndError::class))
+        .or_else(|| {
+            error
+                .downcast_ref::<DiscardError>()
+                .map(DiscardError::class)
+        });
+    match class {
+        Some(ErrorClass::Refused) => Exit::Refused,
+        Some(ErrorClass::RolledBack) => Exit::RolledBack,
+        Some(ErrorClass::NeedsAttention) => Exit::NeedsAttention,
+        Some(ErrorClass::Error) | None => Exit::Error,
     }
 }
 
@@ -729,3 +719,46 @@ fn check_helper_socket(socket: &std::path::Path) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod help_tests;
+
+#[cfg(test)]
+mod exit_tests {
+    use super::*;
+
+    /// Each class of the library's errors leaves by its documented code, found through the
+    /// context the verbs add (`ending the group under pid 7: ...`).
+    #[test]
+    fn errors_leave_by_their_documented_exit_codes() {
+        let exit = |e: ControlError| exit_for(&anyhow::Error::new(e).context("a verb"));
+        assert_eq!(exit(ControlError::NoCudaProcesses(7)), Exit::Refused);
+        let rolled = ControlError::RolledBack {
+            failure: Box::new(ControlError::NoSuchProcess(7)),
+        };
+        assert_eq!(exit(rolled), Exit::RolledBack);
+        assert_eq!(
+            exit(ControlError::VerifyFailed(Vec::new())),
+            Exit::NeedsAttention
+        );
+        assert_eq!(exit(ControlError::Panicked { step: "dump" }), Exit::Error);
+        let locked = DiscardError::NothingRemoved(ControlError::AnotherRun {
+            process: "checkpoint /c".into(),
+            message: "held".into(),
+        });
+        assert_eq!(
+            exit_for(&anyhow::Error::new(locked).context("discarding")),
+            Exit::Refused
+        );
+        let alive = EndError::NotEnded {
+            processes: vec!["pid 7".into()],
+            waited: Duration::from_secs(30),
+        };
+        assert_eq!(
+            exit_for(&anyhow::Error::new(alive).context("ending")),
+            Exit::NeedsAttention
+        );
+        assert_eq!(
+            exit_for(&anyhow::Error::new(Usage("--socket".into()))),
+            Exit::Usage
+        );
+        assert_eq!(exit_for(&anyhow::anyhow!("other")), Exit::Error);
+    }
+}

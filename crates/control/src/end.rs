@@ -10,13 +10,13 @@
 //! one of those is under it. A root whose tree holds none of them (every captured process has
 //! exited, or the PID was reused) is not touched: only the state is removed.
 
-use crate::ControlError;
 use crate::config::ToolConfig;
 use crate::discovery;
 use crate::group_capture::lock_tree;
 use crate::statefile::{
     captured_label, default_state_dir, find_state_in, read_state, remove_state,
 };
+use crate::{ControlError, ErrorClass};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -52,13 +52,52 @@ pub struct EndReport {
     pub state_file: PathBuf,
 }
 
+/// Why `end` failed, in the order it can: before anything was killed, while waiting for the
+/// killed processes, after they were gone.
+#[derive(Debug, thiserror::Error)]
+pub enum EndError {
+    /// The tree's run lock could not be taken (another run holds it) or its state file could not
+    /// be found or read: nothing was killed.
+    #[error(transparent)]
+    NotStarted(#[from] ControlError),
+    /// Processes of the group still alive after SIGKILL and a wait; the state file was kept.
+    #[error(
+        "{} still alive {} s after SIGKILL (uninterruptible in the kernel or the driver); the \
+         state file was kept: run `cuinterpose end` again",
+        processes.join(", "),
+        waited.as_secs()
+    )]
+    NotEnded {
+        processes: Vec<String>,
+        waited: Duration,
+    },
+    /// Every process is gone, but the state file could not be removed.
+    #[error("removing {path}: {source}")]
+    StateKept {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl EndError {
+    /// What this failure left of the group (the CLI's exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            EndError::NotStarted(cause) => cause.class(),
+            // Processes that may still hold the GPU: someone has to look.
+            EndError::NotEnded { .. } => ErrorClass::NeedsAttention,
+            EndError::StateKept { .. } => ErrorClass::Error,
+        }
+    }
+}
+
 /// How long the killed processes may take to be gone (a process in uninterruptible sleep inside
 /// the driver dies when the call returns).
 const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 /// Ends the suspended group under `options.root`: kills its processes, waits until they are gone,
 /// removes its state (and a checkpoint's record of data files beside it).
-pub fn end(options: &EndOptions) -> Result<EndReport, ControlError> {
+pub fn end(options: &EndOptions) -> Result<EndReport, EndError> {
     let _lock = lock_tree(options.root)?;
     let state_path = find_state_in(options.root, &options.state_dir)?;
     let state = read_state(&state_path)?;
@@ -100,7 +139,7 @@ pub fn end(options: &EndOptions) -> Result<EndReport, ControlError> {
     }
     wait_gone(&victims)?;
     crate::disk::remove_record(&state_path);
-    std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
+    std::fs::remove_file(&state_path).map_err(|e| EndError::StateKept {
         path: state_path.clone(),
         source: e,
     })?;
@@ -128,7 +167,7 @@ fn kill(pid: u32) {
 
 /// Waits until every killed process has exited (a zombie counts: it runs nothing and holds no
 /// GPU memory once its parent reaps it); an error naming those still alive after [`EXIT_WAIT`].
-fn wait_gone(victims: &[(u32, String)]) -> Result<(), ControlError> {
+fn wait_gone(victims: &[(u32, String)]) -> Result<(), EndError> {
     let deadline = Instant::now() + EXIT_WAIT;
     loop {
         let alive: Vec<&String> = victims
@@ -140,11 +179,47 @@ fn wait_gone(victims: &[(u32, String)]) -> Result<(), ControlError> {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(ControlError::NotEnded {
+            return Err(EndError::NotEnded {
                 processes: alive.into_iter().cloned().collect(),
                 waited: EXIT_WAIT,
             });
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `end`'s failures by what they left: a run lock held elsewhere refuses (3), processes
+    /// still alive need attention (5), a state file left behind is an error (1).
+    #[test]
+    fn each_end_failure_is_classified_by_what_it_left() {
+        let another_run = EndError::from(ControlError::AnotherRun {
+            process: "pid 7".into(),
+            message: "held".into(),
+        });
+        assert_eq!(another_run.class(), ErrorClass::Refused);
+        let unreadable = EndError::from(ControlError::State {
+            path: "/s/cuinterpose.state".into(),
+            source: std::io::Error::other("denied").into(),
+        });
+        assert_eq!(unreadable.class(), ErrorClass::Error);
+        let alive = EndError::NotEnded {
+            processes: vec!["pid 7 (python)".into()],
+            waited: EXIT_WAIT,
+        };
+        assert_eq!(alive.class(), ErrorClass::NeedsAttention);
+        assert_eq!(
+            alive.to_string(),
+            "pid 7 (python) still alive 30 s after SIGKILL (uninterruptible in the kernel or the \
+             driver); the state file was kept: run `cuinterpose end` again"
+        );
+        let kept = EndError::StateKept {
+            path: "/s/cuinterpose.state".into(),
+            source: std::io::Error::other("busy"),
+        };
+        assert_eq!(kept.class(), ErrorClass::Error);
     }
 }

@@ -198,17 +198,6 @@ pub enum ControlError {
         log: PathBuf,
         tail: String,
     },
-    /// `end`: processes of the group still alive after SIGKILL and a wait.
-    #[error(
-        "{} still alive {} s after SIGKILL (uninterruptible in the kernel or the driver); the \
-         state file was kept: run `cuinterpose end` again",
-        processes.join(", "),
-        waited.as_secs()
-    )]
-    NotEnded {
-        processes: Vec<String>,
-        waited: std::time::Duration,
-    },
     /// A worker thread of a fan-out (crate::parallel) panicked: a bug of the tool, named by the
     /// step it ran; the other workers' results stand.
     #[error("a {step} thread panicked")]
@@ -308,7 +297,64 @@ fn rollback_lines(errors: &[ControlError]) -> String {
         .join("\n")
 }
 
+/// What a failed operation left of the workload: the classes the CLI's exit codes (3, 4, 5, 1)
+/// document, decided here, next to the errors, so that a new variant is classified where it is
+/// added rather than falling through to `Error` in a binary's match.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Refused before anything changed: the workload runs as before.
+    Refused,
+    /// Failed, then rolled back (a restore: what it brought back was killed): the workload runs
+    /// as before, the checkpoint is unchanged.
+    RolledBack,
+    /// Failed after the native lock, while rebuilding, or while ending: the workload needs
+    /// attention.
+    NeedsAttention,
+    /// Anything else (an I/O error, a participant that went away): what it left is not known.
+    Error,
+}
+
 impl ControlError {
+    /// What this failure left of the workload (the CLI's exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            // Nothing was changed: a refusal, a process or driver that is not there.
+            ControlError::Refused(_)
+            | ControlError::NoCudaProcesses(_)
+            | ControlError::NoSuchProcess(_)
+            | ControlError::Container { .. }
+            | ControlError::Unchanged { .. }
+            | ControlError::CarrierRefused { .. }
+            | ControlError::AnotherRun { .. }
+            | ControlError::StickyError { .. }
+            | ControlError::DriverLoad { .. }
+            | ControlError::DriverSymbol { .. } => ErrorClass::Refused,
+            ControlError::RolledBack { .. }
+            | ControlError::RestoreUndone { .. }
+            | ControlError::CriuRestoreFailed { .. } => ErrorClass::RolledBack,
+            ControlError::RollbackFailed { .. }
+            | ControlError::Step { .. }
+            | ControlError::VerifyFailed(_) => ErrorClass::NeedsAttention,
+            // Listed rather than `_`, so that a new variant must be classified. NotDrained
+            // reaches the CLI inside RolledBack (group_capture.rs), which classifies it.
+            ControlError::Proc { .. }
+            | ControlError::Participant { .. }
+            | ControlError::Protocol { .. }
+            | ControlError::Shim { .. }
+            | ControlError::Driver { .. }
+            | ControlError::RestoreThread { .. }
+            | ControlError::Criu(_)
+            | ControlError::Launch(_)
+            | ControlError::LinkRemap { .. }
+            | ControlError::State { .. }
+            | ControlError::CarrierHelper { .. }
+            | ControlError::Removing { .. }
+            | ControlError::ParticipantsExited { .. }
+            | ControlError::NotDrained { .. }
+            | ControlError::Panicked { .. } => ErrorClass::Error,
+        }
+    }
+
     /// Whether the workload was left as it was (a refusal, or a completed rollback).
     pub fn workload_untouched(&self) -> bool {
         matches!(
@@ -330,6 +376,98 @@ impl ControlError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The exit codes users script against (docs/recovery.md), pinned per variant: a variant
+    /// moved to another class fails here before an integration test has to catch it.
+    #[test]
+    fn each_error_is_classified_as_the_exit_codes_document() {
+        let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let refusal = || {
+            vec![Refusal {
+                process: "pid 7".into(),
+                reason: "r".into(),
+            }]
+        };
+        let cases = [
+            (ControlError::Refused(refusal()), ErrorClass::Refused),
+            (ControlError::NoCudaProcesses(7), ErrorClass::Refused),
+            (ControlError::NoSuchProcess(7), ErrorClass::Refused),
+            (
+                ControlError::Unchanged { source: inner() },
+                ErrorClass::Refused,
+            ),
+            (
+                ControlError::AnotherRun {
+                    process: "pid 7".into(),
+                    message: "m".into(),
+                },
+                ErrorClass::Refused,
+            ),
+            (
+                ControlError::CarrierRefused {
+                    carrier: "helper",
+                    reason: "r".into(),
+                },
+                ErrorClass::Refused,
+            ),
+            (
+                ControlError::RolledBack { failure: inner() },
+                ErrorClass::RolledBack,
+            ),
+            (
+                ControlError::RestoreUndone {
+                    root: 7,
+                    failure: inner(),
+                },
+                ErrorClass::RolledBack,
+            ),
+            (
+                ControlError::CriuRestoreFailed {
+                    status: "1".into(),
+                    log: "/l".into(),
+                    tail: String::new(),
+                },
+                ErrorClass::RolledBack,
+            ),
+            (
+                ControlError::RollbackFailed {
+                    failure: inner(),
+                    rollback: vec![],
+                },
+                ErrorClass::NeedsAttention,
+            ),
+            (
+                ControlError::Step {
+                    step: "native restore",
+                    process: "pid 7".into(),
+                    source: inner(),
+                },
+                ErrorClass::NeedsAttention,
+            ),
+            (
+                ControlError::VerifyFailed(refusal()),
+                ErrorClass::NeedsAttention,
+            ),
+            (ControlError::Panicked { step: "dump" }, ErrorClass::Error),
+            (
+                ControlError::NotDrained {
+                    timeout: std::time::Duration::from_secs(2),
+                    busy: vec![],
+                },
+                ErrorClass::Error,
+            ),
+            (
+                ControlError::State {
+                    path: "/s".into(),
+                    source: FileError::Io(std::io::Error::other("denied")),
+                },
+                ErrorClass::Error,
+            ),
+        ];
+        for (error, class) in cases {
+            assert_eq!(error.class(), class, "{error:?}");
+        }
+    }
 
     /// Issue 29 item 11: a step's error names the process once, and only a state file is called
     /// one.

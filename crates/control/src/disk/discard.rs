@@ -30,7 +30,7 @@ use super::{
     DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, SIGNATURE_FILE, read_manifest,
 };
 use crate::safefs;
-use crate::{ControlError, Refusal};
+use crate::{ControlError, ErrorClass, Refusal};
 use protocol::manifest::{LinkRemap, MANIFEST_FILE_NAME, Manifest, REMAPS_DIR};
 use protocol::state::STATE_FILE_NAME;
 use std::path::{Path, PathBuf};
@@ -50,8 +50,48 @@ pub struct DiscardReport {
     pub store_not_collected: Option<String>,
 }
 
-fn removing(path: &Path, e: std::io::Error) -> ControlError {
-    ControlError::Removing {
+/// Why `discard` failed: before anything was removed, or part way (a discard run again finishes:
+/// the manifest or the marker goes last).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscardError {
+    /// Nothing was removed: the directory, its run lock (another run holds it), its block store,
+    /// or something in or beside it that a checkpoint does not write (a refusal).
+    #[error(transparent)]
+    NothingRemoved(ControlError),
+    /// Part way: a file or directory of the checkpoint could not be removed.
+    #[error("removing {path}: {source}")]
+    Removing {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Part way: a link remap kept outside the directory could not be removed.
+    #[error(transparent)]
+    LinkRemap(ControlError),
+}
+
+impl DiscardError {
+    /// What this failure left (the CLI's exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            DiscardError::NothingRemoved(cause) | DiscardError::LinkRemap(cause) => cause.class(),
+            // Part of the checkpoint is gone: neither a refusal nor a rollback.
+            DiscardError::Removing { .. } => ErrorClass::Error,
+        }
+    }
+
+    /// As a `ControlError`, with the same message and class: for a checkpoint, whose own errors
+    /// are those (disk::preflight removes an incomplete checkpoint before a new one), and for the
+    /// Kubernetes agent, which classifies `ControlError` by its own rule.
+    pub fn into_control(self) -> ControlError {
+        match self {
+            DiscardError::NothingRemoved(cause) | DiscardError::LinkRemap(cause) => cause,
+            DiscardError::Removing { path, source } => ControlError::Removing { path, source },
+        }
+    }
+}
+
+fn removing(path: &Path, e: std::io::Error) -> DiscardError {
+    DiscardError::Removing {
         path: path.to_path_buf(),
         source: e,
     }
@@ -66,12 +106,13 @@ fn refused(dir: &Path, reason: impl std::fmt::Display) -> ControlError {
 }
 
 /// Removes the checkpoint in `dir` and its kept link remaps, under the directory's run lock.
-pub fn discard(dir: &Path) -> Result<DiscardReport, ControlError> {
+pub fn discard(dir: &Path) -> Result<DiscardReport, DiscardError> {
     // Before the lock, which would be taken on the link's target otherwise.
-    check_real_dir(dir)?;
-    let _lock = crate::runlock::RunLock::directory(dir)?;
+    check_real_dir(dir).map_err(DiscardError::NothingRemoved)?;
+    let _lock = crate::runlock::RunLock::directory(dir).map_err(DiscardError::NothingRemoved)?;
     // Checked before anything is removed: a store that is a symbolic link is a refusal.
-    let store = BlockStore::existing(dir).map_err(|e| refused(dir, e))?;
+    let store =
+        BlockStore::existing(dir).map_err(|e| DiscardError::NothingRemoved(refused(dir, e)))?;
     let mut report = discard_unlocked(dir)?;
     if let Some(store) = store {
         // The checkpoint is gone either way; a collection that cannot run (a manifest beside it
@@ -102,18 +143,9 @@ struct Plan {
 }
 
 /// [`discard`] for a caller that holds the directory's lock already.
-pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError> {
-    check_real_dir(dir)?;
-    let incomplete = std::fs::symlink_metadata(dir.join(INCOMPLETE_MARKER)).is_ok();
-    let plan = if incomplete {
-        plan_incomplete(dir)?
-    } else {
-        plan_complete(dir)?
-    };
+pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, DiscardError> {
+    let plan = plan(dir).map_err(DiscardError::NothingRemoved)?;
     let image_bytes = crate::criu::directory_bytes(&dir.join(IMAGES_DIR));
-    for remap in &plan.remaps {
-        crate::remaps::check_discardable(remap).map_err(|e| refused(dir, e))?;
-    }
     // The checkpoint's own files; the manifest or the marker (last in the plan) after the link
     // remaps, so that a discard that failed part way still finds them.
     let (last, files) = plan
@@ -131,7 +163,7 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
             Err(e) => return Err(removing(&path, e)),
         }
     }
-    crate::remaps::discard(&plan.remaps)?;
+    crate::remaps::discard(&plan.remaps).map_err(DiscardError::LinkRemap)?;
     if let Some(last) = last {
         remove_file(&dir.join(last))?;
     }
@@ -145,7 +177,23 @@ pub(crate) fn discard_unlocked(dir: &Path) -> Result<DiscardReport, ControlError
     })
 }
 
-fn remove_file(path: &Path) -> Result<(), ControlError> {
+/// Everything a discard of `dir` deletes, checked before the first deletion: a refusal (or the
+/// directory unreadable) otherwise.
+fn plan(dir: &Path) -> Result<Plan, ControlError> {
+    check_real_dir(dir)?;
+    let incomplete = std::fs::symlink_metadata(dir.join(INCOMPLETE_MARKER)).is_ok();
+    let plan = if incomplete {
+        plan_incomplete(dir)?
+    } else {
+        plan_complete(dir)?
+    };
+    for remap in &plan.remaps {
+        crate::remaps::check_discardable(remap).map_err(|e| refused(dir, e))?;
+    }
+    Ok(plan)
+}
+
+fn remove_file(path: &Path) -> Result<(), DiscardError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -392,6 +440,38 @@ fn entries(dir: &Path) -> Result<Vec<(String, std::fs::FileType)>, ControlError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stranger in the directory is a refusal before the first deletion: classified as one
+    /// (exit 3), and everything is still there.
+    #[test]
+    fn a_refused_discard_removes_nothing_and_is_classified_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(INCOMPLETE_MARKER), "[]").expect("marker");
+        std::fs::write(dir.path().join(MANIFEST_FILE_NAME), "{}").expect("manifest");
+        std::fs::write(dir.path().join("stranger"), "").expect("stranger");
+        let e = discard_unlocked(dir.path()).expect_err("a stranger is refused");
+        assert!(matches!(e, DiscardError::NothingRemoved(_)), "{e:?}");
+        assert_eq!(e.class(), ErrorClass::Refused);
+        assert!(e.to_string().contains("also holds stranger"), "{e}");
+        for name in [INCOMPLETE_MARKER, MANIFEST_FILE_NAME, "stranger"] {
+            assert!(dir.path().join(name).exists(), "{name} was removed");
+        }
+    }
+
+    /// A discard that failed part way is an error (exit 1), and keeps its message when a
+    /// checkpoint's preflight reports it as its own.
+    #[test]
+    fn a_discard_failed_part_way_is_an_error_as_a_checkpoint_reports_it() {
+        let part_way = || removing(Path::new("/c/images"), std::io::Error::other("busy"));
+        assert_eq!(part_way().class(), ErrorClass::Error);
+        let control = part_way().into_control();
+        assert!(
+            matches!(control, ControlError::Removing { .. }),
+            "{control:?}"
+        );
+        assert_eq!(control.to_string(), part_way().to_string());
+        assert_eq!(control.class(), ErrorClass::Error);
+    }
 
     #[test]
     fn temporaries_are_those_write_atomically_makes() {

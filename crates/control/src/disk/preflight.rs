@@ -16,7 +16,8 @@ use std::path::Path;
 /// writing it.
 pub(super) fn check_new_dir(dir: &Path) -> Result<(), ControlError> {
     if dir.join(super::INCOMPLETE_MARKER).exists() {
-        let removed = super::discard::discard_unlocked(dir)?;
+        let removed = super::discard::discard_unlocked(dir)
+            .map_err(super::discard::DiscardError::into_control)?;
         tracing::warn!(dir = %removed.dir.display(), "removed an incomplete checkpoint");
     }
     match std::fs::read_dir(dir) {

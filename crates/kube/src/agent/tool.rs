@@ -159,7 +159,7 @@ pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
                 r.link_remaps.len()
             )
         })
-        .map_err(failure)
+        .map_err(|e| failure(e.into_control()))
 }
 
 /// The processes of the tree under `root` (to move a restored tree into its pod's cgroup).
