@@ -144,9 +144,9 @@ struct SuspendArgs {
     #[arg(long)]
     keep_contexts: bool,
     /// Where the group's bytes wait until the resume: `auto`, the fastest the machine allows
-    /// (the helper where every GPU has room for its context and RLIMIT_MEMLOCK and host
-    /// memory allow its pinning, else each process's own carrier; the report says which and
-    /// why); `process`, each process's own host carrier; or `helper`, a carrier helper
+    /// (the helper for a group prepared with `cuinterpose prepare` where every GPU has room for
+    /// its context and RLIMIT_MEMLOCK and host memory allow its pinning, else each process's own
+    /// carrier; the report says which and why); `process`, each process's own host carrier; or `helper`, a carrier helper
     /// process that keeps them pinned between cycles (copies at the link's rate, no pinned
     /// memory in the application at its native checkpoint; its context stays on each GPU),
     /// refused where the machine cannot hold it

@@ -69,16 +69,42 @@ fn helper_socket(env: &TestEnv) -> std::path::PathBuf {
 }
 
 #[test]
-fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
+fn the_default_is_the_carrier_helper_once_prepared_where_the_machine_allows_it() {
     let env = env();
     let tree = one_process(&env);
     let root = tree.root();
+    // Not prepared: a helper started by the suspend would pin its carrier inside it, slower
+    // than each process's own staged carrier for that cycle (measured on the GPU).
     let before = inspect(&env, root);
-    assert_eq!(before["carrier"]["carrier"], "helper", "{before:#}");
+    assert_eq!(before["carrier"]["carrier"], "process", "{before:#}");
     let why = before["carrier"]["reason"].as_str().unwrap_or_default();
-    assert!(why.contains("the fastest"), "{why}");
+    assert!(why.contains("not prepared"), "{why}");
+    let run = tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[]));
+    let carrier = run.ok().json()["carrier"].clone();
+    assert_eq!(carrier["carrier"], "process", "{}", run.describe());
+    assert!(
+        carrier["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("cuinterpose prepare")),
+        "{carrier:#}"
+    );
+    assert_eq!(carrier["pinned_host_bytes"], 0, "{carrier:#}");
+    assert!(!helper_socket(&env).exists(), "a helper was started");
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 13"]);
 
-    // Within an 8 MiB RLIMIT_MEMLOCK, 4 MiB may be pinned: the helper carries the bytes.
+    // Prepared (within an 8 MiB RLIMIT_MEMLOCK, 4 MiB may be pinned): the helper carries the
+    // bytes from the first suspend on.
+    let prepared = tool_memlock(&env, 8 << 20, &prepare_args(&env, root))
+        .ok()
+        .json();
+    assert_eq!(prepared["carrier"]["carrier"], "helper", "{prepared:#}");
+    assert!(
+        prepared["carrier"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("the fastest")),
+        "{prepared:#}"
+    );
     let run = tool_memlock(&env, 8 << 20, &suspend_args(&env, root, &[]));
     let report = run.ok().json();
     let carrier = &report["carrier"];
@@ -98,8 +124,8 @@ fn the_default_is_the_carrier_helper_where_the_machine_allows_it() {
     );
     assert_eq!(carrier["helper_gpu_bytes"], 560u64 << 20);
     assert!(helper_socket(&env).exists(), "no helper was started");
-    // Not prepared ahead: the first Save made (and pinned) the helper's carrier.
-    assert_eq!(carrier["save"]["carriers_reused"], false, "{carrier:#}");
+    // Prepared ahead: the Save found the helper's carrier made and pinned.
+    assert_eq!(carrier["save"]["carriers_reused"], true, "{carrier:#}");
     let suspended = inspect(&env, root);
     assert_eq!(suspended["carrier"]["carrier"], "helper", "{suspended:#}");
     resume(&env, root).ok();
@@ -141,10 +167,18 @@ fn a_tool_with_cap_ipc_lock_is_not_held_to_the_memlock_limit() {
     // The limit that makes the tool without the capability fall back (below) does not apply:
     // the kernel lets a process with CAP_IPC_LOCK pin past RLIMIT_MEMLOCK, and the helper
     // inherits the tool's capabilities.
+    let run = tool_memlock_with(&env, 1 << 20, &prepare_args(&env, root), &[], true);
+    let prepared = run.ok().json();
+    assert_eq!(
+        prepared["carrier"]["carrier"],
+        "helper",
+        "{}",
+        run.describe()
+    );
+    assert!(helper_socket(&env).exists(), "no helper was started");
     let run = tool_memlock_with(&env, 1 << 20, &suspend_args(&env, root, &[]), &[], true);
     let report = run.ok().json();
     assert_eq!(report["carrier"]["carrier"], "helper", "{}", run.describe());
-    assert!(helper_socket(&env).exists(), "no helper was started");
     resume(&env, root).ok();
     ok(tree.w("a"), &["verify m 13"]);
 }
@@ -199,12 +233,21 @@ fn no_room_for_the_helper_context_falls_back_and_an_explicit_helper_is_refused()
     assert!(!helper_socket(&env).exists(), "a helper was started");
     ok(tree.w("a"), &["verify m 13", "fill m 14"]);
 
+    // Prepare finds no room for the helper's context: nothing is started or pinned ahead, and
+    // it names the device; the suspend then keeps each process's own carrier.
+    let run = tool(&env, &strs(&prepare_args(&env, root)));
+    let prepared = run.ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "process", "{prepared:#}");
+    let why = prepared["carrier"]["reason"].as_str().unwrap_or_default();
+    assert!(why.contains("device 0 has 60 MiB free"), "{why}");
     let run = tool(&env, &strs(&suspend_args(&env, root, &[])));
     let report = run.ok().json();
-    let carrier = &report["carrier"];
-    assert_eq!(carrier["carrier"], "process", "{}", run.describe());
-    let why = carrier["reason"].as_str().unwrap_or_default();
-    assert!(why.contains("device 0 has 60 MiB free"), "{why}");
+    assert_eq!(
+        report["carrier"]["carrier"],
+        "process",
+        "{}",
+        run.describe()
+    );
     assert!(!helper_socket(&env).exists(), "a helper was started");
     resume(&env, root).ok();
     ok(tree.w("a"), &["verify m 14"]);

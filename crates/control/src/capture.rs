@@ -109,7 +109,7 @@ pub fn prepare(
         mode: SuspendMode::Native,
         ..options.clone()
     };
-    let choice = choose_carrier(&plain, &group, None, saved_bytes(&snapshots))?;
+    let choice = choose_carrier(&plain, &group, None, saved_bytes(&snapshots), true)?;
     let mut report = PrepareReport {
         carrier: choice,
         budget_bytes: budget,

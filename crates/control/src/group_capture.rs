@@ -133,7 +133,7 @@ fn carrier_for(
     bytes: Bytes<'_>,
 ) -> Result<crate::carrier_policy::CarrierChoice, ControlError> {
     let choice = match bytes {
-        Bytes::Carriers => choose_carrier(options, group, driver, need)?,
+        Bytes::Carriers => choose_carrier(options, group, driver, need, false)?,
         Bytes::Files(_) => {
             crate::carrier_policy::none_for_disk(crate::carrier_policy::host_facts())
         }
@@ -314,16 +314,19 @@ pub(crate) fn control_dirs(group: &Group) -> Vec<&Path> {
     dirs
 }
 
-/// The carrier of this suspend (crate::carrier_policy), from what the machine allows now; a
-/// carrier asked for that the machine cannot hold is refused, nothing changed.
+/// The carrier of this suspend (crate::carrier_policy), from what the machine allows now, or of
+/// `cuinterpose prepare` (`preparing`); a carrier asked for that the machine cannot hold is
+/// refused, nothing changed.
 pub(crate) fn choose_carrier(
     options: &SuspendOptions,
     group: &Group,
     driver: Option<&Driver>,
     need: u64,
+    preparing: bool,
 ) -> Result<crate::carrier_policy::CarrierChoice, ControlError> {
     use crate::carrier_policy::{Requested, choose, device_rooms, host_facts};
     let mut machine = host_facts();
+    machine.preparing = preparing;
     let requested = match (options.carrier, &options.helper) {
         // Nothing here can start a helper: every process keeps its own carrier.
         (Requested::Auto, None) => Requested::Process,
@@ -342,8 +345,10 @@ pub(crate) fn choose_carrier(
             });
         // Where auto falls back for want of pinning anyway, the devices are not asked: on a GPU
         // each answer costs the tool a context on that device.
+        // Nor where auto takes no helper that is not prepared.
         let falls_back = requested == Requested::Auto
-            && crate::carrier_policy::no_pinning(&machine, need).is_some();
+            && (crate::carrier_policy::no_pinning(&machine, need).is_some()
+                || !(machine.helper_running || preparing));
         if !machine.helper_running && !falls_back {
             // Room for the helper's context on every device, as the driver reports it now (the
             // group still holds all its memory).
