@@ -9,21 +9,8 @@ pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `1.50 GiB`, `12.0 MiB`, `512 B`.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
-    }
-}
+/// `1.50 GiB`, `12.0 MiB`, `512 B`: the one formatter, shared with what `demo` and `bench` print.
+pub use cuinterpose_demo::bytes;
 
 pub fn print_inspect(report: &InspectReport) {
     println!("{:<8} {:<8} {:<22} COMMAND", "PID", "NS PID", "STATUS");

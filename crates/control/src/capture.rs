@@ -452,7 +452,7 @@ mod tests {
     use super::*;
     use crate::fakes::{self, Log, Shim};
     use crate::group_capture::state_of;
-    use protocol::{AllocationId, AllocationProps, ImportRecord, MulticastRecord};
+    use protocol::{AllocationId, ImportRecord, MulticastRecord};
 
     /// The state of a capture of `pids` (nothing shared yet).
     fn captured(pids: &[u32]) -> GroupState {
@@ -507,15 +507,7 @@ mod tests {
             id: AllocationId([5; 16]),
             creator_ns_pid: 100,
             size: 1 << 20,
-            props: AllocationProps {
-                allocation_type: 1,
-                requested_handle_types: 1,
-                location_type: 1,
-                location_id: 0,
-                compression_type: 0,
-                gpu_direct_rdma_capable: 0,
-                usage: 0,
-            },
+            props: crate::fakes::PROPS,
             live_handles: 1,
         }];
         let lost = vec![state.participants[0].clone()];

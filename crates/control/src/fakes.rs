@@ -17,6 +17,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use transport::TransportError;
 
+/// The properties of a plain device allocation shared through a POSIX descriptor (the
+/// records the tests make).
+pub(crate) const PROPS: protocol::AllocationProps = protocol::AllocationProps {
+    allocation_type: 1,
+    requested_handle_types: 1,
+    location_type: 1,
+    location_id: 0,
+    compression_type: 0,
+    gpu_direct_rdma_capable: 0,
+    usage: 0,
+};
+
 /// Every call the fakes were made, in the order they were made: `"101 Freeze"` for a shim's
 /// request, `"native lock 101"` for the driver's.
 #[derive(Debug, Clone, Default)]

@@ -895,7 +895,7 @@ pub fn inspect(
 mod tests {
     use super::*;
     use crate::fakes::{self, Log, Machine, Shim, cuda_process};
-    use protocol::{AllocationProps, AllocationRecord, ImportRecord};
+    use protocol::{AllocationRecord, ImportRecord};
 
     fn snapshots(pids: &[u32]) -> Vec<Snapshot> {
         let log = Log::default();
@@ -907,15 +907,7 @@ mod tests {
         refusals.iter().map(ToString::to_string).collect()
     }
 
-    const PROPS: AllocationProps = AllocationProps {
-        allocation_type: 1,
-        requested_handle_types: 1,
-        location_type: 1,
-        location_id: 0,
-        compression_type: 0,
-        gpu_direct_rdma_capable: 0,
-        usage: 0,
-    };
+    use crate::fakes::PROPS;
     const ID: AllocationId = AllocationId([7; 16]);
 
     fn import_from(creator_ns_pid: u32) -> ImportRecord {

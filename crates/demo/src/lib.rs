@@ -21,8 +21,9 @@ pub mod demo;
 pub mod group;
 pub mod target;
 
-/// `1.50 GiB`, `12.0 MiB`, `512 B`: sizes in the lines of `verified` and in error messages.
-fn bytes(n: u64) -> String {
+/// `1.50 GiB`, `12.0 MiB`, `512 B`: sizes in the lines of `verified`, in error messages, and in
+/// the tool's tables (`cli`'s output uses this one).
+pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut value = n as f64;
     let mut unit = 0;

@@ -645,20 +645,23 @@ impl Registry {
     }
 }
 
+/// A device allocation's properties with a POSIX descriptor handle type, for the unit tests of
+/// the registry and its multicast records.
+#[cfg(test)]
+fn props(device: i32) -> AllocationProps {
+    AllocationProps {
+        allocation_type: 1,
+        requested_handle_types: 1,
+        location_type: cuda_abi::location_type::DEVICE,
+        location_id: device,
+        ..UNKNOWN_PROPS
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use cuda_abi::{access_flags, location_type};
-
-    fn props(device: i32) -> AllocationProps {
-        AllocationProps {
-            allocation_type: 1,
-            requested_handle_types: 1,
-            location_type: location_type::DEVICE,
-            location_id: device,
-            ..UNKNOWN_PROPS
-        }
-    }
 
     fn created(n: u8) -> Kind {
         Kind::Created {

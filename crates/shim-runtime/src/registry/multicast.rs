@@ -234,20 +234,8 @@ pub fn blockers(reg: &Registry, info: &McInfo) -> Vec<Blocker> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::UNKNOWN_PROPS;
+    use crate::registry::props;
     use cuda::DriverHandle;
-    use cuda_abi::*;
-    use protocol::record::AllocationProps;
-
-    fn props(device: i32) -> AllocationProps {
-        AllocationProps {
-            allocation_type: 1,
-            requested_handle_types: 1,
-            location_type: location_type::DEVICE,
-            location_id: device,
-            ..UNKNOWN_PROPS
-        }
-    }
 
     fn mc_prop(handle_types: u64) -> CUmulticastObjectProp {
         CUmulticastObjectProp {
