@@ -583,7 +583,7 @@ mod tests {
         }
         assert!(log.native().is_empty());
         assert!(!run.state.exists());
-        assert!(error.workload_untouched());
+        assert_eq!(error.class(), crate::ErrorClass::RolledBack);
     }
 
     #[test]
@@ -778,7 +778,7 @@ mod tests {
             );
         }
         assert!(run.state.exists());
-        assert!(!error.workload_untouched());
+        assert_eq!(error.class(), crate::ErrorClass::NeedsAttention);
         assert!(error.to_string().contains("rollback also failed"));
     }
 

@@ -299,7 +299,9 @@ fn rollback_lines(errors: &[ControlError]) -> String {
 
 /// What a failed operation left of the workload: the classes the CLI's exit codes (3, 4, 5, 1)
 /// document, decided here, next to the errors, so that a new variant is classified where it is
-/// added rather than falling through to `Error` in a binary's match.
+/// added rather than falling through to `Error` in a binary's match. The one classification of
+/// every front end: the CLI maps it to its exit code, the Kubernetes agent to the condition it
+/// sets (`crates/kube/src/agent/tool.rs`); neither classifies an error by its own rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
     /// Refused before anything changed: the workload runs as before.
@@ -315,7 +317,7 @@ pub enum ErrorClass {
 }
 
 impl ControlError {
-    /// What this failure left of the workload (the CLI's exit code).
+    /// What this failure left of the workload (the CLI's exit code, the agent's condition).
     pub fn class(&self) -> ErrorClass {
         match self {
             // Nothing was changed: a refusal, a process or driver that is not there.
@@ -354,72 +356,225 @@ impl ControlError {
             | ControlError::Panicked { .. } => ErrorClass::Error,
         }
     }
-
-    /// Whether the workload was left as it was (a refusal, or a completed rollback).
-    pub fn workload_untouched(&self) -> bool {
-        matches!(
-            self,
-            ControlError::Refused(_)
-                | ControlError::RolledBack { .. }
-                | ControlError::RestoreUndone { .. }
-                | ControlError::NoCudaProcesses(_)
-                | ControlError::NoSuchProcess(_)
-                | ControlError::Container { .. }
-                | ControlError::Unchanged { .. }
-                | ControlError::AnotherRun { .. }
-                | ControlError::NotDrained { .. }
-                | ControlError::StickyError { .. }
-        )
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The exit codes users script against (docs/recovery.md), pinned per variant: a variant
-    /// moved to another class fails here before an integration test has to catch it.
-    #[test]
-    fn each_error_is_classified_as_the_exit_codes_document() {
+    /// Which variant `error` is, by an exhaustive match (no `_`): a variant added to
+    /// `ControlError` does not compile here until it is given a number, and
+    /// `every_variant_is_classified_as_the_exit_codes_document` then fails until it lists a case
+    /// of it.
+    fn variant(error: &ControlError) -> usize {
+        match error {
+            ControlError::NoSuchProcess(_) => 0,
+            ControlError::Container { .. } => 1,
+            ControlError::Proc { .. } => 2,
+            ControlError::NoCudaProcesses(_) => 3,
+            ControlError::Refused(_) => 4,
+            ControlError::Participant { .. } => 5,
+            ControlError::Protocol { .. } => 6,
+            ControlError::Shim { .. } => 7,
+            ControlError::DriverLoad { .. } => 8,
+            ControlError::DriverSymbol { .. } => 9,
+            ControlError::Driver { .. } => 10,
+            ControlError::RestoreThread { .. } => 11,
+            ControlError::Criu(_) => 12,
+            ControlError::Launch(_) => 13,
+            ControlError::Step { .. } => 14,
+            ControlError::LinkRemap { .. } => 15,
+            ControlError::State { .. } => 16,
+            ControlError::CarrierHelper { .. } => 17,
+            ControlError::CarrierRefused { .. } => 18,
+            ControlError::Removing { .. } => 19,
+            ControlError::ParticipantsExited { .. } => 20,
+            ControlError::Unchanged { .. } => 21,
+            ControlError::AnotherRun { .. } => 22,
+            ControlError::StickyError { .. } => 23,
+            ControlError::NotDrained { .. } => 24,
+            ControlError::VerifyFailed(_) => 25,
+            ControlError::RolledBack { .. } => 26,
+            ControlError::RestoreUndone { .. } => 27,
+            ControlError::CriuRestoreFailed { .. } => 28,
+            ControlError::Panicked { .. } => 29,
+            ControlError::RollbackFailed { .. } => 30,
+        }
+    }
+
+    /// How many variants [`variant`] numbers.
+    const VARIANTS: usize = 31;
+
+    /// One error of every variant, with the class the exit codes (docs/recovery.md) give it.
+    fn every_variant() -> Vec<(ControlError, ErrorClass)> {
+        use ErrorClass::{Error, NeedsAttention, Refused, RolledBack};
         let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let io = || std::io::Error::other("denied");
         let refusal = || {
             vec![Refusal {
                 process: "pid 7".into(),
                 reason: "r".into(),
             }]
         };
-        let cases = [
-            (ControlError::Refused(refusal()), ErrorClass::Refused),
-            (ControlError::NoCudaProcesses(7), ErrorClass::Refused),
-            (ControlError::NoSuchProcess(7), ErrorClass::Refused),
+        vec![
+            (ControlError::NoSuchProcess(7), Refused),
             (
-                ControlError::Unchanged { source: inner() },
-                ErrorClass::Refused,
+                ControlError::Container {
+                    container: "c".into(),
+                    reason: "not running".into(),
+                },
+                Refused,
             ),
             (
-                ControlError::AnotherRun {
+                ControlError::Proc {
+                    pid: 7,
+                    path: "/proc/7/maps".into(),
+                    source: io(),
+                },
+                Error,
+            ),
+            (ControlError::NoCudaProcesses(7), Refused),
+            (ControlError::Refused(refusal()), Refused),
+            (
+                ControlError::Participant {
                     process: "pid 7".into(),
+                    source: transport::TransportError::Timeout,
+                },
+                Error,
+            ),
+            (
+                ControlError::Protocol {
+                    process: "pid 7".into(),
+                    message: "closed".into(),
+                },
+                Error,
+            ),
+            (
+                ControlError::Shim {
+                    process: "pid 7".into(),
+                    code: protocol::ErrorCode::Internal,
                     message: "m".into(),
                 },
-                ErrorClass::Refused,
+                Error,
+            ),
+            (
+                ControlError::DriverLoad {
+                    name: "libcuda.so.1".into(),
+                    source: libloading::Error::DlOpenUnknown,
+                },
+                Refused,
+            ),
+            (
+                ControlError::DriverSymbol {
+                    name: "cuCheckpointProcessLock",
+                    source: libloading::Error::DlSymUnknown,
+                },
+                Refused,
+            ),
+            (
+                ControlError::Driver {
+                    call: "cuCheckpointProcessLock",
+                    result: CUresult::ERROR_INVALID_VALUE,
+                },
+                Error,
+            ),
+            (
+                ControlError::RestoreThread {
+                    pid: 7,
+                    tid: 8,
+                    what: "PTRACE_SEIZE",
+                    source: io(),
+                },
+                Error,
+            ),
+            (
+                ControlError::Criu(criu::CriuError::NotFound {
+                    looked: "PATH".into(),
+                }),
+                Error,
+            ),
+            (ControlError::Launch(launch::LaunchError::Wait(io())), Error),
+            (
+                ControlError::Step {
+                    step: "native restore",
+                    process: "pid 7".into(),
+                    source: inner(),
+                },
+                NeedsAttention,
+            ),
+            (
+                ControlError::LinkRemap {
+                    path: "/l".into(),
+                    what: "linking".into(),
+                    source: None,
+                },
+                Error,
+            ),
+            (
+                ControlError::State {
+                    path: "/s".into(),
+                    source: FileError::Io(io()),
+                },
+                Error,
+            ),
+            (
+                ControlError::CarrierHelper {
+                    socket: "/h.sock".into(),
+                    message: "gone".into(),
+                },
+                Error,
             ),
             (
                 ControlError::CarrierRefused {
                     carrier: "helper",
                     reason: "r".into(),
                 },
-                ErrorClass::Refused,
+                Refused,
             ),
             (
-                ControlError::RolledBack { failure: inner() },
-                ErrorClass::RolledBack,
+                ControlError::Removing {
+                    path: "/d".into(),
+                    source: io(),
+                },
+                Error,
             ),
+            (
+                ControlError::ParticipantsExited {
+                    processes: vec!["pid 7".into()],
+                    failure: inner(),
+                },
+                Error,
+            ),
+            (ControlError::Unchanged { source: inner() }, Refused),
+            (
+                ControlError::AnotherRun {
+                    process: "pid 7".into(),
+                    message: "m".into(),
+                },
+                Refused,
+            ),
+            (
+                ControlError::StickyError {
+                    process: "pid 7".into(),
+                    message: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+                },
+                Refused,
+            ),
+            (
+                ControlError::NotDrained {
+                    timeout: std::time::Duration::from_secs(2),
+                    busy: vec![],
+                },
+                Error,
+            ),
+            (ControlError::VerifyFailed(refusal()), NeedsAttention),
+            (ControlError::RolledBack { failure: inner() }, RolledBack),
             (
                 ControlError::RestoreUndone {
                     root: 7,
                     failure: inner(),
                 },
-                ErrorClass::RolledBack,
+                RolledBack,
             ),
             (
                 ControlError::CriuRestoreFailed {
@@ -427,45 +582,51 @@ mod tests {
                     log: "/l".into(),
                     tail: String::new(),
                 },
-                ErrorClass::RolledBack,
+                RolledBack,
             ),
+            (ControlError::Panicked { step: "dump" }, Error),
             (
                 ControlError::RollbackFailed {
                     failure: inner(),
                     rollback: vec![],
                 },
-                ErrorClass::NeedsAttention,
+                NeedsAttention,
             ),
-            (
-                ControlError::Step {
-                    step: "native restore",
-                    process: "pid 7".into(),
-                    source: inner(),
-                },
-                ErrorClass::NeedsAttention,
-            ),
-            (
-                ControlError::VerifyFailed(refusal()),
-                ErrorClass::NeedsAttention,
-            ),
-            (ControlError::Panicked { step: "dump" }, ErrorClass::Error),
-            (
-                ControlError::NotDrained {
-                    timeout: std::time::Duration::from_secs(2),
-                    busy: vec![],
-                },
-                ErrorClass::Error,
-            ),
-            (
-                ControlError::State {
-                    path: "/s".into(),
-                    source: FileError::Io(std::io::Error::other("denied")),
-                },
-                ErrorClass::Error,
-            ),
-        ];
-        for (error, class) in cases {
-            assert_eq!(error.class(), class, "{error:?}");
+        ]
+    }
+
+    /// The exit codes users script against (docs/recovery.md), pinned per variant: a variant
+    /// moved to another class fails here before an integration test has to catch it, and every
+    /// variant is listed (a new one fails until it is).
+    #[test]
+    fn every_variant_is_classified_as_the_exit_codes_document() {
+        let cases = every_variant();
+        let mut seen = [false; VARIANTS];
+        for (error, class) in &cases {
+            seen[variant(error)] = true;
+            assert_eq!(error.class(), *class, "{error:?}");
+        }
+        let missing: Vec<usize> = (0..VARIANTS).filter(|&i| !seen[i]).collect();
+        assert!(missing.is_empty(), "variants without a case: {missing:?}");
+        assert_eq!(cases.len(), VARIANTS, "one case per variant");
+    }
+
+    /// A wrapper's class is its own, whatever it wraps: the outcome is what the wrapper says
+    /// was done after the failure (rolled back, undone, rollback failed), not the cause.
+    #[test]
+    fn a_wrapper_is_classified_by_what_it_says_was_done() {
+        for (cause, _) in every_variant() {
+            let rolled = ControlError::RolledBack {
+                failure: Box::new(cause),
+            };
+            assert_eq!(rolled.class(), ErrorClass::RolledBack, "{rolled:?}");
+        }
+        for (cause, _) in every_variant() {
+            let failed = ControlError::RollbackFailed {
+                failure: Box::new(cause),
+                rollback: vec![],
+            };
+            assert_eq!(failed.class(), ErrorClass::NeedsAttention, "{failed:?}");
         }
     }
 

@@ -23,7 +23,8 @@ pub mod condition {
     pub const REFUSED: &str = "Refused";
     /// Failed, then rolled back: the workload runs as before.
     pub const ROLLED_BACK: &str = "RolledBack";
-    /// Failed after the native lock or while rebuilding: the workload needs attention.
+    /// Failed after the native lock or while rebuilding, or unexpectedly (the tool's exit 1:
+    /// what it left is not known): the workload needs attention.
     pub const NEEDS_ATTENTION: &str = "NeedsAttention";
     /// Restored into a placeholder pod (the message names it).
     pub const RESTORED: &str = "Restored";

@@ -80,8 +80,7 @@ impl DiscardError {
     }
 
     /// As a `ControlError`, with the same message and class: for a checkpoint, whose own errors
-    /// are those (disk::preflight removes an incomplete checkpoint before a new one), and for the
-    /// Kubernetes agent, which classifies `ControlError` by its own rule.
+    /// are those (disk::preflight removes an incomplete checkpoint before a new one).
     pub fn into_control(self) -> ControlError {
         match self {
             DiscardError::NothingRemoved(cause) | DiscardError::LinkRemap(cause) => cause,

@@ -810,7 +810,7 @@ mod tests {
             panic!("{error}");
         };
         assert!(failure.to_string().ends_with("rebuild failed"));
-        assert!(error.workload_untouched());
+        assert_eq!(error.class(), crate::ErrorClass::RolledBack);
     }
 
     #[test]
@@ -818,7 +818,7 @@ mod tests {
         let tree = Scripted::failing(&["rebuild", "kill"]);
         let error = run(&tree).unwrap_err();
         assert_eq!(tree.log.take(), ["criu restore", "rebuild 42", "kill 42"]);
-        assert!(!error.workload_untouched());
+        assert_eq!(error.class(), crate::ErrorClass::NeedsAttention);
         assert_eq!(
             error.to_string(),
             "restore (killing the restored processes failed too: they need attention) failed for \

@@ -2,10 +2,10 @@
 //! mapping of its errors to the outcomes the `Checkpoint` conditions carry. Kept in this one module
 //! so that a change of the control crate's API touches nothing else here.
 
-use control::ControlError;
 use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
 use control::config::ToolConfig;
 use control::disk::{self, CheckpointOptions, RestoreOptions};
+use control::{ControlError, ErrorClass};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,14 +23,16 @@ pub struct ToolOptions {
     pub config: ToolConfig,
 }
 
-/// What the tool said about the workload when it did not succeed (the CLI's exit codes 3, 4, 5).
+/// What the tool said about the workload when it did not succeed: its [`ErrorClass`] (the CLI's
+/// exit codes 3, 4, 5 and 1), as the conditions of a `Checkpoint` carry it ([`failure_of`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// Refused before anything changed.
+    /// Refused before anything changed (exit 3).
     Refused,
-    /// Failed and rolled back: the workload runs as before.
+    /// Failed and rolled back: the workload runs as before (exit 4).
     RolledBack,
-    /// Failed after the native lock or while rebuilding, or unexpectedly.
+    /// Failed after the native lock or while rebuilding (exit 5), or unexpectedly (exit 1: what
+    /// it left of the workload is not known).
     NeedsAttention,
 }
 
@@ -62,19 +64,25 @@ pub struct ToolReport {
     pub namespaces: Vec<&'static str>,
 }
 
-/// Classifies an error of the tool as the CLI's exit codes do.
-fn classify(error: &ControlError) -> Failure {
-    match error {
-        ControlError::Refused(_) | ControlError::NoCudaProcesses(_) => Failure::Refused,
-        ControlError::RolledBack { .. } | ControlError::RestoreUndone { .. } => Failure::RolledBack,
-        _ if error.workload_untouched() => Failure::RolledBack,
-        _ => Failure::NeedsAttention,
+/// The outcome the agent reports for a class of the tool's errors. The class is the tool's own
+/// (`ControlError::class`, which the CLI's exit codes follow too): the agent never classifies an
+/// error by its own rule, so the two front ends cannot disagree about what a failure left.
+///
+/// The conditions have no type for the CLI's exit 1 (an unexpected error: an I/O error, a
+/// participant that went away, a bug): what it left of the workload is not known, so it is not
+/// `RolledBack` (which tells the user the workload runs as before and nothing is to be done)
+/// but `NeedsAttention`, whose message says what failed.
+fn failure_of(class: ErrorClass) -> Failure {
+    match class {
+        ErrorClass::Refused => Failure::Refused,
+        ErrorClass::RolledBack => Failure::RolledBack,
+        ErrorClass::NeedsAttention | ErrorClass::Error => Failure::NeedsAttention,
     }
 }
 
 fn failure(error: ControlError) -> ToolFailure {
     ToolFailure {
-        failure: classify(&error),
+        failure: failure_of(error.class()),
         message: error.to_string(),
     }
 }
@@ -159,7 +167,10 @@ pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
                 r.link_remaps.len()
             )
         })
-        .map_err(|e| failure(e.into_control()))
+        .map_err(|e| ToolFailure {
+            failure: failure_of(e.class()),
+            message: e.to_string(),
+        })
 }
 
 /// The processes of the tree under `root` (to move a restored tree into its pod's cgroup).
@@ -197,35 +208,108 @@ mod tests {
     use super::*;
     use control::Refusal;
 
+    /// Every class maps to one outcome, and only an error that left the workload as it was is
+    /// reported as refused or rolled back.
     #[test]
-    fn outcomes_follow_the_cli_exit_codes() {
-        let refused = ControlError::Refused(vec![Refusal {
-            process: "pid 7".into(),
-            reason: "no shim".into(),
-        }]);
-        assert_eq!(classify(&refused), Failure::Refused);
+    fn each_class_has_its_outcome() {
+        assert_eq!(failure_of(ErrorClass::Refused), Failure::Refused);
+        assert_eq!(failure_of(ErrorClass::RolledBack), Failure::RolledBack);
         assert_eq!(
-            classify(&ControlError::NoCudaProcesses(7)),
-            Failure::Refused
+            failure_of(ErrorClass::NeedsAttention),
+            Failure::NeedsAttention
         );
-        let rolled = ControlError::RolledBack {
-            failure: Box::new(ControlError::NoSuchProcess(7)),
-        };
-        assert_eq!(classify(&rolled), Failure::RolledBack);
-        let undone = ControlError::RestoreUndone {
-            root: 9,
-            failure: Box::new(ControlError::NoSuchProcess(7)),
-        };
-        assert_eq!(classify(&undone), Failure::RolledBack);
-        let attention = ControlError::RollbackFailed {
-            failure: Box::new(ControlError::NoSuchProcess(7)),
-            rollback: vec![],
-        };
-        assert_eq!(classify(&attention), Failure::NeedsAttention);
-        let message = failure(refused).message;
+        assert_eq!(failure_of(ErrorClass::Error), Failure::NeedsAttention);
+    }
+
+    /// The agent's outcome of representative errors is the one their `class()` gives, among
+    /// them those its own rule used to decide otherwise (issue 31): a process that is not there,
+    /// another run, a sticky error, a failure before anything changed are refusals (exit 3), not
+    /// rollbacks; an unreadable state file or a panicked worker (exit 1) needs attention.
+    #[test]
+    fn outcomes_follow_the_tool_classes() {
+        let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let cases = [
+            (
+                ControlError::Refused(vec![Refusal {
+                    process: "pid 7".into(),
+                    reason: "no shim".into(),
+                }]),
+                Failure::Refused,
+            ),
+            (ControlError::NoCudaProcesses(7), Failure::Refused),
+            (ControlError::NoSuchProcess(7), Failure::Refused),
+            (
+                ControlError::AnotherRun {
+                    process: "pid 7".into(),
+                    message: "held".into(),
+                },
+                Failure::Refused,
+            ),
+            (
+                ControlError::StickyError {
+                    process: "pid 7".into(),
+                    message: "CUDA_ERROR_ILLEGAL_ADDRESS".into(),
+                },
+                Failure::Refused,
+            ),
+            (
+                ControlError::Unchanged { source: inner() },
+                Failure::Refused,
+            ),
+            (
+                ControlError::RolledBack { failure: inner() },
+                Failure::RolledBack,
+            ),
+            (
+                ControlError::RestoreUndone {
+                    root: 9,
+                    failure: inner(),
+                },
+                Failure::RolledBack,
+            ),
+            (
+                ControlError::RollbackFailed {
+                    failure: inner(),
+                    rollback: vec![],
+                },
+                Failure::NeedsAttention,
+            ),
+            (
+                ControlError::State {
+                    path: "/s/cuinterpose.state".into(),
+                    source: control::FileError::Io(std::io::Error::other("denied")),
+                },
+                Failure::NeedsAttention,
+            ),
+            (
+                ControlError::Panicked { step: "dump" },
+                Failure::NeedsAttention,
+            ),
+        ];
+        for (error, expected) in cases {
+            let message = error.to_string();
+            let class = error.class();
+            let reported = failure(error);
+            assert_eq!(reported.failure, failure_of(class), "{message}");
+            assert_eq!(reported.failure, expected, "{message}");
+            assert_eq!(reported.message, message);
+        }
+    }
+
+    /// A discard's failure takes the class of its own error (`DiscardError::class`): a directory
+    /// that is not there is refused, nothing removed, with the tool's message.
+    #[test]
+    fn discard_failures_follow_their_class() {
+        let dir = std::env::temp_dir().join(format!(
+            "cuinterpose-agent-no-such-checkpoint-{}",
+            std::process::id()
+        ));
+        let missing = discard(&dir).unwrap_err();
+        assert_eq!(missing.failure, Failure::Refused, "{}", missing.message);
         assert!(
-            message.contains("pid 7") && message.contains("no shim"),
-            "{message}"
+            missing.message.contains("does not exist"),
+            "{}",
+            missing.message
         );
     }
 
