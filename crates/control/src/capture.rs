@@ -18,6 +18,7 @@ pub use crate::phases::record_difference;
 pub use crate::progress::{ParticipantSummary, PhaseTiming, Progress, Quiet, Report};
 
 use crate::config::ToolConfig;
+use crate::discovery::ProcessTree;
 use crate::group::{Group, Participant, Snapshot, check_group};
 use crate::group_capture::{capture, choose_carrier, control_dirs, lock_tree, saved_bytes};
 use crate::native::Driver;
@@ -242,6 +243,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         // tree CRIU brought back, leaves the group stopped; this run holds the tree's lock, so
         // no dump or restore of it is running now.
         continue_stopped(
+            &crate::procfs::Proc,
             options.root,
             &state,
             driver.as_ref(),
@@ -325,38 +327,20 @@ fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
     find_state_in(options.root, &options.state_dir)
 }
 
-/// Continues the stopped processes of the group (SIGCONT): what a CRIU dump that did not finish,
-/// or a restore killed before it continued what CRIU brought back, leaves. Of the group: a
-/// process the state file captured, or, for a workload in a PID namespace of its own (what a
-/// checkpoint dumps, the whole namespace), any process of that namespace. A stopped process of
-/// the tree outside the group (a job the user stopped beside the workload, a process being
-/// debugged) is left as it is; one of the group not stopped is not signalled. With a driver,
-/// each stopped CUDA process that is natively checkpointed is restored first, with only its
-/// restore thread running (crate::restore_thread: after CRIU's restore its other threads must
-/// not run before that).
+/// Continues the stopped processes of the group (SIGCONT, [`stopped_of_group`] says which):
+/// what a CRIU dump that did not finish, or a restore killed before it continued what CRIU
+/// brought back, leaves. With a driver, each stopped CUDA process that is natively checkpointed
+/// is restored first, with only its restore thread running (crate::restore_thread: after CRIU's
+/// restore its other threads must not run before that). `/proc` is read in `machine`.
 fn continue_stopped(
+    machine: &dyn ProcessTree,
     root: u32,
     state: &GroupState,
     driver: Option<&Driver>,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
     answer_timeout: Duration,
 ) -> Result<(), ControlError> {
-    let ours = crate::discovery::pid_namespace(std::process::id());
-    let captured: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
-    let workload_namespaces: Vec<u64> = captured
-        .iter()
-        .filter_map(|&pid| crate::discovery::pid_namespace(pid))
-        .filter(|ns| Some(*ns) != ours)
-        .collect();
-    let stopped: Vec<u32> = crate::discovery::process_tree(root)?
-        .into_iter()
-        .filter(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
-        .filter(|pid| {
-            captured.contains(pid)
-                || crate::discovery::pid_namespace(*pid)
-                    .is_some_and(|ns| workload_namespaces.contains(&ns))
-        })
-        .collect();
+    let stopped = stopped_of_group(machine, root, state)?;
     if stopped.is_empty() {
         return Ok(());
     }
@@ -366,10 +350,10 @@ fn continue_stopped(
     );
     if let Some(driver) = driver {
         for &pid in &stopped {
-            if !crate::discovery::describe(pid).is_ok_and(|p| p.is_cuda()) {
+            if !machine.describe(pid).is_ok_and(|p| p.is_cuda()) {
                 continue;
             }
-            crate::restore_thread::restore_stopped(driver, pid, gpu_pairs)
+            crate::restore_thread::restore_stopped(driver, machine, pid, gpu_pairs)
                 .map_err(|e| step_error("native restore", &format!("pid {pid}"), e))?;
         }
     }
@@ -382,12 +366,42 @@ fn continue_stopped(
     let deadline = Instant::now() + answer_timeout;
     while stopped
         .iter()
-        .any(|&pid| crate::procfs::stat(pid).is_some_and(|s| s.stopped()))
+        .any(|&pid| machine.stat(pid).is_some_and(|s| s.stopped()))
         && Instant::now() < deadline
     {
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// The processes under `root` that are stopped and of the group: a process the state file
+/// captured, or, for a workload in a PID namespace of its own (what a checkpoint dumps, the
+/// whole namespace), any process of that namespace. A stopped process of the tree outside the
+/// group (a job the user stopped beside the workload, a process being debugged) is left as it
+/// is; one of the group not stopped is not signalled.
+fn stopped_of_group(
+    machine: &dyn ProcessTree,
+    root: u32,
+    state: &GroupState,
+) -> Result<Vec<u32>, ControlError> {
+    let ours = machine.pid_namespace(None);
+    let captured: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
+    let workload_namespaces: Vec<u64> = captured
+        .iter()
+        .filter_map(|&pid| machine.pid_namespace(Some(pid)))
+        .filter(|ns| Some(*ns) != ours)
+        .collect();
+    Ok(machine
+        .tree(root)?
+        .into_iter()
+        .filter(|&pid| machine.stat(pid).is_some_and(|s| s.stopped()))
+        .filter(|&pid| {
+            captured.contains(&pid)
+                || machine
+                    .pid_namespace(Some(pid))
+                    .is_some_and(|ns| workload_namespaces.contains(&ns))
+        })
+        .collect())
 }
 
 /// The survivors of `--allow-lost` holding a multicast object that cannot be made again
@@ -516,5 +530,51 @@ mod tests {
             ["pid 101: import of allocation 050505050505 created by pid 100 (left unmapped)"]
         );
         assert!(depends_on_lost(&state, &[]).is_empty());
+    }
+
+    /// A machine of processes `(pid, PID namespace, state letter)`, root first.
+    fn machine(processes: &[(u32, u64, char)]) -> fakes::Machine {
+        fakes::Machine {
+            processes: processes
+                .iter()
+                .map(|&(pid, ns, state)| {
+                    let info = crate::discovery::ProcessInfo {
+                        pid_namespace: ns,
+                        ..fakes::cuda_process(pid)
+                    };
+                    (info, Some(state), true)
+                })
+                .collect(),
+            ..fakes::Machine::default()
+        }
+    }
+
+    /// A resume continues the stopped processes of the group: those captured, and those of the
+    /// workload's own PID namespace (a checkpoint's dump stops the whole namespace); a stopped
+    /// process beside it in the tool's namespace, and the group's running ones, are left alone.
+    #[test]
+    fn a_resume_continues_only_the_stopped_processes_of_the_group() {
+        const WORKLOAD: u64 = 9;
+        const TOOL: u64 = fakes::TOOL_PID_NAMESPACE;
+        let state = captured(&[100, 101]);
+        let own_namespace = machine(&[
+            (100, WORKLOAD, 'T'),
+            (101, WORKLOAD, 'S'),
+            (102, WORKLOAD, 'T'),
+            (103, TOOL, 'T'),
+            (104, WORKLOAD, 'S'),
+            (105, 11, 't'),
+        ]);
+        assert_eq!(
+            stopped_of_group(&own_namespace, 100, &state).unwrap(),
+            [100, 102]
+        );
+        // A workload in the tool's namespace: only what was captured.
+        let beside = machine(&[(100, TOOL, 'T'), (101, TOOL, 'T'), (103, TOOL, 'T')]);
+        assert_eq!(stopped_of_group(&beside, 100, &state).unwrap(), [100, 101]);
+        // Nothing stopped, nothing to continue: the resume goes on without a signal sent.
+        let running = machine(&[(100, WORKLOAD, 'S'), (101, WORKLOAD, 'S')]);
+        assert!(stopped_of_group(&running, 100, &state).unwrap().is_empty());
+        continue_stopped(&running, 100, &state, None, &[], Duration::ZERO).unwrap();
     }
 }

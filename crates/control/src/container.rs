@@ -46,19 +46,9 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// A root directory, known by the device and inode of its directory (comparable across mount
-/// namespaces: a bind mount shows the same inode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RootDir {
-    pub dev: u64,
-    pub ino: u64,
-}
-
-impl std::fmt::Display for RootDir {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "device {}, inode {}", self.dev, self.ino)
-    }
-}
+// Read in procfs, behind the `Procs` seam (namespace_root reads them through it); callers
+// outside the crate find them here.
+pub use crate::procfs::{RootDir, root_dir};
 
 fn proc_error(pid: u32, path: &Path, source: std::io::Error) -> ControlError {
     ControlError::Proc {
@@ -66,20 +56,6 @@ fn proc_error(pid: u32, path: &Path, source: std::io::Error) -> ControlError {
         path: path.to_path_buf(),
         source,
     }
-}
-
-/// The root directory of `pid` (`None`: this process).
-pub fn root_dir(pid: Option<u32>) -> Result<RootDir, ControlError> {
-    let path = match pid {
-        Some(pid) => crate::procfs::path(pid, "root"),
-        None => "/".into(),
-    };
-    std::fs::metadata(&path)
-        .map(|m| RootDir {
-            dev: m.dev(),
-            ino: m.ino(),
-        })
-        .map_err(|e| proc_error(pid.unwrap_or_else(std::process::id), &path, e))
 }
 
 /// The inode of namespace `ns` (`mnt`, `pid`) of `pid` (`None`: this process).
@@ -651,25 +627,35 @@ fn inherit_fds(fds: &[OwnedFd]) -> std::io::Result<()> {
 /// descendant, that one: the workload of `cuinterpose run --pid-namespace` in the container,
 /// whose launcher is the container's init (the module docs say why CRIU needs it so).
 pub fn namespace_root(root: u32) -> Result<u32, ControlError> {
+    namespace_root_in(&crate::procfs::Proc, root)
+}
+
+/// [`namespace_root`] on `machine`.
+pub(crate) fn namespace_root_in(
+    machine: &dyn crate::discovery::ProcessTree,
+    root: u32,
+) -> Result<u32, ControlError> {
     // Pid 0, a pid past the kernel's limit or one that exited: no such process (exit 3), not an
-    // error reading /proc.
-    if root == 0 || !crate::procfs::path(root, "stat").exists() {
+    // error reading /proc. (`/proc/<pid>/stat` of a live process, a zombie included, is always
+    // readable, so one that cannot be read is not there.)
+    if root == 0 || machine.stat(root).is_none() {
         return Err(ControlError::NoSuchProcess(root));
     }
-    let info = crate::discovery::describe(root)?;
+    let info = machine.describe(root)?;
     let inits = || -> Result<Vec<u32>, ControlError> {
-        Ok(crate::discovery::process_tree(root)?
+        Ok(machine
+            .tree(root)?
             .into_iter()
             .skip(1)
             // A zombie (a restored tree's root the container's init has not reaped) is no init.
-            .filter(|&pid| !crate::procfs::exited(pid))
-            .filter_map(|pid| crate::discovery::describe(pid).ok())
+            .filter(|&pid| !machine.exited(pid))
+            .filter_map(|pid| machine.describe(pid).ok())
             .filter(|p| p.ns_pid == 1 && p.pid_namespace != info.pid_namespace)
             .map(|p| p.host_pid)
             .collect())
     };
     if info.ns_pid == 1 {
-        if root_dir(Some(root))? != root_dir(None)?
+        if machine.root_dir(Some(root))? != machine.root_dir(None)?
             && let [init] = inits()?.as_slice()
         {
             return Ok(*init);
@@ -808,5 +794,114 @@ mod tests {
         let out = run_here(command, vec![fd]).unwrap();
         assert!(out.status.success(), "{out:?}");
         assert_eq!(out.stdout, b"here");
+    }
+
+    /// A process of the scripted machine: host pid `pid`, `ns_pid` in PID namespace `ns`, in
+    /// state `state`.
+    fn process(
+        pid: u32,
+        ns_pid: u32,
+        ns: u64,
+        state: char,
+    ) -> (crate::discovery::ProcessInfo, Option<char>, bool) {
+        let info = crate::discovery::ProcessInfo {
+            ns_pid,
+            pid_namespace: ns,
+            ..crate::fakes::cuda_process(pid)
+        };
+        (info, Some(state), true)
+    }
+
+    fn machine(
+        processes: Vec<(crate::discovery::ProcessInfo, Option<char>, bool)>,
+    ) -> crate::fakes::Machine {
+        crate::fakes::Machine {
+            processes,
+            ..crate::fakes::Machine::default()
+        }
+    }
+
+    const HOST: u64 = crate::fakes::TOOL_PID_NAMESPACE;
+
+    #[test]
+    fn no_root_of_a_process_that_is_not_there() {
+        let gone = crate::fakes::Machine {
+            processes: vec![(crate::fakes::cuda_process(100), None, false)],
+            ..crate::fakes::Machine::default()
+        };
+        for (machine, pid) in [(&gone, 0), (&gone, 77), (&gone, 100)] {
+            let error = namespace_root_in(machine, pid).unwrap_err();
+            assert!(
+                matches!(error, ControlError::NoSuchProcess(p) if p == pid),
+                "{error}"
+            );
+        }
+    }
+
+    /// `cuinterpose run --pid-namespace` on the host: the launcher given, the workload's init
+    /// the one below it in a namespace of its own; a zombie init (a restored tree's root not
+    /// reaped yet) is none.
+    #[test]
+    fn a_launcher_on_the_host_gives_the_init_below_it() {
+        let launcher = machine(vec![
+            process(100, 100, HOST, 'S'),
+            process(101, 1, 9, 'S'),
+            process(102, 2, 9, 'S'),
+        ]);
+        assert_eq!(namespace_root_in(&launcher, 100).unwrap(), 101);
+        let with_zombie = machine(vec![
+            process(100, 100, HOST, 'S'),
+            process(101, 1, 9, 'Z'),
+            process(103, 1, 10, 'S'),
+        ]);
+        assert_eq!(namespace_root_in(&with_zombie, 100).unwrap(), 103);
+    }
+
+    /// An init given is the root, unless it is a container's (its root directory not the
+    /// tool's) with exactly one init below it: the workload of `run --pid-namespace` in the
+    /// container, under the launcher that is the container's init.
+    #[test]
+    fn an_init_is_the_root_unless_it_is_a_containers_with_the_workload_below() {
+        let tree = vec![process(200, 1, 9, 'S'), process(201, 1, 10, 'S')];
+        assert_eq!(namespace_root_in(&machine(tree.clone()), 200).unwrap(), 200);
+        let container = RootDir { dev: 1, ino: 99 };
+        let in_container = crate::fakes::Machine {
+            roots: vec![(200, container), (201, container)],
+            ..machine(tree)
+        };
+        assert_eq!(namespace_root_in(&in_container, 200).unwrap(), 201);
+        let alone = crate::fakes::Machine {
+            roots: vec![(200, container)],
+            ..machine(vec![process(200, 1, 9, 'S'), process(202, 5, 9, 'S')])
+        };
+        assert_eq!(namespace_root_in(&alone, 200).unwrap(), 200);
+    }
+
+    /// A root that is no init with no single init below it cannot be dumped by CRIU: refused,
+    /// naming the process and what to do.
+    #[test]
+    fn a_workload_without_a_namespace_of_its_own_is_refused() {
+        for tree in [
+            vec![process(100, 100, HOST, 'S'), process(101, 101, HOST, 'S')],
+            vec![
+                process(100, 100, HOST, 'S'),
+                process(101, 1, 9, 'S'),
+                process(102, 1, 10, 'S'),
+            ],
+        ] {
+            let error = namespace_root_in(&machine(tree), 100).unwrap_err();
+            let ControlError::Refused(refusals) = &error else {
+                panic!("{error}");
+            };
+            assert_eq!(refusals.len(), 1);
+            assert_eq!(refusals[0].process, "pid 100 (w)");
+            assert!(
+                refusals[0]
+                    .reason
+                    .contains("cuinterpose run --pid-namespace"),
+                "{}",
+                refusals[0].reason
+            );
+        }
     }
 }

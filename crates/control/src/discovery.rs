@@ -3,6 +3,7 @@
 //! them map the CUDA driver and the shim, their namespace PIDs, and the shim's control socket, found
 //! among the process's own descriptors and reached through `/proc/<pid>/root`.
 
+use crate::procfs::{Proc, Procs};
 use crate::{ControlError, procfs};
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -48,6 +49,27 @@ impl ProcessInfo {
     }
 }
 
+/// What the tool reads of a process tree in `/proc` ([`process_tree`], [`describe`]) beside the
+/// reads of each process ([`Procs`]): the seam in front of them, so that what is decided from
+/// them (a group's members, the processes a resume continues, the workload's namespace root) is
+/// unit-tested on a scripted machine; [`Proc`] is the real one.
+pub(crate) trait ProcessTree: Procs {
+    /// [`process_tree`] under `root`.
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError>;
+    /// [`describe`] of `pid`.
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError>;
+}
+
+impl ProcessTree for Proc {
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError> {
+        process_tree(root)
+    }
+
+    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
+        describe(pid)
+    }
+}
+
 /// `root` and all its descendants, root first, then in PID order.
 pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
     // Parent links of every process; /proc/<pid>/task/*/children needs CONFIG_PROC_CHILDREN.
@@ -88,12 +110,8 @@ pub fn process_tree(root: u32) -> Result<Vec<u32>, ControlError> {
     Ok(tree)
 }
 
-/// The inode of the PID namespace process `pid` lives in (`None`: gone, or not readable).
-pub fn pid_namespace(pid: u32) -> Option<u64> {
-    fs::read_link(procfs::path(pid, "ns/pid"))
-        .ok()
-        .and_then(|l| namespace_inode(&l.to_string_lossy()))
-}
+// Read in procfs, where the real side of the `Procs` seam lives; the tool's callers find it here.
+pub use crate::procfs::pid_namespace;
 
 /// Everything the tool needs to know about one process.
 pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
@@ -138,11 +156,6 @@ pub fn describe(pid: u32) -> Result<ProcessInfo, ControlError> {
         shim,
         control_socket,
     })
-}
-
-/// `pid:[4026531836]` → 4026531836.
-fn namespace_inode(link: &str) -> Option<u64> {
-    link.rsplit_once('[')?.1.strip_suffix(']')?.parse().ok()
 }
 
 fn mapped_files(maps: &str) -> impl Iterator<Item = PathBuf> + '_ {
@@ -223,7 +236,7 @@ pub fn net_namespace(pid: u32) -> Result<u64, ControlError> {
         source,
     })?;
     link.to_str()
-        .and_then(namespace_inode)
+        .and_then(procfs::namespace_inode)
         .ok_or_else(|| ControlError::Proc {
             pid,
             path,

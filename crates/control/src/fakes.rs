@@ -1,5 +1,6 @@
 //! Scripted stand-ins behind the seams of the capture and rebuild, for their unit tests: shims
-//! behind [`ShimLink`], a driver behind [`NativeCheckpoint`], `/proc` behind [`Procs`]. Each
+//! behind [`ShimLink`], a driver behind [`NativeCheckpoint`], `/proc` behind [`Procs`] and
+//! [`crate::discovery::ProcessTree`]. Each
 //! writes what it was asked into one shared [`Log`], so a test asserts which calls were made, in
 //! which order, and what state each fake is left in.
 
@@ -7,7 +8,7 @@ use crate::ControlError;
 use crate::discovery::ProcessInfo;
 use crate::group::{Group, Participant, ShimLink};
 use crate::native::{NativeCheckpoint, ProcessState};
-use crate::procfs::{Procs, Stat};
+use crate::procfs::{Procs, RootDir, Stat, Thread};
 use cuda_abi::{CUresult, CUuuid};
 use protocol::message::DrainReport;
 use protocol::{ErrorCode, GateRecord, HelloReply, Phase, ProcessRecord, Request, Response};
@@ -204,7 +205,7 @@ pub(crate) fn cuda_process(pid: u32) -> ProcessInfo {
     ProcessInfo {
         host_pid: pid,
         ns_pid: pid,
-        pid_namespace: 1,
+        pid_namespace: TOOL_PID_NAMESPACE,
         command: "w".into(),
         driver: Some("libcuda.so.1".into()),
         shim: Some("libcuinterpose.so".into()),
@@ -339,43 +340,105 @@ impl NativeCheckpoint for Native {
     }
 }
 
+/// The PID namespace of the tool, and of every process [`cuda_process`] describes.
+pub(crate) const TOOL_PID_NAMESPACE: u64 = 1;
+
+/// The tool's root directory, and that of every process not given another.
+pub(crate) const TOOL_ROOT: RootDir = RootDir { dev: 1, ino: 2 };
+
+/// `pid` is not in `/proc`.
+fn no_such(pid: u32, rest: &str) -> ControlError {
+    ControlError::Proc {
+        pid,
+        path: crate::procfs::path(pid, rest),
+        source: std::io::ErrorKind::NotFound.into(),
+    }
+}
+
+/// A process of state `state` (`/proc/<pid>/stat`'s letter).
+fn stat_of(state: char) -> Stat {
+    Stat {
+        state,
+        ppid: 1,
+        tty_nr: 0,
+        num_threads: 1,
+        start_time: 1,
+    }
+}
+
 /// A process tree as discovery sees it: each process, its state letter in `/proc/<pid>/stat`
-/// (`None`: gone), and whether its shim answers.
+/// (`None`: gone), and whether its shim answers; the tree is the processes in their order, the
+/// first its root.
 #[derive(Debug, Default)]
 pub(crate) struct Machine {
     pub(crate) processes: Vec<(ProcessInfo, Option<char>, bool)>,
+    /// Processes whose root directory is not the tool's ([`TOOL_ROOT`]).
+    pub(crate) roots: Vec<(u32, RootDir)>,
+    /// Processes' threads; a process not listed has one, its main thread.
+    pub(crate) threads: Vec<(u32, Vec<Thread>)>,
     pub(crate) log: Log,
+}
+
+impl Machine {
+    /// Process `pid` while it is there (not gone).
+    fn live(&self, pid: u32) -> Option<&ProcessInfo> {
+        self.processes
+            .iter()
+            .find(|(p, state, _)| p.host_pid == pid && state.is_some())
+            .map(|(p, _, _)| p)
+    }
 }
 
 impl Procs for Machine {
     fn stat(&self, pid: u32) -> Option<Stat> {
         let (_, state, _) = self.processes.iter().find(|(p, _, _)| p.host_pid == pid)?;
-        state.map(|state| Stat {
-            state,
-            ppid: 1,
-            tty_nr: 0,
-            num_threads: 1,
-            start_time: 1,
-        })
+        state.map(stat_of)
+    }
+
+    fn pid_namespace(&self, pid: Option<u32>) -> Option<u64> {
+        match pid {
+            None => Some(TOOL_PID_NAMESPACE),
+            Some(pid) => self.live(pid).map(|p| p.pid_namespace),
+        }
+    }
+
+    fn root_dir(&self, pid: Option<u32>) -> Result<RootDir, ControlError> {
+        let Some(pid) = pid else {
+            return Ok(TOOL_ROOT);
+        };
+        self.live(pid).ok_or_else(|| no_such(pid, "root"))?;
+        Ok(self
+            .roots
+            .iter()
+            .find(|(p, _)| *p == pid)
+            .map_or(TOOL_ROOT, |(_, root)| *root))
+    }
+
+    fn threads(&self, pid: u32) -> Vec<Thread> {
+        let Some(info) = self.live(pid) else {
+            return Vec::new();
+        };
+        match self.threads.iter().find(|(p, _)| *p == pid) {
+            Some((_, threads)) => threads.clone(),
+            None => vec![Thread {
+                host: pid,
+                own: Some(info.ns_pid),
+            }],
+        }
     }
 }
 
-impl crate::group::Processes for Machine {
+impl crate::discovery::ProcessTree for Machine {
     fn tree(&self, _root: u32) -> Result<Vec<u32>, ControlError> {
         Ok(self.processes.iter().map(|(p, _, _)| p.host_pid).collect())
     }
 
     fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
-        match self.processes.iter().find(|(p, _, _)| p.host_pid == pid) {
-            Some((info, Some(_), _)) => Ok(info.clone()),
-            _ => Err(ControlError::Proc {
-                pid,
-                path: crate::procfs::path(pid, "maps"),
-                source: std::io::ErrorKind::NotFound.into(),
-            }),
-        }
+        self.live(pid).cloned().ok_or_else(|| no_such(pid, "maps"))
     }
+}
 
+impl crate::group::Processes for Machine {
     fn connect(&self, info: ProcessInfo, _timeout: Duration) -> Result<Participant, ControlError> {
         self.log.push(format!("{} Hello", info.host_pid));
         let answers = self
@@ -394,18 +457,42 @@ impl crate::group::Processes for Machine {
     }
 }
 
-/// `/proc` in which the processes listed have exited and every other one sleeps.
+/// `/proc` in which the processes listed have exited and every other one sleeps, with one
+/// thread, in the tool's PID namespace and root.
 #[derive(Debug, Default)]
 pub(crate) struct Exited(pub(crate) Vec<u32>);
 
+impl Exited {
+    fn alive(&self, pid: u32) -> bool {
+        !self.0.contains(&pid)
+    }
+}
+
 impl Procs for Exited {
     fn stat(&self, pid: u32) -> Option<Stat> {
-        (!self.0.contains(&pid)).then_some(Stat {
-            state: 'S',
-            ppid: 1,
-            tty_nr: 0,
-            num_threads: 1,
-            start_time: 1,
-        })
+        self.alive(pid).then_some(stat_of('S'))
+    }
+
+    fn pid_namespace(&self, pid: Option<u32>) -> Option<u64> {
+        pid.is_none_or(|pid| self.alive(pid))
+            .then_some(TOOL_PID_NAMESPACE)
+    }
+
+    fn root_dir(&self, pid: Option<u32>) -> Result<RootDir, ControlError> {
+        match pid {
+            Some(pid) if !self.alive(pid) => Err(no_such(pid, "root")),
+            _ => Ok(TOOL_ROOT),
+        }
+    }
+
+    fn threads(&self, pid: u32) -> Vec<Thread> {
+        if self.alive(pid) {
+            vec![Thread {
+                host: pid,
+                own: Some(pid),
+            }]
+        } else {
+            Vec::new()
+        }
     }
 }

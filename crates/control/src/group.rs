@@ -2,7 +2,7 @@
 //! their records, and the whole-group checks that decide whether capture is safe. Everything here
 //! is read-only: a refusal changes nothing in the workload.
 
-use crate::discovery::{self, ProcessInfo};
+use crate::discovery::{self, ProcessInfo, ProcessTree};
 use crate::procfs::{Proc, Procs};
 use crate::{ControlError, Refusal};
 use protocol::message::DrainReport;
@@ -319,27 +319,15 @@ impl From<&HelloReply> for HelloReplyView {
     }
 }
 
-/// What discovery reads of the machine: the processes of a tree and what each one is (`/proc`),
-/// and the shims' control sockets. The seam in front of both, so that every refusal of
-/// discovery is unit-tested with a scripted machine; [`Proc`] is the real one.
-pub(crate) trait Processes: Procs {
-    /// The process tree under `root` (crate::discovery::process_tree).
-    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError>;
-    /// What `pid` is (crate::discovery::describe).
-    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError>;
+/// What discovery reads of the machine: the processes of a tree and what each one is (`/proc`,
+/// [`ProcessTree`]), and the shims' control sockets. The seam in front of both, so that every
+/// refusal of discovery is unit-tested with a scripted machine; [`Proc`] is the real one.
+pub(crate) trait Processes: ProcessTree {
     /// Connects to the shim of `info` ([`Participant::connect`]).
     fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError>;
 }
 
 impl Processes for Proc {
-    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError> {
-        discovery::process_tree(root)
-    }
-
-    fn describe(&self, pid: u32) -> Result<ProcessInfo, ControlError> {
-        discovery::describe(pid)
-    }
-
     fn connect(&self, info: ProcessInfo, timeout: Duration) -> Result<Participant, ControlError> {
         Participant::connect(info, timeout)
     }

@@ -1,8 +1,11 @@
 //! The tool's one reader of `/proc`: paths, whole files, and the fields of `/proc/<pid>/stat` the
 //! tool uses (state, parent, controlling terminal), parsed in one place because the command name in
-//! parentheses may contain anything, spaces and parentheses included.
+//! parentheses may contain anything, spaces and parentheses included; a process's PID namespace,
+//! root directory and threads. [`Procs`] is the seam in front of these reads for the capture's and
+//! the rebuild's unit tests.
 
 use crate::ControlError;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 /// `/proc/<pid>/<rest>`.
@@ -86,8 +89,81 @@ pub fn exited(pid: u32) -> bool {
     stat(pid).is_none_or(|s| s.exited())
 }
 
+/// The inode of the PID namespace process `pid` lives in (`None`: gone, or not readable).
+pub fn pid_namespace(pid: u32) -> Option<u64> {
+    std::fs::read_link(path(pid, "ns/pid"))
+        .ok()
+        .and_then(|l| namespace_inode(&l.to_string_lossy()))
+}
+
+/// `pid:[4026531836]` → 4026531836.
+pub(crate) fn namespace_inode(link: &str) -> Option<u64> {
+    link.rsplit_once('[')?.1.strip_suffix(']')?.parse().ok()
+}
+
+/// A root directory, known by the device and inode of its directory (comparable across mount
+/// namespaces: a bind mount shows the same inode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootDir {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl std::fmt::Display for RootDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {}, inode {}", self.dev, self.ino)
+    }
+}
+
+/// The root directory of `pid` (`None`: this process).
+pub fn root_dir(pid: Option<u32>) -> Result<RootDir, ControlError> {
+    let path = match pid {
+        Some(pid) => path(pid, "root"),
+        None => "/".into(),
+    };
+    std::fs::metadata(&path)
+        .map(|m| RootDir {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+        .map_err(|source| ControlError::Proc {
+            pid: pid.unwrap_or_else(std::process::id),
+            path,
+            source,
+        })
+}
+
+/// One thread of a process, as `/proc/<pid>/task` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thread {
+    /// Its TID in the tool's PID namespace (the name of its `task` directory).
+    pub host: u32,
+    /// Its TID in its own PID namespace, as its threads see it: the last field of `NSpid:` in its
+    /// `status` (the host TID for a process in the tool's namespace; `None`: unreadable).
+    pub own: Option<u32>,
+}
+
+/// The threads of `pid` (none when it is gone or its `task` directory cannot be read).
+pub fn threads(pid: u32) -> Vec<Thread> {
+    let Ok(tasks) = std::fs::read_dir(path(pid, "task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|entry| {
+            let host = entry.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+            Some(Thread {
+                host,
+                own: ns_pid_in(&status),
+            })
+        })
+        .collect()
+}
+
 /// What the capture and rebuild read of the group's processes in `/proc`: the seam in front of
-/// it, so that their handling of a process that exits or stops half way is unit-tested.
+/// it, so that their handling of a process that exits or stops half way, of a workload in a PID
+/// namespace or a root of its own, and the lookup of a restore thread are unit-tested.
 pub trait Procs: Sync {
     /// [`stat`] of `pid`.
     fn stat(&self, pid: u32) -> Option<Stat>;
@@ -96,6 +172,15 @@ pub trait Procs: Sync {
     fn exited(&self, pid: u32) -> bool {
         self.stat(pid).is_none_or(|s| s.exited())
     }
+
+    /// [`pid_namespace`] of `pid` (`None`: this process).
+    fn pid_namespace(&self, pid: Option<u32>) -> Option<u64>;
+
+    /// [`root_dir`] of `pid` (`None`: this process).
+    fn root_dir(&self, pid: Option<u32>) -> Result<RootDir, ControlError>;
+
+    /// [`threads`] of `pid`.
+    fn threads(&self, pid: u32) -> Vec<Thread>;
 }
 
 /// The real `/proc`.
@@ -105,6 +190,18 @@ pub struct Proc;
 impl Procs for Proc {
     fn stat(&self, pid: u32) -> Option<Stat> {
         stat(pid)
+    }
+
+    fn pid_namespace(&self, pid: Option<u32>) -> Option<u64> {
+        pid_namespace(pid.unwrap_or_else(std::process::id))
+    }
+
+    fn root_dir(&self, pid: Option<u32>) -> Result<RootDir, ControlError> {
+        root_dir(pid)
+    }
+
+    fn threads(&self, pid: u32) -> Vec<Thread> {
+        threads(pid)
     }
 }
 

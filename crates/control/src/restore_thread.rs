@@ -15,6 +15,7 @@
 
 use crate::ControlError;
 use crate::native::{NativeCheckpoint, ProcessState};
+use crate::procfs::Procs;
 use cuda_abi::CUuuid;
 use nix::sys::ptrace;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -25,15 +26,16 @@ use std::time::{Duration, Instant};
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Restores `pid` natively if it is checkpointed, with only its restore thread running: `pid`
-/// must be stopped (state `T`). Returns the native state it is left in (`Locked` after a
-/// restore; whatever it was otherwise, untouched).
+/// must be stopped (state `T`). Its threads are read in `procs`. Returns the native state it is
+/// left in (`Locked` after a restore; whatever it was otherwise, untouched).
 pub fn restore_stopped(
     driver: &dyn NativeCheckpoint,
+    procs: &dyn Procs,
     pid: u32,
     pairs: &[(CUuuid, CUuuid)],
 ) -> Result<ProcessState, ControlError> {
     let named = driver.restore_thread(pid)?;
-    let tid = host_tid(pid, named).ok_or_else(|| ControlError::RestoreThread {
+    let tid = host_tid(procs, pid, named).ok_or_else(|| ControlError::RestoreThread {
         pid,
         tid: named,
         what: "no such thread in /proc",
@@ -57,23 +59,16 @@ pub fn restore_stopped(
 }
 
 /// The host TID of thread `tid` of `pid`, `tid` named in the process's own PID namespace (as
-/// its threads see themselves: the last field of `NSpid:`) or in this one.
-fn host_tid(pid: u32, tid: u32) -> Option<u32> {
-    let tasks = std::fs::read_dir(crate::procfs::path(pid, "task")).ok()?;
-    let mut by_host = None;
-    for entry in tasks.flatten() {
-        let Some(host) = entry.file_name().to_str().and_then(|s| s.parse().ok()) else {
-            continue;
-        };
-        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
-        if crate::procfs::ns_pid_in(&status) == Some(tid) {
-            return Some(host);
-        }
-        if host == tid {
-            by_host = Some(host);
-        }
-    }
-    by_host
+/// its threads see themselves: the last field of `NSpid:`) or in this one. The driver names it
+/// as the process sees it, so a thread whose own TID matches wins over one whose host TID
+/// happens to be the same number (a restored process's TIDs are those it had, in its namespace).
+fn host_tid(procs: &dyn Procs, pid: u32, tid: u32) -> Option<u32> {
+    let threads = procs.threads(pid);
+    threads
+        .iter()
+        .find(|t| t.own == Some(tid))
+        .or_else(|| threads.iter().find(|t| t.host == tid))
+        .map(|t| t.host)
 }
 
 /// A restore thread taken out of its group stop: [`Running::stop`] puts it back.
@@ -168,11 +163,89 @@ impl Drop for Running {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fakes::{Log, Machine, Native, cuda_process};
+    use crate::procfs::{Proc, Thread};
 
     #[test]
     fn a_thread_is_found_by_its_host_tid_in_this_namespace() {
         let pid = std::process::id();
-        assert_eq!(host_tid(pid, pid), Some(pid));
-        assert_eq!(host_tid(pid, u32::MAX), None);
+        assert_eq!(host_tid(&Proc, pid, pid), Some(pid));
+        assert_eq!(host_tid(&Proc, pid, u32::MAX), None);
+    }
+
+    /// A restored process in a PID namespace of its own: host pid 5000, its threads host 5000,
+    /// 5001, 5002, which it sees as 1, 7, 8.
+    fn restored() -> Machine {
+        let own = |host, own| Thread {
+            host,
+            own: Some(own),
+        };
+        Machine {
+            processes: vec![(cuda_process(5000), Some('T'), false)],
+            threads: vec![(5000, vec![own(5000, 1), own(5001, 7), own(5002, 8)])],
+            ..Machine::default()
+        }
+    }
+
+    #[test]
+    fn the_restore_thread_is_found_by_the_tid_its_process_sees() {
+        let machine = restored();
+        assert_eq!(host_tid(&machine, 5000, 7), Some(5001));
+        assert_eq!(host_tid(&machine, 5000, 1), Some(5000));
+        // Named by its host TID (a process in the tool's namespace sees those).
+        assert_eq!(host_tid(&machine, 5000, 5002), Some(5002));
+        // Not a thread of this process, or the process is gone.
+        assert_eq!(host_tid(&machine, 5000, 9), None);
+        assert_eq!(host_tid(&machine, 4999, 7), None);
+    }
+
+    #[test]
+    fn a_thread_whose_own_tid_matches_wins_over_a_host_tid_of_the_same_number() {
+        // Its thread 7 has host TID 5001; another thread's host TID is 7.
+        let machine = Machine {
+            processes: vec![(cuda_process(5000), Some('T'), false)],
+            threads: vec![(
+                5000,
+                vec![
+                    Thread {
+                        host: 7,
+                        own: Some(3),
+                    },
+                    Thread {
+                        host: 5001,
+                        own: Some(7),
+                    },
+                ],
+            )],
+            ..Machine::default()
+        };
+        assert_eq!(host_tid(&machine, 5000, 7), Some(5001));
+    }
+
+    /// A restore thread the driver names that `/proc` does not list fails before anything is
+    /// traced or restored, naming the process and the thread.
+    #[test]
+    fn a_restore_thread_not_in_proc_fails_before_the_native_restore() {
+        let log = Log::default();
+        // The fake driver names the process's own pid (6000) as its restore thread; the
+        // process's one thread is 6001 on the host and 1 in its namespace.
+        let driver = Native::new(&log);
+        let machine = Machine {
+            processes: vec![(cuda_process(6000), Some('T'), false)],
+            threads: vec![(
+                6000,
+                vec![Thread {
+                    host: 6001,
+                    own: Some(1),
+                }],
+            )],
+            ..Machine::default()
+        };
+        let error = restore_stopped(&driver, &machine, 6000, &[]).unwrap_err();
+        let ControlError::RestoreThread { pid, tid, what, .. } = &error else {
+            panic!("{error}");
+        };
+        assert_eq!((*pid, *tid, *what), (6000, 6000, "no such thread in /proc"));
+        assert!(log.native().is_empty(), "{:?}", log.native());
     }
 }

@@ -659,7 +659,12 @@ fn restore_stopped_tree(
 ) -> Result<(), ControlError> {
     let pids: Vec<u32> = state.participants.iter().map(|p| p.host_pid).collect();
     let restored = crate::parallel::for_each("native restore", &pids, |&pid| {
-        crate::restore_thread::restore_stopped(&verified.driver, pid, &verified.gpu_pairs)
+        crate::restore_thread::restore_stopped(
+            &verified.driver,
+            &crate::procfs::Proc,
+            pid,
+            &verified.gpu_pairs,
+        )
     });
     for (captured, result) in state.participants.iter().zip(restored) {
         result.map_err(|e| ControlError::Step {
