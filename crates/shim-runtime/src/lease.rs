@@ -8,7 +8,7 @@
 //! `/run`).
 //!
 //! A holding connection that ends (the tool exited or was killed; the kernel closes its socket
-//! either way) loses the lease, and the control worker then runs `Runtime::lease_lost` (server.rs) after
+//! either way) loses the lease, and the control worker then runs `Capture::lease_lost` (phases.rs) after
 //! whatever phase it is running: a capture that released nothing yet is undone (the process
 //! thaws itself, so a tool killed right after Freeze leaves nothing frozen), and one that released
 //! memory stays as it is for `cuinterpose resume`, which rebuilds it from the state file the

@@ -510,6 +510,40 @@ impl Capture {
         drain.open_gates(t);
         Ok(0)
     }
+
+    /// Whether this process is inside a capture: gates closed, or a phase other than Running
+    /// (the server keeps the capture lease while it is: lease.rs).
+    pub(crate) fn in_capture(&self, t: &Tracking, drain: &Drain) -> bool {
+        drain.gates_closed() || t.lock().phase() != Phase::Running
+    }
+
+    /// The tool that held this capture is gone (lease.rs): undo a capture that released
+    /// nothing; keep one that did for `cuinterpose resume`.
+    pub(crate) fn lease_lost(&self, t: &Tracking, drain: &Drain) {
+        if !self.in_capture(t, drain) {
+            return;
+        }
+        let phase = t.lock().phase();
+        // Only a capture that never reached Release is undone here; anything from Release on (a
+        // rebuild half done included) is finished by `cuinterpose resume` from the state file,
+        // for the whole group at once.
+        let released = self.control().release_started
+            || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
+        if released {
+            // Every suspend and checkpoint ends this way (the tool exits, or drops its
+            // connections before CRIU): not a warning, and never on the application's stderr,
+            // whose file CRIU restores only at its recorded size.
+            log_info!(
+                "the tool holding this capture is gone after memory was released ({phase:?}): \
+                 the process stays suspended until `cuinterpose resume`"
+            );
+            return;
+        }
+        log_warn!("the tool holding this capture is gone before anything was released: thawing");
+        if let Err(e) = self.thaw(t, drain) {
+            log_warn!("cannot thaw after the tool was lost: {e}; `cuinterpose resume` can");
+        }
+    }
 }
 
 /// The answer to phase request `name`, which took `micros`, from what it did; `phase` is the

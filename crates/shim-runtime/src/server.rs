@@ -24,13 +24,14 @@
 //!   application's own handlers or `sigwait` threads.
 //!
 //! State: the runtime's [`crate::lease::ServerState`] (connections, the capture lease, HELLO's
-//! identity); the phases it queues run on the runtime's jobs.
+//! identity); the phases it queues run on the runtime's jobs, and so does what a lost lease
+//! undoes (`Capture::lease_lost`, phases.rs).
 
 use crate::lease::Identity;
 use crate::log::{log_debug, log_info, log_warn};
 use crate::runtime::Runtime;
 use crate::threads::spawn_quiet;
-use protocol::record::{AllocationId, Phase};
+use protocol::record::AllocationId;
 use protocol::{ErrorCode, HelloReply, ProtocolError, Request, Response};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -137,7 +138,7 @@ impl Runtime {
                     } => {
                         let _ = reply.send(worker.run_phase(request, file));
                     }
-                    Work::LeaseLost => worker.lease_lost(),
+                    Work::LeaseLost => worker.capture.lease_lost(&worker.tracking, &worker.drain),
                 }
             }
         })
@@ -351,9 +352,7 @@ impl Runtime {
             }
         }
     }
-}
 
-impl Runtime {
     /// Runs a phase request under this connection's capture lease (lease.rs): taken first (a
     /// request while another connection holds it is refused, nothing changed), kept while the
     /// process is in a capture, given back once it is out of it. A connection holding the lease is
@@ -404,7 +403,9 @@ impl Runtime {
                 message: "the control worker is gone".into(),
             },
         };
-        if !self.in_capture() && self.server.lease.give_back(connection, || {}) {
+        if !self.capture.in_capture(&self.tracking, &self.drain)
+            && self.server.lease.give_back(connection, || {})
+        {
             let _ = conn.set_timeout(Some(TOOL_IDLE));
         }
         response
@@ -451,40 +452,4 @@ fn refuse(mut conn: Connection, message: String) {
         },
         None,
     );
-}
-
-/// The capture lease (lease.rs) as the server keeps it: a capture is undone when its tool goes.
-impl Runtime {
-    /// Whether this process is inside a capture: gates closed, or a phase other than Running.
-    pub(crate) fn in_capture(&self) -> bool {
-        self.drain.gates_closed() || self.lock().phase() != Phase::Running
-    }
-
-    /// The tool that held this capture is gone (module docs): undo a capture that released
-    /// nothing; keep one that did for `cuinterpose resume`.
-    pub(crate) fn lease_lost(&self) {
-        if !self.in_capture() {
-            return;
-        }
-        let phase = self.lock().phase();
-        // Only a capture that never reached Release is undone here; anything from Release on (a
-        // rebuild half done included) is finished by `cuinterpose resume` from the state file,
-        // for the whole group at once.
-        let released = self.capture.control().release_started
-            || !matches!(phase, Phase::Running | Phase::Frozen | Phase::Saved);
-        if released {
-            // Every suspend and checkpoint ends this way (the tool exits, or drops its
-            // connections before CRIU): not a warning, and never on the application's stderr,
-            // whose file CRIU restores only at its recorded size.
-            log_info!(
-                "the tool holding this capture is gone after memory was released ({phase:?}): \
-                 the process stays suspended until `cuinterpose resume`"
-            );
-            return;
-        }
-        log_warn!("the tool holding this capture is gone before anything was released: thawing");
-        if let Err(e) = self.capture.thaw(&self.tracking, &self.drain) {
-            log_warn!("cannot thaw after the tool was lost: {e}; `cuinterpose resume` can");
-        }
-    }
 }
