@@ -36,8 +36,9 @@ pub enum Exit {
     Usage = 2,
     /// Refused before anything changed: the workload runs as before.
     Refused = 3,
-    /// Failed, then rolled back: the workload runs as before (a restore: what it brought back
-    /// was killed, the checkpoint is unchanged).
+    /// Failed, then rolled back: the workload runs as before (a drain past `--freeze-timeout`:
+    /// every gate open again, nothing released; a restore: what it brought back was killed, the
+    /// checkpoint is unchanged).
     RolledBack = 4,
     /// Failed after the native lock or while rebuilding: the workload needs attention.
     NeedsAttention = 5,
@@ -51,8 +52,9 @@ Exit codes:
   1  unexpected error
   2  bad arguments or a bad setting (an environment variable of docs/settings.md)
   3  refused before anything changed (the workload runs as before)
-  4  failed and rolled back (the workload runs as before; a restore: what it brought back
-     was killed, the checkpoint is unchanged)
+  4  failed and rolled back (the workload runs as before; a capture not drained within
+     --freeze-timeout: every gate open again, nothing released; a restore: what it brought
+     back was killed, the checkpoint is unchanged)
   5  failed after the native lock or while rebuilding (the workload needs attention)
   6  doctor: a check failed (each failed line says what to fix)";
 
@@ -734,6 +736,25 @@ mod exit_tests {
             failure: Box::new(ControlError::NoSuchProcess(7)),
         };
         assert_eq!(exit(rolled), Exit::RolledBack);
+        // A drain past --freeze-timeout exits 4 as docs/recovery.md says, as the capture
+        // reports it (inside its rollback) and alone.
+        let not_drained = || ControlError::NotDrained {
+            timeout: Duration::from_secs(2),
+            busy: vec!["pid 7: a kernel that never ends".into()],
+        };
+        assert_eq!(exit(not_drained()), Exit::RolledBack);
+        let drain_rolled_back = ControlError::RolledBack {
+            failure: Box::new(not_drained()),
+        };
+        assert_eq!(exit(drain_rolled_back), Exit::RolledBack);
+        let gate_stayed_closed = ControlError::RollbackFailed {
+            failure: Box::new(not_drained()),
+            rollback: vec![ControlError::Protocol {
+                process: "pid 7".into(),
+                message: "thaw".into(),
+            }],
+        };
+        assert_eq!(exit(gate_stayed_closed), Exit::NeedsAttention);
         assert_eq!(
             exit(ControlError::VerifyFailed(Vec::new())),
             Exit::NeedsAttention

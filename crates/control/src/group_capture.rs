@@ -644,6 +644,43 @@ mod tests {
         }
         assert!(log.native().is_empty());
         assert!(!run.state.exists());
+        // Exit 4 (docs/recovery.md): every gate open again, nothing released; and the drain's
+        // error alone says the same wherever it is met.
+        assert_eq!(error.class(), crate::ErrorClass::RolledBack);
+        assert_eq!(failure.class(), crate::ErrorClass::RolledBack);
+    }
+
+    /// A drain past its deadline whose gates do not all open again is no rollback: the process
+    /// that did not thaw is named and the workload needs attention (exit 5).
+    #[test]
+    fn a_group_not_drained_whose_gate_stays_closed_needs_attention() {
+        let log = Log::default();
+        let options = SuspendOptions {
+            freeze_timeout: Duration::from_millis(60),
+            ..options()
+        };
+        let group = vec![
+            Shim::new(100, &log),
+            Shim::new(101, &log)
+                .busy()
+                .refusing("Thaw", ErrorCode::Internal),
+        ];
+        let run = capture_of(group, Some(&Native::new(&log)), &[], &options);
+        let error = run.result.unwrap_err();
+        let ControlError::RollbackFailed { failure, rollback } = &error else {
+            panic!("{error}");
+        };
+        assert!(
+            matches!(&**failure, ControlError::NotDrained { .. }),
+            "{failure}"
+        );
+        assert_eq!(rollback.len(), 1);
+        assert!(
+            matches!(&rollback[0], ControlError::Step { step: "thaw", process, .. } if process == "pid 101 (w)"),
+            "{}",
+            rollback[0]
+        );
+        assert_eq!(error.class(), crate::ErrorClass::NeedsAttention);
     }
 
     #[test]

@@ -154,7 +154,11 @@ pub enum ControlError {
     /// the drain: the capture is refused, every gate opened again, nothing changed.
     #[error("refused, nothing was changed:\n  {process}: {message}")]
     StickyError { process: String, message: String },
-    /// The group could not be drained before `--freeze-timeout`: nothing was released.
+    /// The group could not be drained before `--freeze-timeout`: nothing was released. Its one
+    /// source is the capture's freeze (crate::drain, called by group_capture::freeze), which
+    /// opens every gate again before the error leaves it; so it classifies as rolled back
+    /// (exit 4, docs/recovery.md), and the freeze's rollback wraps it (RolledBack, or
+    /// RollbackFailed when a gate did not open again, which needs attention).
     #[error(
         "not drained after {} s; no GPU memory was released (--freeze-timeout sets the limit):\n{}",
         timeout.as_secs_f64(),
@@ -331,14 +335,17 @@ impl ControlError {
             | ControlError::StickyError { .. }
             | ControlError::DriverLoad { .. }
             | ControlError::DriverSymbol { .. } => ErrorClass::Refused,
+            // Undone: the workload runs as before. A drain past its deadline released nothing
+            // and every gate it closed is open again (its variant says why that holds wherever
+            // it is returned).
             ControlError::RolledBack { .. }
             | ControlError::RestoreUndone { .. }
-            | ControlError::CriuRestoreFailed { .. } => ErrorClass::RolledBack,
+            | ControlError::CriuRestoreFailed { .. }
+            | ControlError::NotDrained { .. } => ErrorClass::RolledBack,
             ControlError::RollbackFailed { .. }
             | ControlError::Step { .. }
             | ControlError::VerifyFailed(_) => ErrorClass::NeedsAttention,
-            // Listed rather than `_`, so that a new variant must be classified. NotDrained
-            // reaches the CLI inside RolledBack (group_capture.rs), which classifies it.
+            // Listed rather than `_`, so that a new variant must be classified.
             ControlError::Proc { .. }
             | ControlError::Participant { .. }
             | ControlError::Protocol { .. }
@@ -352,7 +359,6 @@ impl ControlError {
             | ControlError::CarrierHelper { .. }
             | ControlError::Removing { .. }
             | ControlError::ParticipantsExited { .. }
-            | ControlError::NotDrained { .. }
             | ControlError::Panicked { .. } => ErrorClass::Error,
         }
     }
@@ -565,7 +571,7 @@ mod tests {
                     timeout: std::time::Duration::from_secs(2),
                     busy: vec![],
                 },
-                Error,
+                RolledBack,
             ),
             (ControlError::VerifyFailed(refusal()), NeedsAttention),
             (ControlError::RolledBack { failure: inner() }, RolledBack),

@@ -224,7 +224,8 @@ mod tests {
     /// The agent's outcome of representative errors is the one their `class()` gives, among
     /// them those its own rule used to decide otherwise (issue 31): a process that is not there,
     /// another run, a sticky error, a failure before anything changed are refusals (exit 3), not
-    /// rollbacks; an unreadable state file or a panicked worker (exit 1) needs attention.
+    /// rollbacks; a drain past its deadline is rolled back (exit 4); an unreadable state file or
+    /// a panicked worker (exit 1) needs attention.
     #[test]
     fn outcomes_follow_the_tool_classes() {
         let inner = || Box::new(ControlError::NoSuchProcess(7));
@@ -264,6 +265,14 @@ mod tests {
                 ControlError::RestoreUndone {
                     root: 9,
                     failure: inner(),
+                },
+                Failure::RolledBack,
+            ),
+            // A drain past its deadline: every gate open again, nothing released (exit 4).
+            (
+                ControlError::NotDrained {
+                    timeout: Duration::from_secs(2),
+                    busy: vec!["pid 7: a kernel that never ends".into()],
                 },
                 Failure::RolledBack,
             ),
