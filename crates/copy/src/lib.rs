@@ -6,8 +6,9 @@
 //! A crate of its own so that the tool, which only starts the carrier helper, links the engine
 //! and not the interposer's runtime (registry, phases, control server) that also uses it.
 //!
-//! Unsafe code is denied here except in [`engine`]: the carrier and staging buffers are raw host
-//! memory that DMA reads and writes while a copy runs (its docs say why each part must be unsafe).
+//! Unsafe code is denied here except in [`engine`] and [`ring`]: the carriers, the staging
+//! buffers and the data-file workers' buffers are raw host memory that DMA reads and writes
+//! while a copy runs (their docs say why each part must be unsafe).
 
 #![deny(unsafe_code)]
 #![cfg_attr(
@@ -18,6 +19,7 @@
 pub mod carrier_helper;
 pub mod engine;
 pub mod log;
+pub mod ring;
 
 pub use engine::{
     Carrier, CarrierMode, CarrierPolicy, CarrierRelease, CarrierView, CopyConfig, CopyError,

@@ -28,8 +28,8 @@ use crate::Real;
 use crate::blockstore::{self, BlockError, Put};
 use crate::digest::{DigestError, TreeDigests};
 use crate::log::log_warn;
+use copy::ring::PinnedRing;
 use copy::{self, CopyError};
-use cuda::owned::PinnedBuffer;
 use protocol::message::{DATA_ALIGN, DataFile, Extent, StoredBlock, StreamStats};
 use protocol::record::AllocationId;
 use rustix::fs::OFlags;
@@ -293,13 +293,25 @@ impl Shared<'_> {
     }
 }
 
-/// Runs the stream's worker threads over the units; each enters its units' device context as needed and
-/// owns one pinned buffer of [`IO_SIZE`] bytes. `step` does one unit in the buffer, its digest
-/// included.
-fn run<F>(shared: &Shared<'_>, step: &F) -> u32
-where
-    F: Fn(&Shared<'_>, &Unit, &mut [u8]) -> Result<(), DataFileError> + Sync,
-{
+/// Which way a stream goes: what a worker's ring does ahead of each step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// Device to file: each unit is copied into a buffer of the ring while the worker still
+    /// hashes and writes the one before, and the step finds it there.
+    Save,
+    /// File to device: the step fills a buffer and queues its copies, and the next step fills
+    /// the other buffer while they run.
+    Load,
+}
+
+/// One unit of a stream in buffer `slot` of the worker's ring, its digest included.
+type Step<'s> =
+    dyn Fn(&Shared<'_>, &Unit, &mut PinnedRing<'_>, usize) -> Result<(), DataFileError> + Sync + 's;
+
+/// Runs the stream's worker threads over the units ([`work`]), each with its own ring of two
+/// pinned buffers of [`IO_SIZE`] bytes ([`PinnedRing`]), so that its copies overlap its file
+/// I/O and digests.
+fn run(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> u32 {
     let workers = shared.workers.clamp(1, shared.units.len().max(1));
     let fail = |e: DataFileError| {
         shared.failed.store(true, Ordering::Release);
@@ -312,42 +324,7 @@ where
     std::thread::scope(|s| {
         for _ in 0..workers {
             let work = || {
-                let result = (|| {
-                    // Declared before the buffer, so dropped after it: a pinned buffer is freed
-                    // under the context that made it.
-                    let mut context: Option<(i32, copy::DeviceContext<'_>)> = None;
-                    let mut buffer = None;
-                    loop {
-                        if shared.failed.load(Ordering::Acquire) {
-                            return Ok(());
-                        }
-                        let index = shared.next.fetch_add(1, Ordering::AcqRel);
-                        let Some(unit) = shared.units.get(index) else {
-                            return Ok(());
-                        };
-                        if context.as_ref().is_none_or(|(d, _)| *d != unit.device) {
-                            // The buffer is freed under the context that made it.
-                            buffer = None;
-                            drop(context.take());
-                            context = Some((unit.device, copy::enter(shared.real, unit.device)?));
-                        }
-                        if buffer.is_none() {
-                            let made =
-                                PinnedBuffer::new(shared.real, IO_SIZE, 0, copy::log_cleanup)
-                                    .map_err(|e| CopyError::Driver {
-                                        call: e.call,
-                                        device: unit.device,
-                                        result: e.result,
-                                    })?;
-                            buffer = Some(made);
-                        }
-                        let Some(buffer) = buffer.as_mut() else {
-                            return Ok(());
-                        };
-                        step(shared, unit, buffer.as_mut_slice())?;
-                    }
-                })();
-                if let Err(e) = result {
+                if let Err(e) = work(shared, way, step) {
                     fail(e);
                 }
             };
@@ -360,6 +337,58 @@ where
         }
     });
     u32::try_from(workers).unwrap_or(u32::MAX)
+}
+
+/// One worker: takes the next unit until none is left (or another worker failed), entering
+/// each unit's device context as needed. A save copies each unit into the ring before it does
+/// the unit taken before ([`Way::Save`]); a unit on another device, and the end, wait for
+/// every copy of the ring under the context that queued it.
+fn work(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> Result<(), DataFileError> {
+    // Declared before the ring, so dropped after it: pinned buffers and streams are freed under
+    // the context that made them.
+    let mut context: Option<(i32, copy::DeviceContext<'_>)> = None;
+    let mut ring: Option<PinnedRing<'_>> = None;
+    // A save's unit copied ahead, and the buffer it is in.
+    let mut ahead: Option<(&Unit, usize)> = None;
+    loop {
+        let failed = shared.failed.load(Ordering::Acquire);
+        let unit = if failed {
+            None
+        } else {
+            shared.units.get(shared.next.fetch_add(1, Ordering::AcqRel))
+        };
+        let current = context.as_ref().map(|(d, _)| *d);
+        if unit.is_none_or(|u| current.is_some_and(|d| d != u.device)) {
+            // Leaving the context: the unit held ahead, then every copy.
+            if let (Some((held, slot)), Some(ring), false) = (ahead.take(), ring.as_mut(), failed) {
+                step(shared, held, ring, slot)?;
+            }
+            if let Some(mut done) = ring.take() {
+                done.finish()?;
+            }
+        }
+        let Some(unit) = unit else {
+            return Ok(());
+        };
+        if current != Some(unit.device) {
+            drop(context.take());
+            context = Some((unit.device, copy::enter(shared.real, unit.device)?));
+        }
+        let ring = match &mut ring {
+            Some(ring) => ring,
+            none => none.insert(PinnedRing::new(shared.real, unit.device, IO_SIZE)?),
+        };
+        let slot = ring.next_slot();
+        match way {
+            Way::Load => step(shared, unit, ring, slot)?,
+            Way::Save => {
+                ring.receive(slot, unit.va, unit.len)?;
+                if let Some((held, held_slot)) = ahead.replace((unit, slot)) {
+                    step(shared, held, ring, held_slot)?;
+                }
+            }
+        }
+    }
 }
 
 fn driver_error(device: i32) -> impl Fn(cuda::CudaError) -> DataFileError {
@@ -399,14 +428,15 @@ pub fn write(
         first_error: Mutex::new(None),
     };
     let zero_blocks = Mutex::new(Vec::new());
-    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
+    let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
+        // The unit's bytes, copied into the buffer ahead (Way::Save).
+        let mut filling = ring.filling(slot)?;
+        let buffer = filling
+            .bytes(0, IO_SIZE)
+            .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
         let bytes = buffer
             .get_mut(..unit.len)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
-        shared
-            .real
-            .memcpy_dtoh(bytes, unit.va)
-            .map_err(driver_error(unit.device))?;
         let runs = runs(unit, |at, len| bytes.get(at..at + len).is_some_and(is_zero));
         for (at, len, zero) in runs {
             if zero {
@@ -431,7 +461,7 @@ pub fn write(
         let hashed = buffer.get(..unit.len).unwrap_or_default();
         shared.hash(unit, hashed)
     };
-    let threads = run(&shared, &step);
+    let threads = run(&shared, Way::Save, &step);
     if let Some(e) = shared
         .first_error
         .into_inner()
@@ -517,7 +547,8 @@ pub fn read(
             .binary_search(&(offset / DATA_ALIGN))
             .is_ok()
     };
-    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
+    let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
+        let mut filling = ring.filling(slot)?;
         let runs = runs(unit, |at, _| zero_block(unit.offset + at as u64));
         for (at, len, zero) in runs {
             let dev = unit.va + at as u64;
@@ -526,28 +557,29 @@ pub fn read(
                     .real
                     .memset_d8(dev, 0, len)
                     .map_err(driver_error(unit.device))?;
-                if let Some(bytes) = buffer.get_mut(at..at + len) {
+                if let Some(bytes) = filling.bytes(at, len) {
                     bytes.fill(0);
                 }
                 shared.zero_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 continue;
             }
             let padded = len.next_multiple_of(PAGE);
-            let run = buffer
-                .get_mut(at..at + padded)
+            let run = filling
+                .bytes(at, padded)
                 .ok_or_else(|| DataFileError::Mismatch("a run past its buffer".into()))?;
             read_exact(shared.file, &shared.direct, run, unit.offset + at as u64)?;
-            let data = run.get(..len).unwrap_or_default();
-            shared
-                .real
-                .memcpy_htod(dev, data)
-                .map_err(driver_error(unit.device))?;
+            // Asynchronous: the device takes this run while the next one is read.
+            filling.send(shared.real, at, len, dev)?;
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
-        let hashed = buffer.get(..unit.len).unwrap_or_default();
+        // The digest reads the unit while the device may still read it too; the load is
+        // checked as a whole once every worker has finished (below).
+        let hashed = filling
+            .filled(unit.len)
+            .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
         shared.hash(unit, hashed)
     };
-    let threads = run(&shared, &step);
+    let threads = run(&shared, Way::Load, &step);
     if let Some(e) = shared
         .first_error
         .into_inner()
@@ -664,14 +696,12 @@ pub fn write_blocks(
     let direct = blockstore::Direct::default();
     let batch = blockstore::Batch::new(store);
     let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
-    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
-        let bytes = buffer
-            .get_mut(..unit.len)
+    let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
+        // The unit's bytes, copied into the buffer ahead (Way::Save).
+        let mut filling = ring.filling(slot)?;
+        let buffer = filling
+            .bytes(0, IO_SIZE)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
-        shared
-            .real
-            .memcpy_dtoh(bytes, unit.va)
-            .map_err(driver_error(unit.device))?;
         let mut at = 0;
         let mut here = Vec::new();
         while at < unit.len {
@@ -704,7 +734,7 @@ pub fn write_blocks(
         found.lock().unwrap_or_else(|e| e.into_inner()).extend(here);
         Ok(())
     };
-    let threads = run(&shared, &step);
+    let threads = run(&shared, Way::Save, &step);
     if let Some(e) = take_error(&shared) {
         return Err(e);
     }
@@ -766,7 +796,8 @@ pub fn read_blocks(
         blocks.iter().map(|b| (b.index, *b)).collect();
     let shared = new_shared(real, store, regions, workers);
     let direct = blockstore::Direct::default();
-    let step = |shared: &Shared<'_>, unit: &Unit, buffer: &mut [u8]| {
+    let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
+        let mut filling = ring.filling(slot)?;
         let mut at = 0;
         while at < unit.len {
             let len = BLOCK.min(unit.len - at);
@@ -789,8 +820,8 @@ pub fn read_blocks(
                 continue;
             };
             let padded = len.next_multiple_of(PAGE);
-            let space = buffer
-                .get_mut(at..at + padded)
+            let space = filling
+                .bytes(at, padded)
                 .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
             blockstore::get(shared.file, &digest, space, len, &direct)?;
             let data = space.get(..len).unwrap_or_default();
@@ -801,16 +832,14 @@ pub fn read_blocks(
                     found: hex(&found),
                 });
             }
-            shared
-                .real
-                .memcpy_htod(dev, data)
-                .map_err(driver_error(unit.device))?;
+            // Asynchronous: the device takes this block while the next one is read and hashed.
+            filling.send(shared.real, at, len, dev)?;
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
             at += len;
         }
         Ok(())
     };
-    let threads = run(&shared, &step);
+    let threads = run(&shared, Way::Load, &step);
     if let Some(e) = take_error(&shared) {
         return Err(e);
     }
