@@ -17,6 +17,7 @@
 )]
 
 pub mod carrier_helper;
+pub mod direct_io;
 pub mod engine;
 pub mod log;
 pub mod ring;

@@ -34,17 +34,17 @@ pub enum Put {
 }
 
 /// Whether block files are opened with `O_DIRECT`; cleared for good when the filesystem refuses
-/// it (tmpfs refuses it at open).
+/// it (tmpfs before Linux 6.6 refuses it at open).
 #[derive(Debug)]
 pub struct Direct(AtomicBool);
 
-impl Default for Direct {
-    fn default() -> Self {
-        Direct(AtomicBool::new(true))
-    }
-}
-
 impl Direct {
+    /// Direct I/O for a store on a disk; buffered for one in memory, where it buys nothing and
+    /// runs slower ([`copy::direct_io`]).
+    pub fn for_store(store: BorrowedFd<'_>) -> Direct {
+        Direct(AtomicBool::new(!copy::direct_io::in_memory(store)))
+    }
+
     pub fn on(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
@@ -419,7 +419,7 @@ mod tests {
     #[test]
     fn a_batch_names_its_blocks_only_at_commit_and_writes_a_repeated_block_once() {
         let (dir, fd) = store();
-        let direct = Direct::default();
+        let direct = Direct(AtomicBool::new(true));
         let a = vec![3u8; 8192];
         let b = vec![4u8; 4096];
         let (da, db) = (*blake3::hash(&a).as_bytes(), *blake3::hash(&b).as_bytes());
@@ -450,7 +450,7 @@ mod tests {
     #[test]
     fn a_batch_dropped_uncommitted_leaves_nothing_and_a_racing_writer_is_counted_shared() {
         let (dir, fd) = store();
-        let direct = Direct::default();
+        let direct = Direct(AtomicBool::new(true));
         let a = vec![5u8; 4096];
         let da = *blake3::hash(&a).as_bytes();
         {
@@ -470,7 +470,7 @@ mod tests {
     #[test]
     fn a_block_is_written_once_under_its_digest_and_read_back() {
         let (dir, fd) = store();
-        let direct = Direct::default();
+        let direct = Direct(AtomicBool::new(true));
         let bytes: Vec<u8> = (0..(1 << 20) + 100).map(|i| (i % 251) as u8).collect();
         let len = bytes.len();
         let mut padded = bytes.clone();
@@ -508,7 +508,7 @@ mod tests {
     #[test]
     fn a_short_or_missing_block_is_refused_and_a_short_one_replaced_by_put() {
         let (dir, fd) = store();
-        let direct = Direct::default();
+        let direct = Direct(AtomicBool::new(true));
         let bytes = vec![7u8; 8192];
         let digest = *blake3::hash(&bytes).as_bytes();
         let mut buffer = vec![0u8; 8192];
@@ -533,7 +533,7 @@ mod tests {
     #[test]
     fn a_symbolic_link_in_place_of_a_block_is_not_followed() {
         let (dir, fd) = store();
-        let direct = Direct::default();
+        let direct = Direct(AtomicBool::new(true));
         let outside = tempfile::NamedTempFile::new().expect("outside");
         std::fs::write(outside.path(), vec![1u8; 4096]).expect("write");
         let bytes = vec![1u8; 4096];

@@ -693,7 +693,7 @@ pub fn write_blocks(
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
     let shared = new_shared(real, store, regions, workers);
-    let direct = blockstore::Direct::default();
+    let direct = blockstore::Direct::for_store(store);
     let batch = blockstore::Batch::new(store);
     let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
@@ -795,7 +795,7 @@ pub fn read_blocks(
     let by_index: std::collections::HashMap<u64, StoredBlock> =
         blocks.iter().map(|b| (b.index, *b)).collect();
     let shared = new_shared(real, store, regions, workers);
-    let direct = blockstore::Direct::default();
+    let direct = blockstore::Direct::for_store(store);
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         let mut filling = ring.filling(slot)?;
         let mut at = 0;

@@ -526,7 +526,18 @@ fn lock_work(work: &Mutex<Work>) -> std::sync::MutexGuard<'_, Work> {
     work.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Creates a data file for writing, with `O_DIRECT` where the filesystem takes it.
+/// Buffered I/O for a data file in memory (tmpfs), where direct I/O buys nothing and runs slower
+/// ([`copy::direct_io`]): the shim streams the file as the tool opened it.
+fn buffered_in_memory(file: File) -> File {
+    if copy::direct_io::in_memory(file.as_fd())
+        && let Ok(flags) = rustix::fs::fcntl_getfl(&file)
+    {
+        let _ = rustix::fs::fcntl_setfl(&file, flags - rustix::fs::OFlags::DIRECT);
+    }
+    file
+}
+
+/// Creates a data file for writing, with `O_DIRECT` where the filesystem is a disk that takes it.
 fn create(path: &Path) -> Result<File, ControlError> {
     let open = |direct: bool| {
         std::fs::OpenOptions::new()
@@ -537,8 +548,8 @@ fn create(path: &Path) -> Result<File, ControlError> {
             .open(path)
     };
     match open(true) {
-        Ok(f) => Ok(f),
-        // tmpfs and some network filesystems refuse O_DIRECT at open.
+        Ok(f) => Ok(buffered_in_memory(f)),
+        // tmpfs before Linux 6.6 and some network filesystems refuse O_DIRECT at open.
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             let _ = std::fs::remove_file(path);
             open(false).map_err(|e| state_error(path, e))
@@ -547,14 +558,14 @@ fn create(path: &Path) -> Result<File, ControlError> {
     }
 }
 
-/// Opens a data file for reading, with `O_DIRECT` where the filesystem takes it.
+/// Opens a data file for reading, with `O_DIRECT` where the filesystem is a disk that takes it.
 fn open(path: &Path) -> Result<File, ControlError> {
     // A data file of a checkpoint: a FIFO, a device or a link there is refused (crate::safefs).
     let open = |direct: bool| {
         crate::safefs::open_regular_with(path, if direct { libc::O_DIRECT } else { 0 })
     };
     match open(true) {
-        Ok(f) => Ok(f),
+        Ok(f) => Ok(buffered_in_memory(f)),
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             open(false).map_err(|e| damaged(path, e))
         }

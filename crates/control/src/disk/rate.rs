@@ -14,6 +14,7 @@ use protocol::message::DATA_ALIGN;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -44,11 +45,13 @@ pub fn measure_dir(dir: &Path, bytes: u64, processes: usize) -> Result<DirRate, 
     let scratch = dir.join(format!(".cuinterpose-rate-{}", std::process::id()));
     std::fs::create_dir(&scratch).map_err(|e| state_error(&scratch, e))?;
     let threads = usize::from(workers_for(processes)) * processes.max(1);
+    // As the shims' block store decides (blockstore::Direct::for_store): buffered in memory.
+    let in_memory = File::open(&scratch).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()));
     let measured = Scratch {
         dir: &scratch,
         blocks: bytes.div_ceil(DATA_ALIGN).max(1),
         threads,
-        direct: AtomicBool::new(true),
+        direct: AtomicBool::new(!in_memory),
     }
     .measure();
     let _ = std::fs::remove_dir_all(&scratch);
