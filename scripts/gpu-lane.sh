@@ -577,16 +577,17 @@ print(steps, '->', next((c['outcome'] for c in calls if c['step'] == 'summary'),
 fi
 
 if wants keep; then
-    # The whole-process case with cuMemAlloc owned by the shim (vmm, the default), each process's
-    # own carrier and the carrier helper; bench-all adds cuMemAlloc left to the driver
-    # (CUINTERPOSE_ALLOC=native: 0.84-0.93x native, measured in session 7).
-    wholes=(vmm vmm-helper)
-    wants bench-all && wholes+=(native)
+    # The whole-process case with cuMemAlloc owned by the shim (vmm, the default) and the default
+    # carrier (auto: the bench prepares it first, as a user does with `cuinterpose prepare`);
+    # bench-all adds each process's own carrier, the carrier helper unprepared, and cuMemAlloc
+    # left to the driver (CUINTERPOSE_ALLOC=native: 0.84-0.93x native, measured in session 7).
+    wholes=(vmm)
+    wants bench-all && wholes+=(vmm-process vmm-helper native)
     for alloc in "${wholes[@]}"; do
-    carrier=process
-    [ "$alloc" = vmm-helper ] && carrier=helper
+    carrier=auto
+    case $alloc in *-process) carrier=process ;; *-helper) carrier=helper ;; esac
     log "keep: bench's whole-process case (16 GiB of cuMemAlloc ($alloc), plain twice, --keep-contexts twice, native)"
-    if CUINTERPOSE_ALLOC=${alloc%-helper} timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --carrier "$carrier" \
+    if CUINTERPOSE_ALLOC=${alloc%-*} timeout 500 "$bin/cuinterpose" bench --no-overhead --no-capture --carrier "$carrier" \
             --json-out "$logs/bench-whole-$alloc.json" >"$logs/bench-whole-$alloc.txt" 2>"$logs/bench-whole-$alloc.err"; then
         cat "$logs/bench-whole-$alloc.txt"
         row "bench whole process ($alloc)" "-" "$(python3 - "$logs/bench-whole-$alloc.json" <<'PY'
@@ -598,7 +599,9 @@ print("%d GiB %s: plain 1 %.0f+%.0f ms (%.2fx), plain 2 %.0f+%.0f ms (%.2fx nati
     p["suspend_millis"], p["resume_millis"], w["speedup_vs_native"],
     n["lock_millis"] + n["checkpoint_millis"], n["restore_millis"] + n["unlock_millis"],
     k1["suspend_millis"], k1["resume_millis"], k1["suspend_gb_per_s"], k1["resume_gb_per_s"],
-    k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]))
+    k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]) + (
+    "; prepared first: %d MiB pinned ahead in %.0f ms" % (sum(x["pinned_bytes"] for x in w["prepared"]["processes"]) >> 20, w["prepared"]["total_millis"])
+    if w.get("prepared") else ""))
 PY
 )" measured
     else

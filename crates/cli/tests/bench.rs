@@ -170,6 +170,8 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
             );
         }
         assert_eq!(whole["native"]["bytes"], 8 << 20);
+        // Each process's own carrier asked for: nothing prepared ahead.
+        assert_eq!(whole["prepared"], serde_json::Value::Null);
         positive(
             &whole["speedup_vs_native"],
             "the whole-process ratio to native",
@@ -211,8 +213,10 @@ fn bench_prints_the_whole_process_table() {
         "keep-contexts 1 ",
         "keep-contexts 2 ",
         "native ",
+        // The default carrier: prepared first, as a user of it does, and said so.
+        "prepared first (cuinterpose prepare, ",
         "x native in the second cycle (",
-        "targets on the H200: >= 10x native",
+        "targets: >= 10x native every cycle",
         "ok  whole (plain-1): 4.00 MiB of cuMemAlloc memory kept",
         "ok  whole (plain-2): 4.00 MiB of cuMemAlloc memory kept",
         "ok  whole (keep-contexts-1): 4.00 MiB of cuMemAlloc memory kept",

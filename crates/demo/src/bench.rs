@@ -202,6 +202,9 @@ pub struct Whole {
     pub memory: String,
     /// Bytes of the process's allocations the shim's records hold.
     pub owned_bytes: u64,
+    /// With the default carrier, the preparation before the first cycle (`cuinterpose
+    /// prepare`), as the group case does.
+    pub prepared: Option<control::capture::PrepareReport>,
     /// The process's first plain cycle: its carrier is made and first touched in it.
     pub plain_first: WholeRun,
     /// The second: the carrier made by the first is used again, as in every later plain cycle.

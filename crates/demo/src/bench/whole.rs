@@ -8,14 +8,17 @@ use crate::target::{Target, apply_carrier};
 use crate::{bytes, gb_per_s};
 use anyhow::Context;
 use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::carrier_choice::Requested;
 use control::config::ToolConfig;
 use protocol::state::SuspendMode;
 use workload::launch::{Launcher, Workload, WorkloadOptions};
 
-/// One workload holding a filled `cuMemAlloc` of `--whole-size` bytes, suspended and resumed
-/// plainly twice (the first makes the carrier, the second shows every later plain cycle), then
-/// twice with `--keep-contexts` (the first pins the carrier, the second shows every later cycle),
-/// contents verified after each; then the native baseline of the same bytes.
+/// One workload holding a filled `cuMemAlloc` of `--whole-size` bytes, prepared as a user of the
+/// default carrier prepares it (`cuinterpose prepare`, as the group case does), suspended and
+/// resumed plainly twice (the first makes the carrier unless it was prepared, the second shows
+/// every later plain cycle), then twice with `--keep-contexts` (the first pins the carrier, the
+/// second shows every later cycle), contents verified after each; then the native baseline of the
+/// same bytes.
 pub(crate) fn whole(
     target: &Target,
     args: &BenchOptions,
@@ -44,6 +47,14 @@ pub(crate) fn whole(
         "owned"
     } else {
         "native"
+    };
+    let prepared = if args.carrier == Requested::Auto {
+        let mut options = SuspendOptions::new(w.pid(), config);
+        options.driver = target.tool_driver();
+        apply_carrier(args.carrier, &mut options)?;
+        Some(capture::prepare(&options, config.pin_ahead_budget).context("preparing the carrier")?)
+    } else {
+        None
     };
     let mut cycles = WholeCycles {
         target,
@@ -81,6 +92,7 @@ pub(crate) fn whole(
         bytes: size,
         memory: memory.to_string(),
         owned_bytes,
+        prepared,
         speedup_vs_native: ratio(&plain),
         speedup_vs_native_first: ratio(&plain_first),
         plain_first,
