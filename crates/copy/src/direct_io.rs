@@ -1,7 +1,9 @@
 //! Whether a file's filesystem is memory (tmpfs, ramfs), where `O_DIRECT` buys nothing: the
 //! bytes never reach a disk, and Linux (6.6 and later) takes `O_DIRECT` on tmpfs but serves it
 //! slower than buffered I/O. On the H100 machine 32 threads read 2 MiB block files from tmpfs at
-//! 26.7 GB/s with `O_DIRECT` and 60.4 GB/s without (docs/measurements.md, 2026-12-07). The
+//! 26.7 GB/s with `O_DIRECT` (the bench's directory measure, 64 KiB pieces per read) and a probe's
+//! 32 threads at 60.4 GB/s without (one 2 MiB read into a pinned buffer each; docs/measurements.md,
+//! 2026-12-07). The
 //! shims' data-file streams and the bench's measure of a directory ask this before they ask for
 //! direct I/O, so both take the same path.
 
