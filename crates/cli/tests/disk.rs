@@ -3421,6 +3421,9 @@ fn two_checkpoints_into_one_store_at_once_and_a_discard_beside_them() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    // Not a child of the test: killed at its end, passed or failed.
+    let _restored = Restored(report["root"].as_u64().expect("restored root") as u32);
     for r in other.attach() {
         r.assert_pattern("a0", seed(0, 8)).expect("a0 back");
         r.assert_pattern("a1", seed(1, 1)).expect("a1 back");
