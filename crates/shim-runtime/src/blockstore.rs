@@ -545,4 +545,27 @@ mod tests {
         let error = get(fd.as_fd(), &digest, &mut buffer, 4096, &direct).expect_err("a link");
         assert!(matches!(error, BlockError::Io { .. }), "{error}");
     }
+    #[test]
+    fn a_store_in_memory_streams_buffered_from_the_start() {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let fd = rustix::fs::open(
+            dir.path(),
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            Mode::empty(),
+        )
+        .expect("open store");
+        let direct = Direct::for_store(fd.as_fd());
+        assert!(!direct.on(), "tmpfs: no O_DIRECT asked for");
+        // Blocks still go in and come back, buffered.
+        let data = vec![9u8; 8192];
+        let digest = *blake3::hash(&data).as_bytes();
+        assert_eq!(
+            put_now(fd.as_fd(), &digest, &data, data.len(), &direct).expect("put"),
+            Put::Written
+        );
+        let mut back = vec![0u8; 8192];
+        get(fd.as_fd(), &digest, &mut back, data.len(), &direct).expect("get");
+        assert_eq!(back, data);
+        assert!(!direct.on());
+    }
 }

@@ -610,3 +610,25 @@ fn totals(results: Vec<Result<Streamed, ControlError>>) -> Result<(u64, f64), Co
     }
     Ok((bytes, slowest as f64 / 1e3))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn direct(file: &File) -> bool {
+        rustix::fs::fcntl_getfl(file)
+            .expect("flags")
+            .contains(rustix::fs::OFlags::DIRECT)
+    }
+
+    #[test]
+    fn a_data_file_in_memory_is_streamed_buffered() {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("a directory in /dev/shm");
+        let path = dir.path().join("gpu-1.data");
+        let written = create(&path).expect("create");
+        assert!(!direct(&written), "created in tmpfs: buffered");
+        drop(written);
+        let read = open(&path).expect("open");
+        assert!(!direct(&read), "opened in tmpfs: buffered");
+    }
+}
