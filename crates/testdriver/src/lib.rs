@@ -98,6 +98,16 @@ impl Fake {
         self.next
     }
 
+    /// A new handle to the existing allocation `aid` (retained or imported), counted on it.
+    fn another_handle(&mut self, aid: u64) -> u64 {
+        let handle = self.id();
+        self.handles.insert(handle, aid);
+        if let Some(a) = self.allocs.get_mut(&aid) {
+            a.handles += 1;
+        }
+        handle
+    }
+
     fn reap(&mut self, aid: u64) {
         if self
             .allocs
@@ -284,11 +294,7 @@ unsafe extern "C" fn retain(h: *mut u64, addr: *mut c_void) -> CUresult {
     let Some((aid, _, _)) = f.resolve(addr as u64) else {
         return INVAL;
     };
-    let handle = f.id();
-    f.handles.insert(handle, aid);
-    if let Some(a) = f.allocs.get_mut(&aid) {
-        a.handles += 1;
-    }
+    let handle = f.another_handle(aid);
     unsafe { h.write(handle) };
     OK
 }
@@ -340,11 +346,7 @@ unsafe extern "C" fn import(h: *mut u64, os: *mut c_void, ty: u32) -> CUresult {
     if !f.allocs.contains_key(&aid) {
         return INVAL;
     }
-    let handle = f.id();
-    f.handles.insert(handle, aid);
-    if let Some(a) = f.allocs.get_mut(&aid) {
-        a.handles += 1;
-    }
+    let handle = f.another_handle(aid);
     unsafe { h.write(handle) };
     OK
 }
