@@ -282,7 +282,32 @@ struct Shared<'a> {
     first_error: Mutex<Option<DataFileError>>,
 }
 
-impl Shared<'_> {
+impl<'a> Shared<'a> {
+    /// A stream of `regions` through `file`, nothing done yet.
+    fn new(
+        real: &'a Real,
+        file: BorrowedFd<'a>,
+        regions: &[Region],
+        workers: usize,
+        digests: TreeDigests,
+    ) -> Shared<'a> {
+        Shared {
+            real,
+            file,
+            workers,
+            direct: Direct::of(file),
+            units: units(regions),
+            next: AtomicUsize::new(0),
+            digests,
+            failed: AtomicBool::new(false),
+            file_bytes: AtomicU64::new(0),
+            zero_bytes: AtomicU64::new(0),
+            shared_bytes: AtomicU64::new(0),
+            hash_micros: AtomicU64::new(0),
+            first_error: Mutex::new(None),
+        }
+    }
+
     /// Hashes a unit's bytes into its allocation's digest, counting the time.
     fn hash(&self, unit: &Unit, bytes: &[u8]) -> Result<(), DataFileError> {
         let start = Instant::now();
@@ -412,21 +437,8 @@ pub fn write(
     workers: usize,
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
-    let shared = Shared {
-        real,
-        file,
-        workers,
-        direct: Direct::of(file),
-        units: units(regions),
-        next: AtomicUsize::new(0),
-        digests: TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE),
-        failed: AtomicBool::new(false),
-        file_bytes: AtomicU64::new(0),
-        zero_bytes: AtomicU64::new(0),
-        shared_bytes: AtomicU64::new(0),
-        hash_micros: AtomicU64::new(0),
-        first_error: Mutex::new(None),
-    };
+    let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
+    let shared = Shared::new(real, file, regions, workers, digests);
     let zero_blocks = Mutex::new(Vec::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         // The unit's bytes, copied into the buffer ahead (Way::Save).
@@ -526,21 +538,8 @@ pub fn read(
     if size < record.length {
         return Err(DataFileError::Truncated { offset: size });
     }
-    let shared = Shared {
-        real,
-        file,
-        workers,
-        direct: Direct::of(file),
-        units: units(regions),
-        next: AtomicUsize::new(0),
-        digests: TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE),
-        failed: AtomicBool::new(false),
-        file_bytes: AtomicU64::new(0),
-        zero_bytes: AtomicU64::new(0),
-        shared_bytes: AtomicU64::new(0),
-        hash_micros: AtomicU64::new(0),
-        first_error: Mutex::new(None),
-    };
+    let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
+    let shared = Shared::new(real, file, regions, workers, digests);
     let zero_block = |offset: u64| {
         record
             .zero_blocks
@@ -608,29 +607,21 @@ pub fn read(
     })
 }
 
-/// The workers' state of a stream through a block store, besides [`Shared`] (whose file is the
-/// store's directory and whose tree digests are not used: each block has its own).
+/// The workers' state of a stream through a block store: the file is the store's directory, and
+/// no tree digest is kept (each block has its own).
 fn new_shared<'a>(
     real: &'a Real,
     store: BorrowedFd<'a>,
     regions: &[Region],
     workers: usize,
 ) -> Shared<'a> {
-    Shared {
+    Shared::new(
         real,
-        file: store,
+        store,
+        regions,
         workers,
-        direct: Direct::of(store),
-        units: units(regions),
-        next: AtomicUsize::new(0),
-        digests: TreeDigests::new(std::iter::empty(), IO_SIZE),
-        failed: AtomicBool::new(false),
-        file_bytes: AtomicU64::new(0),
-        zero_bytes: AtomicU64::new(0),
-        shared_bytes: AtomicU64::new(0),
-        hash_micros: AtomicU64::new(0),
-        first_error: Mutex::new(None),
-    }
+        TreeDigests::new(std::iter::empty(), IO_SIZE),
+    )
 }
 
 /// Hashes one block, counting the time.
