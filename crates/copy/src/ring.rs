@@ -94,12 +94,6 @@ impl<'a> PinnedRing<'a> {
         })
     }
 
-    /// The next buffer in turn to fill ([`PinnedRing::filling`] of [`PinnedRing::next_slot`]).
-    pub fn fill(&mut self) -> Result<Filling<'_, 'a>, CopyError> {
-        let slot = self.next_slot();
-        self.filling(slot)
-    }
-
     /// Queues the copy of `len` bytes at `dev` into the start of buffer `slot`, asynchronously,
     /// once the copies queued before have finished: [`PinnedRing::filling`] of the slot waits for
     /// it, so the worker can do other work while the device copies.
@@ -249,7 +243,8 @@ mod tests {
         real.mem_map(dev, 4 * len, 0, handle, 0).expect("map");
         let mut ring = PinnedRing::new(real, 0, len).expect("ring");
         for unit in 0..4u8 {
-            let mut filling = ring.fill().expect("a buffer");
+            let slot = ring.next_slot();
+            let mut filling = ring.filling(slot).expect("a buffer");
             // Two halves, each queued as soon as it is filled.
             for half in 0..2usize {
                 let at = half * len / 2;
@@ -273,5 +268,21 @@ mod tests {
         for (i, chunk) in back.chunks(len / 2).enumerate() {
             assert!(chunk.iter().all(|&b| b == i as u8 + 1), "half {i}");
         }
+
+        // The other way (a save): each unit received ahead into the next buffer in turn, found
+        // there once its buffer is handed out.
+        for unit in 0..4usize {
+            let slot = ring.next_slot();
+            ring.receive(slot, dev + (unit * len) as u64, len)
+                .expect("queued");
+            let mut filling = ring.filling(slot).expect("received");
+            let bytes = filling.bytes(0, len).expect("the whole buffer");
+            assert!(bytes[..len / 2].iter().all(|&b| b == unit as u8 * 2 + 1));
+            assert!(bytes[len / 2..].iter().all(|&b| b == unit as u8 * 2 + 2));
+        }
+        // More than a buffer holds: refused, nothing queued.
+        let slot = ring.next_slot();
+        assert!(ring.receive(slot, dev, len + 1).is_err());
+        ring.finish().expect("nothing left in flight");
     }
 }
