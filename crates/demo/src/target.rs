@@ -82,6 +82,20 @@ pub(crate) fn apply_carrier(
     Ok(())
 }
 
+/// Prepares the carriers of the group under `root` as `cuinterpose prepare` does, with `carrier`
+/// and the tool's driver `driver`, within the configured pin-ahead budget.
+pub(crate) fn prepare(
+    root: u32,
+    carrier: Requested,
+    driver: Option<PathBuf>,
+    config: &control::config::ToolConfig,
+) -> anyhow::Result<control::capture::PrepareReport> {
+    let mut options = SuspendOptions::new(root, config);
+    options.driver = driver;
+    apply_carrier(carrier, &mut options)?;
+    control::capture::prepare(&options, config.pin_ahead_budget).context("preparing the carriers")
+}
+
 /// `--carrier`'s word for what was asked.
 pub fn carrier_flag(carrier: Requested) -> &'static str {
     match carrier {

@@ -5,7 +5,7 @@
 use super::{
     BenchOptions, COMMAND_TIMEOUT, Capture, CarrierRun, CopySummary, Cycle, GRANULE, Native,
 };
-use crate::target::{Target, apply_carrier, carrier_flag};
+use crate::target::{self, Target, apply_carrier, carrier_flag};
 use crate::{bytes, gb_per_s};
 use anyhow::Context;
 use control::ControlError;
@@ -240,13 +240,12 @@ impl Cycles<'_> {
         }
         let root = group[0].pid();
         let prepared = if prepare {
-            let mut options = SuspendOptions::new(root, self.config);
-            options.driver = self.tool_driver.clone();
-            apply_carrier(carrier, &mut options)?;
-            Some(
-                capture::prepare(&options, self.config.pin_ahead_budget)
-                    .context("preparing the carriers")?,
-            )
+            Some(target::prepare(
+                root,
+                carrier,
+                self.tool_driver.clone(),
+                self.config,
+            )?)
         } else {
             None
         };

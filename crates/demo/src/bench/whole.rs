@@ -4,7 +4,7 @@
 
 use super::capture::{Collector, native_baseline};
 use super::{BenchOptions, COMMAND_TIMEOUT, Whole, WholeRun};
-use crate::target::{Target, apply_carrier};
+use crate::target::{Target, apply_carrier, prepare};
 use crate::{bytes, gb_per_s};
 use anyhow::Context;
 use control::capture::{self, ResumeOptions, SuspendOptions};
@@ -49,10 +49,12 @@ pub(crate) fn whole(
         "native"
     };
     let prepared = if args.carrier == Requested::Auto {
-        let mut options = SuspendOptions::new(w.pid(), config);
-        options.driver = target.tool_driver();
-        apply_carrier(args.carrier, &mut options)?;
-        Some(capture::prepare(&options, config.pin_ahead_budget).context("preparing the carrier")?)
+        Some(prepare(
+            w.pid(),
+            args.carrier,
+            target.tool_driver(),
+            config,
+        )?)
     } else {
         None
     };
