@@ -1111,12 +1111,17 @@ fn owned_mem_alloc_answers_as_cu_mem_alloc_and_survives_suspend_and_resume() {
             ..testdriver::real()
         },
     );
-    let mapped_before = fake().maps.len();
     assert_eq!(q.rt.mem_alloc(MB2), Err(CUresult::ERROR_INVALID_DEVICE));
     assert!(q.rt.owned.is_empty());
     assert_eq!(q.rt.lock().objects().count(), 0);
     assert!(q.rt.inspect().reservations.is_empty());
-    assert_eq!(fake().maps.len(), mapped_before);
+    // The range whose access was refused is unmapped again.
+    let (refused, size) = testdriver::REFUSED_ACCESS
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the allocation reached cuMemSetAccess");
+    assert!(!fake().mapped_in(refused, size));
 }
 
 /// A private creation (never exported, made without any shareable handle type) goes through the

@@ -132,6 +132,11 @@ impl Fake {
         Some((aid, (off + addr - va) as usize, (va + size - addr) as usize))
     }
 
+    /// Whether any mapping starts or lies inside `[addr, addr + size)`.
+    pub fn mapped_in(&self, addr: u64, size: usize) -> bool {
+        self.maps.range(addr..addr + size as u64).next().is_some() || self.resolve(addr).is_some()
+    }
+
     pub fn read(&self, addr: u64, n: usize) -> Option<Vec<u8>> {
         let (aid, off, left) = self.resolve(addr)?;
         if n > left {
@@ -257,7 +262,7 @@ unsafe extern "C" fn map(p: u64, size: usize, offset: usize, h: u64, _: c_ulongl
     {
         return INVAL;
     }
-    if f.maps.range(p..p + size as u64).next().is_some() || f.resolve(p).is_some() {
+    if f.mapped_in(p, size) {
         return CUresult::ERROR_ALREADY_MAPPED;
     }
     f.maps.insert(p, (size as u64, aid, offset as u64));
@@ -678,13 +683,19 @@ pub unsafe extern "C" fn dtoh_async_fails(
     CUresult::ERROR_ILLEGAL_ADDRESS
 }
 
+/// The range the last [`set_access_fails`] call refused, so that a test can check that nothing is
+/// left mapped there (the mapping table is shared by every test of the process, so counting it
+/// races with them).
+pub static REFUSED_ACCESS: Mutex<Option<(u64, usize)>> = Mutex::new(None);
+
 /// `cuMemSetAccess` that always fails (an owned cuMemAlloc undone at its last step).
 pub unsafe extern "C" fn set_access_fails(
-    _: u64,
-    _: usize,
+    ptr: u64,
+    size: usize,
     _: *const CUmemAccessDesc,
     _: usize,
 ) -> CUresult {
+    *REFUSED_ACCESS.lock().unwrap_or_else(|e| e.into_inner()) = Some((ptr, size));
     CUresult::ERROR_INVALID_DEVICE
 }
 
