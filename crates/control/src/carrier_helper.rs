@@ -225,7 +225,7 @@ fn health(h: &HelperStatus) -> String {
 /// answering at `socket` (a helper started later for the same directory is another one).
 pub fn alive(pid: u32, socket: &Path) -> bool {
     let running = crate::procfs::stat(pid).is_some_and(|s| !s.exited())
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
+        && std::fs::read(crate::procfs::path(pid, "cmdline"))
             .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == b"carrier-helper"));
     running
         && transport::Connection::connect(socket, Duration::from_secs(5))

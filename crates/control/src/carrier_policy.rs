@@ -253,7 +253,7 @@ pub fn host_facts() -> Machine {
     };
     Machine {
         memlock,
-        host_available: mem_available().unwrap_or(0),
+        host_available: crate::procfs::meminfo("MemAvailable:").unwrap_or(0),
         devices: Vec::new(),
         helper_running: false,
         preparing: false,
@@ -267,14 +267,6 @@ fn may_lock_unlimited() -> bool {
         caps.effective
             .contains(rustix::thread::CapabilitySet::IPC_LOCK)
     })
-}
-
-/// `MemAvailable` of `/proc/meminfo`, in bytes.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }
 
 /// Free memory of every device `driver` sees.

@@ -599,7 +599,7 @@ fn memlock_check() -> Check {
 }
 
 fn host_memory_check(gpus: &[Gpu], checks: &[Check]) -> Check {
-    let available = meminfo("MemAvailable:");
+    let available = crate::procfs::meminfo("MemAvailable:");
     let used: Option<u64> = gpus
         .iter()
         .map(|g| Some(g.memory_total? - g.memory_free?))
@@ -634,18 +634,6 @@ fn host_memory_check(gpus: &[Gpu], checks: &[Check]) -> Check {
             "free host memory (or add swap) before suspending everything on these GPUs",
         )
     }
-}
-
-fn meminfo(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(key))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
 }
 
 fn gib(bytes: u64) -> String {

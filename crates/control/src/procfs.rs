@@ -35,6 +35,24 @@ pub fn ns_pid_in(status: &str) -> Option<u32> {
         .and_then(|v| v.parse().ok())
 }
 
+/// A field of `/proc/meminfo` in bytes (`key` with its colon, e.g. `MemAvailable:`), `None`
+/// where the file or the field cannot be read.
+pub fn meminfo(key: &str) -> Option<u64> {
+    meminfo_in(&std::fs::read_to_string("/proc/meminfo").ok()?, key)
+}
+
+/// A field of the text of a `meminfo` file, in bytes (the kernel writes kB).
+fn meminfo_in(text: &str, key: &str) -> Option<u64> {
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(key))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// The fields of `/proc/<pid>/stat` the tool reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {
@@ -208,6 +226,19 @@ impl Procs for Proc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_meminfo_field_is_read_in_bytes_and_only_by_its_whole_key() {
+        let text = "MemTotal:       32768 kB\nMemAvailableX:     1 kB\nMemAvailable:   16384 kB\n";
+        assert_eq!(meminfo_in(text, "MemAvailable:"), Some(16384 * 1024));
+        assert_eq!(meminfo_in(text, "MemTotal:"), Some(32768 * 1024));
+        assert_eq!(meminfo_in(text, "SwapFree:"), None);
+        assert_eq!(meminfo_in("MemAvailable: lots kB\n", "MemAvailable:"), None);
+        assert!(
+            meminfo("MemTotal:").is_some_and(|b| b > 0),
+            "this machine's own meminfo"
+        );
+    }
 
     #[test]
     fn stat_fields_survive_any_command_name() {
