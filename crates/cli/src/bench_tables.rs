@@ -67,14 +67,22 @@ pub fn print_whole(w: &Whole) {
         "-".to_string(),
         "-".to_string(),
     ]);
-    if let Some(p) = &w.prepared {
-        let pinned: u64 = p.processes.iter().map(|p| p.pinned_bytes).sum();
-        println!(
-            "prepared first (cuinterpose prepare, {}): {} pinned ahead in {:.1} ms",
-            carrier_name(p.carrier.carrier),
-            bytes(pinned),
-            p.total_millis
-        );
+    for (p, verb) in [
+        (&w.prepared, "prepared first (cuinterpose prepare"),
+        (
+            &w.prepared_keep_contexts,
+            "keep-contexts cycles prepared (cuinterpose prepare --keep-contexts",
+        ),
+    ] {
+        if let Some(p) = p {
+            let pinned: u64 = p.processes.iter().map(|p| p.pinned_bytes).sum();
+            println!(
+                "{verb}, {}): {} pinned ahead in {:.1} ms",
+                carrier_name(p.carrier.carrier),
+                bytes(pinned),
+                p.total_millis
+            );
+        }
     }
     println!(
         "plain suspend+resume: {:.2}x native in the second cycle ({:.2}x in the first{}); \

@@ -73,9 +73,10 @@ enum Command {
     Inspect(InspectArgs),
     /// Free all GPU memory of a running group in place (its processes stay alive)
     Suspend(SuspendArgs),
-    /// Pin the carriers of a running group ahead of its first suspend (in the carrier helper, off
-    /// the application's path, within CUINTERPOSE_PIN_AHEAD_MIB), so that the first cycle runs at
-    /// the rate of later ones; run it once the workload has made its allocations
+    /// Pin the carriers of a running group ahead of its first suspend (in the carrier helper, or
+    /// with --keep-contexts in each process's own carrier; off the application's path, within
+    /// CUINTERPOSE_PIN_AHEAD_MIB), so that the first cycle runs at the rate of later ones; run it
+    /// once the workload has made its allocations
     Prepare(PrepareArgs),
     /// Bring a suspended group back with every address, handle, content and sharing intact
     Resume(ResumeArgs),
@@ -169,6 +170,10 @@ struct PrepareArgs {
     /// libcuda.so.1 from the loader's path)
     #[arg(long)]
     driver: Option<PathBuf>,
+    /// Prepare for `suspend --keep-contexts`: each shim pins its own carrier (which such a cycle
+    /// copies through), instead of the carrier helper pinning one
+    #[arg(long)]
+    keep_contexts: bool,
     /// Print a JSON report instead of text
     #[arg(long)]
     json: bool,
@@ -577,8 +582,16 @@ fn suspend(args: SuspendArgs, config: &control::config::ToolConfig) -> anyhow::R
 
 /// `prepare`.
 fn prepare(args: PrepareArgs, config: &control::config::ToolConfig) -> anyhow::Result<()> {
-    let PrepareArgs { pid, driver, json } = args;
+    let PrepareArgs {
+        pid,
+        driver,
+        keep_contexts,
+        json,
+    } = args;
     let mut options = capture_options(pid, 30, driver, config);
+    if keep_contexts {
+        options.mode = protocol::state::SuspendMode::KeepContexts;
+    }
     CarrierPlace::Auto.apply(&mut options)?;
     let report = capture::prepare(&options, config.pin_ahead_budget)
         .with_context(|| format!("preparing the carriers of the group under pid {pid}"))?;

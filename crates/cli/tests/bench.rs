@@ -170,8 +170,20 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
             );
         }
         assert_eq!(whole["native"]["bytes"], 8 << 20);
-        // Each process's own carrier asked for: nothing prepared ahead.
+        // Each process's own carrier asked for: nothing prepared ahead, so the first cycle of
+        // each kind makes (or pins) its carrier and the second reuses it.
         assert_eq!(whole["prepared"], serde_json::Value::Null);
+        assert_eq!(whole["prepared_keep_contexts"], serde_json::Value::Null);
+        if memory == "owned" {
+            for (run, reused) in [
+                ("plain_first", false),
+                ("plain", true),
+                ("keep_contexts_first", carrier != "auto"),
+                ("keep_contexts", true),
+            ] {
+                assert_eq!(whole[run]["carrier_reused"], reused, "{carrier}, {run}");
+            }
+        }
         positive(
             &whole["speedup_vs_native"],
             "the whole-process ratio to native",
@@ -187,6 +199,8 @@ fn bench_reports_positive_figures_in_every_carrier_mode() {
 
 #[test]
 fn bench_prints_the_whole_process_table() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let json_out = dir.path().join("whole.json");
     let output = Command::new(tool())
         .args([
             "bench",
@@ -196,6 +210,8 @@ fn bench_prints_the_whole_process_table() {
             "--whole-size",
             "4M",
         ])
+        .arg("--json-out")
+        .arg(&json_out)
         .output()
         .expect("running cuinterpose bench");
     let text = String::from_utf8_lossy(&output.stdout);
@@ -215,6 +231,8 @@ fn bench_prints_the_whole_process_table() {
         "native ",
         // The default carrier: prepared first, as a user of it does, and said so.
         "prepared first (cuinterpose prepare, ",
+        "keep-contexts cycles prepared (cuinterpose prepare --keep-contexts, process): 4.00 MiB \
+         pinned ahead in ",
         "x native in the second cycle (",
         "targets: >= 10x native every cycle",
         "ok  whole (plain-1): 4.00 MiB of cuMemAlloc memory kept",
@@ -224,6 +242,27 @@ fn bench_prints_the_whole_process_table() {
         "ok  native: 4.00 MiB of cuMemAlloc memory kept across checkpoint and restore",
     ] {
         assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    // Prepared for them, the first keep-contexts cycle pins nothing: its carrier was pinned ahead
+    // (without preparation it pins there: `bench_reports_positive_figures_in_every_carrier_mode`).
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_out).expect("--json-out file"))
+            .expect("--json-out writes JSON");
+    let whole = &report["whole"];
+    let prepared = &whole["prepared_keep_contexts"]["processes"][0];
+    assert!(
+        prepared["pinned_bytes"].as_u64() >= Some(4 << 20),
+        "{prepared:#}"
+    );
+    if whole["memory"] == "owned" {
+        assert_eq!(
+            whole["keep_contexts_first"]["carrier"], "Pinned",
+            "{whole:#}"
+        );
+        assert_eq!(
+            whole["keep_contexts_first"]["carrier_reused"], true,
+            "{whole:#}"
+        );
     }
 }
 

@@ -345,3 +345,71 @@ fn prepare_keeps_to_its_budget_and_pins_nothing_for_process_carriers() {
     );
     ok(tree.w("a"), &["verify m 13"]);
 }
+
+#[test]
+fn prepare_for_keep_contexts_pins_each_process_carrier_ahead() {
+    let keep = |args: &mut Vec<String>| args.push("--keep-contexts".into());
+    // Unprepared: the first keep-contexts Save makes and pins its carrier.
+    let other = env();
+    let unprepared = one_process(&other);
+    let run = tool_memlock(
+        &other,
+        8 << 20,
+        &suspend_args(&other, unprepared.root(), &["--keep-contexts"]),
+    );
+    let report = run.ok().json();
+    assert_eq!(report["carrier"]["carrier"], "process", "{report:#}");
+    assert_eq!(
+        report["carrier"]["save"]["carriers_reused"], false,
+        "{report:#}"
+    );
+    resume(&other, unprepared.root()).ok();
+    ok(unprepared.w("a"), &["verify m 13"]);
+
+    let env = env();
+
+    // Prepared: each shim pinned its own carrier while the application ran, and no helper was
+    // started; the first keep-contexts Save pins nothing.
+    let tree = one_process(&env);
+    let root = tree.root();
+    let mut args = prepare_args(&env, root);
+    keep(&mut args);
+    let prepared = tool_memlock(&env, 8 << 20, &args).ok().json();
+    assert_eq!(prepared["carrier"]["carrier"], "process", "{prepared:#}");
+    let process = &prepared["processes"][0];
+    assert_eq!(process["bytes"], 4u64 << 20, "{prepared:#}");
+    assert!(
+        process["pinned_bytes"].as_u64() >= Some(4 << 20),
+        "{prepared:#}"
+    );
+    assert!(process["skipped"].is_null(), "{prepared:#}");
+    assert!(
+        !helper_socket(&env).exists(),
+        "a keep-contexts preparation started a helper"
+    );
+    ok(tree.w("a"), &["verify m 13", "fill m 15"]);
+    let run = tool_memlock(
+        &env,
+        8 << 20,
+        &suspend_args(&env, root, &["--keep-contexts"]),
+    );
+    let report = run.ok().json();
+    assert_eq!(report["carrier"]["carrier"], "process", "{report:#}");
+    assert_eq!(
+        report["carrier"]["save"]["carriers_reused"], true,
+        "{report:#}"
+    );
+    resume(&env, root).ok();
+    ok(tree.w("a"), &["verify m 15"]);
+
+    // Where RLIMIT_MEMLOCK leaves the carrier unpinned, nothing is pinned ahead, and it says why.
+    let prepared = tool_memlock(&env, 1 << 20, &args).ok().json();
+    assert!(
+        prepared["nothing_to_pin"]
+            .as_str()
+            .is_some_and(|s| s.contains("RLIMIT_MEMLOCK")),
+        "{prepared:#}"
+    );
+    assert_eq!(prepared["processes"].as_array().map(Vec::len), Some(0));
+    ok(tree.w("a"), &["verify m 15"]);
+}

@@ -88,11 +88,13 @@ pub struct PreparedProcess {
 }
 
 /// Prepares the carriers of the group under `options.root` ahead of its first suspend, so that
-/// the first cycle runs at the rate of later ones: chooses the carrier as a plain suspend would
-/// (`options.carrier`), and where that is the carrier helper, starts it and has it make and pin
-/// each process's carrier (in 256 MiB pieces, in the helper's process: the application runs on,
-/// nothing of it is held or frozen), process by process while `budget` (bytes) allows. The
-/// processes that allocate after it grow their carrier at their first Save, which pins the rest.
+/// the first cycle runs at the rate of later ones: chooses the carrier as a suspend of
+/// `options.mode` would (`options.carrier`), and pins ahead what that suspend would pin, process
+/// by process while `budget` (bytes) allows, in 256 MiB pieces, while the application runs on
+/// (nothing of it is held or frozen): for a plain suspend through the carrier helper, the helper
+/// is started and makes and pins each process's carrier in its own process; for a keep-contexts
+/// suspend, each shim pins its own carrier on its control worker. The processes that allocate
+/// after it grow their carrier at their first Save, which pins the rest.
 pub fn prepare(
     options: &SuspendOptions,
     budget: Option<u64>,
@@ -106,11 +108,7 @@ pub fn prepare(
     if !refusals.is_empty() {
         return Err(ControlError::Refused(refusals));
     }
-    let plain = SuspendOptions {
-        mode: SuspendMode::Native,
-        ..options.clone()
-    };
-    let choice = choose_carrier(&plain, &group, None, saved_bytes(&snapshots), true)?;
+    let choice = choose_carrier(options, &group, None, saved_bytes(&snapshots), true)?;
     let mut report = PrepareReport {
         carrier: choice,
         budget_bytes: budget,
@@ -118,26 +116,63 @@ pub fn prepare(
         nothing_to_pin: None,
         total_millis: 0.0,
     };
-    let launch = match (&options.helper, report.carrier.carrier) {
-        (Some(launch), crate::carrier_policy::Carrier::Helper) => launch,
+    let keep_contexts = options.mode == SuspendMode::KeepContexts;
+    match (&options.helper, report.carrier.carrier) {
+        (_, crate::carrier_policy::Carrier::Process)
+            if keep_contexts && report.carrier.pinned_host_bytes > 0 =>
+        {
+            // Each shim pins its own carrier, over the tool's connection to it.
+            report.processes = pin_each(&snapshots, budget, |index, _| {
+                group.participants[index].pin_carrier()
+            });
+        }
+        (Some(launch), crate::carrier_policy::Carrier::Helper) if !keep_contexts => {
+            for dir in control_dirs(&group) {
+                crate::carrier_helper::ensure(dir, launch)?;
+            }
+            // The tool's connections go: the shims are not part of the preparation.
+            group.participants.clear();
+            report.processes = pin_each(&snapshots, budget, |_, s| {
+                let socket = s
+                    .info
+                    .control_socket
+                    .as_deref()
+                    .and_then(Path::parent)
+                    .map(|dir| dir.join(protocol::message::CARRIER_HELPER_SOCKET))
+                    .ok_or_else(|| crate::refuse(&s.info.label(), "no control socket".into()))?;
+                crate::carrier_helper::prepare(&socket, s.info.host_pid, s.created_bytes())
+            });
+        }
         _ => {
             report.nothing_to_pin = Some(
-                "each process's own carrier: a plain cycle stages through small buffers, so \
+                if keep_contexts {
+                    "each process's own carrier, which RLIMIT_MEMLOCK leaves unpinned: nothing is \
+                 pinned ahead"
+                } else {
+                    "each process's own carrier: a plain cycle stages through small buffers, so \
                  nothing is pinned ahead"
-                    .into(),
+                }
+                .into(),
             );
-            report.total_millis = millis_since(start);
-            return Ok(report);
         }
-    };
-    for dir in control_dirs(&group) {
-        crate::carrier_helper::ensure(dir, launch)?;
     }
-    // The tool's connections go: the shims are not part of the preparation.
-    group.participants.clear();
+    report.carrier.pinned_host_bytes = report.processes.iter().map(|p| p.pinned_bytes).sum();
+    report.total_millis = millis_since(start);
+    Ok(report)
+}
+
+/// Pins each process's carrier through `pin` (its index and snapshot: bytes pinned, µs taken),
+/// process by process while `budget` (bytes) allows. Best effort: a carrier not prepared is made
+/// by the first Save, as without prepare, and its entry says why it was skipped.
+fn pin_each(
+    snapshots: &[Snapshot],
+    budget: Option<u64>,
+    mut pin: impl FnMut(usize, &Snapshot) -> Result<(u64, u64), ControlError>,
+) -> Vec<PreparedProcess> {
     let mut left = budget.unwrap_or(u64::MAX);
-    for s in &snapshots {
-        let bytes: u64 = s.record.allocations.iter().map(|a| a.size).sum();
+    let mut processes = Vec::with_capacity(snapshots.len());
+    for (index, s) in snapshots.iter().enumerate() {
+        let bytes = s.created_bytes();
         let mut prepared = PreparedProcess {
             process: s.info.label(),
             bytes,
@@ -145,36 +180,26 @@ pub fn prepare(
             pin_millis: 0.0,
             skipped: None,
         };
-        let socket = s
-            .info
-            .control_socket
-            .as_deref()
-            .and_then(Path::parent)
-            .map(|dir| dir.join(protocol::message::CARRIER_HELPER_SOCKET));
-        match socket {
-            _ if bytes == 0 => prepared.skipped = Some("it created no allocation".into()),
-            _ if bytes > left => {
-                prepared.skipped = Some(format!(
-                    "beyond the budget (CUINTERPOSE_PIN_AHEAD_MIB): {} MiB left",
-                    left >> 20
-                ))
-            }
-            None => prepared.skipped = Some("no control socket".into()),
-            // Best effort: a carrier not prepared is made by the first Save, as without prepare.
-            Some(socket) => match crate::carrier_helper::prepare(&socket, s.info.host_pid, bytes) {
+        if bytes == 0 {
+            prepared.skipped = Some("it created no allocation".into());
+        } else if bytes > left {
+            prepared.skipped = Some(format!(
+                "beyond the budget (CUINTERPOSE_PIN_AHEAD_MIB): {} MiB left",
+                left >> 20
+            ));
+        } else {
+            match pin(index, s) {
                 Ok((pinned, micros)) => {
                     left -= bytes;
                     prepared.pinned_bytes = pinned;
                     prepared.pin_millis = micros as f64 / 1e3;
                 }
                 Err(e) => prepared.skipped = Some(e.to_string()),
-            },
+            }
         }
-        report.processes.push(prepared);
+        processes.push(prepared);
     }
-    report.carrier.pinned_host_bytes = report.processes.iter().map(|p| p.pinned_bytes).sum();
-    report.total_millis = millis_since(start);
-    Ok(report)
+    processes
 }
 
 /// Host memory the group's carriers hold pinned after its Save, as each shim's HELLO says now

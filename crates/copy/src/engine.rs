@@ -251,7 +251,8 @@ impl Carrier {
     /// registering only the pieces not registered yet (a carrier
     /// of an earlier cycle costs nothing). A carrier that must grow is unregistered and unmapped
     /// first. Returns the time spent (mapping, touch and registration), whether the carrier was
-    /// reused, and whether it is pinned; `false` when the driver refused a registration
+    /// reused as it was (big enough and pinned already: nothing was made or registered), and
+    /// whether it is pinned; `false` when the driver refused a registration
     /// (`RLIMIT_MEMLOCK`, no memory): the caller copies staged, and later cycles do not retry.
     pub fn ensure_pinned(
         &mut self,
@@ -276,6 +277,8 @@ impl Carrier {
         // The driver registers host memory for a context: one must be current on this thread.
         let _ctx = enter(real, device)?;
         self.pin_device = device;
+        // Registered now: not the carrier of an earlier cycle as it was.
+        let reused = false;
         while self.pinned < want {
             let n = piece.min(self.len - self.pinned);
             let at = (self.base + self.pinned) as *mut core::ffi::c_void;

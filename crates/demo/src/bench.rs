@@ -205,12 +205,15 @@ pub struct Whole {
     /// With the default carrier, the preparation before the first cycle (`cuinterpose
     /// prepare`), as the group case does.
     pub prepared: Option<control::capture::PrepareReport>,
+    /// With the default carrier, the preparation for the keep-contexts cycles after the plain
+    /// ones (`cuinterpose prepare --keep-contexts`: the shim pins its own carrier ahead).
+    pub prepared_keep_contexts: Option<control::capture::PrepareReport>,
     /// The process's first plain cycle: its carrier is made and first touched in it.
     pub plain_first: WholeRun,
     /// The second: the carrier made by the first is used again, as in every later plain cycle.
     pub plain: WholeRun,
     /// The first `--keep-contexts` cycle: the shim's `auto` carrier is pinned in it (its
-    /// registration is part of the suspend).
+    /// registration is part of the suspend) unless it was prepared.
     pub keep_contexts_first: WholeRun,
     /// The second: the carrier pinned by the first is used again, as in every later cycle.
     pub keep_contexts: WholeRun,
@@ -236,6 +239,9 @@ pub struct WholeRun {
     pub shim_bytes: u64,
     /// How the shim's Save reached its carrier (none when it moved nothing).
     pub carrier: Option<CarrierMode>,
+    /// Whether every carrier the Save used existed before it (made by an earlier cycle or
+    /// prepared ahead, pinned where pinned): such a Save makes and pins nothing.
+    pub carrier_reused: Option<bool>,
 }
 
 /// Medians of the overhead rounds, nanoseconds per iteration.

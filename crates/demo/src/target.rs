@@ -5,6 +5,7 @@ use control::capture::SuspendOptions;
 use control::carrier_choice::Requested;
 use control::layout::Layout;
 use control::native::Driver;
+use protocol::state::SuspendMode;
 use std::path::PathBuf;
 use workload::launch::Programs;
 
@@ -82,16 +83,19 @@ pub(crate) fn apply_carrier(
     Ok(())
 }
 
-/// Prepares the carriers of the group under `root` as `cuinterpose prepare` does, with `carrier`
-/// and the tool's driver `driver`, within the configured pin-ahead budget.
+/// Prepares the carriers of the group under `root` for suspends of `mode` as `cuinterpose
+/// prepare` does (`--keep-contexts` for [`SuspendMode::KeepContexts`]), with `carrier` and the
+/// tool's driver `driver`, within the configured pin-ahead budget.
 pub(crate) fn prepare(
     root: u32,
+    mode: SuspendMode,
     carrier: Requested,
     driver: Option<PathBuf>,
     config: &control::config::ToolConfig,
 ) -> anyhow::Result<control::capture::PrepareReport> {
     let mut options = SuspendOptions::new(root, config);
     options.driver = driver;
+    options.mode = mode;
     apply_carrier(carrier, &mut options)?;
     control::capture::prepare(&options, config.pin_ahead_budget).context("preparing the carriers")
 }

@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 10;
+pub const PROTOCOL_VERSION: u16 = 11;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -150,6 +150,13 @@ pub enum Request {
     /// 256 MiB pieces, so that the first Save through the helper finds it pinned. Answered with
     /// [`Response::Prepared`] once it is.
     CarrierPrepare { pid: u32, bytes: u64 },
+    /// To a shim, ahead of the first `suspend --keep-contexts` (`cuinterpose prepare
+    /// --keep-contexts`): make this process's own carrier as long as its Save would need now and
+    /// pin it in 256 MiB pieces, on the control worker while the application runs (nothing is
+    /// held), so that the first keep-contexts Save finds it pinned. Answered with
+    /// [`Response::Prepared`] once it is; refused (nothing changed) inside a capture or where
+    /// `CUINTERPOSE_CARRIER=staged` never pins.
+    PinCarrier,
 }
 
 /// The steps of the multicast rebuild, in their order.
@@ -234,8 +241,8 @@ pub enum Response {
         length: u64,
         helper_pid: u32,
     },
-    /// A carrier prepared ([`Request::CarrierPrepare`]): `pinned` bytes of it are pinned, which
-    /// took `micros` (0 when it already was).
+    /// A carrier prepared ([`Request::CarrierPrepare`], [`Request::PinCarrier`]): `pinned` bytes
+    /// of it are pinned, which took `micros` (0 when it already was).
     Prepared {
         pinned: u64,
         micros: u64,
@@ -530,6 +537,7 @@ impl Request {
             Request::Admit { .. } => 20,
             Request::CarrierShare => 21,
             Request::CarrierPrepare { .. } => 22,
+            Request::PinCarrier => 23,
         }
     }
 

@@ -458,6 +458,7 @@ fn requests() -> Vec<(&'static str, Request)> {
                 bytes: 6 << 20,
             },
         ),
+        ("pin_carrier", Request::PinCarrier),
     ]
 }
 

@@ -113,6 +113,9 @@ pub enum PhaseError {
     /// The carrier helper could not be reached or failed; its message says which.
     #[error("{0}")]
     Helper(String),
+    /// A carrier to pin ahead that is not pinned: the message says why (the policy, the driver).
+    #[error("{0}")]
+    NotPinned(String),
 }
 
 impl PhaseError {
@@ -129,7 +132,7 @@ impl PhaseError {
             PhaseError::DataFile(_) => ErrorCode::Internal,
             PhaseError::Fetch(FetchError::NotFound { .. }) => ErrorCode::NotFound,
             PhaseError::Fetch(_) => ErrorCode::Peer,
-            PhaseError::Internal(_) => ErrorCode::Internal,
+            PhaseError::Internal(_) | PhaseError::NotPinned(_) => ErrorCode::Internal,
             PhaseError::Helper(_) => ErrorCode::Peer,
         }
     }

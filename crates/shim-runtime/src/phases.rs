@@ -81,6 +81,8 @@ enum Done {
     Streamed(u64, StreamStats, DataFile),
     /// Hold, Drain and Admit: how the drain stands.
     Drain(protocol::message::DrainReport),
+    /// PinCarrier: the carrier's bytes now pinned.
+    Pinned(u64),
 }
 
 impl Capture {
@@ -140,12 +142,25 @@ impl Capture {
                 Some(file),
             ) => streamed(self.load(t, &DataFileStore::load_from(file.as_fd(), record, workers))),
             (Request::Multicast(step), _) => plain(t.multicast_step(step)),
+            (Request::PinCarrier, _) => self.pin_carrier_ahead(t, drain).map(Done::Pinned),
             (other, _) => Err(PhaseError::Internal(format!(
                 "{other:?} is not a phase request, or came without its descriptor"
             ))),
         };
         let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
         respond(name, micros, || t.lock().phase(), result)
+    }
+
+    /// PinCarrier: only outside a capture (inside one, the carrier may hold the bytes of a Save
+    /// that growing it would unmap).
+    fn pin_carrier_ahead(&self, t: &Tracking, drain: &Drain) -> Result<u64, PhaseError> {
+        if self.in_capture(t, drain) {
+            return Err(PhaseError::WrongPhase {
+                request: "PinCarrier",
+                phase: t.lock().phase(),
+            });
+        }
+        crate::store::carrier::pin_ahead(t, self)
     }
 
     /// Load: from the store this cycle's Save used (the carrier helper's, or this process's own
@@ -579,6 +594,10 @@ fn respond(
                 file,
             }
         }
+        Ok(Done::Pinned(pinned)) => {
+            log_info!("{name} done: {pinned} bytes of the carrier pinned in {micros} us");
+            Response::Prepared { pinned, micros }
+        }
         Ok(Done::Drain(report)) => {
             log_debug!(
                 "{name}: drained {}, {} waiting",
@@ -653,6 +672,7 @@ fn request_name(request: &Request) -> &'static str {
         Request::CarrierForget => "CarrierForget",
         Request::CarrierShare => "CarrierShare",
         Request::CarrierPrepare { .. } => "CarrierPrepare",
+        Request::PinCarrier => "PinCarrier",
         Request::Hold => "Hold",
         Request::Drain { .. } => "Drain",
         Request::Admit { .. } => "Admit",

@@ -1255,6 +1255,55 @@ fn an_auto_carrier_is_pinned_by_the_first_cycle_that_keeps_its_contexts() {
     }
 }
 
+/// `PinCarrier` (`cuinterpose prepare --keep-contexts`): the carrier made as long as the Save
+/// needs and pinned while the process runs, so that the first keep-contexts Save reuses it and
+/// pins nothing; refused inside a capture and under a policy that never pins, nothing changed.
+#[test]
+fn a_carrier_pinned_ahead_is_reused_by_the_first_keep_contexts_save() {
+    use copy::{CarrierMode, CarrierPolicy, CopyConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let g = build_group(dir.path(), 2);
+    let shared = 10 << 20;
+    for p in &g.procs {
+        match p.call(Request::PinCarrier) {
+            Response::Prepared { pinned, .. } => assert_eq!(pinned, shared as u64),
+            other => panic!("PinCarrier: {other:?}"),
+        }
+        assert_eq!(p.rt.capture.control().carrier.pinned(), shared);
+        assert_eq!(p.rt.inspect().phase, Phase::Running);
+    }
+    check_contents(&g);
+    cycle_with(&g, Request::SaveKeepingContexts);
+    check_contents(&g);
+    for p in &g.procs {
+        let control = p.rt.capture.control();
+        assert_eq!(control.last.mode, CarrierMode::Pinned);
+        assert_eq!(control.carrier.pinned(), shared);
+    }
+    // Inside a capture: refused, the phase unchanged.
+    let p = &g.procs[0];
+    p.phase(Request::Freeze { timeout_ms: 10_000 });
+    match p.call(Request::PinCarrier) {
+        Response::Error { code, message } => {
+            assert_eq!(code, protocol::ErrorCode::WrongPhase, "{message}");
+        }
+        other => panic!("PinCarrier while frozen: {other:?}"),
+    }
+    assert_eq!(p.rt.inspect().phase, Phase::Frozen);
+    p.phase(Request::Thaw);
+    // A policy that never pins: refused, and it says why.
+    let q = &g.procs[1];
+    q.rt.capture.control().copy = CopyConfig {
+        carrier: CarrierPolicy::Always(CarrierMode::Staged),
+        ..CopyConfig::default()
+    };
+    match q.call(Request::PinCarrier) {
+        Response::Error { message, .. } => assert!(message.contains("staged"), "{message}"),
+        other => panic!("PinCarrier under a staged policy: {other:?}"),
+    }
+    check_contents(&g);
+}
+
 /// A refused registration in pinned mode: the cycle copies staged (contents intact) and the
 /// carrier holds nothing pinned.
 #[test]

@@ -15,6 +15,7 @@ use control::config::ToolConfig;
 use control::group::PhaseResult;
 use control::native::Driver;
 use protocol::message::CopyStats;
+use protocol::state::SuspendMode;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -242,6 +243,7 @@ impl Cycles<'_> {
         let prepared = if prepare {
             Some(target::prepare(
                 root,
+                SuspendMode::Native,
                 carrier,
                 self.tool_driver.clone(),
                 self.config,

@@ -16,8 +16,8 @@ use workload::launch::{Launcher, Workload, WorkloadOptions};
 /// One workload holding a filled `cuMemAlloc` of `--whole-size` bytes, prepared as a user of the
 /// default carrier prepares it (`cuinterpose prepare`, as the group case does), suspended and
 /// resumed plainly twice (the first makes the carrier unless it was prepared, the second shows
-/// every later plain cycle), then twice with `--keep-contexts` (the first pins the carrier, the
-/// second shows every later cycle), contents verified after each; then the native baseline of the
+/// every later plain cycle), then twice with `--keep-contexts` (prepared for them first with the
+/// default carrier, else the first pins the carrier; the second shows every later cycle), contents verified after each; then the native baseline of the
 /// same bytes.
 pub(crate) fn whole(
     target: &Target,
@@ -51,6 +51,7 @@ pub(crate) fn whole(
     let prepared = if args.carrier == Requested::Auto {
         Some(prepare(
             w.pid(),
+            SuspendMode::Native,
             args.carrier,
             target.tool_driver(),
             config,
@@ -70,6 +71,18 @@ pub(crate) fn whole(
     };
     let plain_first = cycles.run(SuspendMode::Native, "plain-1")?;
     let plain = cycles.run(SuspendMode::Native, "plain-2")?;
+    // As a user of keep-contexts cycles prepares them (`cuinterpose prepare --keep-contexts`).
+    let prepared_keep_contexts = if args.carrier == Requested::Auto {
+        Some(prepare(
+            w.pid(),
+            SuspendMode::KeepContexts,
+            args.carrier,
+            target.tool_driver(),
+            config,
+        )?)
+    } else {
+        None
+    };
     let keep_contexts_first = cycles.run(SuspendMode::KeepContexts, "keep-contexts-1")?;
     let keep_contexts = cycles.run(SuspendMode::KeepContexts, "keep-contexts-2")?;
     let mut verified = std::mem::take(&mut cycles.verified);
@@ -95,6 +108,7 @@ pub(crate) fn whole(
         memory: memory.to_string(),
         owned_bytes,
         prepared,
+        prepared_keep_contexts,
         speedup_vs_native: ratio(&plain),
         speedup_vs_native_first: ratio(&plain_first),
         plain_first,
@@ -157,6 +171,11 @@ impl WholeCycles<'_> {
             resume_millis: resume.total_millis,
             shim_bytes: suspend.saved_bytes,
             carrier,
+            carrier_reused: suspend
+                .carrier
+                .as_ref()
+                .and_then(|c| c.save.as_ref())
+                .map(|s| s.carriers_reused),
         })
     }
 }

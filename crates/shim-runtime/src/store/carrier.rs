@@ -97,6 +97,40 @@ impl ByteStore for Carrier {
     }
 }
 
+/// Makes this process's carrier as long as a Save of its allocations would need now and pins
+/// it (`cuinterpose prepare --keep-contexts`, [`protocol::Request::PinCarrier`]), through the
+/// context of the device the Save would pin it with; returns the bytes pinned. Runs on the control
+/// worker outside any capture: the application goes on, and the carrier holds nothing it needs
+/// (Thaw has loaded everything), so growing it loses nothing. Refused, nothing changed, where the
+/// carrier policy never pins (`CUINTERPOSE_CARRIER=staged`); a registration the driver refuses
+/// leaves the carrier staged, as at a Save, and says so.
+pub(crate) fn pin_ahead(t: &Tracking, c: &Capture) -> Result<u64, PhaseError> {
+    let items = t.save_items();
+    let total: usize = items.iter().map(|i| i.size).sum();
+    let mut control = c.control();
+    let pinned = control.carrier.pinned() > 0;
+    if !control.copy.carrier.pins(false, pinned) {
+        return Err(PhaseError::NotPinned(
+            "CUINTERPOSE_CARRIER=staged: this process's carrier is never pinned".into(),
+        ));
+    }
+    if total == 0 {
+        return Ok(0);
+    }
+    let device = items.first().map_or(0, |i| i.device);
+    let (_, _, pinned) = control
+        .carrier
+        .ensure_pinned(&t.real, total, copy::PIN_PIECE, device)?;
+    if !pinned {
+        return Err(PhaseError::NotPinned(
+            "the driver refused to register the carrier (RLIMIT_MEMLOCK or host memory): its \
+             Saves copy staged"
+                .into(),
+        ));
+    }
+    Ok(control.carrier.pinned() as u64)
+}
+
 /// Copies between the carrier and allocations mapped temporarily. A copy that cannot be
 /// confirmed finished poisons the carrier (fail-stop on this data: the mappings and the carrier
 /// may still be read or written), which [`Carrier::in_doubt`] then reports.
