@@ -877,11 +877,22 @@ mod tests {
     /// A mapped test-driver allocation of `len` bytes: a pattern, with the 2 MiB blocks listed in
     /// `zero` all zeros.
     fn allocation(real: &Real, len: usize, salt: u8, zero: &[usize]) -> (u64, Vec<u8>) {
+        allocation_on(real, 0, len, salt, zero)
+    }
+
+    /// [`allocation`] on `device`.
+    fn allocation_on(
+        real: &Real,
+        device: i32,
+        len: usize,
+        salt: u8,
+        zero: &[usize],
+    ) -> (u64, Vec<u8>) {
         let prop = CUmemAllocationProp {
             type_: allocation_type::PINNED,
             location: CUmemLocation {
                 type_: location_type::DEVICE,
-                id: 0,
+                id: device,
             },
             ..Default::default()
         };
@@ -975,6 +986,66 @@ mod tests {
         let file = std::fs::File::open(&path).expect("open");
         let error = read(&real, file.as_fd(), &regions, &record, TEST_WORKERS).expect_err("short");
         assert!(matches!(error, DataFileError::Truncated { .. }), "{error}");
+    }
+
+    /// One worker streams units of two devices in turn (device 0, 1, then 0 again): at each
+    /// change it finishes the unit it holds ahead and waits for every copy of its ring under the
+    /// context that queued them, then makes a ring under the next device's context. Both ways
+    /// bring every byte back.
+    #[test]
+    fn one_worker_streams_allocations_of_two_devices_in_turn() {
+        let real = testdriver::real();
+        let lens = [10 * MIB, 6 * MIB + 4096, 8 * MIB];
+        let made: Vec<(i32, u64, Vec<u8>)> = [0, 1, 0]
+            .into_iter()
+            .zip(lens)
+            .enumerate()
+            .map(|(k, (device, len))| {
+                let (va, bytes) = allocation_on(&real, device, len, 11 + k as u8, &[]);
+                (device, va, bytes)
+            })
+            .collect();
+        let ids: Vec<(AllocationId, u64)> = lens
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| (AllocationId([k as u8 + 1; 16]), len as u64))
+            .collect();
+        let (extents, length) = layout(&ids);
+        let regions: Vec<Region> = made
+            .iter()
+            .zip(&extents)
+            .map(|((device, va, _), &extent)| Region {
+                device: *device,
+                va: *va,
+                extent,
+            })
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("gpu.data");
+        let file = std::fs::File::create_new(&path).expect("create");
+        let (record, stats) = write(&real, file.as_fd(), &regions, length, 1).expect("write");
+        assert_eq!(stats.threads, 1);
+        for ((_, _, bytes), extent) in made.iter().zip(&record.extents) {
+            assert_eq!(extent.blake3, *blake3::hash(bytes).as_bytes());
+        }
+        let regions: Vec<Region> = regions
+            .iter()
+            .zip(&record.extents)
+            .map(|(r, &extent)| Region { extent, ..*r })
+            .collect();
+        for (_, va, bytes) in &made {
+            real.memcpy_htod(*va, &vec![0xee; bytes.len()])
+                .expect("wipe");
+        }
+        let file = std::fs::File::open(&path).expect("open");
+        let read_stats = read(&real, file.as_fd(), &regions, &record, 1).expect("read");
+        assert_eq!(read_stats.threads, 1);
+        for (k, (_, va, bytes)) in made.iter().enumerate() {
+            assert!(
+                device(&real, *va, bytes.len()) == *bytes,
+                "allocation {k} back"
+            );
+        }
     }
 
     #[test]

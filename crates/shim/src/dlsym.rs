@@ -78,7 +78,7 @@ unsafe extern "C" fn explicit(handle: *mut c_void, symbol: *const c_char) -> *mu
     let replacement = match loader::provider(info.file()) {
         Provider::Driver => {
             loader::note_driver(found);
-            crate::resolver::note_real(name, found);
+            crate::real::note_resolver(name, found);
             crate::resolver::exported_for(name)
         }
         Provider::Runtime => {

@@ -15,58 +15,14 @@
 
 use core::ffi::{CStr, c_char, c_int, c_void};
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicPtr, Ordering};
 
 use cuda_abi::pfn::{PFN_cuGetProcAddress, PFN_cuGetProcAddress_v2};
 use cuda_abi::{CUresult, cuuint64_t, proc_address_flags, proc_address_status};
 
 use crate::loader;
 
-/// The real `cuGetProcAddress` (v1) and `cuGetProcAddress_v2`, or null until found.
-static REAL_V1: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
-static REAL_V2: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
-
 /// The cudaVersion from which `cuGetProcAddress` resolves to the five-argument `_v2`.
 const V2_SINCE: c_int = 12000;
-
-/// Records a driver resolver the `dlsym` hook found, so that ours forwards to the very driver the
-/// application opened. Allocation- and lock-free.
-pub(crate) fn note_real(name: &[u8], found: *mut c_void) {
-    let slot = match name {
-        b"cuGetProcAddress" => &REAL_V1,
-        b"cuGetProcAddress_v2" => &REAL_V2,
-        _ => return,
-    };
-    // The first one seen wins; later lookups find the same driver in the ordinary case.
-    let _ = slot.compare_exchange(ptr::null_mut(), found, Ordering::AcqRel, Ordering::Relaxed);
-}
-
-/// A real resolver: the one the `dlsym` hook saw, else the driver's own definition.
-fn real(slot: &AtomicPtr<c_void>, name: &CStr) -> Option<NonNull<c_void>> {
-    if let Some(found) = NonNull::new(slot.load(Ordering::Acquire)) {
-        return Some(found);
-    }
-    let found = loader::driver_symbol(name)?;
-    let _ = slot.compare_exchange(
-        ptr::null_mut(),
-        found.as_ptr(),
-        Ordering::AcqRel,
-        Ordering::Relaxed,
-    );
-    NonNull::new(slot.load(Ordering::Acquire))
-}
-
-fn real_v1() -> Option<PFN_cuGetProcAddress> {
-    let found = real(&REAL_V1, c"cuGetProcAddress")?;
-    // SAFETY: the driver's `cuGetProcAddress` export is the CUDA 11.3 four-argument resolver.
-    Some(unsafe { core::mem::transmute::<*mut c_void, PFN_cuGetProcAddress>(found.as_ptr()) })
-}
-
-fn real_v2() -> Option<PFN_cuGetProcAddress_v2> {
-    let found = real(&REAL_V2, c"cuGetProcAddress_v2")?;
-    // SAFETY: the driver's `cuGetProcAddress_v2` export is the CUDA 12.0 five-argument resolver.
-    Some(unsafe { core::mem::transmute::<*mut c_void, PFN_cuGetProcAddress_v2>(found.as_ptr()) })
-}
 
 /// What a resolver wrapper does with the real resolver's successful, non-null answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +125,7 @@ pub unsafe extern "C" fn cuGetProcAddress(
     cuda_version: c_int,
     flags: cuuint64_t,
 ) -> CUresult {
-    let Some(real) = real_v1() else {
+    let Some(real) = crate::real::resolver_v1() else {
         return CUresult::ERROR_NOT_FOUND;
     };
     // SAFETY: the caller's arguments, under the same contract.
@@ -211,7 +167,7 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: cuuint64_t,
     status: *mut c_int,
 ) -> CUresult {
-    let Some(real) = real_v2() else {
+    let Some(real) = crate::real::resolver_v2() else {
         return CUresult::ERROR_NOT_FOUND;
     };
     // SAFETY: the caller's arguments, under the same contract.
@@ -270,42 +226,4 @@ pub unsafe extern "C" fn cuGetProcAddress_v2_ptsz(
     };
     // SAFETY: the caller's arguments, under the same contract.
     unsafe { cuGetProcAddress_v2(symbol, pfn, cuda_version, flags, status) }
-}
-
-/// The driver's entry point `expected` (an ABI variant such as `cuMemFree_v2`), as the driver's
-/// own `cuGetProcAddress_v2(base, version)` resolves it. Refused if the driver names the result
-/// as a different ABI the table knows (a version mismatch), or it is one of ours.
-pub(crate) fn driver_entry(
-    base: &CStr,
-    version: c_int,
-    expected: &CStr,
-) -> Option<NonNull<c_void>> {
-    let real = real_v2()?;
-    let mut found: *mut c_void = ptr::null_mut();
-    let mut status = proc_address_status::SYMBOL_NOT_FOUND;
-    // SAFETY: a NUL-terminated name and two valid out-pointers.
-    let result = unsafe {
-        real(
-            base.as_ptr(),
-            &mut found,
-            version,
-            proc_address_flags::DEFAULT,
-            &mut status,
-        )
-    };
-    let found = NonNull::new(found)?;
-    if !result.is_success()
-        || status != proc_address_status::SUCCESS
-        || loader::is_own(found.as_ptr())
-    {
-        return None;
-    }
-    let info = loader::symbol_at(found.as_ptr());
-    let named = info
-        .as_ref()
-        .and_then(|info| info.exact_name(found.as_ptr()));
-    match named {
-        Some(name) if name != expected.to_bytes() && crate::table::is_table_abi(name) => None,
-        _ => Some(found),
-    }
 }

@@ -5,8 +5,8 @@
 //! place in the resolver dispatch ([`wrapper`]) and its family in [`is_tracked_family`]. For each
 //! `gated` entry: the exported wrapper that passes the submission gate and calls the driver's same
 //! ABI, and its place in the resolver dispatch and in [`is_gated_family`]. The real table is the
-//! `cuda` crate's [`cuda::DriverTable`], resolved through this library's own lookup
-//! ([`build_real`]); an entry the driver lacks is the `cuda` crate's `CUDA_ERROR_NOT_FOUND` stub, so
+//! `cuda` crate's [`cuda::DriverTable`], resolved through this library's own lookup (`real.rs`);
+//! an entry the driver lacks is the `cuda` crate's `CUDA_ERROR_NOT_FOUND` stub, so
 //! the runtime never calls through null.
 //!
 //! To wrap another driver function: move its line to the table's `wrapped` section with its
@@ -108,14 +108,6 @@ macro_rules! interposer_table {
             false
         }
 
-        /// Whether `name` is an ABI the real table holds (wrapped or called).
-        pub(crate) fn is_table_abi(name: &[u8]) -> bool {
-            $( if name == stringify!($w).as_bytes() { return true; } )*
-            $( if name == stringify!($g).as_bytes() { return true; } )*
-            $( if name == stringify!($c).as_bytes() { return true; } )*
-            false
-        }
-
         /// Every name the library exports, as the version script lists them.
         #[cfg(test)]
         pub(crate) const EXPORTS: &[&str] =
@@ -135,18 +127,10 @@ fn abi_family(name: &[u8]) -> &[u8] {
     name.strip_suffix(b"_v2").unwrap_or(name)
 }
 
-/// Resolves every entry of the real table. Loader calls only: never call it under a lock or inside
-/// a `OnceLock` initialiser (see `real::get`).
-pub(crate) fn build_real() -> cuda::DriverTable {
-    // SAFETY: `lookup` returns the driver's entry point of each entry's exact ABI (by its ELF name,
-    // or chosen by the driver's own resolver for the pinned version and checked by symbol name),
-    // whose C signature is the table's; the driver stays loaded for the life of the process.
-    unsafe { cuda::DriverTable::resolve(|entry| crate::real::lookup(entry.name, entry.versioned)) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::real::is_table_abi;
 
     #[test]
     fn wrappers_are_found_by_exact_abi_name_only() {
