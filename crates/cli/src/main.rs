@@ -18,7 +18,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use control::capture::{self, ResumeOptions, SuspendOptions};
 use control::discard::DiscardError;
-use control::disk;
+use control::disk::{self, RestoreError};
 use control::end::EndError;
 use control::runtimes::ContainerRef;
 use control::{ControlError, ErrorClass};
@@ -434,6 +434,11 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             error
                 .downcast_ref::<DiscardError>()
                 .map(DiscardError::class)
+        })
+        .or_else(|| {
+            error
+                .downcast_ref::<RestoreError>()
+                .map(RestoreError::class)
         });
     match class {
         Some(ErrorClass::Refused) => Exit::Refused,
@@ -787,6 +792,48 @@ mod exit_tests {
         };
         assert_eq!(
             exit_for(&anyhow::Error::new(alive).context("ending")),
+            Exit::NeedsAttention
+        );
+        let restore = |e: RestoreError| exit_for(&anyhow::Error::new(e).context("restoring /c"));
+        let failure = || {
+            Box::new(ControlError::Protocol {
+                process: "pid 7".into(),
+                message: "closed".into(),
+            })
+        };
+        assert_eq!(
+            restore(RestoreError::NotRestored(ControlError::AnotherRun {
+                process: "checkpoint /c".into(),
+                message: "held".into(),
+            })),
+            Exit::Refused
+        );
+        assert_eq!(
+            restore(RestoreError::CriuFailed {
+                status: "exit status 1".into(),
+                log: "/l".into(),
+                tail: String::new(),
+            }),
+            Exit::RolledBack
+        );
+        assert_eq!(
+            restore(RestoreError::Untracked(ControlError::Criu(
+                control::criu::CriuError::NoPid("restore")
+            ))),
+            Exit::Error
+        );
+        assert_eq!(
+            restore(RestoreError::Undone {
+                root: 7,
+                failure: failure(),
+            }),
+            Exit::RolledBack
+        );
+        assert_eq!(
+            restore(RestoreError::NotUndone {
+                root: 7,
+                failure: failure(),
+            }),
             Exit::NeedsAttention
         );
         assert_eq!(

@@ -178,30 +178,6 @@ pub enum ControlError {
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
     RolledBack { failure: Box<ControlError> },
-    /// A restore that failed after CRIU brought the tree back, before its rebuild finished (the
-    /// shims' gates were still closed), and killed the tree: nothing runs, the checkpoint is
-    /// unchanged.
-    #[error(
-        "{failure}\nundone: the restored processes (root pid {root}) were killed before their \
-         rebuild finished; the checkpoint is unchanged"
-    )]
-    RestoreUndone {
-        root: u32,
-        failure: Box<ControlError>,
-    },
-    /// CRIU failed to restore the tree: CRIU itself ends what it had restored, so nothing runs
-    /// and the checkpoint is unchanged. `log`: CRIU's log, kept beside the run locks (the work
-    /// directory it was written in is removed).
-    #[error(
-        "criu restore failed ({status}); its log is kept at {}:\n{tail}\nundone: CRIU ended \
-         what it had restored; the checkpoint is unchanged",
-        log.display()
-    )]
-    CriuRestoreFailed {
-        status: String,
-        log: PathBuf,
-        tail: String,
-    },
     /// A worker thread of a fan-out (crate::parallel) panicked: a bug of the tool, named by the
     /// step it ran; the other workers' results stand.
     #[error("a {step} thread panicked")]
@@ -338,10 +314,9 @@ impl ControlError {
             // Undone: the workload runs as before. A drain past its deadline released nothing
             // and every gate it closed is open again (its variant says why that holds wherever
             // it is returned).
-            ControlError::RolledBack { .. }
-            | ControlError::RestoreUndone { .. }
-            | ControlError::CriuRestoreFailed { .. }
-            | ControlError::NotDrained { .. } => ErrorClass::RolledBack,
+            ControlError::RolledBack { .. } | ControlError::NotDrained { .. } => {
+                ErrorClass::RolledBack
+            }
             ControlError::RollbackFailed { .. }
             | ControlError::Step { .. }
             | ControlError::VerifyFailed(_) => ErrorClass::NeedsAttention,
@@ -401,15 +376,13 @@ mod tests {
             ControlError::NotDrained { .. } => 24,
             ControlError::VerifyFailed(_) => 25,
             ControlError::RolledBack { .. } => 26,
-            ControlError::RestoreUndone { .. } => 27,
-            ControlError::CriuRestoreFailed { .. } => 28,
-            ControlError::Panicked { .. } => 29,
-            ControlError::RollbackFailed { .. } => 30,
+            ControlError::Panicked { .. } => 27,
+            ControlError::RollbackFailed { .. } => 28,
         }
     }
 
     /// How many variants [`variant`] numbers.
-    const VARIANTS: usize = 31;
+    const VARIANTS: usize = 29;
 
     /// One error of every variant, with the class the exit codes (docs/recovery.md) give it.
     fn every_variant() -> Vec<(ControlError, ErrorClass)> {
@@ -575,21 +548,6 @@ mod tests {
             ),
             (ControlError::VerifyFailed(refusal()), NeedsAttention),
             (ControlError::RolledBack { failure: inner() }, RolledBack),
-            (
-                ControlError::RestoreUndone {
-                    root: 7,
-                    failure: inner(),
-                },
-                RolledBack,
-            ),
-            (
-                ControlError::CriuRestoreFailed {
-                    status: "1".into(),
-                    log: "/l".into(),
-                    tail: String::new(),
-                },
-                RolledBack,
-            ),
             (ControlError::Panicked { step: "dump" }, Error),
             (
                 ControlError::RollbackFailed {

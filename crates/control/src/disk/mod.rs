@@ -31,7 +31,7 @@ pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, remove_record, worke
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use rate::{DirRate, measure_dir};
-pub use restore::{RestoreOptions, restore};
+pub use restore::{RestoreError, RestoreOptions, restore};
 pub use signing::SIGNATURE_FILE;
 
 use crate::criu::Criu;

@@ -16,7 +16,7 @@ use crate::phases::{Bytes, finish_rebuild, match_participants};
 use crate::progress::{Clock, ParticipantSummary, Progress, Report};
 use crate::refuse;
 use crate::statefile::{self, captured_label};
-use crate::{ControlError, Refusal};
+use crate::{ControlError, ErrorClass, Refusal};
 use protocol::manifest::{self, CriuPlacement, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
 use std::path::{Path, PathBuf};
@@ -59,6 +59,70 @@ impl RestoreOptions {
             namespaces_of: None,
             verify_data_first: false,
             allow_unsigned: false,
+        }
+    }
+}
+
+/// Why `restore` failed, in the order it can: before CRIU brought anything back, in CRIU, before
+/// the tool knew which processes CRIU brought back, in their rebuild (undone, or not).
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// Refused, or failed, before CRIU brought anything back (the run lock, what an interrupted
+    /// restore left, the checks of the checkpoint, its link remaps, a CRIU that could not be
+    /// started): the error says what, and its class is the error's own.
+    #[error(transparent)]
+    NotRestored(#[from] ControlError),
+    /// CRIU failed to restore the tree: CRIU itself ends what it had restored, so nothing runs
+    /// and the checkpoint is unchanged. `log`: CRIU's log, kept beside the run locks (the work
+    /// directory it was written in is removed).
+    #[error(
+        "criu restore failed ({status}); its log is kept at {}:\n{tail}\nundone: CRIU ended \
+         what it had restored; the checkpoint is unchanged",
+        log.display()
+    )]
+    CriuFailed {
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    /// CRIU restored the tree, but which processes it is could not be told (CRIU's pid file was
+    /// unusable, the root restored in a container was not found among this machine's processes,
+    /// or could not be recorded for the leftovers check): with no root to kill, the tree is left
+    /// as CRIU left it. The class is the error's own.
+    #[error(transparent)]
+    Untracked(ControlError),
+    /// The rebuild failed after CRIU brought the tree back, before it finished (the shims' gates
+    /// were still closed), and the tree was killed: nothing runs, the checkpoint is unchanged.
+    #[error(
+        "{failure}\nundone: the restored processes (root pid {root}) were killed before their \
+         rebuild finished; the checkpoint is unchanged"
+    )]
+    Undone {
+        root: u32,
+        failure: Box<ControlError>,
+    },
+    /// The rebuild failed and the restored tree could not be killed either (the kill's own error
+    /// is logged): half-restored processes may still run. `#[source]` so that the causes of
+    /// `failure` are reported, as they were when this was a `ControlError::Step`.
+    #[error(
+        "restore (killing the restored processes failed too: they need attention) failed for the \
+         restored tree (root pid {root}): {failure}"
+    )]
+    NotUndone {
+        root: u32,
+        #[source]
+        failure: Box<ControlError>,
+    },
+}
+
+impl RestoreError {
+    /// What this failure left (the CLI's exit code, the agent's condition).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            RestoreError::NotRestored(cause) | RestoreError::Untracked(cause) => cause.class(),
+            // Nothing runs and the checkpoint is unchanged: as a rollback of a suspend.
+            RestoreError::CriuFailed { .. } | RestoreError::Undone { .. } => ErrorClass::RolledBack,
+            RestoreError::NotUndone { .. } => ErrorClass::NeedsAttention,
         }
     }
 }
@@ -352,7 +416,7 @@ fn verify_link_remaps(
 pub fn restore(
     options: &RestoreOptions,
     progress: &dyn Progress,
-) -> Result<DiskReport, ControlError> {
+) -> Result<DiskReport, RestoreError> {
     let start = Instant::now();
     let _lock = crate::runlock::RunLock::directory(&options.dir)?;
     // What an interrupted restore of this checkpoint left: cleared, or a refusal while a tree it
@@ -401,7 +465,6 @@ pub fn restore(
         &work_dir,
         &mut clock,
     );
-    let result = result.map_err(|e| keep_criu_log(e, &work_dir));
     let _ = std::fs::remove_dir_all(&work_dir);
     let (root, participants, saved_bytes) = result?;
     Ok(DiskReport {
@@ -435,28 +498,31 @@ pub fn restore(
     })
 }
 
-/// A failure of CRIU's restore, with its log copied out of `work_dir` (removed with it) to
-/// [`super::leftovers::kept_log_of`], which the error names; other errors as they are.
-fn keep_criu_log(error: ControlError, work_dir: &Path) -> ControlError {
-    let ControlError::Criu(criu::CriuError::Failed {
-        action: "restore",
-        status,
-        log,
-        tail,
-    }) = error
-    else {
-        return error;
+/// A failure of CRIU's restore (or of CRIU before it ran, or after: its pid file) as what it left:
+/// CRIU's failed restore with its log copied out of `work_dir` (removed with it) to
+/// [`super::leftovers::kept_log_of`], which the error names.
+fn criu_failure(error: ControlError, work_dir: &Path) -> RestoreError {
+    let (status, log, tail) = match error {
+        ControlError::Criu(criu::CriuError::Failed {
+            action: "restore",
+            status,
+            log,
+            tail,
+        }) => (status, log, tail),
+        // CRIU ran and restored the tree, but its root is not known.
+        ControlError::Criu(criu::CriuError::NoPid(_)) => return RestoreError::Untracked(error),
+        error => return RestoreError::NotRestored(error),
     };
     let kept = super::leftovers::kept_log_of(work_dir);
     match std::fs::copy(&log, &kept) {
-        Ok(_) => ControlError::CriuRestoreFailed {
+        Ok(_) => RestoreError::CriuFailed {
             status,
             log: kept,
             tail,
         },
         Err(e) => {
             tracing::warn!(log = %log.display(), error = %e, "keeping CRIU's restore log");
-            ControlError::CriuRestoreFailed {
+            RestoreError::CriuFailed {
                 status,
                 log: PathBuf::from(format!("(not kept: {e}; its last lines follow)")),
                 tail,
@@ -473,7 +539,7 @@ fn restore_into(
     files: &DataFiles,
     work_dir: &Path,
     clock: &mut Clock<'_>,
-) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+) -> Result<(u32, Vec<ParticipantSummary>, u64), RestoreError> {
     let tree = NewTree {
         options,
         verified,
@@ -489,7 +555,7 @@ fn restore_into(
 /// ([`restore_then_rebuild`]).
 trait Restoring {
     /// CRIU's restore of the tree (left stopped); the restored root's host PID.
-    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, ControlError>;
+    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, RestoreError>;
     /// Everything after CRIU: native restore, the rebuild, verify and thaw.
     fn rebuild(
         &self,
@@ -510,12 +576,13 @@ struct NewTree<'a> {
 }
 
 impl Restoring for NewTree<'_> {
-    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, ControlError> {
+    fn criu_restore(&self, clock: &mut Clock<'_>) -> Result<u32, RestoreError> {
         let (options, verified, link_remaps, work_dir) =
             (self.options, self.verified, self.link_remaps, self.work_dir);
         let images = options.dir.join(IMAGES_DIR);
         let image_bytes = criu::directory_bytes(&images);
-        clock.time("criu-restore", Some(image_bytes), || {
+        let inside = verified.container.as_ref();
+        let pid = clock.time("criu-restore", Some(image_bytes), || {
             // Under CRIU's names only while CRIU runs (crate::remaps).
             let into = verified.container.as_ref().map(Container::pid);
             let _linked = crate::remaps::link_for_restore(link_remaps, &options.dir, into)?;
@@ -529,7 +596,6 @@ impl Restoring for NewTree<'_> {
                 })?,
                 None => (Vec::new(), Vec::new()),
             };
-            let inside = verified.container.as_ref();
             let placement =
                 (verified.manifest.criu.as_ref()).map_or(&CriuPlacement::Host, |c| &c.placement);
             let restored = verified.criu.restore(
@@ -543,14 +609,16 @@ impl Restoring for NewTree<'_> {
                 remove_cr_tmpfs_left(work_dir);
             }
             let pid = restored.map_err(ControlError::Criu)?;
-            let root = match inside {
-                Some(container) if container.enters_pid_namespace() => {
-                    host_root(container, pid, work_dir)?
-                }
-                _ => pid,
-            };
-            Ok((root, image_bytes, 0.0))
-        })
+            Ok((pid, image_bytes, 0.0))
+        });
+        let pid = pid.map_err(|e| criu_failure(e, work_dir))?;
+        match inside {
+            // CRIU brought the tree back: a failure from here leaves it as CRIU did.
+            Some(container) if container.enters_pid_namespace() => {
+                host_root(container, pid, work_dir).map_err(RestoreError::Untracked)
+            }
+            _ => Ok(pid),
+        }
     }
 
     fn rebuild(
@@ -580,21 +648,20 @@ impl Restoring for NewTree<'_> {
 fn restore_then_rebuild(
     tree: &dyn Restoring,
     clock: &mut Clock<'_>,
-) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+) -> Result<(u32, Vec<ParticipantSummary>, u64), RestoreError> {
     let root = tree.criu_restore(clock)?;
     match tree.rebuild(root, clock) {
         Ok((participants, saved_bytes)) => Ok((root, participants, saved_bytes)),
         Err(e) => Err(match tree.kill(root) {
-            Ok(()) => ControlError::RestoreUndone {
+            Ok(()) => RestoreError::Undone {
                 root,
                 failure: Box::new(e),
             },
             Err(kill) => {
                 tracing::error!(root, error = %kill, "killing the restored tree");
-                ControlError::Step {
-                    step: "restore (killing the restored processes failed too: they need attention)",
-                    process: format!("the restored tree (root pid {root})"),
-                    source: Box::new(e),
+                RestoreError::NotUndone {
+                    root,
+                    failure: Box::new(e),
                 }
             }
         }),
@@ -771,8 +838,14 @@ mod tests {
     }
 
     impl Restoring for Scripted {
-        fn criu_restore(&self, _clock: &mut Clock<'_>) -> Result<u32, ControlError> {
-            self.step("criu restore", None).map(|()| 42)
+        fn criu_restore(&self, _clock: &mut Clock<'_>) -> Result<u32, RestoreError> {
+            self.step("criu restore", None)
+                .map(|()| 42)
+                .map_err(|e| RestoreError::CriuFailed {
+                    status: "exit status 1".into(),
+                    log: "/run/cuinterpose/restore.log".into(),
+                    tail: e.to_string(),
+                })
         }
         fn rebuild(
             &self,
@@ -786,7 +859,7 @@ mod tests {
         }
     }
 
-    fn run(tree: &Scripted) -> Result<(u32, Vec<ParticipantSummary>, u64), ControlError> {
+    fn run(tree: &Scripted) -> Result<(u32, Vec<ParticipantSummary>, u64), RestoreError> {
         restore_then_rebuild(tree, &mut Clock::new(&Quiet))
     }
 
@@ -803,7 +876,8 @@ mod tests {
         let tree = Scripted::failing(&["criu restore"]);
         let error = run(&tree).unwrap_err();
         assert_eq!(tree.log.take(), ["criu restore"]);
-        assert!(matches!(error, ControlError::Protocol { .. }), "{error}");
+        assert!(matches!(error, RestoreError::CriuFailed { .. }), "{error}");
+        assert_eq!(error.class(), ErrorClass::RolledBack);
     }
 
     #[test]
@@ -811,11 +885,11 @@ mod tests {
         let tree = Scripted::failing(&["rebuild"]);
         let error = run(&tree).unwrap_err();
         assert_eq!(tree.log.take(), ["criu restore", "rebuild 42", "kill 42"]);
-        let ControlError::RestoreUndone { root: 42, failure } = &error else {
+        let RestoreError::Undone { root: 42, failure } = &error else {
             panic!("{error}");
         };
         assert!(failure.to_string().ends_with("rebuild failed"));
-        assert_eq!(error.class(), crate::ErrorClass::RolledBack);
+        assert_eq!(error.class(), ErrorClass::RolledBack);
     }
 
     #[test]
@@ -823,11 +897,122 @@ mod tests {
         let tree = Scripted::failing(&["rebuild", "kill"]);
         let error = run(&tree).unwrap_err();
         assert_eq!(tree.log.take(), ["criu restore", "rebuild 42", "kill 42"]);
-        assert_eq!(error.class(), crate::ErrorClass::NeedsAttention);
+        assert!(matches!(error, RestoreError::NotUndone { root: 42, .. }));
+        assert_eq!(error.class(), ErrorClass::NeedsAttention);
         assert_eq!(
             error.to_string(),
             "restore (killing the restored processes failed too: they need attention) failed for \
              the restored tree (root pid 42): pid 42: protocol error: rebuild failed"
         );
+    }
+
+    /// CRIU's errors by what CRIU did: a failed restore (its log kept beside the work directory,
+    /// which is removed) is undone by CRIU itself; a CRIU that did not start restored nothing; a
+    /// CRIU that restored the tree without saying its root leaves it untracked.
+    #[test]
+    fn criu_failures_are_told_apart_by_what_criu_did() {
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let work_dir = scratch.path().join("restore.work");
+        std::fs::create_dir(&work_dir).expect("work dir");
+        let log = work_dir.join("restore.log");
+        std::fs::write(&log, "Error (criu/cr-restore.c): Restoring FAILED.\n").expect("log");
+        let failed = criu_failure(
+            ControlError::Criu(criu::CriuError::Failed {
+                action: "restore",
+                status: "exit status 1".into(),
+                log,
+                tail: "Restoring FAILED.".into(),
+            }),
+            &work_dir,
+        );
+        let kept = super::super::leftovers::kept_log_of(&work_dir);
+        let RestoreError::CriuFailed { log, .. } = &failed else {
+            panic!("{failed}");
+        };
+        assert_eq!(log, &kept);
+        assert!(std::fs::read_to_string(&kept).is_ok_and(|t| t.contains("Restoring FAILED")));
+        assert_eq!(
+            failed.to_string(),
+            format!(
+                "criu restore failed (exit status 1); its log is kept at {}:\nRestoring FAILED.\n\
+                 undone: CRIU ended what it had restored; the checkpoint is unchanged",
+                kept.display()
+            )
+        );
+        let not_started = criu_failure(
+            ControlError::Criu(criu::CriuError::Spawn {
+                program: "/criu".into(),
+                source: std::io::Error::other("denied"),
+            }),
+            &work_dir,
+        );
+        assert!(
+            matches!(not_started, RestoreError::NotRestored(_)),
+            "{not_started}"
+        );
+        let no_root = criu_failure(
+            ControlError::Criu(criu::CriuError::NoPid("restore")),
+            &work_dir,
+        );
+        assert!(matches!(no_root, RestoreError::Untracked(_)), "{no_root}");
+        assert_eq!(no_root.to_string(), "criu restore wrote no usable pid file");
+    }
+
+    /// The exit codes users script against (docs/recovery.md), pinned per variant of
+    /// `RestoreError`: a wrapped error keeps its own class (and message), CRIU's failure and an
+    /// undone rebuild are rolled back (4), a tree that could not be killed needs attention (5).
+    #[test]
+    fn each_restore_failure_is_classified_by_what_it_left() {
+        let refused = RestoreError::from(refuse(
+            "checkpoint",
+            "was taken on CUDA driver API 1".into(),
+        ));
+        assert_eq!(refused.class(), ErrorClass::Refused);
+        let another_run = RestoreError::from(ControlError::AnotherRun {
+            process: "checkpoint /c".into(),
+            message: "held".into(),
+        });
+        assert_eq!(another_run.class(), ErrorClass::Refused);
+        assert_eq!(another_run.to_string(), "checkpoint /c: held");
+        let unreadable = RestoreError::from(ControlError::State {
+            path: "/c/images".into(),
+            source: std::io::Error::other("denied").into(),
+        });
+        assert_eq!(unreadable.class(), ErrorClass::Error);
+        let criu = RestoreError::CriuFailed {
+            status: "exit status 1".into(),
+            log: "/l".into(),
+            tail: String::new(),
+        };
+        assert_eq!(criu.class(), ErrorClass::RolledBack);
+        let no_pid = RestoreError::Untracked(ControlError::Criu(criu::CriuError::NoPid("restore")));
+        assert_eq!(no_pid.class(), ErrorClass::Error);
+        let root_not_found = RestoreError::Untracked(ControlError::Step {
+            step: "finding the restored root among this machine's processes",
+            process: "pid 1 in the PID namespace of pid 9".into(),
+            source: Box::new(ControlError::NoSuchProcess(1)),
+        });
+        assert_eq!(root_not_found.class(), ErrorClass::NeedsAttention);
+        let failure = || {
+            Box::new(ControlError::Protocol {
+                process: "pid 42".into(),
+                message: "closed".into(),
+            })
+        };
+        let undone = RestoreError::Undone {
+            root: 42,
+            failure: failure(),
+        };
+        assert_eq!(undone.class(), ErrorClass::RolledBack);
+        assert_eq!(
+            undone.to_string(),
+            "pid 42: protocol error: closed\nundone: the restored processes (root pid 42) were \
+             killed before their rebuild finished; the checkpoint is unchanged"
+        );
+        let not_undone = RestoreError::NotUndone {
+            root: 42,
+            failure: failure(),
+        };
+        assert_eq!(not_undone.class(), ErrorClass::NeedsAttention);
     }
 }

@@ -4,7 +4,7 @@
 
 use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
 use control::config::ToolConfig;
-use control::disk::{self, CheckpointOptions, RestoreOptions};
+use control::disk::{self, CheckpointOptions, RestoreError, RestoreOptions};
 use control::{ControlError, ErrorClass};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -65,7 +65,8 @@ pub struct ToolReport {
 }
 
 /// The outcome the agent reports for a class of the tool's errors. The class is the tool's own
-/// (`ControlError::class`, which the CLI's exit codes follow too): the agent never classifies an
+/// (`ControlError::class`, or that of a verb's own error type: `RestoreError::class`,
+/// `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
 /// error by its own rule, so the two front ends cannot disagree about what a failure left.
 ///
 /// The conditions have no type for the CLI's exit 1 (an unexpected error: an I/O error, a
@@ -81,10 +82,20 @@ fn failure_of(class: ErrorClass) -> Failure {
 }
 
 fn failure(error: ControlError) -> ToolFailure {
+    classified(error.class(), &error)
+}
+
+/// A failure of any verb's own error type, by the class it gives itself.
+fn classified(class: ErrorClass, error: &dyn std::fmt::Display) -> ToolFailure {
     ToolFailure {
-        failure: failure_of(error.class()),
+        failure: failure_of(class),
         message: error.to_string(),
     }
+}
+
+/// A restore's failure, as [`restore`] reports it.
+fn restore_failure(error: RestoreError) -> ToolFailure {
+    classified(error.class(), &error)
 }
 
 fn phases(phases: &[ControlPhase]) -> Vec<Phase> {
@@ -146,7 +157,9 @@ pub fn restore(
         driver: options.driver.clone(),
         ..RestoreOptions::new(dir.to_path_buf(), &options.config)
     };
-    disk::restore(&options, &Quiet).map(report).map_err(failure)
+    disk::restore(&options, &Quiet)
+        .map(report)
+        .map_err(restore_failure)
 }
 
 /// Deletes the checkpoint in `dir` with the files it keeps outside it (blocking); the message
@@ -167,10 +180,7 @@ pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
                 r.link_remaps.len()
             )
         })
-        .map_err(|e| ToolFailure {
-            failure: failure_of(e.class()),
-            message: e.to_string(),
-        })
+        .map_err(|e| classified(e.class(), &e))
 }
 
 /// The processes of the tree under `root` (to move a restored tree into its pod's cgroup).
@@ -261,13 +271,6 @@ mod tests {
                 ControlError::RolledBack { failure: inner() },
                 Failure::RolledBack,
             ),
-            (
-                ControlError::RestoreUndone {
-                    root: 9,
-                    failure: inner(),
-                },
-                Failure::RolledBack,
-            ),
             // A drain past its deadline: every gate open again, nothing released (exit 4).
             (
                 ControlError::NotDrained {
@@ -300,6 +303,57 @@ mod tests {
             let class = error.class();
             let reported = failure(error);
             assert_eq!(reported.failure, failure_of(class), "{message}");
+            assert_eq!(reported.failure, expected, "{message}");
+            assert_eq!(reported.message, message);
+        }
+    }
+
+    /// A restore's failure takes the class of its own error (`RestoreError::class`), with its
+    /// message: a refusal before CRIU ran is refused, CRIU's failure and an undone rebuild are
+    /// rolled back, a restored tree that could not be killed needs attention.
+    #[test]
+    fn restore_failures_follow_their_class() {
+        let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let cases = [
+            (
+                RestoreError::NotRestored(ControlError::Refused(vec![Refusal {
+                    process: "checkpoint".into(),
+                    reason: "was taken on CUDA driver API 1".into(),
+                }])),
+                Failure::Refused,
+            ),
+            (
+                RestoreError::CriuFailed {
+                    status: "exit status 1".into(),
+                    log: "/l".into(),
+                    tail: String::new(),
+                },
+                Failure::RolledBack,
+            ),
+            (
+                RestoreError::Untracked(ControlError::Criu(control::criu::CriuError::NoPid(
+                    "restore",
+                ))),
+                Failure::NeedsAttention,
+            ),
+            (
+                RestoreError::Undone {
+                    root: 9,
+                    failure: inner(),
+                },
+                Failure::RolledBack,
+            ),
+            (
+                RestoreError::NotUndone {
+                    root: 9,
+                    failure: inner(),
+                },
+                Failure::NeedsAttention,
+            ),
+        ];
+        for (error, expected) in cases {
+            let message = error.to_string();
+            let reported = restore_failure(error);
             assert_eq!(reported.failure, expected, "{message}");
             assert_eq!(reported.message, message);
         }
