@@ -18,7 +18,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use control::capture::{self, ResumeOptions, SuspendOptions};
 use control::discard::DiscardError;
-use control::disk::{self, RestoreError};
+use control::disk::{self, CheckpointError, RestoreError};
 use control::end::EndError;
 use control::runtimes::ContainerRef;
 use control::{ControlError, ErrorClass};
@@ -439,6 +439,11 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             error
                 .downcast_ref::<RestoreError>()
                 .map(RestoreError::class)
+        })
+        .or_else(|| {
+            error
+                .downcast_ref::<CheckpointError>()
+                .map(CheckpointError::class)
         });
     match class {
         Some(ErrorClass::Refused) => Exit::Refused,
@@ -834,6 +839,48 @@ mod exit_tests {
                 root: 7,
                 failure: failure(),
             }),
+            Exit::NeedsAttention
+        );
+        let checkpoint = |e: CheckpointError| {
+            exit_for(&anyhow::Error::new(e).context("checkpointing the group under pid 7"))
+        };
+        assert_eq!(
+            checkpoint(CheckpointError::NotStarted(ControlError::AnotherRun {
+                process: "pid 7".into(),
+                message: "held".into(),
+            })),
+            Exit::Refused
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::NotCaptured(ControlError::RolledBack {
+                failure: Box::new(not_drained()),
+            })),
+            Exit::RolledBack
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::Suspended(ControlError::Driver {
+                call: "cuDeviceGetCount",
+                result: cuda_abi::CUresult::ERROR_UNKNOWN,
+            })),
+            Exit::Error
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::RolledBack { failure: failure() }),
+            Exit::RolledBack
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::RollbackFailed {
+                failure: failure(),
+                rollback: failure(),
+            }),
+            Exit::NeedsAttention
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::Complete(ControlError::Step {
+                step: "stopping the dumped tree (the checkpoint is complete)",
+                process: "pid 7".into(),
+                source: failure(),
+            })),
             Exit::NeedsAttention
         );
         assert_eq!(

@@ -18,10 +18,68 @@ use crate::native::Driver;
 use crate::phases::{Bytes, finish_rebuild};
 use crate::progress::{Clock, Progress, Report, summarize};
 use crate::statefile::{self, check_state_dir, default_state_dir, remove_state};
-use crate::{ControlError, refuse, state_error};
+use crate::{ControlError, ErrorClass, refuse, state_error};
 use protocol::manifest::{self, CriuInfo, CriuPlacement, LinkRemap, Manifest};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Why `checkpoint` failed, in the order it can: before the capture changed anything, in the
+/// capture, between the capture and the dump, in the dump or before the checkpoint was complete
+/// (rolled back, or not), and once it was complete.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Refused, or failed, before the capture changed anything (CRIU not found, the run locks,
+    /// the state directory, the checkpoint's directory, what CRIU cannot dump, the block store):
+    /// the error says what, and its class is the error's own.
+    #[error(transparent)]
+    NotStarted(#[from] ControlError),
+    /// The capture failed: refused before it changed anything, rolled back, or its rollback
+    /// failed, as the capture's own error (a suspend's) says, with its class. What this run
+    /// wrote is removed: the directory is left as it was found.
+    #[error(transparent)]
+    NotCaptured(ControlError),
+    /// The group was captured, but the driver could not be loaded again or its GPUs listed for
+    /// the manifest, so nothing was dumped: the group stays suspended, its state file where
+    /// `cuinterpose resume` looks and its data files kept. The class is the error's own, so that
+    /// the exit code stays the one these failures always had.
+    #[error(transparent)]
+    Suspended(ControlError),
+    /// CRIU's dump, or writing the checkpoint before it was complete, failed; the tree CRIU left
+    /// stopped was continued and rebuilt in place: the workload runs, the data files are removed
+    /// and the images stay in the incomplete checkpoint for diagnosis (discard removes it). The
+    /// message is that of a suspend's rollback (`ControlError::RolledBack`).
+    #[error(
+        "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
+    )]
+    RolledBack { failure: Box<ControlError> },
+    /// The dump or the checkpoint's writing failed and the tree could not be continued or
+    /// rebuilt in place either (`rollback` says which): the data files are kept, since they hold
+    /// the only copy of the group's shared bytes. The message is that of a suspend's failed
+    /// rollback (`ControlError::RollbackFailed`).
+    #[error("{failure}\nrollback also failed, the workload needs attention:\n  {rollback}")]
+    RollbackFailed {
+        failure: Box<ControlError>,
+        rollback: Box<ControlError>,
+    },
+    /// The checkpoint is complete on disk, but the tree could not be ended (with
+    /// `--leave-running`: continued and rebuilt in place): the class is the error's own.
+    #[error(transparent)]
+    Complete(ControlError),
+}
+
+impl CheckpointError {
+    /// What this failure left (the CLI's exit code, the agent's condition).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            CheckpointError::NotStarted(cause)
+            | CheckpointError::NotCaptured(cause)
+            | CheckpointError::Suspended(cause)
+            | CheckpointError::Complete(cause) => cause.class(),
+            CheckpointError::RolledBack { .. } => ErrorClass::RolledBack,
+            CheckpointError::RollbackFailed { .. } => ErrorClass::NeedsAttention,
+        }
+    }
+}
 
 /// Captures the group under `options.capture.root` and dumps it with CRIU into `options.dir`.
 ///
@@ -34,7 +92,7 @@ use std::time::Instant;
 pub fn checkpoint(
     options: &CheckpointOptions,
     progress: &dyn Progress,
-) -> Result<DiskReport, ControlError> {
+) -> Result<DiskReport, CheckpointError> {
     let start = Instant::now();
     let dir = &options.dir;
     let mut begun = begin(options)?;
@@ -56,9 +114,11 @@ pub fn checkpoint(
         &files,
         &mut store_lock,
         &mut clock,
-    )?;
-    let driver = Driver::load(capture_options.driver.as_deref())?;
-    let gpus = gpu_list(&driver)?;
+    )
+    .map_err(CheckpointError::NotCaptured)?;
+    let driver =
+        Driver::load(capture_options.driver.as_deref()).map_err(CheckpointError::Suspended)?;
+    let gpus = gpu_list(&driver).map_err(CheckpointError::Suspended)?;
     // CRIU refuses a tree with a connected socket whose peer is outside it: the tool's connections
     // to the shims go first (the shims keep none of their own between requests).
     drop(group);
@@ -90,8 +150,8 @@ pub fn checkpoint(
     );
     let (manifest, image_bytes) = match done {
         Ok(done) => done,
-        Err(Dumping::Unpublished(e)) => {
-            if matches!(e, ControlError::RolledBack { .. }) {
+        Err(e) => {
+            if matches!(e, CheckpointError::RolledBack { .. }) {
                 // Loaded back: the data files have no use any more. Kept when the rollback
                 // failed, since they hold the only copy of the group's shared bytes.
                 files.remove();
@@ -102,7 +162,6 @@ pub fn checkpoint(
             }
             return Err(e);
         }
-        Err(Dumping::Complete(e)) => return Err(e),
     };
     // The checkpoint holds its own copy; the group's is of no use any more.
     super::datafiles::remove_record(work_state);
@@ -506,17 +565,6 @@ impl Dumped for Tree<'_> {
     }
 }
 
-/// How [`dump_and_publish`] failed.
-#[derive(Debug)]
-enum Dumping {
-    /// Before the checkpoint was complete: the tree was continued and rebuilt in place
-    /// ([`ControlError::RolledBack`]), or the error says why it could not be.
-    Unpublished(ControlError),
-    /// After: the checkpoint is complete on disk, the tree could not be continued and rebuilt
-    /// (`--leave-running`) or ended.
-    Complete(ControlError),
-}
-
 /// The dump and what follows it: CRIU dumps the tree (which it leaves stopped) and `publish`
 /// writes the checkpoint, listing the link remaps it took over; then the tree is ended, or with
 /// `leave_running` continued and rebuilt in place. Until the checkpoint is complete any failure
@@ -529,7 +577,7 @@ fn dump_and_publish<T>(
     leave_running: bool,
     publish: impl FnOnce(&mut Clock<'_>, &mut Vec<LinkRemap>) -> Result<T, ControlError>,
     unpublish: impl FnOnce(&[LinkRemap]),
-) -> Result<T, Dumping> {
+) -> Result<T, CheckpointError> {
     let mut link_remaps = Vec::new();
     let published = tree
         .dump(clock)
@@ -541,15 +589,15 @@ fn dump_and_publish<T>(
             let rollback = tree
                 .continue_tree()
                 .and_then(|()| tree.resume_in_place(clock));
-            return Err(Dumping::Unpublished(match rollback {
-                Ok(()) => ControlError::RolledBack {
+            return Err(match rollback {
+                Ok(()) => CheckpointError::RolledBack {
                     failure: Box::new(e),
                 },
-                Err(r) => ControlError::RollbackFailed {
+                Err(r) => CheckpointError::RollbackFailed {
                     failure: Box::new(e),
-                    rollback: vec![r],
+                    rollback: Box::new(r),
                 },
-            }));
+            });
         }
     };
     let after = if leave_running {
@@ -559,7 +607,7 @@ fn dump_and_publish<T>(
     } else {
         tree.end(clock)
     };
-    after.map(|()| done).map_err(Dumping::Complete)
+    after.map(|()| done).map_err(CheckpointError::Complete)
 }
 
 /// After a dump with `--leave-running` (or a failed one): native restore and rebuild in place.
@@ -648,7 +696,11 @@ mod tests {
         tree: &Scripted,
         leave_running: bool,
         publish_fails: bool,
-    ) -> (Result<u32, Dumping>, Vec<&'static str>, Vec<LinkRemap>) {
+    ) -> (
+        Result<u32, CheckpointError>,
+        Vec<&'static str>,
+        Vec<LinkRemap>,
+    ) {
         let unpublished = RefCell::new(Vec::new());
         let result = dump_and_publish(
             tree,
@@ -687,7 +739,7 @@ mod tests {
             ["dump", "unpublish", "continue", "resume in place"],
             "nothing published, nothing ended"
         );
-        let Err(Dumping::Unpublished(ControlError::RolledBack { failure })) = result else {
+        let Err(CheckpointError::RolledBack { failure }) = result else {
             panic!("{result:?}");
         };
         assert_eq!(failure.to_string(), "pid 7: protocol error: dump failed");
@@ -708,10 +760,7 @@ mod tests {
             ]
         );
         assert_eq!(unpublished.len(), 1);
-        assert!(matches!(
-            result,
-            Err(Dumping::Unpublished(ControlError::RolledBack { .. }))
-        ));
+        assert!(matches!(result, Err(CheckpointError::RolledBack { .. })));
     }
 
     #[test]
@@ -719,18 +768,11 @@ mod tests {
         for failing in ["continue", "resume in place"] {
             let tree = Scripted::failing(&["dump", failing]);
             let (result, steps, _) = run(&tree, false, false);
-            let Err(Dumping::Unpublished(ControlError::RollbackFailed { failure, rollback })) =
-                result
-            else {
+            let Err(CheckpointError::RollbackFailed { failure, rollback }) = result else {
                 panic!("{result:?}");
             };
             assert!(failure.to_string().ends_with("dump failed"));
-            assert_eq!(rollback.len(), 1);
-            assert!(
-                rollback[0]
-                    .to_string()
-                    .ends_with(&format!("{failing} failed"))
-            );
+            assert!(rollback.to_string().ends_with(&format!("{failing} failed")));
             // A tree that could not be continued is not rebuilt.
             assert_eq!(steps.last(), Some(&failing));
         }
@@ -746,8 +788,86 @@ mod tests {
         assert_eq!(steps, ["dump", "publish", "continue", "resume in place"]);
         // Complete on disk: a failure after it is no rollback, and nothing is unpublished.
         let (result, steps, unpublished) = run(&Scripted::failing(&["end"]), false, false);
-        assert!(matches!(result, Err(Dumping::Complete(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(CheckpointError::Complete(_))),
+            "{result:?}"
+        );
         assert_eq!(steps, ["dump", "publish", "end"]);
         assert!(unpublished.is_empty());
+    }
+
+    /// The exit codes users script against (docs/recovery.md), pinned per variant of
+    /// `CheckpointError`: a wrapped error keeps its own class and message (a refusal before the
+    /// capture, the capture's rollback, a failure once the checkpoint is complete), a dump rolled
+    /// back is rolled back (4) and one whose rollback failed needs attention (5), with the
+    /// messages a suspend's rollbacks give.
+    #[test]
+    fn each_checkpoint_failure_is_classified_by_what_it_left() {
+        let refused = CheckpointError::from(refuse(
+            "pid 7",
+            "has a controlling terminal, which a restore cannot bring back".into(),
+        ));
+        assert_eq!(refused.class(), ErrorClass::Refused);
+        let another_run = CheckpointError::from(ControlError::AnotherRun {
+            process: "checkpoint /c".into(),
+            message: "held".into(),
+        });
+        assert_eq!(another_run.class(), ErrorClass::Refused);
+        assert_eq!(another_run.to_string(), "checkpoint /c: held");
+        let unwritable = CheckpointError::from(state_error(
+            Path::new("/c"),
+            std::io::Error::other("denied"),
+        ));
+        assert_eq!(unwritable.class(), ErrorClass::Error);
+        let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let capture_rolled_back =
+            CheckpointError::NotCaptured(ControlError::RolledBack { failure: inner() });
+        assert_eq!(capture_rolled_back.class(), ErrorClass::RolledBack);
+        let capture_not_rolled_back = CheckpointError::NotCaptured(ControlError::RollbackFailed {
+            failure: inner(),
+            rollback: vec![ControlError::NoSuchProcess(8)],
+        });
+        assert_eq!(capture_not_rolled_back.class(), ErrorClass::NeedsAttention);
+        let suspended = CheckpointError::Suspended(ControlError::Driver {
+            call: "cuDeviceGetCount",
+            result: cuda_abi::CUresult::ERROR_UNKNOWN,
+        });
+        assert_eq!(suspended.class(), ErrorClass::Error);
+        let failure = || {
+            Box::new(ControlError::Protocol {
+                process: "pid 7".into(),
+                message: "dump failed".into(),
+            })
+        };
+        let rolled_back = CheckpointError::RolledBack { failure: failure() };
+        assert_eq!(rolled_back.class(), ErrorClass::RolledBack);
+        assert_eq!(
+            rolled_back.to_string(),
+            ControlError::RolledBack { failure: failure() }.to_string()
+        );
+        let continuing = || ControlError::Step {
+            step: "continuing the dumped tree",
+            process: "pid 7".into(),
+            source: Box::new(ControlError::NoSuchProcess(7)),
+        };
+        let rollback_failed = CheckpointError::RollbackFailed {
+            failure: failure(),
+            rollback: Box::new(continuing()),
+        };
+        assert_eq!(rollback_failed.class(), ErrorClass::NeedsAttention);
+        assert_eq!(
+            rollback_failed.to_string(),
+            ControlError::RollbackFailed {
+                failure: failure(),
+                rollback: vec![continuing()],
+            }
+            .to_string()
+        );
+        let not_ended = CheckpointError::Complete(ControlError::Step {
+            step: "stopping the dumped tree (the checkpoint is complete)",
+            process: "pid 7".into(),
+            source: Box::new(ControlError::NoSuchProcess(7)),
+        });
+        assert_eq!(not_ended.class(), ErrorClass::NeedsAttention);
     }
 }

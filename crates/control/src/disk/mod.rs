@@ -26,7 +26,7 @@ pub mod signing;
 pub mod store;
 
 pub use crate::container::namespace_root;
-pub use checkpoint::{INCOMPLETE_MARKER, checkpoint};
+pub use checkpoint::{CheckpointError, INCOMPLETE_MARKER, checkpoint};
 pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, remove_record, workers_for};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;

@@ -4,7 +4,7 @@
 
 use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
 use control::config::ToolConfig;
-use control::disk::{self, CheckpointOptions, RestoreError, RestoreOptions};
+use control::disk::{self, CheckpointError, CheckpointOptions, RestoreError, RestoreOptions};
 use control::{ControlError, ErrorClass};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -65,8 +65,8 @@ pub struct ToolReport {
 }
 
 /// The outcome the agent reports for a class of the tool's errors. The class is the tool's own
-/// (`ControlError::class`, or that of a verb's own error type: `RestoreError::class`,
-/// `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
+/// (`ControlError::class`, or that of a verb's own error type: `CheckpointError::class`,
+/// `RestoreError::class`, `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
 /// error by its own rule, so the two front ends cannot disagree about what a failure left.
 ///
 /// The conditions have no type for the CLI's exit 1 (an unexpected error: an I/O error, a
@@ -91,6 +91,11 @@ fn classified(class: ErrorClass, error: &dyn std::fmt::Display) -> ToolFailure {
         failure: failure_of(class),
         message: error.to_string(),
     }
+}
+
+/// A checkpoint's failure, as [`checkpoint`] reports it.
+fn checkpoint_failure(error: CheckpointError) -> ToolFailure {
+    classified(error.class(), &error)
 }
 
 /// A restore's failure, as [`restore`] reports it.
@@ -138,7 +143,7 @@ pub fn checkpoint(
     };
     disk::checkpoint(&options, &Quiet)
         .map(report)
-        .map_err(failure)
+        .map_err(checkpoint_failure)
 }
 
 /// Restores the checkpoint in `dir` into new processes (blocking), in the namespaces of process
@@ -303,6 +308,54 @@ mod tests {
             let class = error.class();
             let reported = failure(error);
             assert_eq!(reported.failure, failure_of(class), "{message}");
+            assert_eq!(reported.failure, expected, "{message}");
+            assert_eq!(reported.message, message);
+        }
+    }
+
+    /// A checkpoint's failure takes the class of its own error (`CheckpointError::class`), with
+    /// its message: a refusal before the capture is refused, a capture or a dump rolled back is
+    /// rolled back, a failed rollback and a tree not ended once the checkpoint was complete need
+    /// attention. (A group left suspended takes its driver error's class, pinned in the control
+    /// crate: this crate has no driver types to make one.)
+    #[test]
+    fn checkpoint_failures_follow_their_class() {
+        let inner = || Box::new(ControlError::NoSuchProcess(7));
+        let cases = [
+            (
+                CheckpointError::NotStarted(ControlError::Refused(vec![Refusal {
+                    process: "pid 7".into(),
+                    reason: "has a controlling terminal".into(),
+                }])),
+                Failure::Refused,
+            ),
+            (
+                CheckpointError::NotCaptured(ControlError::RolledBack { failure: inner() }),
+                Failure::RolledBack,
+            ),
+            (
+                CheckpointError::RolledBack { failure: inner() },
+                Failure::RolledBack,
+            ),
+            (
+                CheckpointError::RollbackFailed {
+                    failure: inner(),
+                    rollback: inner(),
+                },
+                Failure::NeedsAttention,
+            ),
+            (
+                CheckpointError::Complete(ControlError::Step {
+                    step: "stopping the dumped tree (the checkpoint is complete)",
+                    process: "pid 7".into(),
+                    source: inner(),
+                }),
+                Failure::NeedsAttention,
+            ),
+        ];
+        for (error, expected) in cases {
+            let message = error.to_string();
+            let reported = checkpoint_failure(error);
             assert_eq!(reported.failure, expected, "{message}");
             assert_eq!(reported.message, message);
         }
