@@ -862,7 +862,7 @@ mod exit_tests {
                 call: "cuDeviceGetCount",
                 result: cuda_abi::CUresult::ERROR_UNKNOWN,
             })),
-            Exit::Error
+            Exit::NeedsAttention
         );
         assert_eq!(
             checkpoint(CheckpointError::RolledBack { failure: failure() }),

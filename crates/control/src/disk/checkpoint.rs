@@ -40,8 +40,8 @@ pub enum CheckpointError {
     NotCaptured(ControlError),
     /// The group was captured, but the driver could not be loaded again or its GPUs listed for
     /// the manifest, so nothing was dumped: the group stays suspended, its state file where
-    /// `cuinterpose resume` looks and its data files kept. The class is the error's own, so that
-    /// the exit code stays the one these failures always had.
+    /// `cuinterpose resume` looks and its data files kept. Needs attention whatever the cause (a
+    /// driver that fails to load is otherwise a refusal): the workload does not run until resumed.
     #[error(transparent)]
     Suspended(ControlError),
     /// CRIU's dump, or writing the checkpoint before it was complete, failed; the tree CRIU left
@@ -62,7 +62,8 @@ pub enum CheckpointError {
         rollback: Box<ControlError>,
     },
     /// The checkpoint is complete on disk, but the tree could not be ended (with
-    /// `--leave-running`: continued and rebuilt in place): the class is the error's own.
+    /// `--leave-running`: continued and rebuilt in place): needs attention whatever the cause (a
+    /// tree not found again is otherwise a refusal), since what runs is not what was asked for.
     #[error(transparent)]
     Complete(ControlError),
 }
@@ -71,12 +72,13 @@ impl CheckpointError {
     /// What this failure left (the CLI's exit code, the agent's condition).
     pub fn class(&self) -> ErrorClass {
         match self {
-            CheckpointError::NotStarted(cause)
-            | CheckpointError::NotCaptured(cause)
-            | CheckpointError::Suspended(cause)
-            | CheckpointError::Complete(cause) => cause.class(),
+            CheckpointError::NotStarted(cause) | CheckpointError::NotCaptured(cause) => {
+                cause.class()
+            }
             CheckpointError::RolledBack { .. } => ErrorClass::RolledBack,
-            CheckpointError::RollbackFailed { .. } => ErrorClass::NeedsAttention,
+            CheckpointError::Suspended(_)
+            | CheckpointError::RollbackFailed { .. }
+            | CheckpointError::Complete(_) => ErrorClass::NeedsAttention,
         }
     }
 }
@@ -832,7 +834,12 @@ mod tests {
             call: "cuDeviceGetCount",
             result: cuda_abi::CUresult::ERROR_UNKNOWN,
         });
-        assert_eq!(suspended.class(), ErrorClass::Error);
+        assert_eq!(suspended.class(), ErrorClass::NeedsAttention);
+        let driver_gone = CheckpointError::Suspended(ControlError::DriverLoad {
+            name: "libcuda.so.1".into(),
+            source: libloading::Error::DlOpenUnknown,
+        });
+        assert_eq!(driver_gone.class(), ErrorClass::NeedsAttention);
         let failure = || {
             Box::new(ControlError::Protocol {
                 process: "pid 7".into(),
@@ -869,5 +876,7 @@ mod tests {
             source: Box::new(ControlError::NoSuchProcess(7)),
         });
         assert_eq!(not_ended.class(), ErrorClass::NeedsAttention);
+        let not_found_again = CheckpointError::Complete(ControlError::NoSuchProcess(7));
+        assert_eq!(not_found_again.class(), ErrorClass::NeedsAttention);
     }
 }
