@@ -16,7 +16,9 @@ mod run;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use control::capture::{self, ResumeOptions, SuspendOptions};
+use control::capture::{
+    self, PrepareError, ResumeError, ResumeOptions, SuspendError, SuspendOptions,
+};
 use control::discard::DiscardError;
 use control::disk::{self, CheckpointError, RestoreError};
 use control::end::EndError;
@@ -444,6 +446,17 @@ fn exit_for(error: &anyhow::Error) -> Exit {
             error
                 .downcast_ref::<CheckpointError>()
                 .map(CheckpointError::class)
+        })
+        .or_else(|| {
+            error
+                .downcast_ref::<SuspendError>()
+                .map(SuspendError::class)
+        })
+        .or_else(|| error.downcast_ref::<ResumeError>().map(ResumeError::class))
+        .or_else(|| {
+            error
+                .downcast_ref::<PrepareError>()
+                .map(PrepareError::class)
         });
     match class {
         Some(ErrorClass::Refused) => Exit::Refused,
@@ -755,10 +768,30 @@ mod exit_tests {
     fn errors_leave_by_their_documented_exit_codes() {
         let exit = |e: ControlError| exit_for(&anyhow::Error::new(e).context("a verb"));
         assert_eq!(exit(ControlError::NoCudaProcesses(7)), Exit::Refused);
-        let rolled = ControlError::RolledBack {
-            failure: Box::new(ControlError::NoSuchProcess(7)),
+        let suspend = |e: SuspendError| {
+            exit_for(&anyhow::Error::new(e).context("suspending the group under pid 7"))
         };
-        assert_eq!(exit(rolled), Exit::RolledBack);
+        assert_eq!(
+            suspend(SuspendError::NotStarted(ControlError::AnotherRun {
+                process: "pid 7".into(),
+                message: "held".into(),
+            })),
+            Exit::Refused
+        );
+        // A participant gone before the freeze: nothing changed, but not a refusal (exit 1).
+        assert_eq!(
+            suspend(SuspendError::NotStarted(ControlError::Protocol {
+                process: "pid 7".into(),
+                message: "closed".into(),
+            })),
+            Exit::Error
+        );
+        assert_eq!(
+            suspend(SuspendError::RolledBack {
+                failure: Box::new(ControlError::NoSuchProcess(7)),
+            }),
+            Exit::RolledBack
+        );
         // A drain past --freeze-timeout exits 4 as docs/recovery.md says, as the capture
         // reports it (inside its rollback) and alone.
         let not_drained = || ControlError::NotDrained {
@@ -766,18 +799,47 @@ mod exit_tests {
             busy: vec!["pid 7: a kernel that never ends".into()],
         };
         assert_eq!(exit(not_drained()), Exit::RolledBack);
-        let drain_rolled_back = ControlError::RolledBack {
+        let drain_rolled_back = SuspendError::RolledBack {
             failure: Box::new(not_drained()),
         };
-        assert_eq!(exit(drain_rolled_back), Exit::RolledBack);
-        let gate_stayed_closed = ControlError::RollbackFailed {
+        assert_eq!(suspend(drain_rolled_back), Exit::RolledBack);
+        let gate_stayed_closed = SuspendError::RollbackFailed {
             failure: Box::new(not_drained()),
             rollback: vec![ControlError::Protocol {
                 process: "pid 7".into(),
                 message: "thaw".into(),
             }],
         };
-        assert_eq!(exit(gate_stayed_closed), Exit::NeedsAttention);
+        assert_eq!(suspend(gate_stayed_closed), Exit::NeedsAttention);
+        let resume = |e: ResumeError| {
+            exit_for(&anyhow::Error::new(e).context("resuming the group under pid 7"))
+        };
+        assert_eq!(
+            resume(ResumeError::NotStarted(ControlError::Unchanged {
+                source: Box::new(ControlError::NoSuchProcess(7)),
+            })),
+            Exit::Refused
+        );
+        assert_eq!(
+            resume(ResumeError::NotRebuilt(ControlError::VerifyFailed(
+                Vec::new()
+            ))),
+            Exit::NeedsAttention
+        );
+        assert_eq!(
+            resume(ResumeError::NotRebuilt(ControlError::Protocol {
+                process: "pid 7".into(),
+                message: "closed".into(),
+            })),
+            Exit::Error
+        );
+        assert_eq!(
+            resume(ResumeError::StateNotRemoved(ControlError::Removing {
+                path: "/s/cuinterpose.state".into(),
+                source: std::io::Error::other("denied"),
+            })),
+            Exit::Error
+        );
         assert_eq!(
             exit(ControlError::VerifyFailed(Vec::new())),
             Exit::NeedsAttention
@@ -841,6 +903,25 @@ mod exit_tests {
             }),
             Exit::NeedsAttention
         );
+        let prepare = |e: PrepareError| {
+            exit_for(
+                &anyhow::Error::new(e).context("preparing the carriers of the group under pid 7"),
+            )
+        };
+        assert_eq!(
+            prepare(PrepareError::NotStarted(ControlError::CarrierRefused {
+                carrier: "helper",
+                reason: "no helper".into(),
+            })),
+            Exit::Refused
+        );
+        assert_eq!(
+            prepare(PrepareError::Helper(ControlError::CarrierHelper {
+                socket: "/run/c/carrier.sock".into(),
+                message: "not listening".into(),
+            })),
+            Exit::Error
+        );
         let checkpoint = |e: CheckpointError| {
             exit_for(&anyhow::Error::new(e).context("checkpointing the group under pid 7"))
         };
@@ -852,10 +933,17 @@ mod exit_tests {
             Exit::Refused
         );
         assert_eq!(
-            checkpoint(CheckpointError::NotCaptured(ControlError::RolledBack {
+            checkpoint(CheckpointError::NotCaptured(SuspendError::RolledBack {
                 failure: Box::new(not_drained()),
             })),
             Exit::RolledBack
+        );
+        assert_eq!(
+            checkpoint(CheckpointError::NotCaptured(SuspendError::RollbackFailed {
+                failure: Box::new(not_drained()),
+                rollback: Vec::new(),
+            })),
+            Exit::NeedsAttention
         );
         assert_eq!(
             checkpoint(CheckpointError::Suspended(ControlError::Driver {

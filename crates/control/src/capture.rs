@@ -28,15 +28,93 @@ use crate::progress::{Clock, millis_since, summarize};
 use crate::statefile::{
     captured_label, check_state_dir, default_state_dir, find_state_in, read_state, remove_state,
 };
-use crate::{ControlError, Refusal};
+use crate::{ControlError, ErrorClass, Refusal, rollback_lines};
 use protocol::Phase;
 use protocol::state::{GroupState, ParticipantState, SuspendMode};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// Why `suspend` failed (and the capture of a `checkpoint`, which wraps it), in the order it can:
+/// before the capture changed anything, then in the capture, rolled back or not. Nothing fails
+/// after the capture: the report only reads what the carriers hold.
+#[derive(Debug, thiserror::Error)]
+pub enum SuspendError {
+    /// Refused, or failed, before anything changed (the run lock, the state directory, the
+    /// group's discovery and checks, the driver, the carrier and its helper; another run holding
+    /// a process, or a context with a sticky error, found by the drain once every gate it closed
+    /// is open again): the error says what, and its class is the error's own.
+    #[error(transparent)]
+    NotStarted(#[from] ControlError),
+    /// The capture failed after the freeze began (a drain past `--freeze-timeout`, the state
+    /// file, the save, the release, the native lock or checkpoint) and was rolled back: the
+    /// shims rebuilt what they had released, every gate is open again, the state file is gone.
+    /// `failure` names the participants that exited meanwhile
+    /// (`ControlError::ParticipantsExited`), left out of the rollback.
+    #[error(
+        "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
+    )]
+    RolledBack { failure: Box<ControlError> },
+    /// The capture failed and its rollback failed too (`rollback`: every error it met): the
+    /// workload needs attention; a state file already written is kept, so that
+    /// `cuinterpose resume` can try again from it.
+    #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
+    RollbackFailed {
+        failure: Box<ControlError>,
+        rollback: Vec<ControlError>,
+    },
+}
+
+impl SuspendError {
+    /// What this failure left (the CLI's exit code, the agent's condition through a checkpoint's
+    /// `NotCaptured`).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            SuspendError::NotStarted(cause) => cause.class(),
+            SuspendError::RolledBack { .. } => ErrorClass::RolledBack,
+            SuspendError::RollbackFailed { .. } => ErrorClass::NeedsAttention,
+        }
+    }
+}
+
+/// Why `resume` failed, in the order it can: before it touched the group, part way through the
+/// rebuild, and once the group runs again. Every failure leaves what `resume` reads again (the
+/// state file, the shims' phases, the native states), so it can be run again after any of them;
+/// the class of each is that of the error it wraps.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// Refused, or failed, before the rebuild changed anything: the run lock, the state file
+    /// and the record of its data files, the driver, the group found again (its discovery, a
+    /// captured process that exited without `--allow-lost`, a multicast object a lost process
+    /// held). A group left stopped by an interrupted dump or restore may have been continued:
+    /// that only brings it back to what a suspend leaves. The group stays suspended.
+    #[error(transparent)]
+    NotStarted(#[from] ControlError),
+    /// Failed part way: continuing a group left stopped, the native restore, or the rebuild
+    /// (load, import, the multicast steps, verify, thaw). The state file is kept and the group
+    /// is not running: a participant that went away is an error, a step that failed or a
+    /// rebuilt group that differs from the captured one needs attention (`cuinterpose resume`
+    /// goes on from where this run got).
+    #[error(transparent)]
+    NotRebuilt(ControlError),
+    /// The group was rebuilt and thawed, it runs, but its state file could not be removed.
+    #[error(transparent)]
+    StateNotRemoved(ControlError),
+}
+
+impl ResumeError {
+    /// What this failure left (the CLI's exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            ResumeError::NotStarted(cause)
+            | ResumeError::NotRebuilt(cause)
+            | ResumeError::StateNotRemoved(cause) => cause.class(),
+        }
+    }
+}
+
 /// Suspends the group under `options.root` in place: afterwards its processes hold no GPU memory
 /// and stay alive, and `cuinterpose.state` in the state directory describes what to rebuild.
-pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
+pub fn suspend(options: &SuspendOptions, progress: &dyn Progress) -> Result<Report, SuspendError> {
     let start = Instant::now();
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
@@ -87,6 +165,32 @@ pub struct PreparedProcess {
     pub skipped: Option<String>,
 }
 
+/// Why `prepare` failed, in the order it can: before it prepared anything, or starting the
+/// carrier helper. Pinning itself is best effort (a carrier not pinned is reported, not an
+/// error), so nothing fails once pinning starts; neither failure pinned anything, and the class
+/// of each is that of the error it wraps.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// Refused, or failed, before anything was prepared: the run lock, the group's discovery and
+    /// checks, the carrier choice (a `--carrier` the machine cannot hold).
+    #[error(transparent)]
+    NotStarted(#[from] ControlError),
+    /// The carrier helper of a control directory could not be started or reached: nothing was
+    /// pinned; a helper already answering, or started for another directory, keeps running
+    /// (the next suspend uses it).
+    #[error(transparent)]
+    Helper(ControlError),
+}
+
+impl PrepareError {
+    /// What this failure left (the CLI's exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            PrepareError::NotStarted(cause) | PrepareError::Helper(cause) => cause.class(),
+        }
+    }
+}
+
 /// Prepares the carriers of the group under `options.root` ahead of its first suspend, so that
 /// the first cycle runs at the rate of later ones: chooses the carrier as a suspend of
 /// `options.mode` would (`options.carrier`), and pins ahead what that suspend would pin, process
@@ -98,7 +202,7 @@ pub struct PreparedProcess {
 pub fn prepare(
     options: &SuspendOptions,
     budget: Option<u64>,
-) -> Result<PrepareReport, ControlError> {
+) -> Result<PrepareReport, PrepareError> {
     let start = Instant::now();
     // No suspend of another run may save through a carrier while it is being prepared.
     let _lock = lock_tree(options.root)?;
@@ -106,7 +210,7 @@ pub fn prepare(
     let snapshots = group.snapshot()?;
     let refusals = check_group(&snapshots, Phase::Running);
     if !refusals.is_empty() {
-        return Err(ControlError::Refused(refusals));
+        return Err(ControlError::Refused(refusals).into());
     }
     let choice = choose_carrier(options, &group, None, saved_bytes(&snapshots), true)?;
     let mut report = PrepareReport {
@@ -128,7 +232,7 @@ pub fn prepare(
         }
         (Some(launch), crate::carrier_policy::Carrier::Helper) if !keep_contexts => {
             for dir in control_dirs(&group) {
-                crate::carrier_helper::ensure(dir, launch)?;
+                crate::carrier_helper::ensure(dir, launch).map_err(PrepareError::Helper)?;
             }
             // The tool's connections go: the shims are not part of the preparation.
             group.participants.clear();
@@ -252,35 +356,53 @@ impl ResumeOptions {
 /// state, a tree CRIU left stopped), and resume reads all of them first and goes on from there.
 /// Every step it sends is valid in every phase a previous run can have left, and does only what
 /// is not done yet, so resume can be run again after any failure or kill, its own included.
-pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report, ControlError> {
+pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report, ResumeError> {
     let start = Instant::now();
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = find_state(options)?;
     let state = read_state(&state_path).map_err(unchanged)?;
+    // A checkpoint or restore killed while the shared bytes were only in its data files left
+    // a record of them beside the state file. Read with the state file, before anything changes,
+    // so that its failure is the refusal its message says.
+    let files = crate::disk::DataFiles::recorded(&state_path).map_err(unchanged)?;
+    let bytes = files
+        .as_ref()
+        .map_or(Bytes::Carriers, |f| Bytes::Files(f as &dyn FileBytes));
     // Nothing native was done to a keep-contexts suspension, so nothing native is undone.
     let driver = match state.mode {
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
-    let (mut state, mut group) = clock.time("inspect", None, || {
-        // A checkpoint killed during CRIU's dump, or a restore killed before it continued the
-        // tree CRIU brought back, leaves the group stopped; this run holds the tree's lock, so
-        // no dump or restore of it is running now.
-        continue_stopped(
-            &crate::procfs::Proc,
-            options.root,
-            &state,
-            driver.as_ref(),
-            &options.gpu_pairs,
-            options.config.answer_timeout,
-        )?;
-        let group = Group::discover(options.root, options.config.answer_timeout)?;
-        Ok(((state, group), 0, 0.0))
-    })?;
+    // Continuing a group left stopped changes it: its failure is part way, the discovery's not.
+    let mut continuing_failed = false;
+    let (mut state, mut group) = clock
+        .time("inspect", None, || {
+            // A checkpoint killed during CRIU's dump, or a restore killed before it continued the
+            // tree CRIU brought back, leaves the group stopped; this run holds the tree's lock, so
+            // no dump or restore of it is running now.
+            continue_stopped(
+                &crate::procfs::Proc,
+                options.root,
+                &state,
+                driver.as_ref(),
+                &options.gpu_pairs,
+                options.config.answer_timeout,
+            )
+            .inspect_err(|_| continuing_failed = true)?;
+            let group = Group::discover(options.root, options.config.answer_timeout)?;
+            Ok(((state, group), 0, 0.0))
+        })
+        .map_err(|e| {
+            if continuing_failed {
+                ResumeError::NotRebuilt(e)
+            } else {
+                ResumeError::NotStarted(e)
+            }
+        })?;
     let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
     if !lost.is_empty() && !options.allow_lost {
-        return Err(ControlError::Refused(
+        return Err(ResumeError::NotStarted(ControlError::Refused(
             lost.iter()
                 .map(|p| Refusal {
                     process: captured_label(p),
@@ -288,11 +410,11 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
                         .into(),
                 })
                 .collect(),
-        ));
+        )));
     }
     let multicast_refusals = multicast_needs_lost(&state, &lost);
     if !multicast_refusals.is_empty() {
-        return Err(ControlError::Refused(multicast_refusals));
+        return Err(ControlError::Refused(multicast_refusals).into());
     }
     let lost_labels: Vec<String> = lost.iter().map(captured_label).collect();
     let not_rebuilt = depends_on_lost(&state, &lost);
@@ -305,21 +427,20 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     // Without a driver (keep-contexts) the contexts stayed resident and the shims rebuild into
     // them (from any phase a suspend or an earlier resume left).
     if let Some(driver) = &driver {
-        clock.time("native-restore", None, || {
-            native_resume(driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
-        })?;
+        clock
+            .time("native-restore", None, || {
+                native_resume(driver, &group, &options.gpu_pairs).map(|()| ((), 0, 0.0))
+            })
+            .map_err(ResumeError::NotRebuilt)?;
     }
-    // A checkpoint or restore killed while the shared bytes were only in its data files left
-    // a record of them beside the state file.
-    let files = crate::disk::DataFiles::recorded(&state_path).map_err(unchanged)?;
-    let bytes = files
-        .as_ref()
-        .map_or(Bytes::Carriers, |f| Bytes::Files(f as &dyn FileBytes));
-    let (participants, saved_bytes) = finish_rebuild(&mut group, &state, &mut clock, bytes)?;
+    let (participants, saved_bytes) =
+        finish_rebuild(&mut group, &state, &mut clock, bytes).map_err(ResumeError::NotRebuilt)?;
     crate::disk::remove_record(&state_path);
-    std::fs::remove_file(&state_path).map_err(|e| ControlError::Removing {
-        path: state_path.clone(),
-        source: e,
+    std::fs::remove_file(&state_path).map_err(|e| {
+        ResumeError::StateNotRemoved(ControlError::Removing {
+            path: state_path.clone(),
+            source: e,
+        })
     })?;
     // A default directory is the tool's own: it goes with its state file.
     if options.state_dir == default_state_dir(options.root) {
@@ -601,5 +722,102 @@ mod tests {
         let running = machine(&[(100, WORKLOAD, 'S'), (101, WORKLOAD, 'S')]);
         assert!(stopped_of_group(&running, 100, &state).unwrap().is_empty());
         continue_stopped(&running, 100, &state, None, &[], Duration::ZERO).unwrap();
+    }
+
+    /// Each of a suspend's failures is classified by what it left: a refusal or a failure before
+    /// the capture changed anything by its own error, a capture rolled back as rolled back
+    /// (exit 4), a failed rollback as needing attention (exit 5), with the messages users and
+    /// tests grep.
+    #[test]
+    fn each_suspend_failure_is_classified_by_what_it_left() {
+        let another_run = SuspendError::from(ControlError::AnotherRun {
+            process: "pid 7".into(),
+            message: "held".into(),
+        });
+        assert_eq!(another_run.class(), ErrorClass::Refused);
+        assert_eq!(another_run.to_string(), "pid 7: held");
+        let gone = SuspendError::from(ControlError::Protocol {
+            process: "pid 7".into(),
+            message: "closed".into(),
+        });
+        assert_eq!(gone.class(), ErrorClass::Error);
+        let failure = || Box::new(ControlError::NoSuchProcess(7));
+        let rolled_back = SuspendError::RolledBack { failure: failure() };
+        assert_eq!(rolled_back.class(), ErrorClass::RolledBack);
+        assert_eq!(
+            rolled_back.to_string(),
+            "no process 7\nrolled back: the shims rebuilt what they had released and the \
+             workload is running"
+        );
+        let rollback_failed = SuspendError::RollbackFailed {
+            failure: failure(),
+            rollback: vec![
+                ControlError::NoSuchProcess(8),
+                ControlError::NoSuchProcess(9),
+            ],
+        };
+        assert_eq!(rollback_failed.class(), ErrorClass::NeedsAttention);
+        assert_eq!(
+            rollback_failed.to_string(),
+            "no process 7\nrollback also failed, the workload needs attention:\n  no process 8\n  \
+             no process 9"
+        );
+    }
+
+    /// Each of a prepare's failures keeps its error's message and class: a refusal before
+    /// anything was prepared exits 3, a carrier helper that could not be started is an error.
+    #[test]
+    fn each_prepare_failure_keeps_its_errors_class_and_message() {
+        let refused = PrepareError::from(ControlError::CarrierRefused {
+            carrier: "helper",
+            reason: "no helper".into(),
+        });
+        assert_eq!(refused.class(), ErrorClass::Refused);
+        assert_eq!(
+            refused.to_string(),
+            "--carrier helper refused, nothing was changed: no helper"
+        );
+        let helper = PrepareError::Helper(ControlError::CarrierHelper {
+            socket: "/run/c/carrier.sock".into(),
+            message: "not listening".into(),
+        });
+        assert_eq!(helper.class(), ErrorClass::Error);
+        assert_eq!(
+            helper.to_string(),
+            "carrier helper at /run/c/carrier.sock: not listening"
+        );
+    }
+
+    /// Each of a resume's failures keeps its error's message and class, wherever it stopped: a
+    /// refusal before anything changed exits 3, a rebuild that failed part way needs attention
+    /// (or is an error when a participant went away), a state file not removed is an error.
+    #[test]
+    fn each_resume_failure_keeps_its_errors_class_and_message() {
+        let no_state = ResumeError::from(unchanged(ControlError::NoSuchProcess(7)));
+        assert_eq!(no_state.class(), ErrorClass::Refused);
+        assert_eq!(no_state.to_string(), "no process 7\nnothing was changed");
+        let verify = ResumeError::NotRebuilt(ControlError::VerifyFailed(Vec::new()));
+        assert_eq!(verify.class(), ErrorClass::NeedsAttention);
+        let step = ResumeError::NotRebuilt(step_error(
+            "continuing the stopped group",
+            "pid 7",
+            ControlError::NoSuchProcess(7),
+        ));
+        assert_eq!(step.class(), ErrorClass::NeedsAttention);
+        assert_eq!(
+            step.to_string(),
+            "continuing the stopped group failed for pid 7: no process 7"
+        );
+        let gone = ResumeError::NotRebuilt(ControlError::Protocol {
+            process: "pid 7".into(),
+            message: "closed".into(),
+        });
+        assert_eq!(gone.class(), ErrorClass::Error);
+        let kept = ResumeError::StateNotRemoved(ControlError::Removing {
+            path: "/s/cuinterpose.state".into(),
+            source: std::io::Error::other("denied"),
+        });
+        assert_eq!(kept.class(), ErrorClass::Error);
+        assert_eq!(kept.to_string(), "removing /s/cuinterpose.state: denied");
     }
 }

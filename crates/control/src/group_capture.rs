@@ -10,6 +10,7 @@
 //! here is unit-tested with scripted ones (the tests at the end).
 
 use crate::ControlError;
+use crate::capture::SuspendError;
 use crate::config::ToolConfig;
 use crate::group::{Group, Snapshot, check_group};
 use crate::native::{Driver, NativeCheckpoint};
@@ -87,7 +88,7 @@ pub(crate) fn capture(
     state_path: &Path,
     clock: &mut Clock<'_>,
     bytes: Bytes<'_>,
-) -> Result<(Group, Vec<Snapshot>, crate::carrier_policy::CarrierChoice), ControlError> {
+) -> Result<(Group, Vec<Snapshot>, crate::carrier_policy::CarrierChoice), SuspendError> {
     let mut need = 0;
     let mut group = clock.time("inspect", None, || {
         let mut group = Group::discover(options.root, options.config.answer_timeout)?;
@@ -161,7 +162,7 @@ fn capture_group(
     clock: &mut Clock<'_>,
     bytes: Bytes<'_>,
     choice: &mut crate::carrier_policy::CarrierChoice,
-) -> Result<Vec<Snapshot>, ControlError> {
+) -> Result<Vec<Snapshot>, SuspendError> {
     let captured = freeze(group, host, options, clock)?;
     let saved_bytes = saved_bytes(&captured);
     // The topology is published before anything is released: a tool killed from here on leaves a
@@ -198,7 +199,7 @@ fn capture_group(
     if let Err(e) = destructive {
         let error = roll_back(group, host.procs, clock, e, &|g, c| rebuild(g, c, bytes));
         // A failed rollback keeps the state file: `cuinterpose resume` can try again from it.
-        if matches!(error, ControlError::RolledBack { .. }) {
+        if matches!(error, SuspendError::RolledBack { .. }) {
             unpublish();
         }
         return Err(error);
@@ -213,7 +214,7 @@ fn freeze(
     host: Host<'_>,
     options: &SuspendOptions,
     clock: &mut Clock<'_>,
-) -> Result<Vec<Snapshot>, ControlError> {
+) -> Result<Vec<Snapshot>, SuspendError> {
     let progress = clock.progress();
     let freeze = Request::Freeze {
         timeout_ms: options.freeze_timeout.as_millis().min(u32::MAX as u128) as u32,
@@ -244,13 +245,13 @@ fn freeze(
         // Another run holds a process: ours are opened again, the other run's left to it.
         Err(e @ ControlError::AnotherRun { .. }) => {
             let _ = thaw_all(group);
-            Err(e)
+            Err(e.into())
         }
         // A context that holds a sticky error: nothing was frozen or released, so a refusal once
         // every gate is open again.
         Err(e @ ControlError::StickyError { .. }) => {
             let _ = thaw_all(group);
-            Err(e)
+            Err(e.into())
         }
         Err(e) => Err(roll_back(group, host.procs, clock, e, &thaw_only)),
     }
@@ -448,7 +449,7 @@ mod tests {
 
     /// What a capture of scripted shims did: its result, and where its state file was to go.
     struct Captured {
-        result: Result<Vec<Snapshot>, ControlError>,
+        result: Result<Vec<Snapshot>, SuspendError>,
         state: PathBuf,
         _dir: tempfile::TempDir,
     }
@@ -571,7 +572,7 @@ mod tests {
         ];
         let run = capture_of(refusing, Some(&native), &[], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         assert!(
@@ -595,7 +596,7 @@ mod tests {
         ];
         let run = capture_of(group, Some(&Native::new(&log)), &[], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         let ControlError::Refused(refusals) = &**failure else {
@@ -623,7 +624,7 @@ mod tests {
         let group = vec![Shim::new(100, &log), Shim::new(101, &log).busy()];
         let run = capture_of(group, Some(&Native::new(&log)), &[], &options);
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         let ControlError::NotDrained { busy, .. } = &**failure else {
@@ -667,7 +668,7 @@ mod tests {
         ];
         let run = capture_of(group, Some(&Native::new(&log)), &[], &options);
         let error = run.result.unwrap_err();
-        let ControlError::RollbackFailed { failure, rollback } = &error else {
+        let SuspendError::RollbackFailed { failure, rollback } = &error else {
             panic!("{error}");
         };
         assert!(
@@ -695,11 +696,11 @@ mod tests {
             let error = run.result.unwrap_err();
             match code {
                 ErrorCode::Busy => assert!(
-                    matches!(&error, ControlError::AnotherRun { process, .. } if process == "pid 101 (w)"),
+                    matches!(&error, SuspendError::NotStarted(ControlError::AnotherRun { process, .. }) if process == "pid 101 (w)"),
                     "{error}"
                 ),
                 _ => assert!(
-                    matches!(&error, ControlError::StickyError { process, .. } if process == "pid 101 (w)"),
+                    matches!(&error, SuspendError::NotStarted(ControlError::StickyError { process, .. }) if process == "pid 101 (w)"),
                     "{error}"
                 ),
             }
@@ -734,7 +735,7 @@ mod tests {
             &mut choice,
         )
         .unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         assert!(
@@ -756,7 +757,7 @@ mod tests {
         ];
         let run = capture_of(group, Some(&native), &[], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         assert!(
@@ -791,7 +792,7 @@ mod tests {
         ];
         let run = capture_of(group, Some(&Native::new(&log)), &[], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RollbackFailed { failure, rollback } = &error else {
+        let SuspendError::RollbackFailed { failure, rollback } = &error else {
             panic!("{error}");
         };
         assert!(matches!(
@@ -829,7 +830,7 @@ mod tests {
         ];
         let run = capture_of(group, Some(&Native::new(&log)), &[101], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         let ControlError::ParticipantsExited { processes, .. } = &**failure else {
@@ -851,7 +852,7 @@ mod tests {
         let native = Native::new(&log).failing("lock", 101);
         let run = capture_of(shims(&log, &[100, 101]), Some(&native), &[], &options());
         let error = run.result.unwrap_err();
-        let ControlError::RolledBack { failure } = &error else {
+        let SuspendError::RolledBack { failure } = &error else {
             panic!("{error}");
         };
         assert!(
@@ -881,7 +882,7 @@ mod tests {
         let native = Native::new(&log).failing("checkpoint", 101);
         let run = capture_of(shims(&log, &[100, 101]), Some(&native), &[], &options());
         let error = run.result.unwrap_err();
-        assert!(matches!(&error, ControlError::RolledBack { .. }), "{error}");
+        assert!(matches!(&error, SuspendError::RolledBack { .. }), "{error}");
         assert_eq!(
             log.native(),
             strings(&[

@@ -157,8 +157,9 @@ pub enum ControlError {
     /// The group could not be drained before `--freeze-timeout`: nothing was released. Its one
     /// source is the capture's freeze (crate::drain, called by group_capture::freeze), which
     /// opens every gate again before the error leaves it; so it classifies as rolled back
-    /// (exit 4, docs/recovery.md), and the freeze's rollback wraps it (RolledBack, or
-    /// RollbackFailed when a gate did not open again, which needs attention).
+    /// (exit 4, docs/recovery.md), and the freeze's rollback wraps it
+    /// (capture::SuspendError::RolledBack, or RollbackFailed when a gate did not open again,
+    /// which needs attention).
     #[error(
         "not drained after {} s; no GPU memory was released (--freeze-timeout sets the limit):\n{}",
         timeout.as_secs_f64(),
@@ -174,19 +175,10 @@ pub enum ControlError {
         refusal_lines(.0)
     )]
     VerifyFailed(Vec<Refusal>),
-    #[error(
-        "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
-    )]
-    RolledBack { failure: Box<ControlError> },
     /// A worker thread of a fan-out (crate::parallel) panicked: a bug of the tool, named by the
     /// step it ran; the other workers' results stand.
     #[error("a {step} thread panicked")]
     Panicked { step: &'static str },
-    #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
-    RollbackFailed {
-        failure: Box<ControlError>,
-        rollback: Vec<ControlError>,
-    },
 }
 
 /// Why one of the tool's files (a state file, a checkpoint's files) could not be used.
@@ -269,7 +261,7 @@ fn refusal_lines(refusals: &[Refusal]) -> String {
         .join("\n")
 }
 
-fn rollback_lines(errors: &[ControlError]) -> String {
+pub(crate) fn rollback_lines(errors: &[ControlError]) -> String {
     errors
         .iter()
         .map(|e| format!("  {e}"))
@@ -314,12 +306,8 @@ impl ControlError {
             // Undone: the workload runs as before. A drain past its deadline released nothing
             // and every gate it closed is open again (its variant says why that holds wherever
             // it is returned).
-            ControlError::RolledBack { .. } | ControlError::NotDrained { .. } => {
-                ErrorClass::RolledBack
-            }
-            ControlError::RollbackFailed { .. }
-            | ControlError::Step { .. }
-            | ControlError::VerifyFailed(_) => ErrorClass::NeedsAttention,
+            ControlError::NotDrained { .. } => ErrorClass::RolledBack,
+            ControlError::Step { .. } | ControlError::VerifyFailed(_) => ErrorClass::NeedsAttention,
             // Listed rather than `_`, so that a new variant must be classified.
             ControlError::Proc { .. }
             | ControlError::Participant { .. }
@@ -375,14 +363,12 @@ mod tests {
             ControlError::StickyError { .. } => 23,
             ControlError::NotDrained { .. } => 24,
             ControlError::VerifyFailed(_) => 25,
-            ControlError::RolledBack { .. } => 26,
-            ControlError::Panicked { .. } => 27,
-            ControlError::RollbackFailed { .. } => 28,
+            ControlError::Panicked { .. } => 26,
         }
     }
 
     /// How many variants [`variant`] numbers.
-    const VARIANTS: usize = 29;
+    const VARIANTS: usize = 27;
 
     /// One error of every variant, with the class the exit codes (docs/recovery.md) give it.
     fn every_variant() -> Vec<(ControlError, ErrorClass)> {
@@ -547,15 +533,7 @@ mod tests {
                 RolledBack,
             ),
             (ControlError::VerifyFailed(refusal()), NeedsAttention),
-            (ControlError::RolledBack { failure: inner() }, RolledBack),
             (ControlError::Panicked { step: "dump" }, Error),
-            (
-                ControlError::RollbackFailed {
-                    failure: inner(),
-                    rollback: vec![],
-                },
-                NeedsAttention,
-            ),
         ]
     }
 
@@ -575,18 +553,19 @@ mod tests {
         assert_eq!(cases.len(), VARIANTS, "one case per variant");
     }
 
-    /// A wrapper's class is its own, whatever it wraps: the outcome is what the wrapper says
-    /// was done after the failure (rolled back, undone, rollback failed), not the cause.
+    /// A suspend's rollback is classified by what it says was done after the failure (rolled
+    /// back, rollback failed), whatever the failure: here, where every variant has a case.
     #[test]
-    fn a_wrapper_is_classified_by_what_it_says_was_done() {
+    fn a_rollback_is_classified_by_what_it_says_was_done() {
+        use crate::capture::SuspendError;
         for (cause, _) in every_variant() {
-            let rolled = ControlError::RolledBack {
+            let rolled = SuspendError::RolledBack {
                 failure: Box::new(cause),
             };
             assert_eq!(rolled.class(), ErrorClass::RolledBack, "{rolled:?}");
         }
         for (cause, _) in every_variant() {
-            let failed = ControlError::RollbackFailed {
+            let failed = SuspendError::RollbackFailed {
                 failure: Box::new(cause),
                 rollback: vec![],
             };

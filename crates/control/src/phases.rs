@@ -4,6 +4,7 @@
 //! native lock, and the rebuild (load, import, multicast steps, verify, thaw) of a resume and a
 //! restore.
 
+use crate::capture::SuspendError;
 use crate::group::{Group, Participant, PhaseResult, Snapshot};
 use crate::parallel::for_each_mut;
 use crate::procfs::Procs;
@@ -191,7 +192,7 @@ pub(crate) fn roll_back(
     clock: &mut Clock<'_>,
     failure: ControlError,
     rollback: &dyn Fn(&mut Group, &mut Clock<'_>) -> Vec<ControlError>,
-) -> ControlError {
+) -> SuspendError {
     let mut lost = Vec::new();
     group.participants.retain(|p| {
         let gone = procs.exited(p.info.host_pid);
@@ -211,11 +212,11 @@ pub(crate) fn roll_back(
     };
     let errors = rollback(group, clock);
     if errors.is_empty() {
-        ControlError::RolledBack {
+        SuspendError::RolledBack {
             failure: Box::new(failure),
         }
     } else {
-        ControlError::RollbackFailed {
+        SuspendError::RollbackFailed {
             failure: Box::new(failure),
             rollback: errors,
         }

@@ -8,6 +8,7 @@ use super::preflight::{
     check_new_dir, container_of, has_terminal, replaced_mappings, tree_sockets,
 };
 use super::{CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu};
+use crate::capture::SuspendError;
 use crate::carrier_policy::CarrierChoice;
 use crate::container::namespace_root;
 use crate::criu;
@@ -34,10 +35,10 @@ pub enum CheckpointError {
     #[error(transparent)]
     NotStarted(#[from] ControlError),
     /// The capture failed: refused before it changed anything, rolled back, or its rollback
-    /// failed, as the capture's own error (a suspend's) says, with its class. What this run
-    /// wrote is removed: the directory is left as it was found.
+    /// failed, as the capture's own error (a suspend's, [`SuspendError`]) says, with its class.
+    /// What this run wrote is removed: the directory is left as it was found.
     #[error(transparent)]
-    NotCaptured(ControlError),
+    NotCaptured(SuspendError),
     /// The group was captured, but the driver could not be loaded again or its GPUs listed for
     /// the manifest, so nothing was dumped: the group stays suspended, its state file where
     /// `cuinterpose resume` looks and its data files kept. Needs attention whatever the cause (a
@@ -47,7 +48,7 @@ pub enum CheckpointError {
     /// CRIU's dump, or writing the checkpoint before it was complete, failed; the tree CRIU left
     /// stopped was continued and rebuilt in place: the workload runs, the data files are removed
     /// and the images stay in the incomplete checkpoint for diagnosis (discard removes it). The
-    /// message is that of a suspend's rollback (`ControlError::RolledBack`).
+    /// message is that of a suspend's rollback (`SuspendError::RolledBack`).
     #[error(
         "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
     )]
@@ -55,7 +56,7 @@ pub enum CheckpointError {
     /// The dump or the checkpoint's writing failed and the tree could not be continued or
     /// rebuilt in place either (`rollback` says which): the data files are kept, since they hold
     /// the only copy of the group's shared bytes. The message is that of a suspend's failed
-    /// rollback (`ControlError::RollbackFailed`).
+    /// rollback (`SuspendError::RollbackFailed`).
     #[error("{failure}\nrollback also failed, the workload needs attention:\n  {rollback}")]
     RollbackFailed {
         failure: Box<ControlError>,
@@ -72,9 +73,8 @@ impl CheckpointError {
     /// What this failure left (the CLI's exit code, the agent's condition).
     pub fn class(&self) -> ErrorClass {
         match self {
-            CheckpointError::NotStarted(cause) | CheckpointError::NotCaptured(cause) => {
-                cause.class()
-            }
+            CheckpointError::NotStarted(cause) => cause.class(),
+            CheckpointError::NotCaptured(cause) => cause.class(),
             CheckpointError::RolledBack { .. } => ErrorClass::RolledBack,
             CheckpointError::Suspended(_)
             | CheckpointError::RollbackFailed { .. }
@@ -199,7 +199,7 @@ fn capture_into(
     files: &DataFiles,
     store_lock: &mut Option<super::store::StoreLock>,
     clock: &mut Clock<'_>,
-) -> Result<(Group, Vec<Snapshot>, CarrierChoice), ControlError> {
+) -> Result<(Group, Vec<Snapshot>, CarrierChoice), SuspendError> {
     let captured = group_capture::capture(options, work_state, clock, Bytes::Files(files));
     if captured.is_err() {
         super::datafiles::remove_record(work_state);
@@ -823,9 +823,9 @@ mod tests {
         assert_eq!(unwritable.class(), ErrorClass::Error);
         let inner = || Box::new(ControlError::NoSuchProcess(7));
         let capture_rolled_back =
-            CheckpointError::NotCaptured(ControlError::RolledBack { failure: inner() });
+            CheckpointError::NotCaptured(SuspendError::RolledBack { failure: inner() });
         assert_eq!(capture_rolled_back.class(), ErrorClass::RolledBack);
-        let capture_not_rolled_back = CheckpointError::NotCaptured(ControlError::RollbackFailed {
+        let capture_not_rolled_back = CheckpointError::NotCaptured(SuspendError::RollbackFailed {
             failure: inner(),
             rollback: vec![ControlError::NoSuchProcess(8)],
         });
@@ -850,7 +850,7 @@ mod tests {
         assert_eq!(rolled_back.class(), ErrorClass::RolledBack);
         assert_eq!(
             rolled_back.to_string(),
-            ControlError::RolledBack { failure: failure() }.to_string()
+            SuspendError::RolledBack { failure: failure() }.to_string()
         );
         let continuing = || ControlError::Step {
             step: "continuing the dumped tree",
@@ -864,7 +864,7 @@ mod tests {
         assert_eq!(rollback_failed.class(), ErrorClass::NeedsAttention);
         assert_eq!(
             rollback_failed.to_string(),
-            ControlError::RollbackFailed {
+            SuspendError::RollbackFailed {
                 failure: failure(),
                 rollback: vec![continuing()],
             }

@@ -65,8 +65,9 @@ pub struct ToolReport {
 }
 
 /// The outcome the agent reports for a class of the tool's errors. The class is the tool's own
-/// (`ControlError::class`, or that of a verb's own error type: `CheckpointError::class`,
-/// `RestoreError::class`, `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
+/// (`ControlError::class`, or that of a verb's own error type: `CheckpointError::class`, which
+/// takes a failed capture's from `SuspendError::class`, `RestoreError::class`,
+/// `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
 /// error by its own rule, so the two front ends cannot disagree about what a failure left.
 ///
 /// The conditions have no type for the CLI's exit 1 (an unexpected error: an I/O error, a
@@ -222,6 +223,7 @@ pub fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
 mod tests {
     use super::*;
     use control::Refusal;
+    use control::capture::SuspendError;
 
     /// Every class maps to one outcome, and only an error that left the workload as it was is
     /// reported as refused or rolled back.
@@ -272,10 +274,6 @@ mod tests {
                 ControlError::Unchanged { source: inner() },
                 Failure::Refused,
             ),
-            (
-                ControlError::RolledBack { failure: inner() },
-                Failure::RolledBack,
-            ),
             // A drain past its deadline: every gate open again, nothing released (exit 4).
             (
                 ControlError::NotDrained {
@@ -283,13 +281,6 @@ mod tests {
                     busy: vec!["pid 7: a kernel that never ends".into()],
                 },
                 Failure::RolledBack,
-            ),
-            (
-                ControlError::RollbackFailed {
-                    failure: inner(),
-                    rollback: vec![],
-                },
-                Failure::NeedsAttention,
             ),
             (
                 ControlError::State {
@@ -314,9 +305,9 @@ mod tests {
     }
 
     /// A checkpoint's failure takes the class of its own error (`CheckpointError::class`), with
-    /// its message: a refusal before the capture is refused, a capture or a dump rolled back is
-    /// rolled back, a failed rollback and a tree not ended once the checkpoint was complete need
-    /// attention. (A group left suspended takes its driver error's class, pinned in the control
+    /// its message: a refusal before the capture or in it (the suspend's own error,
+    /// `SuspendError`, by its class) is refused, a capture or a dump rolled back is rolled back,
+    /// a failed rollback and a tree not ended once the checkpoint was complete need attention. (A group left suspended takes its driver error's class, pinned in the control
     /// crate: this crate has no driver types to make one.)
     #[test]
     fn checkpoint_failures_follow_their_class() {
@@ -330,8 +321,22 @@ mod tests {
                 Failure::Refused,
             ),
             (
-                CheckpointError::NotCaptured(ControlError::RolledBack { failure: inner() }),
+                CheckpointError::NotCaptured(SuspendError::NotStarted(ControlError::AnotherRun {
+                    process: "pid 7".into(),
+                    message: "held".into(),
+                })),
+                Failure::Refused,
+            ),
+            (
+                CheckpointError::NotCaptured(SuspendError::RolledBack { failure: inner() }),
                 Failure::RolledBack,
+            ),
+            (
+                CheckpointError::NotCaptured(SuspendError::RollbackFailed {
+                    failure: inner(),
+                    rollback: vec![],
+                }),
+                Failure::NeedsAttention,
             ),
             (
                 CheckpointError::RolledBack { failure: inner() },
