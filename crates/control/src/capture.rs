@@ -16,6 +16,7 @@
 pub use crate::group_capture::SuspendOptions;
 pub use crate::phases::record_difference;
 pub use crate::progress::{ParticipantSummary, PhaseTiming, Progress, Quiet, Report};
+pub use crate::suspend_error::SuspendError;
 
 use crate::config::ToolConfig;
 use crate::discovery::ProcessTree;
@@ -28,53 +29,11 @@ use crate::progress::{Clock, millis_since, summarize};
 use crate::statefile::{
     captured_label, check_state_dir, default_state_dir, find_state_in, read_state, remove_state,
 };
-use crate::{ControlError, ErrorClass, Refusal, rollback_lines};
+use crate::{ControlError, ErrorClass, Refusal};
 use protocol::Phase;
 use protocol::state::{GroupState, ParticipantState, SuspendMode};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// Why `suspend` failed (and the capture of a `checkpoint`, which wraps it), in the order it can:
-/// before the capture changed anything, then in the capture, rolled back or not. Nothing fails
-/// after the capture: the report only reads what the carriers hold.
-#[derive(Debug, thiserror::Error)]
-pub enum SuspendError {
-    /// Refused, or failed, before anything changed (the run lock, the state directory, the
-    /// group's discovery and checks, the driver, the carrier and its helper; another run holding
-    /// a process, or a context with a sticky error, found by the drain once every gate it closed
-    /// is open again): the error says what, and its class is the error's own.
-    #[error(transparent)]
-    NotStarted(#[from] ControlError),
-    /// The capture failed after the freeze began (a drain past `--freeze-timeout`, the state
-    /// file, the save, the release, the native lock or checkpoint) and was rolled back: the
-    /// shims rebuilt what they had released, every gate is open again, the state file is gone.
-    /// `failure` names the participants that exited meanwhile
-    /// (`ControlError::ParticipantsExited`), left out of the rollback.
-    #[error(
-        "{failure}\nrolled back: the shims rebuilt what they had released and the workload is running"
-    )]
-    RolledBack { failure: Box<ControlError> },
-    /// The capture failed and its rollback failed too (`rollback`: every error it met): the
-    /// workload needs attention; a state file already written is kept, so that
-    /// `cuinterpose resume` can try again from it.
-    #[error("{failure}\nrollback also failed, the workload needs attention:\n{}", rollback_lines(.rollback))]
-    RollbackFailed {
-        failure: Box<ControlError>,
-        rollback: Vec<ControlError>,
-    },
-}
-
-impl SuspendError {
-    /// What this failure left (the CLI's exit code, the agent's condition through a checkpoint's
-    /// `NotCaptured`).
-    pub fn class(&self) -> ErrorClass {
-        match self {
-            SuspendError::NotStarted(cause) => cause.class(),
-            SuspendError::RolledBack { .. } => ErrorClass::RolledBack,
-            SuspendError::RollbackFailed { .. } => ErrorClass::NeedsAttention,
-        }
-    }
-}
 
 /// Why `resume` failed, in the order it can: before it touched the group, part way through the
 /// rebuild, and once the group runs again. Every failure leaves what `resume` reads again (the

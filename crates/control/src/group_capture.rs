@@ -10,7 +10,6 @@
 //! here is unit-tested with scripted ones (the tests at the end).
 
 use crate::ControlError;
-use crate::capture::SuspendError;
 use crate::config::ToolConfig;
 use crate::group::{Group, Snapshot, check_group};
 use crate::native::{Driver, NativeCheckpoint};
@@ -19,6 +18,7 @@ use crate::phases::{Bytes, phase_all, rebuild, roll_back, save_all, thaw_all, th
 use crate::procfs::{Proc, Procs};
 use crate::progress::Clock;
 use crate::statefile::{default_state_dir, write_state_of};
+use crate::suspend_error::SuspendError;
 use protocol::state::{CarrierInfo, GroupState, ParticipantState, SuspendMode};
 use protocol::{Phase, Request};
 use std::path::{Path, PathBuf};

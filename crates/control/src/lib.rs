@@ -37,6 +37,7 @@ pub mod runlock;
 pub mod runtimes;
 pub mod safefs;
 pub mod statefile;
+mod suspend_error;
 pub mod tcp;
 
 pub use disk::discard;

@@ -4,12 +4,12 @@
 //! native lock, and the rebuild (load, import, multicast steps, verify, thaw) of a resume and a
 //! restore.
 
-use crate::capture::SuspendError;
 use crate::group::{Group, Participant, PhaseResult, Snapshot};
 use crate::parallel::for_each_mut;
 use crate::procfs::Procs;
 use crate::progress::{Clock, ParticipantSummary, Progress, summarize};
 use crate::statefile::captured_label;
+use crate::suspend_error::SuspendError;
 use crate::{ControlError, Refusal};
 use protocol::state::{GroupState, ParticipantState, SuspendMode};
 use protocol::{MulticastStep, Phase, ProcessRecord, Request};

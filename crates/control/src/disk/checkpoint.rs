@@ -8,7 +8,6 @@ use super::preflight::{
     check_new_dir, container_of, has_terminal, replaced_mappings, tree_sockets,
 };
 use super::{CheckpointOptions, DiskReport, IMAGES_DIR, KILL_TIMEOUT, locate_criu};
-use crate::capture::SuspendError;
 use crate::carrier_policy::CarrierChoice;
 use crate::container::namespace_root;
 use crate::criu;
@@ -19,6 +18,7 @@ use crate::native::Driver;
 use crate::phases::{Bytes, finish_rebuild};
 use crate::progress::{Clock, Progress, Report, summarize};
 use crate::statefile::{self, check_state_dir, default_state_dir, remove_state};
+use crate::suspend_error::SuspendError;
 use crate::{ControlError, ErrorClass, refuse, state_error};
 use protocol::manifest::{self, CriuInfo, CriuPlacement, LinkRemap, Manifest};
 use std::path::{Path, PathBuf};
