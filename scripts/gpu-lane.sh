@@ -601,7 +601,10 @@ print("%d GiB %s: plain 1 %.0f+%.0f ms (%.2fx), plain 2 %.0f+%.0f ms (%.2fx nati
     k1["suspend_millis"], k1["resume_millis"], k1["suspend_gb_per_s"], k1["resume_gb_per_s"],
     k["suspend_millis"], k["resume_millis"], k["suspend_gb_per_s"], k["resume_gb_per_s"]) + (
     "; prepared first: %d MiB pinned ahead in %.0f ms" % (sum(x["pinned_bytes"] for x in w["prepared"]["processes"]) >> 20, w["prepared"]["total_millis"])
-    if w.get("prepared") else ""))
+    if w.get("prepared") else "") + "; plain 1 / 2 parts: " + " / ".join(
+    ", ".join("%s %.0f" % (ph["name"], ph["millis"]) for ph in r["suspend_phases"] + r["resume_phases"]
+              if ph["name"] in ("save", "native-checkpoint", "native-restore", "load"))
+    for r in (p1, p)))
 PY
 )" measured
     else

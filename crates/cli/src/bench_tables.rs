@@ -40,12 +40,13 @@ pub fn print_whole(w: &Whole) {
         ("CARRIER", 11, Align::Right),
     ]);
     table.header();
-    for (name, r) in [
+    let runs = [
         ("plain 1", &w.plain_first),
         ("plain 2", &w.plain),
         ("keep-contexts 1", &w.keep_contexts_first),
         ("keep-contexts 2", &w.keep_contexts),
-    ] {
+    ];
+    for (name, r) in runs {
         table.row(&[
             name.to_string(),
             format!("{:.1}", r.suspend_millis),
@@ -67,6 +68,16 @@ pub fn print_whole(w: &Whole) {
         "-".to_string(),
         "-".to_string(),
     ]);
+    println!("phases, ms:");
+    for (name, r) in runs {
+        for (verb, phases) in [("suspend", &r.suspend_phases), ("resume", &r.resume_phases)] {
+            let each: Vec<String> = phases
+                .iter()
+                .map(|p| format!("{} {:.1}", p.name, p.millis))
+                .collect();
+            println!("  {name} {verb}: {}", each.join(", "));
+        }
+    }
     for (p, verb) in [
         (&w.prepared, "prepared first (cuinterpose prepare"),
         (

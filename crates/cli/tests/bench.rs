@@ -235,6 +235,10 @@ fn bench_prints_the_whole_process_table() {
          pinned ahead in ",
         "x native in the second cycle (",
         "targets: >= 10x native every cycle",
+        // Each run's phases, so that a slower cycle shows where its time went.
+        "phases, ms:",
+        "  plain 2 suspend: inspect ",
+        "  plain 2 resume: inspect ",
         "ok  whole (plain-1): 4.00 MiB of cuMemAlloc memory kept",
         "ok  whole (plain-2): 4.00 MiB of cuMemAlloc memory kept",
         "ok  whole (keep-contexts-1): 4.00 MiB of cuMemAlloc memory kept",
@@ -249,6 +253,29 @@ fn bench_prints_the_whole_process_table() {
         serde_json::from_slice(&std::fs::read(&json_out).expect("--json-out file"))
             .expect("--json-out writes JSON");
     let whole = &report["whole"];
+    for run in [
+        "plain_first",
+        "plain",
+        "keep_contexts_first",
+        "keep_contexts",
+    ] {
+        let phase_names = |key: &str| -> Vec<String> {
+            whole[run][key]
+                .as_array()
+                .unwrap_or_else(|| panic!("no {run}.{key} in {whole:#}"))
+                .iter()
+                .map(|p| p["name"].as_str().unwrap_or_default().to_string())
+                .collect()
+        };
+        assert!(
+            phase_names("suspend_phases").iter().any(|n| n == "save"),
+            "{run}: {whole:#}"
+        );
+        assert!(
+            phase_names("resume_phases").iter().any(|n| n == "load"),
+            "{run}: {whole:#}"
+        );
+    }
     let prepared = &whole["prepared_keep_contexts"]["processes"][0];
     assert!(
         prepared["pinned_bytes"].as_u64() >= Some(4 << 20),

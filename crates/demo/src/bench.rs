@@ -35,7 +35,7 @@ pub use disk::{DiskBench, PhaseRatio, SecondCheckpoint};
 
 use crate::target::Target;
 use anyhow::Context;
-use control::capture::{Progress, Report};
+use control::capture::{PhaseTiming, Progress, Report};
 use control::carrier_choice::Requested;
 use control::config::ToolConfig;
 use protocol::message::{CarrierMode, CopyStats};
@@ -242,6 +242,10 @@ pub struct WholeRun {
     /// Whether every carrier the Save used existed before it (made by an earlier cycle or
     /// prepared ahead, pinned where pinned): such a Save makes and pins nothing.
     pub carrier_reused: Option<bool>,
+    /// The suspend's and the resume's phases, so that a cycle slower than another shows which
+    /// step it lost its time in (the copies, or the driver's native checkpoint and restore).
+    pub suspend_phases: Vec<PhaseTiming>,
+    pub resume_phases: Vec<PhaseTiming>,
 }
 
 /// Medians of the overhead rounds, nanoseconds per iteration.

@@ -144,7 +144,7 @@ impl WholeCycles<'_> {
         suspend_options.driver = self.target.tool_driver();
         apply_carrier(self.args.carrier, &mut suspend_options)?;
         suspend_options.mode = mode;
-        let suspend = capture::suspend(&suspend_options, &self.collector)
+        let mut suspend = capture::suspend(&suspend_options, &self.collector)
             .with_context(|| format!("suspend ({tag})"))?;
         let carrier = self
             .collector
@@ -155,7 +155,7 @@ impl WholeCycles<'_> {
         let mut resume_options = ResumeOptions::new(pid, self.config);
         resume_options.state_dir = state_dir;
         resume_options.driver = suspend_options.driver.clone();
-        let resume = capture::resume(&resume_options, &capture::Quiet)
+        let mut resume = capture::resume(&resume_options, &capture::Quiet)
             .with_context(|| format!("resume ({tag})"))?;
         self.w
             .assert_pattern("m", 77)
@@ -176,6 +176,8 @@ impl WholeCycles<'_> {
                 .as_ref()
                 .and_then(|c| c.save.as_ref())
                 .map(|s| s.carriers_reused),
+            suspend_phases: std::mem::take(&mut suspend.phases),
+            resume_phases: std::mem::take(&mut resume.phases),
         })
     }
 }
