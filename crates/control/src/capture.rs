@@ -360,29 +360,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
             }
         })?;
     let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
-    if !lost.is_empty() && !options.allow_lost {
-        return Err(ResumeError::NotStarted(ControlError::Refused(
-            lost.iter()
-                .map(|p| Refusal {
-                    process: captured_label(p),
-                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost` brings back the others without it"
-                        .into(),
-                })
-                .collect(),
-        )));
-    }
-    let multicast_refusals = multicast_needs_lost(&state, &lost);
-    if !multicast_refusals.is_empty() {
-        return Err(ControlError::Refused(multicast_refusals).into());
-    }
-    let lost_labels: Vec<String> = lost.iter().map(captured_label).collect();
-    let not_rebuilt = depends_on_lost(&state, &lost);
-    if !lost.is_empty() {
-        tracing::warn!(lost = %lost_labels.join(", "), "resuming without processes that exited");
-        state
-            .participants
-            .retain(|c| !lost.iter().any(|l| l.host_pid == c.host_pid));
-    }
+    let (lost_labels, not_rebuilt) = leave_out_lost(&mut state, &lost, options.allow_lost)?;
     // Without a driver (keep-contexts) the contexts stayed resident and the shims rebuild into
     // them (from any phase a suspend or an earlier resume left).
     if let Some(driver) = &driver {
@@ -416,6 +394,40 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         not_rebuilt,
         carrier: None,
     })
+}
+
+/// The captured processes that exited since the suspend (`lost`): refused unless `allow_lost`,
+/// and refused where a survivor holds a multicast object one of them created or added its device
+/// to; otherwise taken out of `state`. Their labels, and what cannot be rebuilt without them.
+fn leave_out_lost(
+    state: &mut GroupState,
+    lost: &[ParticipantState],
+    allow_lost: bool,
+) -> Result<(Vec<String>, Vec<String>), ResumeError> {
+    if !lost.is_empty() && !allow_lost {
+        return Err(ResumeError::NotStarted(ControlError::Refused(
+            lost.iter()
+                .map(|p| Refusal {
+                    process: captured_label(p),
+                    reason: "was captured but has exited since; `cuinterpose resume --allow-lost` brings back the others without it"
+                        .into(),
+                })
+                .collect(),
+        )));
+    }
+    let multicast_refusals = multicast_needs_lost(state, lost);
+    if !multicast_refusals.is_empty() {
+        return Err(ControlError::Refused(multicast_refusals).into());
+    }
+    let lost_labels: Vec<String> = lost.iter().map(captured_label).collect();
+    let not_rebuilt = depends_on_lost(state, lost);
+    if !lost.is_empty() {
+        tracing::warn!(lost = %lost_labels.join(", "), "resuming without processes that exited");
+        state
+            .participants
+            .retain(|c| !lost.iter().any(|l| l.host_pid == c.host_pid));
+    }
+    Ok((lost_labels, not_rebuilt))
 }
 
 /// A failure before anything changed, as a refusal's exit code says (the cause kept).
