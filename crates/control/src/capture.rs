@@ -29,7 +29,7 @@ use crate::progress::{Clock, millis_since, summarize};
 use crate::statefile::{
     captured_label, check_state_dir, default_state_dir, find_state_in, read_state, remove_state,
 };
-use crate::{ControlError, ErrorClass, Refusal};
+use crate::{Classified, ControlError, ErrorClass, Refusal};
 use protocol::Phase;
 use protocol::state::{GroupState, ParticipantState, SuspendMode};
 use std::path::{Path, PathBuf};
@@ -60,9 +60,8 @@ pub enum ResumeError {
     StateNotRemoved(ControlError),
 }
 
-impl ResumeError {
-    /// What this failure left (the CLI's exit code).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for ResumeError {
+    fn class(&self) -> ErrorClass {
         match self {
             ResumeError::NotStarted(cause)
             | ResumeError::NotRebuilt(cause)
@@ -141,9 +140,8 @@ pub enum PrepareError {
     Helper(ControlError),
 }
 
-impl PrepareError {
-    /// What this failure left (the CLI's exit code).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for PrepareError {
+    fn class(&self) -> ErrorClass {
         match self {
             PrepareError::NotStarted(cause) | PrepareError::Helper(cause) => cause.class(),
         }

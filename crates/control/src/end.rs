@@ -16,7 +16,7 @@ use crate::group_capture::lock_tree;
 use crate::statefile::{
     captured_label, default_state_dir, find_state_in, read_state, remove_state,
 };
-use crate::{ControlError, ErrorClass};
+use crate::{Classified, ControlError, ErrorClass};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -79,9 +79,8 @@ pub enum EndError {
     },
 }
 
-impl EndError {
-    /// What this failure left of the group (the CLI's exit code).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for EndError {
+    fn class(&self) -> ErrorClass {
         match self {
             EndError::NotStarted(cause) => cause.class(),
             // Processes that may still hold the GPU: someone has to look.

@@ -440,6 +440,7 @@ pub(crate) fn state_of(snapshots: &[Snapshot], mode: SuspendMode) -> GroupState 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Classified;
     use crate::carrier_policy::{host_facts, none_for_disk};
     use crate::fakes::{self, Exited, Log, Native, Shim};
     use crate::native::ProcessState;

@@ -289,9 +289,20 @@ pub enum ErrorClass {
     Error,
 }
 
-impl ControlError {
+/// An error that says what it left of the workload: `ControlError` and each verb's own error type
+/// (`SuspendError`, `ResumeError`, `PrepareError`, `EndError`, `CheckpointError`, `RestoreError`,
+/// `DiscardError`). One trait rather than a `class` of each type's own, so that the CLI and the
+/// Kubernetes agent classify any verb's failure the same one way (the CLI's `exit_for` by a table
+/// of these types, the agent's `failure` by one generic function), and a new verb's error type
+/// joins both by implementing it. `Error + Send + Sync + 'static`: what `anyhow` needs to wrap
+/// it and to find it again under the verbs' context.
+pub trait Classified: std::error::Error + Send + Sync + 'static {
     /// What this failure left of the workload (the CLI's exit code, the agent's condition).
-    pub fn class(&self) -> ErrorClass {
+    fn class(&self) -> ErrorClass;
+}
+
+impl Classified for ControlError {
+    fn class(&self) -> ErrorClass {
         match self {
             // Nothing was changed: a refusal, a process or driver that is not there.
             ControlError::Refused(_)
@@ -571,6 +582,57 @@ mod tests {
                 rollback: vec![],
             };
             assert_eq!(failed.class(), ErrorClass::NeedsAttention, "{failed:?}");
+        }
+    }
+
+    /// Each verb's own error type, and `ControlError`, is `Classified` (one that stopped being
+    /// would not compile here) and gives through the trait object the class its variant has: the
+    /// CLI and the agent classify them only through the trait.
+    #[test]
+    fn every_verb_error_is_classified() {
+        use crate::capture::{PrepareError, ResumeError, SuspendError};
+        use crate::disk::{CheckpointError, RestoreError};
+        use crate::{discard::DiscardError, end::EndError};
+        let cause = || ControlError::NoSuchProcess(7);
+        let cases: [(&dyn Classified, ErrorClass); 9] = [
+            (&cause(), ErrorClass::Refused),
+            (&SuspendError::NotStarted(cause()), ErrorClass::Refused),
+            (
+                &SuspendError::RolledBack {
+                    failure: Box::new(cause()),
+                },
+                ErrorClass::RolledBack,
+            ),
+            (&ResumeError::NotRebuilt(cause()), ErrorClass::Refused),
+            (&PrepareError::Helper(cause()), ErrorClass::Refused),
+            (
+                &EndError::NotEnded {
+                    processes: vec!["pid 7".into()],
+                    waited: std::time::Duration::from_secs(30),
+                },
+                ErrorClass::NeedsAttention,
+            ),
+            (
+                &CheckpointError::Suspended(cause()),
+                ErrorClass::NeedsAttention,
+            ),
+            (
+                &RestoreError::Undone {
+                    root: 7,
+                    failure: Box::new(cause()),
+                },
+                ErrorClass::RolledBack,
+            ),
+            (
+                &DiscardError::Removing {
+                    path: "/c/pages-1.img".into(),
+                    source: std::io::Error::other("denied"),
+                },
+                ErrorClass::Error,
+            ),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(error.class(), expected, "{error}");
         }
     }
 

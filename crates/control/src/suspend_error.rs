@@ -3,7 +3,7 @@
 //! (crate::group_capture) and the rollback (crate::phases) that produce it and the verbs
 //! (crate::capture, crate::disk) that return it, so that none of them reaches back up for it.
 
-use crate::{ControlError, ErrorClass, rollback_lines};
+use crate::{Classified, ControlError, ErrorClass, rollback_lines};
 
 /// Why `suspend` failed (and the capture of a `checkpoint`, which wraps it), in the order it can:
 /// before the capture changed anything, then in the capture, rolled back or not. Nothing fails
@@ -35,10 +35,8 @@ pub enum SuspendError {
     },
 }
 
-impl SuspendError {
-    /// What this failure left (the CLI's exit code, the agent's condition through a checkpoint's
-    /// `NotCaptured`).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for SuspendError {
+    fn class(&self) -> ErrorClass {
         match self {
             SuspendError::NotStarted(cause) => cause.class(),
             SuspendError::RolledBack { .. } => ErrorClass::RolledBack,

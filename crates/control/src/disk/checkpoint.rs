@@ -19,7 +19,7 @@ use crate::phases::{Bytes, finish_rebuild};
 use crate::progress::{Clock, Progress, Report, summarize};
 use crate::statefile::{self, check_state_dir, default_state_dir, remove_state};
 use crate::suspend_error::SuspendError;
-use crate::{ControlError, ErrorClass, refuse, state_error};
+use crate::{Classified, ControlError, ErrorClass, refuse, state_error};
 use protocol::manifest::{self, CriuInfo, CriuPlacement, LinkRemap, Manifest};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -69,9 +69,8 @@ pub enum CheckpointError {
     Complete(ControlError),
 }
 
-impl CheckpointError {
-    /// What this failure left (the CLI's exit code, the agent's condition).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for CheckpointError {
+    fn class(&self) -> ErrorClass {
         match self {
             CheckpointError::NotStarted(cause) => cause.class(),
             CheckpointError::NotCaptured(cause) => cause.class(),

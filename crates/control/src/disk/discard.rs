@@ -30,7 +30,7 @@ use super::{
     DATA_DIR, IMAGE_DIGESTS, IMAGES_DIR, INCOMPLETE_MARKER, SIGNATURE_FILE, read_manifest,
 };
 use crate::safefs;
-use crate::{ControlError, ErrorClass, Refusal};
+use crate::{Classified, ControlError, ErrorClass, Refusal};
 use protocol::manifest::{LinkRemap, MANIFEST_FILE_NAME, Manifest, REMAPS_DIR};
 use protocol::state::STATE_FILE_NAME;
 use std::path::{Path, PathBuf};
@@ -69,16 +69,17 @@ pub enum DiscardError {
     LinkRemap(ControlError),
 }
 
-impl DiscardError {
-    /// What this failure left (the CLI's exit code).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for DiscardError {
+    fn class(&self) -> ErrorClass {
         match self {
             DiscardError::NothingRemoved(cause) | DiscardError::LinkRemap(cause) => cause.class(),
             // Part of the checkpoint is gone: neither a refusal nor a rollback.
             DiscardError::Removing { .. } => ErrorClass::Error,
         }
     }
+}
 
+impl DiscardError {
     /// As a `ControlError`, with the same message and class: for a checkpoint, whose own errors
     /// are those (disk::preflight removes an incomplete checkpoint before a new one).
     pub fn into_control(self) -> ControlError {

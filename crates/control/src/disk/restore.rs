@@ -16,7 +16,7 @@ use crate::phases::{Bytes, finish_rebuild, match_participants};
 use crate::progress::{Clock, ParticipantSummary, Progress, Report};
 use crate::refuse;
 use crate::statefile::{self, captured_label};
-use crate::{ControlError, ErrorClass, Refusal};
+use crate::{Classified, ControlError, ErrorClass, Refusal};
 use protocol::manifest::{self, CriuPlacement, LinkRemap, Manifest, SharedNamespace};
 use protocol::state::GroupState;
 use std::path::{Path, PathBuf};
@@ -115,9 +115,8 @@ pub enum RestoreError {
     },
 }
 
-impl RestoreError {
-    /// What this failure left (the CLI's exit code, the agent's condition).
-    pub fn class(&self) -> ErrorClass {
+impl Classified for RestoreError {
+    fn class(&self) -> ErrorClass {
         match self {
             RestoreError::NotRestored(cause) | RestoreError::Untracked(cause) => cause.class(),
             // Nothing runs and the checkpoint is unchanged: as a rollback of a suspend.

@@ -4,8 +4,8 @@
 
 use control::capture::{PhaseTiming as ControlPhase, Quiet, SuspendOptions};
 use control::config::ToolConfig;
-use control::disk::{self, CheckpointError, CheckpointOptions, RestoreError, RestoreOptions};
-use control::{ControlError, ErrorClass};
+use control::disk::{self, CheckpointOptions, RestoreOptions};
+use control::{Classified, ErrorClass};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -65,10 +65,10 @@ pub struct ToolReport {
 }
 
 /// The outcome the agent reports for a class of the tool's errors. The class is the tool's own
-/// (`ControlError::class`, or that of a verb's own error type: `CheckpointError::class`, which
-/// takes a failed capture's from `SuspendError::class`, `RestoreError::class`,
-/// `DiscardError::class`; the CLI's exit codes follow the same): the agent never classifies an
-/// error by its own rule, so the two front ends cannot disagree about what a failure left.
+/// (`Classified::class` of a `ControlError` or of a verb's own error type: `CheckpointError`,
+/// which takes a failed capture's from its `SuspendError`, `RestoreError`, `DiscardError`; the
+/// CLI's exit codes follow the same): the agent never classifies an error by its own rule, so
+/// the two front ends cannot disagree about what a failure left.
 ///
 /// The conditions have no type for the CLI's exit 1 (an unexpected error: an I/O error, a
 /// participant that went away, a bug): what it left of the workload is not known, so it is not
@@ -82,26 +82,13 @@ fn failure_of(class: ErrorClass) -> Failure {
     }
 }
 
-fn failure(error: ControlError) -> ToolFailure {
-    classified(error.class(), &error)
-}
-
-/// A failure of any verb's own error type, by the class it gives itself.
-fn classified(class: ErrorClass, error: &dyn std::fmt::Display) -> ToolFailure {
+/// A failure of the tool, of any verb's error type, by the class it gives itself, with its
+/// message.
+fn failure<E: Classified>(error: E) -> ToolFailure {
     ToolFailure {
-        failure: failure_of(class),
+        failure: failure_of(error.class()),
         message: error.to_string(),
     }
-}
-
-/// A checkpoint's failure, as [`checkpoint`] reports it.
-fn checkpoint_failure(error: CheckpointError) -> ToolFailure {
-    classified(error.class(), &error)
-}
-
-/// A restore's failure, as [`restore`] reports it.
-fn restore_failure(error: RestoreError) -> ToolFailure {
-    classified(error.class(), &error)
 }
 
 fn phases(phases: &[ControlPhase]) -> Vec<Phase> {
@@ -144,7 +131,7 @@ pub fn checkpoint(
     };
     disk::checkpoint(&options, &Quiet)
         .map(report)
-        .map_err(checkpoint_failure)
+        .map_err(failure)
 }
 
 /// Restores the checkpoint in `dir` into new processes (blocking), in the namespaces of process
@@ -163,9 +150,7 @@ pub fn restore(
         driver: options.driver.clone(),
         ..RestoreOptions::new(dir.to_path_buf(), &options.config)
     };
-    disk::restore(&options, &Quiet)
-        .map(report)
-        .map_err(restore_failure)
+    disk::restore(&options, &Quiet).map(report).map_err(failure)
 }
 
 /// Deletes the checkpoint in `dir` with the files it keeps outside it (blocking); the message
@@ -186,7 +171,7 @@ pub fn discard(dir: &Path) -> Result<String, ToolFailure> {
                 r.link_remaps.len()
             )
         })
-        .map_err(|e| classified(e.class(), &e))
+        .map_err(failure)
 }
 
 /// The processes of the tree under `root` (to move a restored tree into its pod's cgroup).
@@ -222,8 +207,9 @@ pub fn parse_device_map(text: &str) -> Result<Vec<(u32, u32)>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use control::Refusal;
     use control::capture::SuspendError;
+    use control::disk::{CheckpointError, RestoreError};
+    use control::{ControlError, Refusal};
 
     /// Every class maps to one outcome, and only an error that left the workload as it was is
     /// reported as refused or rolled back.
@@ -360,7 +346,7 @@ mod tests {
         ];
         for (error, expected) in cases {
             let message = error.to_string();
-            let reported = checkpoint_failure(error);
+            let reported = failure(error);
             assert_eq!(reported.failure, expected, "{message}");
             assert_eq!(reported.message, message);
         }
@@ -411,7 +397,7 @@ mod tests {
         ];
         for (error, expected) in cases {
             let message = error.to_string();
-            let reported = restore_failure(error);
+            let reported = failure(error);
             assert_eq!(reported.failure, expected, "{message}");
             assert_eq!(reported.message, message);
         }
