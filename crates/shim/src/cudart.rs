@@ -19,7 +19,7 @@
 
 use core::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use core::ptr::{self, NonNull};
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::AtomicPtr;
 
 use crate::loader;
 use crate::resolver::{self, Choice};
@@ -102,32 +102,18 @@ impl Which {
 
     /// The real runtime function: the one the `dlsym` hook saw, else the next definition.
     fn real(self) -> Option<NonNull<c_void>> {
-        let slot = self.slot();
-        if let Some(found) = NonNull::new(slot.load(Ordering::Acquire)) {
-            return Some(found);
-        }
-        // SAFETY: RTLD_NEXT is a valid pseudo-handle.
-        let found = unsafe { loader::lookup_in(libc::RTLD_NEXT, self.name()) }
-            .filter(|found| !loader::is_own(found.as_ptr()))?;
-        let _ = slot.compare_exchange(
-            ptr::null_mut(),
-            found.as_ptr(),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
-        NonNull::new(slot.load(Ordering::Acquire))
+        loader::found_once(self.slot(), || {
+            // SAFETY: RTLD_NEXT is a valid pseudo-handle.
+            unsafe { loader::lookup_in(libc::RTLD_NEXT, self.name()) }
+                .filter(|found| !loader::is_own(found.as_ptr()))
+        })
     }
 }
 
 /// Records a runtime resolver the `dlsym` hook found in `libcudart.so*`. Allocation- and lock-free.
 pub(crate) fn note_real(name: &[u8], found: *mut c_void) {
     if let Some(which) = Which::named(name) {
-        let _ = which.slot().compare_exchange(
-            ptr::null_mut(),
-            found,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        loader::publish_once(which.slot(), found);
     }
 }
 

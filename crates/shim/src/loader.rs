@@ -159,6 +159,31 @@ fn is_library(base: &[u8], stem: &[u8]) -> bool {
     }
 }
 
+/// Publishes `found` in `slot` unless a pointer is there already (the first one seen wins: later
+/// lookups find the same object in the ordinary case), and returns the published one.
+/// Allocation- and lock-free, so the `dlsym` hook may call it.
+pub(crate) fn publish_once(
+    slot: &AtomicPtr<c_void>,
+    found: *mut c_void,
+) -> Option<NonNull<c_void>> {
+    match slot.compare_exchange(ptr::null_mut(), found, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => NonNull::new(found),
+        Err(published) => NonNull::new(published),
+    }
+}
+
+/// The pointer published in `slot`, else the one `find` looks up, published ([`publish_once`]):
+/// the idempotent race of the module's docs, in one place.
+pub(crate) fn found_once(
+    slot: &AtomicPtr<c_void>,
+    find: impl FnOnce() -> Option<NonNull<c_void>>,
+) -> Option<NonNull<c_void>> {
+    if let Some(published) = NonNull::new(slot.load(Ordering::Acquire)) {
+        return Some(published);
+    }
+    publish_once(slot, find()?.as_ptr())
+}
+
 /// Load address of this library, found once.
 static OWN_OBJECT: AtomicPtr<c_void> = AtomicPtr::new(ptr::null_mut());
 
@@ -305,6 +330,50 @@ mod tests {
             info.exact_name(found.map_or(ptr::null(), |p| p.as_ptr()))
                 .is_some()
         }));
+    }
+
+    #[test]
+    fn the_first_pointer_published_wins_and_is_never_looked_up_again() {
+        let slot = AtomicPtr::new(ptr::null_mut());
+        let (first, second) = (8 as *mut c_void, 16 as *mut c_void);
+        assert_eq!(
+            found_once(&slot, || None),
+            None,
+            "nothing found: nothing published"
+        );
+        assert_eq!(publish_once(&slot, first).map(NonNull::as_ptr), Some(first));
+        assert_eq!(
+            publish_once(&slot, second).map(NonNull::as_ptr),
+            Some(first)
+        );
+        let mut looked = false;
+        let looked_up = found_once(&slot, || {
+            looked = true;
+            NonNull::new(second)
+        });
+        assert_eq!(looked_up.map(NonNull::as_ptr), Some(first));
+        assert!(!looked, "a published pointer is not looked up again");
+
+        // Threads racing to publish all return the one that won.
+        let raced = AtomicPtr::new(ptr::null_mut());
+        let winners: Vec<usize> = std::thread::scope(|s| {
+            let racers: Vec<_> = (1..=8usize)
+                .map(|i| {
+                    let raced = &raced;
+                    s.spawn(move || {
+                        found_once(raced, || NonNull::new((i * 8) as *mut c_void))
+                            .map_or(0, |p| p.as_ptr() as usize)
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap_or(0)).collect()
+        });
+        let published = raced.load(Ordering::Acquire) as usize;
+        assert_ne!(published, 0);
+        assert!(
+            winners.iter().all(|&w| w == published),
+            "{winners:?} vs {published}"
+        );
     }
 
     #[test]

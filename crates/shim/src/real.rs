@@ -74,23 +74,12 @@ pub(crate) fn note_resolver(name: &[u8], found: *mut c_void) {
         b"cuGetProcAddress_v2" => &REAL_V2,
         _ => return,
     };
-    // The first one seen wins; later lookups find the same driver in the ordinary case.
-    let _ = slot.compare_exchange(ptr::null_mut(), found, Ordering::AcqRel, Ordering::Relaxed);
+    crate::loader::publish_once(slot, found);
 }
 
 /// A real resolver: the one the `dlsym` hook saw, else the driver's own definition.
 fn resolver(slot: &AtomicPtr<c_void>, name: &CStr) -> Option<NonNull<c_void>> {
-    if let Some(found) = NonNull::new(slot.load(Ordering::Acquire)) {
-        return Some(found);
-    }
-    let found = crate::loader::driver_symbol(name)?;
-    let _ = slot.compare_exchange(
-        ptr::null_mut(),
-        found.as_ptr(),
-        Ordering::AcqRel,
-        Ordering::Relaxed,
-    );
-    NonNull::new(slot.load(Ordering::Acquire))
+    crate::loader::found_once(slot, || crate::loader::driver_symbol(name))
 }
 
 pub(crate) fn resolver_v1() -> Option<PFN_cuGetProcAddress> {
