@@ -318,7 +318,7 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
     let mut clock = Clock::new(progress);
     let _lock = lock_tree(options.root)?;
     let state_path = find_state(options)?;
-    let state = read_state(&state_path).map_err(unchanged)?;
+    let mut state = read_state(&state_path).map_err(unchanged)?;
     // A checkpoint or restore killed while the shared bytes were only in its data files left
     // a record of them beside the state file. Read with the state file, before anything changes,
     // so that its failure is the refusal its message says.
@@ -331,32 +331,11 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         SuspendMode::Native => Some(Driver::load(options.driver.as_deref())?),
         SuspendMode::KeepContexts => None,
     };
-    // Continuing a group left stopped changes it: its failure is part way, the discovery's not.
-    let mut continuing_failed = false;
-    let (mut state, mut group) = clock
-        .time("inspect", None, || {
-            // A checkpoint killed during CRIU's dump, or a restore killed before it continued the
-            // tree CRIU brought back, leaves the group stopped; this run holds the tree's lock, so
-            // no dump or restore of it is running now.
-            continue_stopped(
-                &crate::procfs::Proc,
-                options.root,
-                &state,
-                driver.as_ref(),
-                &options.gpu_pairs,
-                options.config.answer_timeout,
-            )
-            .inspect_err(|_| continuing_failed = true)?;
-            let group = Group::discover(options.root, options.config.answer_timeout)?;
-            Ok(((state, group), 0, 0.0))
-        })
-        .map_err(|e| {
-            if continuing_failed {
-                ResumeError::NotRebuilt(e)
-            } else {
-                ResumeError::NotStarted(e)
-            }
-        })?;
+    let mut group = clock.time("inspect", None, || -> Result<_, ResumeError> {
+        continue_stopped_group(&crate::procfs::Proc, options, &state, driver.as_ref())?;
+        let group = Group::discover(options.root, options.config.answer_timeout)?;
+        Ok((group, 0, 0.0))
+    })?;
     let lost = match_participants(&mut group, &state, &crate::procfs::Proc)?;
     let (lost_labels, not_rebuilt) = leave_out_lost(&mut state, &lost, options.allow_lost)?;
     // Without a driver (keep-contexts) the contexts stayed resident and the shims rebuild into
@@ -449,13 +428,11 @@ fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
 /// restore its other threads must not run before that). `/proc` is read in `machine`.
 fn continue_stopped(
     machine: &dyn ProcessTree,
-    root: u32,
-    state: &GroupState,
+    stopped: &[u32],
     driver: Option<&Driver>,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
     answer_timeout: Duration,
 ) -> Result<(), ControlError> {
-    let stopped = stopped_of_group(machine, root, state)?;
     if stopped.is_empty() {
         return Ok(());
     }
@@ -464,7 +441,7 @@ fn continue_stopped(
         "continuing processes of the group left stopped (an interrupted dump or restore)"
     );
     if let Some(driver) = driver {
-        for &pid in &stopped {
+        for &pid in stopped {
             if !machine.describe(pid).is_ok_and(|p| p.is_cuda()) {
                 continue;
             }
@@ -472,9 +449,9 @@ fn continue_stopped(
                 .map_err(|e| step_error("native restore", &format!("pid {pid}"), e))?;
         }
     }
-    crate::launch::continue_processes(&stopped).map_err(|e| ControlError::Step {
+    crate::launch::continue_processes(stopped).map_err(|e| ControlError::Step {
         step: "continuing the stopped group",
-        process: format!("pid {root}"),
+        process: format!("pids {stopped:?}"),
         source: Box::new(e.into()),
     })?;
     // The shims answer once their threads run again.
@@ -487,6 +464,28 @@ fn continue_stopped(
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// [`continue_stopped`] for [`resume`], with its two kinds of failure: the stopped processes not
+/// found (nothing changed), or not all continued (the group changed part way).
+fn continue_stopped_group(
+    machine: &dyn ProcessTree,
+    options: &ResumeOptions,
+    state: &GroupState,
+    driver: Option<&Driver>,
+) -> Result<(), ResumeError> {
+    // A checkpoint killed during CRIU's dump, or a restore killed before it continued the tree
+    // CRIU brought back, leaves the group stopped; resume holds the tree's lock, so no dump or
+    // restore of it is running now. Finding them reads /proc only.
+    let stopped = stopped_of_group(machine, options.root, state)?;
+    continue_stopped(
+        machine,
+        &stopped,
+        driver,
+        &options.gpu_pairs,
+        options.config.answer_timeout,
+    )
+    .map_err(ResumeError::NotRebuilt)
 }
 
 /// The processes under `root` that are stopped and of the group: a process the state file
@@ -690,7 +689,13 @@ mod tests {
         // Nothing stopped, nothing to continue: the resume goes on without a signal sent.
         let running = machine(&[(100, WORKLOAD, 'S'), (101, WORKLOAD, 'S')]);
         assert!(stopped_of_group(&running, 100, &state).unwrap().is_empty());
-        continue_stopped(&running, 100, &state, None, &[], Duration::ZERO).unwrap();
+        continue_stopped(&running, &[], None, &[], Duration::ZERO).unwrap();
+        let options = ResumeOptions::new(100, &ToolConfig::default());
+        continue_stopped_group(&running, &options, &state, None).unwrap();
+        // A tree that cannot be read changed nothing: the resume did not start.
+        let gone = ResumeOptions::new(99, &ToolConfig::default());
+        let unread = continue_stopped_group(&running, &gone, &state, None).unwrap_err();
+        assert!(matches!(unread, ResumeError::NotStarted(_)), "{unread:?}");
     }
 
     /// Each of a suspend's failures is classified by what it left: a refusal or a failure before

@@ -429,7 +429,9 @@ impl Procs for Machine {
 }
 
 impl crate::discovery::ProcessTree for Machine {
-    fn tree(&self, _root: u32) -> Result<Vec<u32>, ControlError> {
+    /// Every process, under a root that is there (as /proc's tree of a root that exited fails).
+    fn tree(&self, root: u32) -> Result<Vec<u32>, ControlError> {
+        self.live(root).ok_or_else(|| no_such(root, "task"))?;
         Ok(self.processes.iter().map(|(p, _, _)| p.host_pid).collect())
     }
 

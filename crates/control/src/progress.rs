@@ -1,7 +1,6 @@
 //! What a run reports as it goes and when it is done: progress of the long phases, their timings,
 //! and the report of a suspend, resume, checkpoint or restore.
 
-use crate::ControlError;
 use crate::group::{PhaseResult, Snapshot};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -120,13 +119,14 @@ impl<'a> Clock<'a> {
         }
     }
 
-    /// Times `step`, which returns the bytes it moved and the slowest shim's time.
-    pub(crate) fn time<T>(
+    /// Times `step`, which returns the bytes it moved and the slowest shim's time, or the error
+    /// of the step (a verb's own, where the step's failures differ in what they left).
+    pub(crate) fn time<T, E>(
         &mut self,
         name: &'static str,
         total_bytes: Option<u64>,
-        step: impl FnOnce() -> Result<(T, u64, f64), ControlError>,
-    ) -> Result<T, ControlError> {
+        step: impl FnOnce() -> Result<(T, u64, f64), E>,
+    ) -> Result<T, E> {
         self.progress.phase_started(name, total_bytes);
         let start = Instant::now();
         let (value, bytes, slowest_shim_millis) = step()?;

@@ -345,12 +345,16 @@ impl Written<'_> {
         write_marker(dir, link_remaps)?;
         let image_bytes = criu::directory_bytes(&images);
         let progress = clock.progress();
-        clock.time("image-digest", Some(image_bytes), || {
-            let list = digest_images(&images, progress)?;
-            transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
-                .map_err(|e| state_error(dir, e))?;
-            Ok(((), image_bytes, 0.0))
-        })?;
+        clock.time(
+            "image-digest",
+            Some(image_bytes),
+            || -> Result<_, ControlError> {
+                let list = digest_images(&images, progress)?;
+                transport::files::write_atomically(&dir.join(IMAGE_DIGESTS), list.as_bytes())
+                    .map_err(|e| state_error(dir, e))?;
+                Ok(((), image_bytes, 0.0))
+            },
+        )?;
         let state_bytes =
             transport::files::read_bounded(self.work_state, statefile::STATE_FILE_LIMIT)
                 .map_err(|e| state_error(self.work_state, e))?;
