@@ -1,6 +1,6 @@
 //! The tables of `cuinterpose bench`, one per part of its report.
 
-use crate::output::{Align, Table, bytes, carrier_name, print_phases};
+use crate::output::{Align, Table, bytes, carrier_name, print_phases, worker_time};
 use cuinterpose_demo::bench::{Capture, CopySummary, DiskBench, Launch, Native, Overhead, Whole};
 use cuinterpose_demo::target::carrier_flag;
 
@@ -393,15 +393,17 @@ pub fn print_disk(b: &DiskBench) {
             r.of_dir * 100.0
         );
     }
-    for (streaming, share) in [
-        ("save", b.checkpoint.digest_share),
-        ("load", b.restore.digest_share),
+    for (streaming, time) in [
+        ("save", &b.checkpoint.worker_time),
+        ("load", &b.restore.worker_time),
     ] {
-        if let Some(share) = share {
+        if let Some(time) = time {
+            let label = format!("  {streaming} workers' time");
+            println!("{}", worker_time(&label, time));
             println!(
                 "  digests: {:.1}% of the {streaming}'s worker time (at most what they cost it; \
                  target <= 10%)",
-                share * 100.0
+                time.digests * 100.0
             );
         }
     }

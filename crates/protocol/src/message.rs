@@ -19,7 +19,7 @@ pub const MAGIC: [u8; 4] = *b"CUIP";
 /// Bumped on any change of the encoding of a message or record (a field or variant added, removed,
 /// reordered or retyped); both ends must agree exactly. The compatibility rule is in
 /// `docs/design.md` ("Versions"); `tests/wire_format.rs` pins the bytes this version writes.
-pub const PROTOCOL_VERSION: u16 = 11;
+pub const PROTOCOL_VERSION: u16 = 12;
 pub const HEADER_LEN: usize = 12;
 /// Largest body either side accepts. A record of a process with tens of thousands of mappings fits.
 pub const MAX_BODY_LEN: u32 = 16 << 20;
@@ -375,6 +375,13 @@ pub struct StreamStats {
     /// SaveTo into a block store: bytes of blocks the store already held (written by another
     /// process or checkpoint, or twice in this file), referenced without being written again.
     pub shared_bytes: u64,
+    /// Time the threads spent entering device contexts and making and freeing their pinned
+    /// buffers and streams, summed over them.
+    pub setup_micros: u64,
+    /// Time the threads spent in the file's (or the block store's) reads and writes, summed.
+    pub io_micros: u64,
+    /// Time the threads waited for their copies to or from the device, summed.
+    pub wait_micros: u64,
 }
 
 /// One allocation's bytes in a data file.

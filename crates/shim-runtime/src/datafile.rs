@@ -279,6 +279,10 @@ struct Shared<'a> {
     shared_bytes: AtomicU64,
     /// Microseconds the workers spent hashing, summed ([`StreamStats::hash_micros`]).
     hash_micros: AtomicU64,
+    /// And on their setup, their file I/O and their waits for copies ([`StreamStats`]).
+    setup_micros: AtomicU64,
+    io_micros: AtomicU64,
+    wait_micros: AtomicU64,
     first_error: Mutex<Option<DataFileError>>,
 }
 
@@ -304,18 +308,49 @@ impl<'a> Shared<'a> {
             zero_bytes: AtomicU64::new(0),
             shared_bytes: AtomicU64::new(0),
             hash_micros: AtomicU64::new(0),
+            setup_micros: AtomicU64::new(0),
+            io_micros: AtomicU64::new(0),
+            wait_micros: AtomicU64::new(0),
             first_error: Mutex::new(None),
         }
     }
 
     /// Hashes a unit's bytes into its allocation's digest, counting the time.
     fn hash(&self, unit: &Unit, bytes: &[u8]) -> Result<(), DataFileError> {
-        let start = Instant::now();
-        self.digests.add(unit.region, unit.at, bytes)?;
-        let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.hash_micros.fetch_add(micros, Ordering::Relaxed);
+        timed(&self.hash_micros, || {
+            self.digests.add(unit.region, unit.at, bytes)
+        })?;
         Ok(())
     }
+
+    /// What the stream did: `threads` workers from `start` to now.
+    fn stats(&self, direct: bool, threads: u32, start: Instant) -> StreamStats {
+        StreamStats {
+            file_bytes: self.file_bytes.load(Ordering::Relaxed),
+            zero_bytes: self.zero_bytes.load(Ordering::Relaxed),
+            direct,
+            threads,
+            micros: micros_since(start),
+            hash_micros: self.hash_micros.load(Ordering::Relaxed),
+            shared_bytes: self.shared_bytes.load(Ordering::Relaxed),
+            setup_micros: self.setup_micros.load(Ordering::Relaxed),
+            io_micros: self.io_micros.load(Ordering::Relaxed),
+            wait_micros: self.wait_micros.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn micros_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Runs `work`, adding its time to `counter`: where the workers' time goes (the report's split
+/// of it shows which of the storage, the digests and the copies sets the pace).
+fn timed<T>(counter: &AtomicU64, work: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let result = work();
+    counter.fetch_add(micros_since(start), Ordering::Relaxed);
+    result
 }
 
 /// Which way a stream goes: what a worker's ring does ahead of each step.
@@ -389,25 +424,33 @@ fn work(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> Result<(), DataFileEr
                 step(shared, held, ring, slot)?;
             }
             if let Some(mut done) = ring.take() {
-                done.finish()?;
+                timed(&shared.wait_micros, || done.finish())?;
+                timed(&shared.setup_micros, || drop(done));
             }
         }
         let Some(unit) = unit else {
             return Ok(());
         };
         if current != Some(unit.device) {
-            drop(context.take());
-            context = Some((unit.device, copy::enter(shared.real, unit.device)?));
+            timed(&shared.setup_micros, || drop(context.take()));
+            let entered = timed(&shared.setup_micros, || {
+                copy::enter(shared.real, unit.device)
+            })?;
+            context = Some((unit.device, entered));
         }
         let ring = match &mut ring {
             Some(ring) => ring,
-            none => none.insert(PinnedRing::new(shared.real, unit.device, IO_SIZE)?),
+            none => none.insert(timed(&shared.setup_micros, || {
+                PinnedRing::new(shared.real, unit.device, IO_SIZE)
+            })?),
         };
         let slot = ring.next_slot();
         match way {
             Way::Load => step(shared, unit, ring, slot)?,
             Way::Save => {
-                ring.receive(slot, unit.va, unit.len)?;
+                timed(&shared.wait_micros, || {
+                    ring.receive(slot, unit.va, unit.len)
+                })?;
                 if let Some((held, held_slot)) = ahead.replace((unit, slot)) {
                     step(shared, held, ring, held_slot)?;
                 }
@@ -442,7 +485,7 @@ pub fn write(
     let zero_blocks = Mutex::new(Vec::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         // The unit's bytes, copied into the buffer ahead (Way::Save).
-        let mut filling = ring.filling(slot)?;
+        let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let buffer = filling
             .bytes(0, IO_SIZE)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
@@ -467,18 +510,16 @@ pub fn write(
             let run = buffer
                 .get(at..at + padded)
                 .ok_or_else(|| DataFileError::Mismatch("a run past its buffer".into()))?;
-            write_all(shared.file, &shared.direct, run, unit.offset + at as u64)?;
+            timed(&shared.io_micros, || {
+                write_all(shared.file, &shared.direct, run, unit.offset + at as u64)
+            })?;
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
         }
         let hashed = buffer.get(..unit.len).unwrap_or_default();
         shared.hash(unit, hashed)
     };
     let threads = run(&shared, Way::Save, &step);
-    if let Some(e) = shared
-        .first_error
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-    {
+    if let Some(e) = take_error(&shared) {
         return Err(e);
     }
     rustix::fs::ftruncate(file, length).map_err(|e| DataFileError::Write {
@@ -491,15 +532,7 @@ pub fn write(
     })?;
     let mut zero_blocks = zero_blocks.into_inner().unwrap_or_else(|e| e.into_inner());
     zero_blocks.sort_unstable();
-    let stats = StreamStats {
-        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
-        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
-        direct: shared.direct.on.load(Ordering::Acquire),
-        threads,
-        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
-        shared_bytes: 0,
-    };
+    let stats = shared.stats(shared.direct.on.load(Ordering::Acquire), threads, start);
     let extents = regions
         .iter()
         .zip(shared.digests.finish()?)
@@ -547,7 +580,7 @@ pub fn read(
             .is_ok()
     };
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
-        let mut filling = ring.filling(slot)?;
+        let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let runs = runs(unit, |at, _| zero_block(unit.offset + at as u64));
         for (at, len, zero) in runs {
             let dev = unit.va + at as u64;
@@ -566,7 +599,9 @@ pub fn read(
             let run = filling
                 .bytes(at, padded)
                 .ok_or_else(|| DataFileError::Mismatch("a run past its buffer".into()))?;
-            read_exact(shared.file, &shared.direct, run, unit.offset + at as u64)?;
+            timed(&shared.io_micros, || {
+                read_exact(shared.file, &shared.direct, run, unit.offset + at as u64)
+            })?;
             // Asynchronous: the device takes this run while the next one is read.
             filling.send(shared.real, at, len, dev)?;
             shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed);
@@ -579,13 +614,10 @@ pub fn read(
         shared.hash(unit, hashed)
     };
     let threads = run(&shared, Way::Load, &step);
-    if let Some(e) = shared
-        .first_error
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-    {
+    if let Some(e) = take_error(&shared) {
         return Err(e);
     }
+    let streamed = shared.stats(shared.direct.on.load(Ordering::Acquire), threads, start);
     for (r, found) in regions.iter().zip(shared.digests.finish()?) {
         if found != r.extent.blake3 {
             return Err(DataFileError::Digest {
@@ -597,13 +629,8 @@ pub fn read(
     }
     synchronize(real, regions)?;
     Ok(StreamStats {
-        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
-        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
-        direct: shared.direct.on.load(Ordering::Acquire),
-        threads,
-        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
-        shared_bytes: 0,
+        micros: micros_since(start),
+        ..streamed
     })
 }
 
@@ -626,28 +653,7 @@ fn new_shared<'a>(
 
 /// Hashes one block, counting the time.
 fn hash_block(shared: &Shared<'_>, bytes: &[u8]) -> [u8; 32] {
-    let start = Instant::now();
-    let digest = *blake3::hash(bytes).as_bytes();
-    let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
-    shared.hash_micros.fetch_add(micros, Ordering::Relaxed);
-    digest
-}
-
-fn stats_of(
-    shared: &Shared<'_>,
-    direct: &blockstore::Direct,
-    threads: u32,
-    start: Instant,
-) -> StreamStats {
-    StreamStats {
-        file_bytes: shared.file_bytes.load(Ordering::Relaxed),
-        zero_bytes: shared.zero_bytes.load(Ordering::Relaxed),
-        direct: direct.on(),
-        threads,
-        micros: u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX),
-        hash_micros: shared.hash_micros.load(Ordering::Relaxed),
-        shared_bytes: shared.shared_bytes.load(Ordering::Relaxed),
-    }
+    timed(&shared.hash_micros, || *blake3::hash(bytes).as_bytes())
 }
 
 /// Each extent with its digest in a block store's record: [`protocol::message::block_list_digest`]
@@ -689,7 +695,7 @@ pub fn write_blocks(
     let found = Mutex::new(Vec::<(u64, Option<[u8; 32]>)>::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         // The unit's bytes, copied into the buffer ahead (Way::Save).
-        let mut filling = ring.filling(slot)?;
+        let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let buffer = filling
             .bytes(0, IO_SIZE)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
@@ -715,7 +721,9 @@ pub fn write_blocks(
             let data = buffer
                 .get(at..at + padded)
                 .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
-            match blockstore::put(&batch, &digest, data, len, &direct)? {
+            match timed(&shared.io_micros, || {
+                blockstore::put(&batch, &digest, data, len, &direct)
+            })? {
                 Put::Written => shared.file_bytes.fetch_add(len as u64, Ordering::Relaxed),
                 Put::Present => shared.shared_bytes.fetch_add(len as u64, Ordering::Relaxed),
             };
@@ -748,7 +756,7 @@ pub fn write_blocks(
         DataFileError::Mismatch("the blocks written do not cover the layout".into())
     })?;
     record.extents = with_list_digests(&record, &blocks);
-    Ok((record, stats_of(&shared, &direct, threads, start)))
+    Ok((record, shared.stats(direct.on(), threads, start)))
 }
 
 /// LoadFrom a block store: reads the blocks of `record` (a block store's) for the regions' extents
@@ -788,7 +796,7 @@ pub fn read_blocks(
     let shared = new_shared(real, store, regions, workers);
     let direct = blockstore::Direct::for_store(store);
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
-        let mut filling = ring.filling(slot)?;
+        let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let mut at = 0;
         while at < unit.len {
             let len = BLOCK.min(unit.len - at);
@@ -814,7 +822,9 @@ pub fn read_blocks(
             let space = filling
                 .bytes(at, padded)
                 .ok_or_else(|| DataFileError::Mismatch("a block past its buffer".into()))?;
-            blockstore::get(shared.file, &digest, space, len, &direct)?;
+            timed(&shared.io_micros, || {
+                blockstore::get(shared.file, &digest, space, len, &direct)
+            })?;
             let data = space.get(..len).unwrap_or_default();
             let found = hash_block(shared, data);
             if found != digest {
@@ -835,7 +845,7 @@ pub fn read_blocks(
         return Err(e);
     }
     synchronize(real, regions)?;
-    Ok(stats_of(&shared, &direct, threads, start))
+    Ok(shared.stats(direct.on(), threads, start))
 }
 
 fn take_error(shared: &Shared<'_>) -> Option<DataFileError> {

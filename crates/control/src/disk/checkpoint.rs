@@ -229,7 +229,7 @@ fn disk_report(
         root,
         shared_namespaces: surveyed.namespaces.namespaces,
         placement: surveyed.placement,
-        digest_share: files.digest_share(Streaming::Save),
+        worker_time: files.worker_time(Streaming::Save),
     }
 }
 

@@ -57,23 +57,51 @@ pub struct DataFiles {
 /// Worker time of data-file streaming, summed over the shims.
 #[derive(Debug, Default, Clone, Copy)]
 struct Work {
-    /// Spent hashing.
+    setup_micros: u64,
+    io_micros: u64,
     hash_micros: u64,
+    wait_micros: u64,
     /// In all: each shim's threads times its streaming's wall time.
     worker_micros: u64,
 }
 
 impl Work {
     fn add(&mut self, stats: &protocol::message::StreamStats) {
+        self.setup_micros = self.setup_micros.saturating_add(stats.setup_micros);
+        self.io_micros = self.io_micros.saturating_add(stats.io_micros);
         self.hash_micros = self.hash_micros.saturating_add(stats.hash_micros);
+        self.wait_micros = self.wait_micros.saturating_add(stats.wait_micros);
         self.worker_micros = self
             .worker_micros
             .saturating_add(u64::from(stats.threads).saturating_mul(stats.micros));
     }
 
-    fn share(self) -> Option<f64> {
-        (self.worker_micros > 0).then(|| self.hash_micros as f64 / self.worker_micros as f64)
+    fn shares(self) -> Option<WorkerTime> {
+        let share = |micros: u64| micros as f64 / self.worker_micros as f64;
+        (self.worker_micros > 0).then(|| WorkerTime {
+            setup: share(self.setup_micros),
+            io: share(self.io_micros),
+            digests: share(self.hash_micros),
+            copy_waits: share(self.wait_micros),
+        })
     }
+}
+
+/// How the shims' data-file workers spent a streaming: each share is that activity's time summed
+/// over the workers, over threads x wall time summed over the shims (what is left is taking the
+/// next unit, zero checks, queuing copies, and a worker that finished before the others). The
+/// largest share is what sets the pace: the storage (`io`), the CPUs (`digests`), the copies to
+/// or from the device (`copy_waits`), or making the pinned buffers (`setup`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct WorkerTime {
+    /// Entering device contexts, making and freeing pinned buffers and streams.
+    pub setup: f64,
+    /// Reading or writing the data files or the block store.
+    pub io: f64,
+    /// Hashing: at most what the digests cost the streaming (target <= 10%).
+    pub digests: f64,
+    /// Waiting for copies to or from the device.
+    pub copy_waits: f64,
 }
 
 /// Which streaming [`DataFiles::digest_share`] is of.
@@ -193,16 +221,14 @@ impl DataFiles {
         self.dir.join(data_file_name(ns_pid))
     }
 
-    /// The share of the shims' data-file worker time that went to the digests in `streaming`
-    /// (hashing over threads x wall time, summed over the shims): at most what the digests cost
-    /// it, all of it where the workers set the pace and none where the storage does. `None` when
-    /// nothing was streamed that way.
-    pub fn digest_share(&self, streaming: Streaming) -> Option<f64> {
+    /// How the shims' data-file workers spent `streaming` ([`WorkerTime`]); `None` when nothing
+    /// was streamed that way.
+    pub fn worker_time(&self, streaming: Streaming) -> Option<WorkerTime> {
         let work = match streaming {
             Streaming::Save => &self.saved,
             Streaming::Load => &self.loaded,
         };
-        lock_work(work).share()
+        lock_work(work).shares()
     }
 
     /// The entries for the manifest, by namespace PID.

@@ -27,7 +27,9 @@ pub mod store;
 
 pub use crate::container::namespace_root;
 pub use checkpoint::{CheckpointError, INCOMPLETE_MARKER, checkpoint};
-pub use datafiles::{DATA_DIR, DATA_FILES_RECORD, DataFiles, remove_record, workers_for};
+pub use datafiles::{
+    DATA_DIR, DATA_FILES_RECORD, DataFiles, WorkerTime, remove_record, workers_for,
+};
 pub use digests::IMAGE_DIGESTS;
 pub(crate) use manifest::read_manifest;
 pub use rate::{DirRate, measure_dir};
@@ -78,9 +80,9 @@ pub struct DiskReport {
     /// Where CRIU ran (crate::container): in the tool's namespaces, or in a container's, the
     /// tree's at a checkpoint and the one of `--namespaces-of` at a restore.
     pub placement: protocol::manifest::CriuPlacement,
-    /// The share of the shims' data-file worker time the digests took (the save at a checkpoint,
-    /// the load at a restore; `DataFiles::digest_share`); `None` when no bytes were streamed.
-    pub digest_share: Option<f64>,
+    /// How the shims' data-file workers spent their time (the save at a checkpoint, the load at a
+    /// restore: setup, I/O, digests, waits for copies); `None` when no bytes were streamed.
+    pub worker_time: Option<WorkerTime>,
 }
 
 /// A checkpoint directory that cannot be restored: a refusal, since nothing was changed yet.

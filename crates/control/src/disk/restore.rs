@@ -493,7 +493,7 @@ pub fn restore(
             .criu
             .as_ref()
             .map_or(CriuPlacement::Host, |c| c.placement.clone()),
-        digest_share: files.digest_share(Streaming::Load),
+        worker_time: files.worker_time(Streaming::Load),
     })
 }
 
