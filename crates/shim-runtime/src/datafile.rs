@@ -5,10 +5,11 @@
 //! One file per process (the tool passes one descriptor per request, the only kind a frame
 //! carries), its allocations one after the other at multiples of [`DATA_ALIGN`] (2 MiB), as
 //! [`layout`] places them. Each of the request's worker threads
-//! ([`protocol::message::data_workers`]: twice the CPUs shared out over the group) takes the next unit of at most [`IO_SIZE`]
-//! bytes in file order, copies it between the device and its own pinned buffer (synchronous
-//! copies: the buffer is reused at once), and writes or reads it at its offset with `pwrite` /
-//! `pread`, so several large aligned I/Os are in flight. `O_DIRECT` is used when the tool could
+//! ([`protocol::message::data_workers`]: the CPUs shared out over the group, twice them on a
+//! disk) takes the next unit of at most [`IO_SIZE`] bytes (a block in a block store) in file
+//! order, copies it between the device and one of its two pinned buffers (asynchronous copies,
+//! so that they overlap its I/O and digests: [`PinnedRing`]), and writes or reads it at its offset
+//! with `pwrite` / `pread`, so several large aligned I/Os are in flight. `O_DIRECT` is used when the tool could
 //! open the file with it; a filesystem that refuses an aligned direct I/O (`EINVAL`) gets
 //! buffered I/O from then on, logged once.
 //!
@@ -127,13 +128,14 @@ struct Unit {
     len: usize,
 }
 
-fn units(regions: &[Region]) -> Vec<Unit> {
+/// The regions cut into units of at most `unit_len` bytes, in file order.
+fn units(regions: &[Region], unit_len: usize) -> Vec<Unit> {
     let mut out = Vec::new();
     for (region, r) in regions.iter().enumerate() {
         let size = usize::try_from(r.extent.size).unwrap_or(usize::MAX);
         let mut done = 0;
         while done < size {
-            let len = IO_SIZE.min(size - done);
+            let len = unit_len.min(size - done);
             out.push(Unit {
                 region,
                 device: r.device,
@@ -267,6 +269,11 @@ struct Shared<'a> {
     file: BorrowedFd<'a>,
     /// I/O threads ([`protocol::message::data_workers`], sent by the tool).
     workers: usize,
+    /// The largest unit, and the size of each of a worker's two pinned buffers: [`IO_SIZE`] for a
+    /// data file (large I/Os), a block for a block store (whose I/Os are blocks anyway: a
+    /// quarter of the pinned memory each worker makes and frees, which on the H100 machine took
+    /// a seventh of the workers' time in tmpfs with 8 MiB buffers).
+    unit_len: usize,
     direct: Direct,
     units: Vec<Unit>,
     next: AtomicUsize,
@@ -292,15 +299,16 @@ impl<'a> Shared<'a> {
         real: &'a Real,
         file: BorrowedFd<'a>,
         regions: &[Region],
-        workers: usize,
+        (workers, unit_len): (usize, usize),
         digests: TreeDigests,
     ) -> Shared<'a> {
         Shared {
             real,
             file,
             workers,
+            unit_len,
             direct: Direct::of(file),
-            units: units(regions),
+            units: units(regions, unit_len),
             next: AtomicUsize::new(0),
             digests,
             failed: AtomicBool::new(false),
@@ -369,8 +377,8 @@ type Step<'s> =
     dyn Fn(&Shared<'_>, &Unit, &mut PinnedRing<'_>, usize) -> Result<(), DataFileError> + Sync + 's;
 
 /// Runs the stream's worker threads over the units ([`work`]), each with its own ring of two
-/// pinned buffers of [`IO_SIZE`] bytes ([`PinnedRing`]), so that its copies overlap its file
-/// I/O and digests.
+/// pinned buffers of a unit each ([`PinnedRing`], `Shared::unit_len`), so that its copies overlap
+/// its file I/O and digests.
 fn run(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> u32 {
     let workers = shared.workers.clamp(1, shared.units.len().max(1));
     let fail = |e: DataFileError| {
@@ -441,7 +449,7 @@ fn work(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> Result<(), DataFileEr
         let ring = match &mut ring {
             Some(ring) => ring,
             none => none.insert(timed(&shared.setup_micros, || {
-                PinnedRing::new(shared.real, unit.device, IO_SIZE)
+                PinnedRing::new(shared.real, unit.device, shared.unit_len)
             })?),
         };
         let slot = ring.next_slot();
@@ -481,7 +489,7 @@ pub fn write(
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
     let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
-    let shared = Shared::new(real, file, regions, workers, digests);
+    let shared = Shared::new(real, file, regions, (workers, IO_SIZE), digests);
     let zero_blocks = Mutex::new(Vec::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         // The unit's bytes, copied into the buffer ahead (Way::Save).
@@ -572,7 +580,7 @@ pub fn read(
         return Err(DataFileError::Truncated { offset: size });
     }
     let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
-    let shared = Shared::new(real, file, regions, workers, digests);
+    let shared = Shared::new(real, file, regions, (workers, IO_SIZE), digests);
     let zero_block = |offset: u64| {
         record
             .zero_blocks
@@ -646,7 +654,7 @@ fn new_shared<'a>(
         real,
         store,
         regions,
-        workers,
+        (workers, BLOCK),
         TreeDigests::new(std::iter::empty(), IO_SIZE),
     )
 }
@@ -697,7 +705,7 @@ pub fn write_blocks(
         // The unit's bytes, copied into the buffer ahead (Way::Save).
         let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let buffer = filling
-            .bytes(0, IO_SIZE)
+            .bytes(0, shared.unit_len)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
         let mut at = 0;
         let mut here = Vec::new();

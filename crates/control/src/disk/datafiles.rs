@@ -104,7 +104,7 @@ pub struct WorkerTime {
     pub copy_waits: f64,
 }
 
-/// Which streaming [`DataFiles::digest_share`] is of.
+/// Which streaming [`DataFiles::worker_time`] is of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Streaming {
     Save,
@@ -168,6 +168,15 @@ impl DataFiles {
     /// The block store the files are kept in, if they are.
     pub fn store(&self) -> Option<&BlockStore> {
         self.store.as_ref()
+    }
+
+    /// Whether the files sit in memory (tmpfs), where streaming them is CPU work
+    /// ([`workers_for`]).
+    fn in_memory(&self) -> bool {
+        match &self.store {
+            Some(store) => copy::direct_io::in_memory(store.fd()),
+            None => File::open(&self.dir).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd())),
+        }
     }
 
     /// The data files recorded beside the state file `state`, if a checkpoint or restore left
@@ -442,7 +451,7 @@ impl FileBytes for DataFiles {
         if self.store.is_none() {
             std::fs::create_dir_all(&self.dir).map_err(|e| state_error(&self.dir, e))?;
         }
-        let workers = workers_for(participants.len());
+        let workers = workers_for(participants.len(), self.in_memory());
         let results = each_parallel(participants, |p| {
             let ns_pid = p.hello.ns_pid;
             let streamed = if let Some(store) = &self.store {
@@ -506,7 +515,7 @@ impl FileBytes for DataFiles {
         participants: &mut [Participant],
         progress: &dyn Progress,
     ) -> Result<(u64, f64), ControlError> {
-        let workers = workers_for(participants.len());
+        let workers = workers_for(participants.len(), self.in_memory());
         let results = each_parallel(participants, |p| {
             let ns_pid = p.hello.ns_pid;
             let entry = self.lock().get(&ns_pid).cloned();
@@ -620,9 +629,9 @@ fn each_parallel(
 
 /// I/O threads of each of `processes` data files streamed at once on this machine
 /// ([`protocol::message::data_workers`] of the CPUs this tool may use).
-pub fn workers_for(processes: usize) -> u16 {
+pub fn workers_for(processes: usize, in_memory: bool) -> u16 {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    protocol::message::data_workers(cpus, processes)
+    protocol::message::data_workers(cpus, processes, in_memory)
 }
 
 /// Bytes moved and the slowest shim's milliseconds, or the first error.

@@ -44,9 +44,10 @@ const PIECES: usize = DATA_ALIGN as usize / std::mem::size_of::<Piece>();
 pub fn measure_dir(dir: &Path, bytes: u64, processes: usize) -> Result<DirRate, ControlError> {
     let scratch = dir.join(format!(".cuinterpose-rate-{}", std::process::id()));
     std::fs::create_dir(&scratch).map_err(|e| state_error(&scratch, e))?;
-    let threads = usize::from(workers_for(processes)) * processes.max(1);
-    // As the shims' block store decides (blockstore::Direct::for_store): buffered in memory.
+    // As the shims' block store decides (blockstore::Direct::for_store): buffered in memory, with
+    // the threads the tool gives the shims there.
     let in_memory = File::open(&scratch).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()));
+    let threads = usize::from(workers_for(processes, in_memory)) * processes.max(1);
     let measured = Scratch {
         dir: &scratch,
         blocks: bytes.div_ceil(DATA_ALIGN).max(1),
@@ -184,7 +185,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let rate = measure_dir(dir.path(), 5 * DATA_ALIGN + 1, 2).expect("measure");
         assert_eq!(rate.bytes, 6 * DATA_ALIGN, "whole blocks, rounded up");
-        assert_eq!(rate.threads, 2 * usize::from(workers_for(2)));
+        let in_memory = File::open(dir.path()).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()));
+        assert_eq!(rate.threads, 2 * usize::from(workers_for(2, in_memory)));
         assert!(
             rate.write_millis > 0.0 && rate.read_millis > 0.0,
             "{rate:?}"
