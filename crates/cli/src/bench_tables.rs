@@ -73,7 +73,12 @@ pub fn print_whole(w: &Whole) {
         for (verb, phases) in [("suspend", &r.suspend_phases), ("resume", &r.resume_phases)] {
             let each: Vec<String> = phases
                 .iter()
-                .map(|p| format!("{} {:.1}", p.name, p.millis))
+                .map(|p| match (p.name, r.save_copy_millis) {
+                    ("save", Some(copies)) => {
+                        format!("save {:.1} (copies {copies:.1})", p.millis)
+                    }
+                    _ => format!("{} {:.1}", p.name, p.millis),
+                })
                 .collect();
             println!("  {name} {verb}: {}", each.join(", "));
         }

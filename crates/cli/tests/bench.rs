@@ -275,6 +275,17 @@ fn bench_prints_the_whole_process_table() {
             phase_names("resume_phases").iter().any(|n| n == "load"),
             "{run}: {whole:#}"
         );
+        // The Save's copies alone: measured, and inside the phase that ran them.
+        let save = whole[run]["suspend_phases"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "save"))
+            .and_then(|p| p["millis"].as_f64())
+            .unwrap_or_default();
+        let copies = whole[run]["save_copy_millis"].as_f64();
+        assert!(
+            copies.is_some_and(|c| c > 0.0 && c <= save),
+            "{run}: copies {copies:?} of a save of {save} ms"
+        );
     }
     let prepared = &whole["prepared_keep_contexts"]["processes"][0];
     assert!(

@@ -97,6 +97,8 @@ pub struct CarrierChoice {
 pub struct SaveCarriers {
     /// The slowest shim's carrier making, first touch and pinning before its copy.
     pub carrier_millis: f64,
+    /// The slowest shim's copies themselves (the rest of its Save maps, cuts and answers).
+    pub copy_millis: f64,
     /// Every carrier that moved bytes existed, big enough (and pinned, for a pinned one), before
     /// the Save.
     pub carriers_reused: bool,

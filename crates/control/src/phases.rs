@@ -109,10 +109,12 @@ pub(crate) fn save_all(
                     .filter_map(|r| r.stats.as_ref())
                     .filter(|st| st.bytes > 0)
                     .collect();
+                let slowest = |micros: fn(&protocol::message::CopyStats) -> u64| {
+                    moved.iter().map(|st| micros(st)).max().unwrap_or(0) as f64 / 1e3
+                };
                 let carriers = crate::carrier_policy::SaveCarriers {
-                    carrier_millis: moved.iter().map(|st| st.carrier_micros).max().unwrap_or(0)
-                        as f64
-                        / 1e3,
+                    carrier_millis: slowest(|st| st.carrier_micros),
+                    copy_millis: slowest(|st| st.copy_micros),
                     carriers_reused: moved.iter().all(|st| st.carrier_reused),
                 };
                 (b, s, Some(carriers))

@@ -242,6 +242,9 @@ pub struct WholeRun {
     /// Whether every carrier the Save used existed before it (made by an earlier cycle or
     /// prepared ahead, pinned where pinned): such a Save makes and pins nothing.
     pub carrier_reused: Option<bool>,
+    /// The copies of the suspend's Save alone (the slowest shim's), against the phase's time:
+    /// what the Save spent around them.
+    pub save_copy_millis: Option<f64>,
     /// The suspend's and the resume's phases, so that a cycle slower than another shows which
     /// step it lost its time in (the copies, or the driver's native checkpoint and restore).
     pub suspend_phases: Vec<PhaseTiming>,

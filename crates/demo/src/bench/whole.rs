@@ -176,6 +176,11 @@ impl WholeCycles<'_> {
                 .as_ref()
                 .and_then(|c| c.save.as_ref())
                 .map(|s| s.carriers_reused),
+            save_copy_millis: suspend
+                .carrier
+                .as_ref()
+                .and_then(|c| c.save.as_ref())
+                .map(|s| s.copy_millis),
             suspend_phases: std::mem::take(&mut suspend.phases),
             resume_phases: std::mem::take(&mut resume.phases),
         })
