@@ -175,7 +175,7 @@ impl DataFiles {
     fn in_memory(&self) -> bool {
         match &self.store {
             Some(store) => copy::direct_io::in_memory(store.fd()),
-            None => File::open(&self.dir).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd())),
+            None => dir_in_memory(&self.dir),
         }
     }
 
@@ -625,6 +625,12 @@ fn each_parallel(
             source: Box::new(e),
         })
     })
+}
+
+/// Whether directory `dir` is on a filesystem in memory ([`copy::direct_io::in_memory`]); one
+/// that cannot be opened answers false.
+pub(crate) fn dir_in_memory(dir: &Path) -> bool {
+    File::open(dir).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()))
 }
 
 /// I/O threads of each of `processes` data files streamed at once on this machine

@@ -7,14 +7,13 @@
 //! the same I/Os, sizes and depth. Buffered I/O (tmpfs) reads from the page cache, as a warm
 //! restore does.
 
-use super::datafiles::workers_for;
+use super::datafiles::{dir_in_memory, workers_for};
 use crate::ControlError;
 use crate::state_error;
 use protocol::message::DATA_ALIGN;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use std::fs::File;
-use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
@@ -46,7 +45,7 @@ pub fn measure_dir(dir: &Path, bytes: u64, processes: usize) -> Result<DirRate, 
     std::fs::create_dir(&scratch).map_err(|e| state_error(&scratch, e))?;
     // As the shims' block store decides (blockstore::Direct::for_store): buffered in memory, with
     // the threads the tool gives the shims there.
-    let in_memory = File::open(&scratch).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()));
+    let in_memory = dir_in_memory(&scratch);
     let threads = usize::from(workers_for(processes, in_memory)) * processes.max(1);
     let measured = Scratch {
         dir: &scratch,
@@ -185,7 +184,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let rate = measure_dir(dir.path(), 5 * DATA_ALIGN + 1, 2).expect("measure");
         assert_eq!(rate.bytes, 6 * DATA_ALIGN, "whole blocks, rounded up");
-        let in_memory = File::open(dir.path()).is_ok_and(|d| copy::direct_io::in_memory(d.as_fd()));
+        let in_memory = dir_in_memory(dir.path());
         assert_eq!(rate.threads, 2 * usize::from(workers_for(2, in_memory)));
         assert!(
             rate.write_millis > 0.0 && rate.read_millis > 0.0,
