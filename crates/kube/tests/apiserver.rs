@@ -512,6 +512,26 @@ async fn events(client: &Client, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Waits for an Event about checkpoint `name` that `wanted(reason, note)` accepts. The agent
+/// publishes an Event after writing the status it describes, so the Event may trail the condition
+/// a test has just seen.
+async fn wait_for_event(
+    client: &Client,
+    name: &str,
+    what: &str,
+    wanted: impl Fn(&str, &str) -> bool,
+) {
+    let wanted = &wanted;
+    wait_for(&format!("an event {what} about {name}"), || async move {
+        events(client, name)
+            .await
+            .iter()
+            .any(|(reason, note)| wanted(reason, note))
+            .then_some(())
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Kubernetes CRD API server: scripts/k8s-test-server.sh (scripts/test.sh runs it)"]
 async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server() {
@@ -570,13 +590,10 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
             got.contains(message.as_str()),
             "{name}: {got:?} should say {message:?}"
         );
-        let evs = events(&client, name).await;
-        assert!(
-            evs.iter()
-                .any(|(reason, note)| reason == condition::REFUSED
-                    && note.contains(message.as_str())),
-            "{name}: events {evs:?}"
-        );
+        wait_for_event(&client, name, "Refused", |reason, note| {
+            reason == condition::REFUSED && note.contains(message.as_str())
+        })
+        .await;
         if *name == "ck-idle" {
             // A refusal by the tool itself, after the agent found the container's root in its cgroup.
             assert_eq!(object.status.unwrap().node_name.as_deref(), Some(NODE));
@@ -615,13 +632,12 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
     );
     assert_eq!(status.checkpointed_containers.len(), 1);
     assert!(object.finalizers().contains(&FINALIZER.to_string()));
-    let evs = events(&client, "ck-1").await;
-    assert!(evs.iter().any(|(r, _)| r == "Started"), "{evs:?}");
-    assert!(
-        evs.iter().any(|(r, n)| r == condition::COMPLETED
-            && n.contains("checkpointed container \"main\" of pod trainer")),
-        "{evs:?}"
-    );
+    wait_for_event(&client, "ck-1", "Started", |reason, _| reason == "Started").await;
+    wait_for_event(&client, "ck-1", "Completed", |reason, note| {
+        reason == condition::COMPLETED
+            && note.contains("checkpointed container \"main\" of pod trainer")
+    })
+    .await;
     // leaveRunning: false ended the workload.
     control::launch::wait_exit(launcher.id(), WAIT).expect("the launcher ends with its workload");
     let _ = launcher.wait();
@@ -707,12 +723,10 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         1,
         "one restored PID-namespace init among {members:?}"
     );
-    assert!(
-        events(&client, "ck-1")
-            .await
-            .iter()
-            .any(|(r, _)| r == condition::RESTORED)
-    );
+    wait_for_event(&client, "ck-1", "Restored", |reason, _| {
+        reason == condition::RESTORED
+    })
+    .await;
 
     // Retention: checkpoints of the restored pod with keep 1; the second completed one deletes the
     // first, whose finalizer discards its files. The workload keeps running (leaveRunning).
