@@ -173,6 +173,14 @@ impl PodCgroup {
         }
     }
 
+    /// Whether a process of the container runs `program` (its `comm`).
+    fn runs(&self, program: &str) -> bool {
+        self.pids().iter().any(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim_end() == program)
+        })
+    }
+
     fn pids(&self) -> Vec<u32> {
         std::fs::read_to_string(self.dir.join("cgroup.procs"))
             .unwrap_or_default()
@@ -563,6 +571,12 @@ async fn the_agent_checkpoints_restores_and_discards_through_the_real_crd_server
         &["run", "--pid-namespace", "--", "/bin/sleep", "600"],
         "idle",
     );
+    // The end of the chain sh, unshare, `cuinterpose run --pid-namespace`: before it, the agent
+    // would find no PID-namespace init in the container and refuse for that instead.
+    wait_for("the idle container's sleep", || async {
+        idle_cgroup.runs("sleep").then_some(())
+    })
+    .await;
     pods.add(pod(
         "idle",
         "00000000-0000-0000-0000-00000000000b",
