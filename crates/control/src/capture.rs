@@ -22,7 +22,7 @@ use crate::config::ToolConfig;
 use crate::discovery::ProcessTree;
 use crate::group::{Group, Participant, Snapshot, check_group};
 use crate::group_capture::{capture, choose_carrier, control_dirs, lock_tree, saved_bytes};
-use crate::native::Driver;
+use crate::native::{Driver, NativeCheckpoint};
 use crate::native_steps::native_resume;
 use crate::phases::{Bytes, FileBytes, finish_rebuild, match_participants, step_error};
 use crate::progress::{Clock, millis_since, summarize};
@@ -332,7 +332,8 @@ pub fn resume(options: &ResumeOptions, progress: &dyn Progress) -> Result<Report
         SuspendMode::KeepContexts => None,
     };
     let mut group = clock.time("inspect", None, || -> Result<_, ResumeError> {
-        continue_stopped_group(&crate::procfs::Proc, options, &state, driver.as_ref())?;
+        let native = driver.as_ref().map(|d| d as &dyn NativeCheckpoint);
+        continue_stopped_group(&crate::procfs::Proc, options, &state, native)?;
         let group = Group::discover(options.root, options.config.answer_timeout)?;
         Ok((group, 0, 0.0))
     })?;
@@ -429,7 +430,7 @@ fn find_state(options: &ResumeOptions) -> Result<PathBuf, ControlError> {
 fn continue_stopped(
     machine: &dyn ProcessTree,
     stopped: &[u32],
-    driver: Option<&Driver>,
+    driver: Option<&dyn NativeCheckpoint>,
     gpu_pairs: &[(cuda_abi::CUuuid, cuda_abi::CUuuid)],
     answer_timeout: Duration,
 ) -> Result<(), ControlError> {
@@ -472,7 +473,7 @@ fn continue_stopped_group(
     machine: &dyn ProcessTree,
     options: &ResumeOptions,
     state: &GroupState,
-    driver: Option<&Driver>,
+    driver: Option<&dyn NativeCheckpoint>,
 ) -> Result<(), ResumeError> {
     // A checkpoint killed during CRIU's dump, or a restore killed before it continued the tree
     // CRIU brought back, leaves the group stopped; resume holds the tree's lock, so no dump or
@@ -696,6 +697,37 @@ mod tests {
         let gone = ResumeOptions::new(99, &ToolConfig::default());
         let unread = continue_stopped_group(&running, &gone, &state, None).unwrap_err();
         assert!(matches!(unread, ResumeError::NotStarted(_)), "{unread:?}");
+    }
+
+    /// A stopped CUDA process of the group that cannot be restored natively before it is
+    /// continued fails the resume as not rebuilt (it found the group and began on it), naming
+    /// the process and needing attention (another resume goes on from there), with no native
+    /// call made and no signal sent.
+    #[test]
+    fn a_stopped_process_not_restored_fails_the_resume_as_not_rebuilt() {
+        let state = captured(&[6000]);
+        // The fake driver names the process's own pid as its restore thread; `/proc` lists
+        // only its thread 6001 (1 in its namespace), so the restore cannot begin.
+        let machine = fakes::Machine {
+            threads: vec![(
+                6000,
+                vec![crate::procfs::Thread {
+                    host: 6001,
+                    own: Some(1),
+                }],
+            )],
+            ..machine(&[(6000, 9, 'T')])
+        };
+        let log = Log::default();
+        let driver = fakes::Native::new(&log);
+        let options = ResumeOptions::new(6000, &ToolConfig::default());
+        let error = continue_stopped_group(&machine, &options, &state, Some(&driver)).unwrap_err();
+        let ResumeError::NotRebuilt(ControlError::Step { step, process, .. }) = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!((*step, process.as_str()), ("native restore", "pid 6000"));
+        assert_eq!(error.class(), ErrorClass::NeedsAttention);
+        assert!(log.native().is_empty(), "{:?}", log.native());
     }
 
     /// Each of a suspend's failures is classified by what it left: a refusal or a failure before
