@@ -294,12 +294,14 @@ struct Shared<'a> {
 }
 
 impl<'a> Shared<'a> {
-    /// A stream of `regions` through `file`, nothing done yet.
+    /// A stream of `regions` through `file` by `workers` threads in units of `unit_len` bytes,
+    /// nothing done yet.
     fn new(
         real: &'a Real,
         file: BorrowedFd<'a>,
         regions: &[Region],
-        (workers, unit_len): (usize, usize),
+        workers: usize,
+        unit_len: usize,
         digests: TreeDigests,
     ) -> Shared<'a> {
         Shared {
@@ -489,7 +491,7 @@ pub fn write(
 ) -> Result<(DataFile, StreamStats), DataFileError> {
     let start = Instant::now();
     let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
-    let shared = Shared::new(real, file, regions, (workers, IO_SIZE), digests);
+    let shared = Shared::new(real, file, regions, workers, IO_SIZE, digests);
     let zero_blocks = Mutex::new(Vec::new());
     let step = |shared: &Shared<'_>, unit: &Unit, ring: &mut PinnedRing<'_>, slot: usize| {
         // The unit's bytes, copied into the buffer ahead (Way::Save).
@@ -580,7 +582,7 @@ pub fn read(
         return Err(DataFileError::Truncated { offset: size });
     }
     let digests = TreeDigests::new(regions.iter().map(|r| r.extent.size), IO_SIZE);
-    let shared = Shared::new(real, file, regions, (workers, IO_SIZE), digests);
+    let shared = Shared::new(real, file, regions, workers, IO_SIZE, digests);
     let zero_block = |offset: u64| {
         record
             .zero_blocks
@@ -654,7 +656,8 @@ fn new_shared<'a>(
         real,
         store,
         regions,
-        (workers, BLOCK),
+        workers,
+        BLOCK,
         TreeDigests::new(std::iter::empty(), IO_SIZE),
     )
 }
