@@ -442,8 +442,9 @@ fn work(shared: &Shared<'_>, way: Way, step: &Step<'_>) -> Result<(), DataFileEr
             return Ok(());
         };
         if current != Some(unit.device) {
-            timed(&shared.setup_micros, || drop(context.take()));
+            // Leaving the previous device's context and entering this one's: setup.
             let entered = timed(&shared.setup_micros, || {
+                drop(context.take());
                 copy::enter(shared.real, unit.device)
             })?;
             context = Some((unit.device, entered));
@@ -497,7 +498,7 @@ pub fn write(
         // The unit's bytes, copied into the buffer ahead (Way::Save).
         let mut filling = timed(&shared.wait_micros, || ring.filling(slot))?;
         let buffer = filling
-            .bytes(0, IO_SIZE)
+            .bytes(0, shared.unit_len)
             .ok_or_else(|| DataFileError::Mismatch("a unit larger than its buffer".into()))?;
         let bytes = buffer
             .get_mut(..unit.len)
